@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: MIT
+# Finds what idem's targets link. Used by the build and, installed, by idem-config.cmake.
+# Each dependency: find_package(CONFIG) first, pkg-config fallback (Debian's hiredis 0.14 and
+# libpqxx 6.4 ship pkg-config files only). Requested components come in IDEM_DEPS_FOR.
+include(CMakeFindDependencyMacro)
+
+if(NOT DEFINED IDEM_DEPS_FOR)
+  set(IDEM_DEPS_FOR core)
+  if(IDEM_WITH_SQLITE)
+    list(APPEND IDEM_DEPS_FOR sqlite)
+  endif()
+  if(IDEM_WITH_REDIS)
+    list(APPEND IDEM_DEPS_FOR redis)
+  endif()
+  if(IDEM_WITH_POSTGRES)
+    list(APPEND IDEM_DEPS_FOR postgres)
+  endif()
+endif()
+
+set(THREADS_PREFER_PTHREAD_FLAG ON)
+find_package(Threads REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+
+if("sqlite" IN_LIST IDEM_DEPS_FOR AND NOT TARGET SQLite::SQLite3)
+  find_package(SQLite3 QUIET)
+  if(NOT SQLite3_FOUND)
+    message(FATAL_ERROR "idem: libsqlite3 not found (apt-get install libsqlite3-dev), "
+                        "or configure with -DIDEM_WITH_SQLITE=OFF")
+  endif()
+endif()
+
+if("redis" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_HIREDIS_TARGET)
+  find_package(hiredis CONFIG QUIET)
+  if(TARGET hiredis::hiredis)
+    set(IDEM_HIREDIS_TARGET hiredis::hiredis)
+  else()
+    find_package(PkgConfig QUIET)
+    if(PkgConfig_FOUND)
+      pkg_check_modules(hiredis QUIET IMPORTED_TARGET hiredis)
+    endif()
+    if(TARGET PkgConfig::hiredis)
+      set(IDEM_HIREDIS_TARGET PkgConfig::hiredis)
+    else()
+      message(FATAL_ERROR "idem: hiredis not found (apt-get install libhiredis-dev), "
+                          "or configure with -DIDEM_WITH_REDIS=OFF")
+    endif()
+  endif()
+endif()
+
+if("postgres" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_PQXX_TARGET)
+  find_package(libpqxx CONFIG QUIET)
+  if(TARGET libpqxx::pqxx)
+    set(IDEM_PQXX_TARGET libpqxx::pqxx)
+  else()
+    find_package(PkgConfig QUIET)
+    if(PkgConfig_FOUND)
+      pkg_check_modules(libpqxx QUIET IMPORTED_TARGET libpqxx)
+    endif()
+    if(TARGET PkgConfig::libpqxx)
+      set(IDEM_PQXX_TARGET PkgConfig::libpqxx)
+    else()
+      message(FATAL_ERROR "idem: libpqxx not found (apt-get install libpqxx-dev), "
+                          "or configure with -DIDEM_WITH_POSTGRES=OFF")
+    endif()
+  endif()
+endif()

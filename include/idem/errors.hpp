@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: MIT
+// idem's error vocabulary: one `idem::errc` enum, its std::error_category, and the exceptions.
+//
+// File: errors.hpp
+//
+// Expected results of an idempotent call (executed, replayed, in progress, fingerprint mismatch)
+// are *values* (see outcome.hpp). What is thrown is a failure of the caller's input or of the
+// infrastructure, and every such failure carries an `idem::errc`:
+//
+//   * a stable snake_case name (`errc_name`), for logs, metrics labels and problem+json `type`;
+//   * an HTTP status (`http_status`) following the IETF Idempotency-Key draft
+//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable);
+//   * whether calling again with the same key is safe and may succeed (`is_retryable`).
+//
+// The exception hierarchy is small on purpose; the actionable question lives on the base class:
+//
+//   Error                      everything idem throws (std::runtime_error)
+//   +-- UsageError             a caller bug: bad option, bad identifier
+//   |   +-- InvalidKey         a key broke a named rule (rule()); nothing was stored
+//   +-- StorageError           I/O, protocol, SQL; carries the backend's message
+//   |   +-- StorageUnavailable can't reach the store (refused, pool exhausted, loading) [retryable]
+//   |   +-- StorageTimeout     the store did not answer in time                          [retryable]
+//   |   +-- OutcomeUnknown     a write may or may not have been applied (lost at COMMIT)  [retryable]
+//   |   +-- CorruptRecord      a value under an idem key that idem did not write
+//   +-- LeaseLost              this attempt's lease was taken over; its completion was refused
+//
+// `OutcomeUnknown` is the reason idempotency exists: a client that cannot tell whether its
+// payment committed retries with the same key, and the retry either replays the committed
+// response or runs the operation for the first time. It is always safe to retry.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+
+namespace idem {
+
+/// Every failure idem reports. Values are stable: they appear in logs and dashboards.
+enum class errc {
+  kInvalidKey = 1,           ///< key broke a rule (charset, length, empty); 400
+  kMissingKey = 2,           ///< a required Idempotency-Key was not sent; 400
+  kInProgress = 3,           ///< another attempt holds the key; 409 (also an Outcome)
+  kFingerprintMismatch = 4,  ///< same key, different payload; 422 (also an Outcome)
+  kStoreUnavailable = 5,     ///< store unreachable (refused, pool exhausted, loading); 503
+  kStoreTimeout = 6,         ///< store did not answer in time; 503
+  kStorageError = 7,         ///< backend error (SQL, protocol, OOM, read-only); 500
+  kOutcomeUnknown = 8,       ///< a write may have been applied; retry with the same key; 503
+  kCorruptRecord = 9,        ///< a value under an idem key is not idem's; 500
+  kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
+  kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
+};
+
+/// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
+constexpr std::string_view errc_name(errc e) noexcept {
+  switch (e) {
+    case errc::kInvalidKey: return "invalid_key";
+    case errc::kMissingKey: return "missing_key";
+    case errc::kInProgress: return "in_progress";
+    case errc::kFingerprintMismatch: return "fingerprint_mismatch";
+    case errc::kStoreUnavailable: return "store_unavailable";
+    case errc::kStoreTimeout: return "store_timeout";
+    case errc::kStorageError: return "storage_error";
+    case errc::kOutcomeUnknown: return "outcome_unknown";
+    case errc::kCorruptRecord: return "corrupt_record";
+    case errc::kLeaseLost: return "lease_lost";
+    case errc::kInvalidArgument: return "invalid_argument";
+  }
+  return "unknown";
+}
+
+/// HTTP status a service should answer with for this code.
+constexpr int http_status(errc e) noexcept {
+  switch (e) {
+    case errc::kInvalidKey:
+    case errc::kMissingKey: return 400;
+    case errc::kInProgress:
+    case errc::kLeaseLost: return 409;
+    case errc::kFingerprintMismatch: return 422;
+    case errc::kStoreUnavailable:
+    case errc::kStoreTimeout:
+    case errc::kOutcomeUnknown: return 503;
+    case errc::kStorageError:
+    case errc::kCorruptRecord:
+    case errc::kInvalidArgument: return 500;
+  }
+  return 500;
+}
+
+/// True if calling again with the same key (after a pause) is safe and may succeed.
+constexpr bool is_retryable(errc e) noexcept {
+  switch (e) {
+    case errc::kInProgress:
+    case errc::kStoreUnavailable:
+    case errc::kStoreTimeout:
+    case errc::kOutcomeUnknown:
+    case errc::kLeaseLost: return true;
+    default: return false;
+  }
+}
+
+/// Human-readable message of a code (the `what()` of an exception adds the detail).
+constexpr std::string_view errc_message(errc e) noexcept {
+  switch (e) {
+    case errc::kInvalidKey: return "the idempotency key is not valid";
+    case errc::kMissingKey: return "an idempotency key is required and was not sent";
+    case errc::kInProgress: return "a request with this key is still being processed";
+    case errc::kFingerprintMismatch: return "this key was used with a different request payload";
+    case errc::kStoreUnavailable: return "the idempotency store is unavailable";
+    case errc::kStoreTimeout: return "the idempotency store did not answer in time";
+    case errc::kStorageError: return "the idempotency store failed";
+    case errc::kOutcomeUnknown: return "the outcome of a write is unknown; retry with the same key";
+    case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
+    case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
+    case errc::kInvalidArgument: return "invalid argument";
+  }
+  return "unknown idem error";
+}
+
+namespace detail {
+class ErrorCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "idem"; }
+  std::string message(int ev) const override {
+    return std::string(errc_message(static_cast<errc>(ev)));
+  }
+};
+}  // namespace detail
+
+/// The "idem" error category.
+inline const std::error_category& error_category() noexcept {
+  static const detail::ErrorCategory category;
+  return category;
+}
+
+/// Makes `std::error_code ec = idem::errc::kInProgress;` work.
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+/// Base of everything idem throws.
+class Error : public std::runtime_error {
+ public:
+  Error(errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  /// The idem code of this failure.
+  errc code() const noexcept { return code_; }
+  /// The same as a std::error_code in the "idem" category.
+  std::error_code error_code() const noexcept { return make_error_code(code_); }
+  /// True if calling again with the same key is safe and may succeed.
+  bool retryable() const noexcept { return is_retryable(code_); }
+  /// The HTTP status to answer with.
+  int http_status() const noexcept { return idem::http_status(code_); }
+
+ private:
+  errc code_;
+};
+
+/// A caller bug: a bad option, a bad identifier. Fix the code; retrying does not help.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& what) : Error(errc::kInvalidArgument, what) {}
+
+ protected:
+  UsageError(errc code, const std::string& what) : Error(code, what) {}
+};
+
+/// A key broke one of the rules in key.hpp. `rule()` names it, e.g. "scope.charset".
+class InvalidKey : public UsageError {
+ public:
+  InvalidKey(std::string rule, const std::string& detail)
+      : UsageError(errc::kInvalidKey, "invalid idempotency key: " + rule + ": " + detail),
+        rule_(std::move(rule)) {}
+  /// The rule that failed: scope.empty, scope.too_long, scope.charset, id.empty, id.too_long,
+  /// id.charset, key.missing.
+  const std::string& rule() const noexcept { return rule_; }
+
+ private:
+  std::string rule_;
+};
+
+/// A failure of a store: I/O, protocol, SQL. `what()` keeps the backend's message.
+class StorageError : public Error {
+ public:
+  explicit StorageError(const std::string& what) : Error(errc::kStorageError, what) {}
+
+ protected:
+  StorageError(errc code, const std::string& what) : Error(code, what) {}
+};
+
+/// The store cannot be reached: connection refused, pool exhausted, server loading or down.
+class StorageUnavailable : public StorageError {
+ public:
+  explicit StorageUnavailable(const std::string& what)
+      : StorageError(errc::kStoreUnavailable, what) {}
+};
+
+/// The store did not answer within the configured time.
+class StorageTimeout : public StorageError {
+ public:
+  explicit StorageTimeout(const std::string& what) : StorageError(errc::kStoreTimeout, what) {}
+};
+
+/// A write may or may not have been applied (e.g. the connection died during COMMIT).
+/// Retrying with the same key is always safe: it replays or runs for the first time.
+class OutcomeUnknown : public StorageError {
+ public:
+  explicit OutcomeUnknown(const std::string& what) : StorageError(errc::kOutcomeUnknown, what) {}
+};
+
+/// A value under an idem key that idem did not write, or that cannot be decoded.
+class CorruptRecord : public StorageError {
+ public:
+  explicit CorruptRecord(const std::string& what) : StorageError(errc::kCorruptRecord, what) {}
+};
+
+/// This attempt's lease expired and another attempt took the key over; this attempt's
+/// completion was refused. Retrying with the same key replays the winner's response.
+class LeaseLost : public Error {
+ public:
+  explicit LeaseLost(const std::string& what) : Error(errc::kLeaseLost, what) {}
+};
+
+}  // namespace idem
+
+namespace std {
+template <>
+struct is_error_code_enum<idem::errc> : true_type {};
+}  // namespace std

@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: MIT
+// idem::IdempotencyGuard: run a handler at most once per key, and answer every duplicate.
+//
+// File: guard.hpp
+//
+// One call of `guard.run(key, fingerprint, handler)`:
+//
+//   1. The key is already valid (idem::Key validates on construction).
+//   2. Fast store claim, one round trip: claimed / busy (answer kInProgress, the durable store
+//      is not touched) / done (replay the stored response) / mismatch / failure (go on with the
+//      durable store alone; the call is counted as degraded and the first failure of a burst is
+//      reported to the Observer).
+//   3. Durable store, in the mode the handler's signature selects:
+//      - `handler(Transaction&)`: **transactional**. One durable transaction holds the record
+//        *and* the handler's business writes; commit makes both visible at once. A duplicate
+//        that reaches the durable store waits on its unique key and then replays. This is
+//        exactly-once *effect* for database-local side effects, even with the fast store down
+//        or a lease expired.
+//      - `handler()`: **two-phase**, for external side effects (a payment gateway). An
+//        in-progress record is committed, the handler runs outside any transaction, and the
+//        record is completed only while this attempt's owner token still matches. A crash
+//        between the phases leaves the record in progress until its lease ends; then a retry
+//        takes over. If the lease ended and another attempt took over before this one
+//        completed, `run` throws idem::LeaseLost (a retry replays the winner). Pass the key to
+//        the external party so it can de-duplicate as well.
+//   4. After the durable commit, the fast store is completed with the response. If that fails
+//      the answer is still right: the durable store replays from then on and refills it.
+//   5. The handler throws: the transaction rolls back, the claims are released so a retry can
+//      run at once, and the exception propagates unchanged. A final business rejection that
+//      should be replayed ("insufficient funds") is a *response*, not an exception.
+//
+// Store combinations: fast + durable (the production shape), durable only (correct, one more
+// round trip per duplicate), fast only (best effort: if the fast store loses a record, e.g. a
+// Redis failover, a duplicate can run again; if it is down, `run` throws StorageUnavailable).
+//
+// @code
+//   idem::MemoryStore fast;
+//   idem::sqlite::SqliteStore durable{"payments.db"};
+//   idem::IdempotencyGuard guard{fast, durable};
+//   auto key = idem::Key::make("payment", order_no);
+//   auto r = guard.run(key, idem::fingerprint(body), [&](idem::sqlite::Transaction& tx) {
+//     tx.exec("UPDATE account SET balance = balance - ? WHERE id = ?", amount, account);
+//     tx.exec("INSERT INTO payment(order_no, amount) VALUES (?, ?)", order_no, amount);
+//     return "pay_" + order_no;                    // stored, and replayed to every duplicate
+//   });
+//   if (r.ok()) reply(200, *r.value); else reply(idem::http_status(r.outcome), ...);
+// @endcode
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "idem/codec.hpp"
+#include "idem/errors.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+#include "idem/observer.hpp"
+#include "idem/outcome.hpp"
+#include "idem/store.hpp"
+
+namespace idem {
+
+/// Options of an IdempotencyGuard.
+struct GuardOptions {
+  /// How long an in-progress claim is honoured before another attempt may take it over.
+  /// Choose it longer than the slowest handler. Must be positive.
+  std::chrono::milliseconds lease = kDefaultLease;
+  /// How long a completed record (and its response) is kept. Must be positive.
+  std::chrono::seconds retention = kDefaultRetention;
+  /// Receives events for logs and metrics (null means none). Shared so adapters outlive calls.
+  std::shared_ptr<Observer> observer;
+  /// The label of duplicates the durable store catches (kMqRecord for consume records).
+  DuplicateSource durable_source = DuplicateSource::kUniqueIndex;
+};
+
+namespace detail {
+/// Stand-in transaction type for stores that have none, so traits never form `void&`.
+struct NoTransaction {};
+
+template <class Durable>
+using transaction_t = std::conditional_t<std::is_void_v<typename Durable::Transaction>,
+                                         NoTransaction, typename Durable::Transaction>;
+
+template <class Fn, class Tx>
+inline constexpr bool kTakesTransaction =
+    !std::is_same_v<Tx, NoTransaction> && std::is_invocable_v<Fn&, Tx&>;
+
+template <class R>
+using stored_t = std::conditional_t<std::is_void_v<R>, Unit, std::decay_t<R>>;
+
+template <class Fn, class Tx, bool kTx = kTakesTransaction<Fn, Tx>>
+struct response_type {
+  using type = stored_t<std::invoke_result_t<Fn&, Tx&>>;
+};
+template <class Fn, class Tx>
+struct response_type<Fn, Tx, false> {
+  static_assert(std::is_invocable_v<Fn&>,
+                "idem: the handler must be callable as handler(Transaction&) (transactional) "
+                "or handler() (two-phase / fast only)");
+  using type = stored_t<std::invoke_result_t<Fn&>>;
+};
+
+template <class R, class Fn, class... Args>
+R invoke_stored(Fn& fn, Args&... args) {
+  if constexpr (std::is_void_v<std::invoke_result_t<Fn&, Args&...>>) {
+    std::invoke(fn, args...);
+    return Unit{};
+  } else {
+    return std::invoke(fn, args...);
+  }
+}
+
+using SteadyClock = std::chrono::steady_clock;
+inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
+}
+}  // namespace detail
+
+/// Runs handlers at most once per idempotency key and answers every duplicate with the first
+/// response. Thread-safe; one guard serves any number of threads and keys. The stores must
+/// outlive the guard.
+///
+/// @tparam Durable the durable store type (idem::sqlite::SqliteStore,
+///         idem::postgres::PostgresStore) or NoDurableStore for a fast-store-only guard.
+template <class Durable = NoDurableStore>
+class IdempotencyGuard {
+ public:
+  /// The durable store's transaction type, as transactional handlers receive it.
+  using Transaction = typename Durable::Transaction;
+  static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
+
+  /// Fast store in front of a durable store (the production shape).
+  IdempotencyGuard(FastStore& fast, Durable& durable, GuardOptions options = {})
+      : fast_(&fast), durable_(&durable), options_(std::move(options)) {
+    check_options();
+  }
+
+  /// Durable store only: correct, one durable round trip per call.
+  template <class D = Durable,
+            std::enable_if_t<std::is_same_v<D, Durable> && !std::is_base_of_v<FastStore, D> &&
+                                 !std::is_same_v<D, NoDurableStore>,
+                             int> = 0>
+  explicit IdempotencyGuard(D& durable, GuardOptions options = {})
+      : fast_(nullptr), durable_(&durable), options_(std::move(options)) {
+    check_options();
+  }
+
+  /// Fast store only: best effort (see the file comment).
+  template <class D = Durable, std::enable_if_t<std::is_same_v<D, NoDurableStore>, int> = 0>
+  explicit IdempotencyGuard(FastStore& fast, GuardOptions options = {})
+      : fast_(&fast), durable_(nullptr), options_(std::move(options)) {
+    check_options();
+  }
+
+  IdempotencyGuard(const IdempotencyGuard&) = delete;
+  IdempotencyGuard& operator=(const IdempotencyGuard&) = delete;
+
+  /// Runs `handler` at most once for `key`, or answers the duplicate.
+  ///
+  /// @param key         the operation's key (validated by idem::Key)
+  /// @param fingerprint the payload's fingerprint (idem::fingerprint(body)), or "" to skip
+  ///                    the payload check
+  /// @param handler     `R(Transaction&)` for transactional mode, `R()` for two-phase (or
+  ///                    fast-only) mode. R is std::string, void, or a type with an idem::Codec.
+  /// @return the outcome and, for executed/replayed, the response.
+  /// @throws whatever the handler throws (after rollback and release);
+  ///         idem::StorageError subclasses when the durable store fails (or the fast store in
+  ///         a fast-only guard); idem::LeaseLost when a two-phase or fast-only attempt lost
+  ///         its lease before completing; idem::CorruptRecord if a stored response cannot be
+  ///         decoded.
+  template <class Fn>
+  auto run(const Key& key, std::string_view fingerprint, Fn&& handler)
+      -> GuardResult<typename detail::response_type<std::decay_t<Fn>,
+                                                    detail::transaction_t<Durable>>::type> {
+    using Tx = detail::transaction_t<Durable>;
+    using R = typename detail::response_type<std::decay_t<Fn>, Tx>::type;
+    Call<R> call{key, fingerprint, detail::SteadyClock::now()};
+    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (!kHasDurable) {
+      call.mode = Mode::kFastOnly;
+    } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
+      call.mode = Mode::kTransactional;
+    } else {
+      call.mode = Mode::kTwoPhase;
+    }
+
+    // 2. Fast store claim.
+    if (fast_ != nullptr) {
+      auto t0 = detail::SteadyClock::now();
+      try {
+        ClaimResult c = fast_->claim(key, fingerprint, call.owner, options_.lease);
+        call.fast_claim = detail::since(t0);
+        fast_ok();
+        if (c.status == ClaimStatus::kClaimed) {
+          call.fast_claimed = true;
+          stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
+          if (c.took_over) note_takeover(key, "fast");
+        } else {
+          stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
+          return duplicate(call, c, Source::kFastStore, DuplicateSource::kFastStore);
+        }
+      } catch (const StorageError& e) {
+        call.fast_claim = detail::since(t0);
+        call.degraded = true;
+        fast_failed(key, e);
+        if constexpr (!kHasDurable) throw;
+      }
+    }
+
+    // 3. Durable store (or the handler alone, fast-only).
+    if constexpr (!kHasDurable) {
+      return run_fast_only<R>(call, handler);
+    } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
+      return run_transactional<R>(call, handler);
+    } else {
+      return run_two_phase<R>(call, handler);
+    }
+  }
+
+  /// Convenience overload: builds the key from scope and id. @throws idem::InvalidKey.
+  template <class Fn>
+  auto run(std::string_view scope, std::string_view id, std::string_view fingerprint,
+           Fn&& handler) {
+    return run(Key::make(scope, id), fingerprint, std::forward<Fn>(handler));
+  }
+
+  /// The guard's counters (always on).
+  const GuardStats& stats() const noexcept { return stats_; }
+  /// The options in force.
+  const GuardOptions& options() const noexcept { return options_; }
+  /// The fast store, or null.
+  FastStore* fast_store() const noexcept { return fast_; }
+  /// The durable store, or null.
+  Durable* durable_store() const noexcept { return durable_; }
+
+ private:
+  template <class R>
+  struct Call {
+    const Key& key;
+    std::string_view fingerprint;
+    detail::SteadyClock::time_point start;
+    OwnerToken owner = OwnerToken::generate();
+    Mode mode = Mode::kFastOnly;
+    bool fast_claimed = false;
+    bool degraded = false;
+    std::chrono::nanoseconds fast_claim{0};
+    std::chrono::nanoseconds durable{0};
+    std::chrono::nanoseconds handler{0};
+  };
+
+  void check_options() const {
+    if (options_.lease.count() <= 0) {
+      throw UsageError("idem::IdempotencyGuard: GuardOptions::lease must be positive");
+    }
+    if (options_.retention.count() <= 0) {
+      throw UsageError("idem::IdempotencyGuard: GuardOptions::retention must be positive");
+    }
+  }
+
+  template <class R, class Fn>
+  GuardResult<R> run_fast_only(Call<R>& call, Fn& handler) {
+    std::optional<R> value;
+    auto t0 = detail::SteadyClock::now();
+    try {
+      value.emplace(detail::invoke_stored<R>(handler));
+    } catch (...) {
+      call.handler = detail::since(t0);
+      handler_failed(call);
+      throw;
+    }
+    call.handler = detail::since(t0);
+    std::string bytes = Codec<R>::encode(*value);
+    // In a fast-only guard the fast store is the only record: its failures propagate.
+    if (!fast_->complete(call.key, call.owner, bytes, options_.retention)) {
+      note_lease_lost(call.key, "fast");
+      throw LeaseLost("idem: the lease on '" + call.key.str() +
+                      "' expired and was taken over before the handler completed; "
+                      "raise GuardOptions::lease above the handler's duration");
+    }
+    return executed(call, std::move(value));
+  }
+
+  template <class R, class Fn>
+  GuardResult<R> run_transactional(Call<R>& call, Fn& handler) {
+    std::optional<R> value;
+    std::chrono::nanoseconds handler_time{0};
+    bool handler_threw = false;
+    auto t0 = detail::SteadyClock::now();
+    ClaimResult d;
+    try {
+      d = durable_->run_transactional(
+          call.key, call.fingerprint, call.owner, options_.retention,
+          [&](Transaction& tx) -> std::string {
+            auto h0 = detail::SteadyClock::now();
+            value.reset();  // the store may retry the transaction (serialization failure)
+            try {
+              value.emplace(detail::invoke_stored<R>(handler, tx));
+            } catch (...) {
+              handler_time += detail::since(h0);
+              handler_threw = true;
+              throw;
+            }
+            handler_time += detail::since(h0);
+            return Codec<R>::encode(*value);
+          });
+    } catch (...) {
+      // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
+      // durable record replays it to the retry). Either way the fast claim must not block the
+      // retry for a whole lease.
+      call.handler = handler_time;
+      call.durable = detail::since(t0) - handler_time;
+      if (handler_threw) {
+        handler_failed(call);
+      } else {
+        release_fast(call);
+      }
+      throw;
+    }
+    call.handler = handler_time;
+    call.durable = detail::since(t0) - handler_time;
+    return after_durable<R>(call, d, std::move(value));
+  }
+
+  template <class R, class Fn>
+  GuardResult<R> run_two_phase(Call<R>& call, Fn& handler) {
+    auto t0 = detail::SteadyClock::now();
+    ClaimResult d;
+    try {
+      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease);
+    } catch (...) {
+      call.durable = detail::since(t0);
+      release_fast(call);
+      throw;
+    }
+    call.durable = detail::since(t0);
+    if (d.status != ClaimStatus::kClaimed) {
+      return after_durable<R>(call, d, std::nullopt);
+    }
+    if (d.took_over) note_takeover(call.key, "durable");
+
+    std::optional<R> value;
+    auto h0 = detail::SteadyClock::now();
+    try {
+      value.emplace(detail::invoke_stored<R>(handler));
+    } catch (...) {
+      call.handler = detail::since(h0);
+      // Release the durable claim first: once it is gone a retry may run at once.
+      try {
+        durable_->release(call.key, call.owner);
+      } catch (...) {
+        // The record stays in progress until its lease ends; a retry then takes over.
+      }
+      handler_failed(call);
+      throw;
+    }
+    call.handler = detail::since(h0);
+    std::string bytes = Codec<R>::encode(*value);
+    auto c0 = detail::SteadyClock::now();
+    // If this throws, the durable record stays in progress (owned by us) until the lease ends,
+    // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
+    bool completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+    call.durable += detail::since(c0);
+    if (!completed) {
+      release_fast(call);
+      note_lease_lost(call.key, "durable");
+      throw LeaseLost("idem: the lease on '" + call.key.str() +
+                      "' expired and was taken over before the handler completed; "
+                      "raise GuardOptions::lease above the handler's duration");
+    }
+    d.status = ClaimStatus::kClaimed;
+    d.response = std::move(bytes);
+    return after_durable<R>(call, d, std::move(value));
+  }
+
+  // Steps 4 and the durable store's duplicate answers, shared by both durable modes.
+  template <class R>
+  GuardResult<R> after_durable(Call<R>& call, ClaimResult& d, std::optional<R> value) {
+    switch (d.status) {
+      case ClaimStatus::kClaimed:
+        complete_fast(call, d.response);
+        return executed(call, std::move(value));
+      case ClaimStatus::kDone:
+        // The fast store let a completed key through (it lost the record, was down, or this
+        // guard has none): refill it so the next duplicate stops at the entrance again.
+        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+        complete_fast(call, d.response);
+        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
+      case ClaimStatus::kBusy:
+      case ClaimStatus::kMismatch:
+        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+        release_fast(call);
+        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
+    }
+    throw StorageError("idem: unknown claim status from the durable store");
+  }
+
+  template <class R>
+  GuardResult<R> executed(Call<R>& call, std::optional<R> value) {
+    stats_.executed.fetch_add(1, std::memory_order_relaxed);
+    GuardResult<R> r;
+    r.outcome = Outcome::kExecuted;
+    r.value = std::move(value);
+    r.source = Source::kHandler;
+    r.degraded = call.degraded;
+    emit_call(call, r);
+    return r;
+  }
+
+  template <class R>
+  GuardResult<R> duplicate(Call<R>& call, const ClaimResult& c, Source source,
+                           DuplicateSource dup_source) {
+    GuardResult<R> r;
+    r.source = source;
+    r.degraded = call.degraded;
+    r.first_seen = c.first_seen;
+    r.holder = c.holder;
+    switch (c.status) {
+      case ClaimStatus::kDone:
+        r.outcome = Outcome::kReplayed;
+        try {
+          r.value.emplace(Codec<R>::decode(c.response));
+        } catch (const std::exception& e) {
+          throw CorruptRecord("idem: the stored response of '" + call.key.str() +
+                              "' cannot be decoded: " + e.what());
+        }
+        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case ClaimStatus::kBusy:
+        r.outcome = Outcome::kInProgress;
+        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case ClaimStatus::kMismatch:
+        r.outcome = Outcome::kFingerprintMismatch;
+        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case ClaimStatus::kClaimed:
+        throw StorageError("idem: internal error: a claim is not a duplicate");
+    }
+    if (auto* o = options_.observer.get()) {
+      o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
+    }
+    emit_call(call, r);
+    return r;
+  }
+
+  template <class R>
+  void emit_call(Call<R>& call, const GuardResult<R>& r) {
+    if (auto* o = options_.observer.get()) {
+      CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
+                  call.degraded,  call.fast_claim, call.durable, call.handler,
+                  detail::since(call.start)};
+      o->on_call(e);
+    }
+  }
+
+  template <class R>
+  void complete_fast(Call<R>& call, std::string_view response) {
+    if (fast_ == nullptr) return;
+    try {
+      if (call.fast_claimed) {
+        if (fast_->complete(call.key, call.owner, response, options_.retention)) return;
+        // Our fast claim expired and was taken over (or released) while the durable store
+        // decided. The durable answer stands; overwrite the fast record with it.
+      } else if (call.degraded) {
+        return;  // the fast store failed moments ago; do not pay a second timeout
+      }
+      fast_->fill(call.key, call.fingerprint, response, options_.retention);
+      stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
+    } catch (const StorageError& e) {
+      // The durable store replays from now on; the fast store is refilled by the next duplicate.
+      fast_failed(call.key, e);
+    }
+  }
+
+  template <class R>
+  void release_fast(Call<R>& call) noexcept {
+    if (fast_ == nullptr || !call.fast_claimed) return;
+    try {
+      fast_->release(call.key, call.owner);
+    } catch (const StorageError& e) {
+      // The claim ends with its lease; duplicates answer "in progress" until then.
+      fast_failed(call.key, e);
+    } catch (...) {
+    }
+  }
+
+  template <class R>
+  void handler_failed(Call<R>& call) {
+    release_fast(call);
+    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+  }
+
+  void note_takeover(const Key& key, std::string_view store) {
+    stats_.takeovers.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_takeover(key, store);
+  }
+
+  void note_lease_lost(const Key& key, std::string_view store) {
+    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
+  }
+
+  // Degraded-mode bookkeeping: count every failing call, report once per burst.
+  void fast_failed(const Key& key, const Error& e) noexcept {
+    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+    burst_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
+      if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
+    }
+  }
+  void fast_ok() noexcept {
+    if (fast_down_.load(std::memory_order_relaxed) &&
+        fast_down_.exchange(false, std::memory_order_acq_rel)) {
+      auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
+      if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
+    }
+  }
+
+  FastStore* fast_;
+  Durable* durable_;
+  GuardOptions options_;
+  GuardStats stats_;
+  std::atomic<bool> fast_down_{false};
+  std::atomic<std::uint64_t> burst_failures_{0};
+};
+
+/// `IdempotencyGuard guard{fast}` deduces a fast-store-only guard.
+IdempotencyGuard(FastStore&)->IdempotencyGuard<NoDurableStore>;
+IdempotencyGuard(FastStore&, GuardOptions)->IdempotencyGuard<NoDurableStore>;
+
+/// `IdempotencyGuard guard{durable}` deduces a durable-only guard.
+template <class D, std::enable_if_t<!std::is_base_of_v<FastStore, D>, int> = 0>
+IdempotencyGuard(D&) -> IdempotencyGuard<D>;
+template <class D, std::enable_if_t<!std::is_base_of_v<FastStore, D>, int> = 0>
+IdempotencyGuard(D&, GuardOptions) -> IdempotencyGuard<D>;
+
+}  // namespace idem

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: MIT
+// idem::MemoryStore: an in-process fast store, sharded, with lease and retention expiry.
+//
+// It is a real product store, not a test double: the fast store of a single-process service,
+// the fast store in front of SQLite in the embedded default, and the store of unit tests.
+// Records live as long as the process; a restart forgets them (the durable store remembers).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "idem/clock.hpp"
+#include "idem/errors.hpp"
+#include "idem/store.hpp"
+
+namespace idem {
+
+/// Options of a MemoryStore.
+struct MemoryStoreOptions {
+  /// Number of independently locked shards (rounded up to a power of two; 0 means 64).
+  std::size_t shards = 64;
+  /// Time source for leases and retention (empty means the system clock).
+  Clock clock;
+  /// Expired records of a shard are swept after this many writes to it (0 means never: expired
+  /// records are then dropped only when their key is touched, or by purge_expired()).
+  std::size_t sweep_every = 1024;
+};
+
+/// Thread-safe in-memory FastStore.
+///
+/// @code
+///   idem::MemoryStore fast;
+///   idem::IdempotencyGuard guard{fast};   // fast store only: best effort within one process
+/// @endcode
+class MemoryStore final : public FastStore {
+ public:
+  explicit MemoryStore(MemoryStoreOptions options = {}) : options_(std::move(options)) {
+    std::size_t n = 1;
+    std::size_t want = options_.shards == 0 ? 64 : options_.shards;
+    while (n < want) n <<= 1;
+    shards_ = std::vector<Shard>(n);
+    if (!options_.clock) options_.clock = system_now;
+  }
+
+  ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
+                    std::chrono::milliseconds lease) override {
+    check_lease(lease);
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    maybe_sweep(shard, now);
+    auto it = shard.map.find(composed);
+    if (it != shard.map.end() && expired(it->second, now)) {
+      shard.map.erase(it);
+      it = shard.map.end();
+    }
+    ClaimResult result;
+    if (it == shard.map.end()) {
+      Entry e;
+      e.status = Record::Status::kInProgress;
+      e.fingerprint = std::string(fingerprint);
+      e.owner = owner.str();
+      e.lease_until = now + lease;
+      e.created_at = now;
+      e.updated_at = now;
+      shard.map.emplace(std::move(composed), std::move(e));
+      result.status = ClaimStatus::kClaimed;
+      return result;
+    }
+    Entry& e = it->second;
+    result.holder = e.owner;
+    result.first_seen = e.created_at;
+    if (e.fingerprint != fingerprint) {
+      result.status = ClaimStatus::kMismatch;
+    } else if (e.status == Record::Status::kCompleted) {
+      result.status = ClaimStatus::kDone;
+      result.response = e.response;
+    } else if (e.lease_until > now) {
+      result.status = ClaimStatus::kBusy;
+    } else {
+      // The holder's lease expired: take over with a new owner (fencing token).
+      e.owner = owner.str();
+      e.lease_until = now + lease;
+      e.updated_at = now;
+      result.status = ClaimStatus::kClaimed;
+      result.took_over = true;
+    }
+    return result;
+  }
+
+  bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                std::chrono::seconds retention) override {
+    check_retention(retention);
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end()) return false;
+    Entry& e = it->second;
+    // An expired lease not yet taken over still belongs to its owner: completing it is safe,
+    // because nobody else can have run (a takeover would have changed the owner).
+    if (e.status != Record::Status::kInProgress || e.owner != owner.str()) return false;
+    e.status = Record::Status::kCompleted;
+    e.response = std::string(response);
+    e.updated_at = now;
+    e.expires_at = now + retention;
+    return true;
+  }
+
+  bool release(const Key& key, const OwnerToken& owner) override {
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end()) return false;
+    if (it->second.status != Record::Status::kInProgress || it->second.owner != owner.str()) {
+      return false;
+    }
+    shard.map.erase(it);
+    return true;
+  }
+
+  void fill(const Key& key, std::string_view fingerprint, std::string_view response,
+            std::chrono::seconds retention) override {
+    check_retention(retention);
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    Entry& e = shard.map[composed];
+    if (e.created_at == TimePoint{}) e.created_at = now;
+    e.status = Record::Status::kCompleted;
+    e.fingerprint = std::string(fingerprint);
+    e.response = std::string(response);
+    e.updated_at = now;
+    e.expires_at = now + retention;
+  }
+
+  std::optional<Record> lookup(const Key& key) override {
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end() || expired(it->second, now)) return std::nullopt;
+    const Entry& e = it->second;
+    Record r;
+    r.status = e.status;
+    r.fingerprint = e.fingerprint;
+    r.owner = e.owner;
+    r.response = e.response;
+    r.lease_until = e.lease_until;
+    r.created_at = e.created_at;
+    r.updated_at = e.updated_at;
+    r.expires_at = e.expires_at;
+    return r;
+  }
+
+  std::string_view name() const noexcept override { return "memory"; }
+
+  /// Drops every expired record now. @return how many were dropped.
+  std::size_t purge_expired() {
+    auto now = options_.clock();
+    std::size_t dropped = 0;
+    for (auto& shard : shards_) {
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      dropped += sweep(shard, now);
+    }
+    return dropped;
+  }
+
+  /// Number of records held, expired ones not yet dropped included.
+  std::size_t size() const {
+    std::size_t n = 0;
+    for (auto& shard : shards_) {
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      n += shard.map.size();
+    }
+    return n;
+  }
+
+ private:
+  struct Entry {
+    Record::Status status = Record::Status::kInProgress;
+    std::string fingerprint;
+    std::string owner;
+    std::string response;
+    TimePoint lease_until{};
+    TimePoint created_at{};
+    TimePoint updated_at{};
+    TimePoint expires_at{};
+  };
+  struct Shard {
+    mutable std::mutex mutex;
+    std::unordered_map<std::string, Entry> map;
+    std::size_t writes = 0;
+  };
+
+  static void check_lease(std::chrono::milliseconds lease) {
+    if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
+  }
+  static void check_retention(std::chrono::seconds retention) {
+    if (retention.count() <= 0) {
+      throw UsageError("idem::MemoryStore: the retention must be positive");
+    }
+  }
+
+  // A completed record expires with its retention. An in-progress record whose lease ended is
+  // kept (a claim takes it over, which counts as a takeover) unless it is a whole retention
+  // period stale, so abandoned claims do not pile up forever.
+  static bool expired(const Entry& e, TimePoint now) noexcept {
+    if (e.status == Record::Status::kCompleted) return e.expires_at <= now;
+    return e.lease_until + kDefaultRetention <= now;
+  }
+
+  Shard& shard_for(const std::string& composed) {
+    return shards_[std::hash<std::string>{}(composed) & (shards_.size() - 1)];
+  }
+
+  void maybe_sweep(Shard& shard, TimePoint now) {
+    if (options_.sweep_every == 0) return;
+    if (++shard.writes % options_.sweep_every == 0) sweep(shard, now);
+  }
+
+  static std::size_t sweep(Shard& shard, TimePoint now) {
+    std::size_t dropped = 0;
+    for (auto it = shard.map.begin(); it != shard.map.end();) {
+      if (expired(it->second, now)) {
+        it = shard.map.erase(it);
+        ++dropped;
+      } else {
+        ++it;
+      }
+    }
+    return dropped;
+  }
+
+  MemoryStoreOptions options_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace idem

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: MIT
+// What the guard tells the world: always-on counters (GuardStats) and an optional Observer
+// that logging and metrics adapters implement.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/clock.hpp"
+#include "idem/key.hpp"
+#include "idem/outcome.hpp"
+
+namespace idem {
+
+/// Where a duplicate was recognised (for "why are there two identical transactions?").
+enum class DuplicateSource {
+  kFastStore,     ///< the fast store's claim (Redis SET NX / memory)
+  kUniqueIndex,   ///< the durable store's unique key (api_idempotency)
+  kStateMachine,  ///< a conditional state transition found the target state already there
+  kMqRecord,      ///< the MQ consume record (mq_consume_record)
+};
+
+/// Stable name: fast_store, unique_index, state_machine, mq_record.
+constexpr std::string_view duplicate_source_name(DuplicateSource s) noexcept {
+  switch (s) {
+    case DuplicateSource::kFastStore: return "fast_store";
+    case DuplicateSource::kUniqueIndex: return "unique_index";
+    case DuplicateSource::kStateMachine: return "state_machine";
+    case DuplicateSource::kMqRecord: return "mq_record";
+  }
+  return "unknown";
+}
+
+/// How the guard ran a call.
+enum class Mode {
+  kFastOnly,       ///< fast store only (best effort)
+  kTransactional,  ///< handler inside the durable store's transaction
+  kTwoPhase,       ///< durable in-progress record, handler outside, then complete
+};
+
+/// Stable name: fast_only, transactional, two_phase.
+constexpr std::string_view mode_name(Mode m) noexcept {
+  switch (m) {
+    case Mode::kFastOnly: return "fast_only";
+    case Mode::kTransactional: return "transactional";
+    case Mode::kTwoPhase: return "two_phase";
+  }
+  return "unknown";
+}
+
+/// A duplicate was detected: logged once per detection.
+struct DuplicateEvent {
+  const Key& key;
+  Outcome outcome;          ///< kReplayed, kInProgress or kFingerprintMismatch
+  DuplicateSource source;
+  TimePoint first_seen;     ///< when the first attempt created the record (epoch if unknown)
+  std::string_view holder;  ///< the first attempt's owner token (empty if unknown)
+};
+
+/// A guarded call finished with an outcome (not called when it threw).
+struct CallEvent {
+  const Key& key;
+  Outcome outcome;
+  Mode mode;
+  Source source;
+  bool degraded;
+  std::chrono::nanoseconds fast_claim{0};  ///< time in the fast store's claim
+  std::chrono::nanoseconds durable{0};     ///< time in the durable store, handler excluded
+  std::chrono::nanoseconds handler{0};     ///< time in the handler
+  std::chrono::nanoseconds total{0};
+};
+
+/// Receives the guard's events. Every method has an empty default; override what you need.
+/// Methods are called on the calling thread and must be thread-safe and must not throw.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  /// Every call that ended with an outcome.
+  virtual void on_call(const CallEvent&) noexcept {}
+  /// Every duplicate detected, with its source.
+  virtual void on_duplicate(const DuplicateEvent&) noexcept {}
+  /// The fast store failed after having worked: once per burst of failures.
+  virtual void on_fast_store_down(const Key&, const Error&) noexcept {}
+  /// The fast store works again after a burst of `failed_calls` failures.
+  virtual void on_fast_store_recovered(std::uint64_t /*failed_calls*/) noexcept {}
+  /// An expired lease of another attempt was taken over (`store`: "fast" or "durable").
+  virtual void on_takeover(const Key&, std::string_view /*store*/) noexcept {}
+  /// This attempt's lease was lost before it completed (`store`: "fast" or "durable").
+  virtual void on_lease_lost(const Key&, std::string_view /*store*/) noexcept {}
+  /// The handler threw; the claim was released and the exception rethrown.
+  virtual void on_handler_error(const Key&) noexcept {}
+  /// The durable store's transaction was retried (serialization failure, deadlock).
+  virtual void on_durable_retry(const Key&, std::string_view /*reason*/) noexcept {}
+};
+
+/// Fans events out to several observers (e.g. a logger and Prometheus).
+class ObserverList final : public Observer {
+ public:
+  /// Adds an observer; not thread-safe against concurrent calls: add before use.
+  void add(std::shared_ptr<Observer> o) { list_.push_back(std::move(o)); }
+  void on_call(const CallEvent& e) noexcept override {
+    for (auto& o : list_) o->on_call(e);
+  }
+  void on_duplicate(const DuplicateEvent& e) noexcept override {
+    for (auto& o : list_) o->on_duplicate(e);
+  }
+  void on_fast_store_down(const Key& k, const Error& e) noexcept override {
+    for (auto& o : list_) o->on_fast_store_down(k, e);
+  }
+  void on_fast_store_recovered(std::uint64_t n) noexcept override {
+    for (auto& o : list_) o->on_fast_store_recovered(n);
+  }
+  void on_takeover(const Key& k, std::string_view s) noexcept override {
+    for (auto& o : list_) o->on_takeover(k, s);
+  }
+  void on_lease_lost(const Key& k, std::string_view s) noexcept override {
+    for (auto& o : list_) o->on_lease_lost(k, s);
+  }
+  void on_handler_error(const Key& k) noexcept override {
+    for (auto& o : list_) o->on_handler_error(k);
+  }
+  void on_durable_retry(const Key& k, std::string_view r) noexcept override {
+    for (auto& o : list_) o->on_durable_retry(k, r);
+  }
+
+ private:
+  std::vector<std::shared_ptr<Observer>> list_;
+};
+
+/// A snapshot of GuardStats.
+struct GuardStatsSnapshot {
+  std::uint64_t calls = 0;
+  std::uint64_t executed = 0;
+  std::uint64_t replayed = 0;
+  std::uint64_t in_progress = 0;
+  std::uint64_t mismatched = 0;
+  std::uint64_t handler_errors = 0;
+  /// Duplicates the fast store recognised (busy, done or mismatch at the claim).
+  std::uint64_t fast_hits = 0;
+  /// Claims the fast store granted.
+  std::uint64_t fast_claims = 0;
+  /// Duplicates the durable store recognised (the unique key caught them).
+  std::uint64_t durable_conflicts = 0;
+  /// Calls in which the fast store failed (the durable store decided alone).
+  std::uint64_t degraded = 0;
+  std::uint64_t takeovers = 0;
+  std::uint64_t leases_lost = 0;
+  /// Fast-store records rewritten from the durable store.
+  std::uint64_t fast_refills = 0;
+
+  /// Share of detected duplicates that the fast store stopped (0 when there were none).
+  double fast_hit_rate() const noexcept {
+    auto dup = fast_hits + durable_conflicts;
+    return dup == 0 ? 0.0 : static_cast<double>(fast_hits) / static_cast<double>(dup);
+  }
+};
+
+/// Always-on, lock-free counters of one guard.
+class GuardStats {
+ public:
+  std::atomic<std::uint64_t> calls{0}, executed{0}, replayed{0}, in_progress{0}, mismatched{0},
+      handler_errors{0}, fast_hits{0}, fast_claims{0}, durable_conflicts{0}, degraded{0},
+      takeovers{0}, leases_lost{0}, fast_refills{0};
+
+  /// A consistent-enough copy (each counter read once, relaxed).
+  GuardStatsSnapshot snapshot() const noexcept {
+    GuardStatsSnapshot s;
+    s.calls = calls.load(std::memory_order_relaxed);
+    s.executed = executed.load(std::memory_order_relaxed);
+    s.replayed = replayed.load(std::memory_order_relaxed);
+    s.in_progress = in_progress.load(std::memory_order_relaxed);
+    s.mismatched = mismatched.load(std::memory_order_relaxed);
+    s.handler_errors = handler_errors.load(std::memory_order_relaxed);
+    s.fast_hits = fast_hits.load(std::memory_order_relaxed);
+    s.fast_claims = fast_claims.load(std::memory_order_relaxed);
+    s.durable_conflicts = durable_conflicts.load(std::memory_order_relaxed);
+    s.degraded = degraded.load(std::memory_order_relaxed);
+    s.takeovers = takeovers.load(std::memory_order_relaxed);
+    s.leases_lost = leases_lost.load(std::memory_order_relaxed);
+    s.fast_refills = fast_refills.load(std::memory_order_relaxed);
+    return s;
+  }
+};
+
+}  // namespace idem

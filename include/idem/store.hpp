@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+// The two storage roles of idem: a fast store (claim at the entrance) and a durable store
+// (the relational backstop). Types shared by both.
+//
+// File: store.hpp
+//
+// A record moves through
+//
+//     absent --claim--> in_progress --complete--> completed (response kept for `retention`)
+//                          |   ^
+//                  release |   | takeover once the lease has expired (new owner token)
+//                          v   |
+//                        absent
+//
+// * Claim is atomic: of many concurrent claims of one absent key exactly one answers kClaimed.
+// * Each claim carries the attempt's OwnerToken; complete and release act only while the token
+//   still matches (compare-and-set), so an attempt whose lease expired cannot overwrite the
+//   attempt that took over. They answer false ("lease lost") when it does not match.
+// * The fingerprint check wins over everything: a claim with a different fingerprint than the
+//   record's answers kMismatch, whether the record is in progress or completed.
+// * lease: how long an in-progress claim is honoured; retention: how long a completed record
+//   (and its response) is kept.
+//
+// FastStore is a small virtual interface (memory, Redis, Redis Cluster), chosen at run time.
+// A durable store is a compile-time choice (the guard is a template over it) so the handler can
+// receive the store's own transaction type; see `DurableStore` below for the contract.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/clock.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+
+namespace idem {
+
+/// Default lease of an in-progress claim.
+inline constexpr std::chrono::milliseconds kDefaultLease{30'000};
+/// Default retention of a completed record.
+inline constexpr std::chrono::seconds kDefaultRetention{24 * 3600};
+
+/// What a claim found.
+enum class ClaimStatus {
+  kClaimed,   ///< this attempt now owns the key (fresh, or taken over after the lease expired)
+  kBusy,      ///< another attempt holds a live lease: answer "in progress"
+  kDone,      ///< completed earlier: `response` holds the stored bytes to replay
+  kMismatch,  ///< the key exists with another fingerprint: a client error
+};
+
+/// Stable name of a claim status ("claimed", "busy", "done", "mismatch").
+constexpr std::string_view claim_status_name(ClaimStatus s) noexcept {
+  switch (s) {
+    case ClaimStatus::kClaimed: return "claimed";
+    case ClaimStatus::kBusy: return "busy";
+    case ClaimStatus::kDone: return "done";
+    case ClaimStatus::kMismatch: return "mismatch";
+  }
+  return "unknown";
+}
+
+/// The answer of a claim, with what is known of the first attempt (for duplicate logs).
+struct ClaimResult {
+  ClaimStatus status = ClaimStatus::kClaimed;
+  /// kDone: the stored response bytes.
+  std::string response;
+  /// kClaimed: true when an expired lease of another attempt was taken over.
+  bool took_over = false;
+  /// kDone: true when the record ended as failed (a poison MQ message); `response` holds the
+  /// failure reason.
+  bool failed = false;
+  /// kBusy/kDone/kMismatch: the owner token of the attempt that holds or completed the record
+  /// (empty when the store does not keep it).
+  std::string holder;
+  /// kBusy/kDone/kMismatch: when the record was first created (epoch when unknown).
+  TimePoint first_seen{};
+};
+
+/// A record as a store keeps it (for lookup, operators and tests).
+struct Record {
+  enum class Status { kInProgress, kCompleted, kFailed };
+  Status status = Status::kInProgress;
+  std::string fingerprint;
+  std::string owner;
+  std::string response;
+  TimePoint lease_until{};
+  TimePoint created_at{};
+  TimePoint updated_at{};
+  /// Completed: when the record may be purged.
+  TimePoint expires_at{};
+};
+
+/// Stable name of a record status as stored in SQL tables: in_progress, completed, failed.
+constexpr std::string_view record_status_name(Record::Status s) noexcept {
+  switch (s) {
+    case Record::Status::kInProgress: return "in_progress";
+    case Record::Status::kCompleted: return "completed";
+    case Record::Status::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+/// Fast store: the claim at the entrance (one round trip where the backend allows).
+/// Implementations must be thread-safe.
+///
+/// Every method throws idem::StorageError (or a subclass) when the backend fails; to the guard,
+/// a fast-store failure means "go on with the durable store and count the call as degraded".
+class FastStore {
+ public:
+  virtual ~FastStore() = default;
+
+  /// Atomically claims `key` for `lease` on behalf of `owner`, or reports who holds it.
+  /// @param fingerprint compared exactly with the record's; a difference answers kMismatch.
+  virtual ClaimResult claim(const Key& key, std::string_view fingerprint,
+                            const OwnerToken& owner, std::chrono::milliseconds lease) = 0;
+
+  /// Marks `key` completed with `response`, kept for `retention`, if `owner` still holds it.
+  /// @return false when the lease was lost (expired and taken over, released, or absent).
+  virtual bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                        std::chrono::seconds retention) = 0;
+
+  /// Removes the in-progress claim of `owner` so a retry can run at once.
+  /// @return false when `owner` did not hold it.
+  virtual bool release(const Key& key, const OwnerToken& owner) = 0;
+
+  /// Writes a completed record unconditionally (refill from the durable store after the fast
+  /// store lost it). Overwrites whatever is there.
+  virtual void fill(const Key& key, std::string_view fingerprint, std::string_view response,
+                    std::chrono::seconds retention) = 0;
+
+  /// Reads a record without changing it (operators, tests). nullopt when absent or expired.
+  virtual std::optional<Record> lookup(const Key& key) = 0;
+
+  /// A short name for logs and metrics labels ("memory", "redis").
+  virtual std::string_view name() const noexcept = 0;
+};
+
+/// The durable store contract, satisfied by idem::sqlite::SqliteStore and
+/// idem::postgres::PostgresStore (documented here; checked where the guard instantiates it).
+///
+/// @code
+///   class SomeDurableStore {
+///    public:
+///     using Transaction = ...;   // what a transactional handler receives
+///
+///     // Transactional mode: in ONE transaction, claim the record (or find it), and if claimed
+///     // call `handler(tx)` -> std::string (encoded response), store it as completed, commit.
+///     // Answers kClaimed (handler ran and committed; `response` is its bytes), kDone (replay),
+///     // kBusy (another transaction holds the key beyond the lock timeout), kMismatch.
+///     // Handler throws: roll back, rethrow.
+///     template <class Handler>
+///     ClaimResult run_transactional(const Key&, std::string_view fingerprint,
+///                                   const OwnerToken&, std::chrono::seconds retention,
+///                                   Handler&& handler);
+///
+///     // Two-phase mode: same meaning as FastStore, each call its own committed transaction.
+///     ClaimResult begin(const Key&, std::string_view fingerprint, const OwnerToken&,
+///                       std::chrono::milliseconds lease);
+///     bool complete(const Key&, const OwnerToken&, std::string_view response,
+///                   std::chrono::seconds retention);
+///     bool release(const Key&, const OwnerToken&);
+///
+///     std::optional<Record> lookup(const Key&);
+///     std::size_t purge_expired(std::size_t batch_size);   // deletes expired completed rows
+///     std::string_view name() const noexcept;
+///   };
+/// @endcode
+
+/// Marker for a guard without a durable store (fast store only; best effort).
+struct NoDurableStore {
+  using Transaction = void;
+};
+
+}  // namespace idem

@@ -1,0 +1,541 @@
+// SPDX-License-Identifier: MIT
+// SQLite durable store: connection pool, writer lock, statements, migration, record protocol.
+#include "idem/sqlite/sqlite_store.hpp"
+
+#include <sqlite3.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "errors.hpp"
+#include "idem/sql.hpp"
+
+namespace idem::sqlite {
+
+namespace detail {
+
+// One sqlite3 handle and its prepared-statement cache. Used by one thread at a time.
+struct Connection {
+  sqlite3* db = nullptr;
+  std::unordered_map<std::string, sqlite3_stmt*> cache;
+
+  ~Connection() {
+    for (auto& [sql, stmt] : cache) sqlite3_finalize(stmt);
+    if (db != nullptr) sqlite3_close_v2(db);
+  }
+};
+
+std::unique_ptr<Connection> open_connection(const std::string& path, const DatabaseOptions& o) {
+  auto conn = std::make_unique<Connection>();
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+  int rc = sqlite3_open_v2(path.c_str(), &conn->db, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    // open_v2 leaves a handle to report the error with, even on failure.
+    std::string msg = conn->db ? sqlite3_errmsg(conn->db) : sqlite3_errstr(rc);
+    throw StorageUnavailable("sqlite: cannot open '" + path + "': " + msg);
+  }
+  sqlite3_extended_result_codes(conn->db, 1);
+  sqlite3_busy_timeout(conn->db, static_cast<int>(o.busy_timeout.count()));
+  std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
+                        "; PRAGMA foreign_keys=ON;";
+  char* err = nullptr;
+  rc = sqlite3_exec(conn->db, pragmas.c_str(), nullptr, nullptr, &err);
+  if (rc != SQLITE_OK) {
+    std::string msg = err ? err : "";
+    sqlite3_free(err);
+    throw_error(conn->db, rc, "setting pragmas (" + msg + ")");
+  }
+  return conn;
+}
+
+}  // namespace detail
+
+using detail::Connection;
+
+// ---------------------------------------------------------------------------------------------
+// Statement
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_), stmt_(other.stmt_), cached_(other.cached_) {
+  other.stmt_ = nullptr;
+}
+
+Statement::~Statement() {
+  if (stmt_ == nullptr) return;
+  if (cached_) {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  } else {
+    sqlite3_finalize(stmt_);
+  }
+}
+
+Statement& Statement::bind(int index, std::int64_t value) {
+  int rc = sqlite3_bind_int64(stmt_, index, value);
+  if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
+  return *this;
+}
+Statement& Statement::bind(int index, double value) {
+  int rc = sqlite3_bind_double(stmt_, index, value);
+  if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
+  return *this;
+}
+Statement& Statement::bind(int index, std::string_view text) {
+  // A non-null pointer keeps an empty string from binding as NULL.
+  int rc = sqlite3_bind_text64(stmt_, index, text.empty() ? "" : text.data(), text.size(),
+                               SQLITE_TRANSIENT, SQLITE_UTF8);
+  if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
+  return *this;
+}
+Statement& Statement::bind(int index, Blob blob) {
+  int rc = sqlite3_bind_blob64(stmt_, index, blob.bytes.empty() ? "" : blob.bytes.data(),
+                               blob.bytes.size(), SQLITE_TRANSIENT);
+  if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
+  return *this;
+}
+Statement& Statement::bind(int index, std::nullptr_t) {
+  int rc = sqlite3_bind_null(stmt_, index);
+  if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
+  return *this;
+}
+
+bool Statement::step() {
+  int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  detail::throw_error(db_, rc, sqlite3_sql(stmt_));
+}
+
+int Statement::changes() const noexcept { return sqlite3_changes(db_); }
+bool Statement::column_is_null(int col) const noexcept {
+  return sqlite3_column_type(stmt_, col) == SQLITE_NULL;
+}
+std::int64_t Statement::column_int64(int col) const noexcept {
+  return sqlite3_column_int64(stmt_, col);
+}
+double Statement::column_double(int col) const noexcept {
+  return sqlite3_column_double(stmt_, col);
+}
+std::string Statement::column_bytes(int col) const {
+  const void* data = sqlite3_column_blob(stmt_, col);
+  int size = sqlite3_column_bytes(stmt_, col);
+  if (data == nullptr || size <= 0) return {};
+  return std::string(static_cast<const char*>(data), static_cast<std::size_t>(size));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session / Transaction
+
+Statement Session::prepare(std::string_view sql) {
+  auto* conn = static_cast<Connection*>(conn_);
+  std::string key(sql);
+  auto it = conn->cache.find(key);
+  if (it != conn->cache.end()) return Statement(conn->db, it->second, true);
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v3(conn->db, key.c_str(), static_cast<int>(key.size()),
+                              SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+  if (rc != SQLITE_OK) detail::throw_error(conn->db, rc, "prepare: " + key);
+  if (stmt == nullptr) throw UsageError("idem::sqlite: empty statement: '" + key + "'");
+  // Bounded cache: user SQL built per call (it should not be) cannot grow it without limit.
+  if (conn->cache.size() >= 256) return Statement(conn->db, stmt, false);
+  conn->cache.emplace(std::move(key), stmt);
+  return Statement(conn->db, stmt, true);
+}
+
+void Session::exec_script(const std::string& sql) {
+  auto* conn = static_cast<Connection*>(conn_);
+  char* err = nullptr;
+  int rc = sqlite3_exec(conn->db, sql.c_str(), nullptr, nullptr, &err);
+  if (rc != SQLITE_OK) {
+    std::string msg = err ? err : "";
+    sqlite3_free(err);
+    detail::throw_error(conn->db, rc, "exec: " + msg);
+  }
+}
+
+sqlite3* Session::native_handle() const noexcept { return static_cast<Connection*>(conn_)->db; }
+
+struct Transaction::Lease {
+  std::unique_lock<std::timed_mutex> writer;
+  Connection* conn = nullptr;
+  bool open = false;
+};
+
+Transaction::Transaction(std::unique_ptr<Lease> lease)
+    : Session(lease->conn), lease_(std::move(lease)) {}
+
+Transaction::Transaction(Transaction&& other) noexcept
+    : Session(other.conn_), lease_(std::move(other.lease_)) {}
+
+Transaction::~Transaction() { rollback(); }
+
+void Transaction::commit() {
+  if (!lease_ || !lease_->open) throw UsageError("idem::sqlite: commit without a transaction");
+  auto* conn = lease_->conn;
+  int rc = sqlite3_exec(conn->db, "COMMIT", nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) {
+    rollback();
+    detail::throw_error(conn->db, rc, "COMMIT");
+  }
+  lease_->open = false;
+  lease_->writer.unlock();
+}
+
+void Transaction::rollback() noexcept {
+  if (!lease_ || !lease_->open) return;
+  // Reset cached statements first: an unfinished SELECT would keep ROLLBACK from completing.
+  for (auto& [sql, stmt] : lease_->conn->cache) sqlite3_reset(stmt);
+  sqlite3_exec(lease_->conn->db, "ROLLBACK", nullptr, nullptr, nullptr);
+  lease_->open = false;
+  if (lease_->writer.owns_lock()) lease_->writer.unlock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database
+
+class Database::Impl {
+ public:
+  Impl(std::string path, DatabaseOptions options) : path_(std::move(path)), options_(options) {
+    if (options_.pool_size == 0) options_.pool_size = 8;
+    if (options_.busy_timeout.count() <= 0) options_.busy_timeout = std::chrono::seconds(10);
+    if (options_.synchronous != "NORMAL" && options_.synchronous != "FULL" &&
+        options_.synchronous != "OFF" && options_.synchronous != "EXTRA") {
+      throw UsageError("idem::sqlite: DatabaseOptions::synchronous must be OFF, NORMAL, FULL "
+                       "or EXTRA");
+    }
+    memory_ = path_ == ":memory:" || path_.empty();
+    writer_ = detail::open_connection(path_, options_);
+    if (!memory_) {
+      for (std::size_t i = 0; i < options_.pool_size; ++i) {
+        readers_.push_back(detail::open_connection(path_, options_));
+        free_.push_back(readers_.back().get());
+      }
+    }
+  }
+
+  std::unique_ptr<Transaction::Lease> begin_write() {
+    auto lease = std::make_unique<Transaction::Lease>();
+    lease->writer = std::unique_lock<std::timed_mutex>(writer_mutex_, std::defer_lock);
+    if (!lease->writer.try_lock_for(options_.busy_timeout)) {
+      throw StorageTimeout("sqlite: no write lock on '" + path_ + "' within " +
+                           std::to_string(options_.busy_timeout.count()) + " ms");
+    }
+    lease->conn = writer_.get();
+    int rc = sqlite3_exec(writer_->db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) detail::throw_error(writer_->db, rc, "BEGIN IMMEDIATE");
+    lease->open = true;
+    return lease;
+  }
+
+  Connection* acquire_reader() {
+    if (memory_) {
+      // One connection: readers share the writer's lock.
+      writer_mutex_.lock();
+      return writer_.get();
+    }
+    std::unique_lock<std::mutex> lock(pool_mutex_);
+    if (!pool_cv_.wait_for(lock, options_.busy_timeout, [&] { return !free_.empty(); })) {
+      throw StorageUnavailable("sqlite: connection pool of '" + path_ + "' exhausted for " +
+                               std::to_string(options_.busy_timeout.count()) + " ms");
+    }
+    Connection* c = free_.back();
+    free_.pop_back();
+    return c;
+  }
+
+  void release_reader(Connection* c) noexcept {
+    for (auto& [sql, stmt] : c->cache) sqlite3_reset(stmt);
+    if (memory_) {
+      writer_mutex_.unlock();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(pool_mutex_);
+      free_.push_back(c);
+    }
+    pool_cv_.notify_one();
+  }
+
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+  DatabaseOptions options_;
+  bool memory_ = false;
+  std::timed_mutex writer_mutex_;
+  std::unique_ptr<Connection> writer_;
+  std::mutex pool_mutex_;
+  std::condition_variable pool_cv_;
+  std::vector<std::unique_ptr<Connection>> readers_;
+  std::vector<Connection*> free_;
+};
+
+Database::Database(std::string path, DatabaseOptions options)
+    : impl_(std::make_unique<Impl>(std::move(path), std::move(options))) {}
+Database::~Database() = default;
+
+Transaction Database::begin() { return Transaction(impl_->begin_write()); }
+
+Database::ReadLease Database::acquire_reader() {
+  return ReadLease(impl_.get(), impl_->acquire_reader());
+}
+
+Database::ReadLease::~ReadLease() {
+  if (impl_ != nullptr) impl_->release_reader(static_cast<Connection*>(conn_));
+}
+
+const std::string& Database::path() const noexcept { return impl_->path(); }
+
+// ---------------------------------------------------------------------------------------------
+// SqliteStore
+
+// The store's statements, built once from the validated table and column names.
+struct SqliteStore::Sql {
+  std::string select, insert, takeover, remove_expired, complete, fail, release, purge;
+};
+
+namespace {
+constexpr int kSchemaVersion = 1;
+
+Record::Status parse_status(const std::string& s) {
+  if (s == "in_progress") return Record::Status::kInProgress;
+  if (s == "completed") return Record::Status::kCompleted;
+  if (s == "failed") return Record::Status::kFailed;
+  throw CorruptRecord("sqlite: unknown record status '" + s + "'");
+}
+
+Record read_record(Statement& st) {
+  Record r;
+  r.status = parse_status(st.column_bytes(0));
+  r.fingerprint = st.column_bytes(1);
+  r.owner = st.column_bytes(2);
+  r.response = st.column_bytes(3);
+  r.lease_until = from_millis(st.column_int64(4));
+  r.created_at = from_millis(st.column_int64(5));
+  r.updated_at = from_millis(st.column_int64(6));
+  r.expires_at = st.column_is_null(7) ? TimePoint{} : from_millis(st.column_int64(7));
+  return r;
+}
+
+bool retention_over(const Record& r, TimePoint now) {
+  return r.status != Record::Status::kInProgress && r.expires_at <= now;
+}
+
+// What a found record means to a claim with `fingerprint` at `now`.
+ClaimResult classify(const Record& r, std::string_view fingerprint, TimePoint now) {
+  ClaimResult c;
+  c.holder = r.owner;
+  c.first_seen = r.created_at;
+  if (r.fingerprint != fingerprint) {
+    c.status = ClaimStatus::kMismatch;
+  } else if (r.status != Record::Status::kInProgress) {
+    c.status = ClaimStatus::kDone;
+    c.response = r.response;
+    c.failed = r.status == Record::Status::kFailed;
+  } else if (r.lease_until > now) {
+    c.status = ClaimStatus::kBusy;
+  } else {
+    c.status = ClaimStatus::kClaimed;  // expired lease: the caller takes it over
+    c.took_over = true;
+  }
+  return c;
+}
+}  // namespace
+
+namespace {
+std::shared_ptr<Database> open_database(std::string path, const SqliteStoreOptions& options) {
+  return std::make_shared<Database>(std::move(path), options.database);
+}
+}  // namespace
+
+// Takes options by const reference first: the database is opened before the options move.
+SqliteStore::SqliteStore(std::string path, SqliteStoreOptions options)
+    : database_(open_database(std::move(path), options)), options_(std::move(options)) {
+  init();
+}
+
+SqliteStore::SqliteStore(std::shared_ptr<Database> database, SqliteStoreOptions options)
+    : database_(std::move(database)), options_(std::move(options)) {
+  init();
+}
+
+void SqliteStore::init() {
+  if (!database_) throw UsageError("idem::sqlite::SqliteStore: null database");
+  const auto& t = check_sql_identifier("table", options_.table);
+  const auto& k = check_sql_identifier("key column", options_.key_column);
+  const auto& s = check_sql_identifier("scope column", options_.scope_column);
+  if (k == s) throw UsageError("idem::sqlite: key and scope columns must differ");
+  if (!options_.clock) options_.clock = system_now;
+  sql_ = std::make_unique<Sql>();
+  std::string where = " WHERE " + k + " = ?1 AND " + s + " = ?2";
+  sql_->select = "SELECT status, fingerprint, owner, response_body, lease_until, created_at, "
+                 "updated_at, expires_at FROM " + t + where;
+  sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
+                 ", status, fingerprint, owner, lease_until, created_at, updated_at) "
+                 "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
+  sql_->takeover = "UPDATE " + t +
+                   " SET owner = ?3, lease_until = ?4, updated_at = ?5, attempts = attempts + 1" +
+                   where + " AND status = 'in_progress'";
+  sql_->remove_expired = "DELETE FROM " + t + where + " AND status <> 'in_progress'";
+  sql_->complete = "UPDATE " + t +
+                   " SET status = 'completed', response_body = ?4, expires_at = ?5, "
+                   "updated_at = ?6" + where + " AND owner = ?3 AND status = 'in_progress'";
+  sql_->fail = "UPDATE " + t +
+               " SET status = 'failed', response_body = ?4, expires_at = ?5, updated_at = ?6" +
+               where + " AND owner = ?3 AND status = 'in_progress'";
+  sql_->release = "DELETE FROM " + t + where + " AND owner = ?3 AND status = 'in_progress'";
+  sql_->purge = "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t +
+                " WHERE status <> 'in_progress' AND expires_at <= ?1 LIMIT ?2)";
+  migrate();
+}
+
+SqliteStore::~SqliteStore() = default;
+
+void SqliteStore::migrate() {
+  const auto& t = options_.table;
+  const auto& k = options_.key_column;
+  const auto& s = options_.scope_column;
+  database_->write([&](Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+        " name TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at INTEGER NOT NULL)");
+    auto version = tx.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", t)
+                       .value_or(0);
+    if (version > kSchemaVersion) {
+      throw StorageError("sqlite: table '" + t + "' has schema version " +
+                         std::to_string(version) + ", newer than this idem (" +
+                         std::to_string(kSchemaVersion) + ")");
+    }
+    if (version < 1) {
+      tx.exec_script("CREATE TABLE IF NOT EXISTS " + t + " (" +
+                     " id INTEGER PRIMARY KEY AUTOINCREMENT," +
+                     " " + k + " VARCHAR(128) NOT NULL," +
+                     " " + s + " VARCHAR(64) NOT NULL," +
+                     " status VARCHAR(16) NOT NULL"
+                     "  CHECK (status IN ('in_progress', 'completed', 'failed')),"
+                     " fingerprint VARCHAR(64) NOT NULL DEFAULT '',"
+                     " owner VARCHAR(32) NOT NULL,"
+                     " response_body BLOB,"
+                     " lease_until INTEGER NOT NULL,"
+                     " expires_at INTEGER,"
+                     " attempts INTEGER NOT NULL DEFAULT 1,"
+                     " created_at INTEGER NOT NULL,"
+                     " updated_at INTEGER NOT NULL,"
+                     " UNIQUE (" + k + ", " + s + "));"
+                     "CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
+                     " (expires_at) WHERE status <> 'in_progress';");
+      tx.exec("INSERT OR REPLACE INTO idem_schema_version (name, version, applied_at) "
+              "VALUES (?, ?, ?)",
+              t, kSchemaVersion, to_millis(now()));
+    }
+  });
+}
+
+std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_view fingerprint) {
+  auto t = now();
+  return database_->read([&](Session& session) -> std::optional<ClaimResult> {
+    Statement st = session.prepare(sql_->select);
+    st.bind_all(key.id(), key.scope());
+    if (!st.step()) return std::nullopt;
+    Record r = read_record(st);
+    if (retention_over(r, t)) return std::nullopt;
+    ClaimResult c = classify(r, fingerprint, t);
+    if (c.status == ClaimStatus::kDone || c.status == ClaimStatus::kMismatch) return c;
+    return std::nullopt;
+  });
+}
+
+ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                                  const OwnerToken& owner, std::chrono::milliseconds lease) {
+  auto t = now();
+  std::optional<Record> found;
+  {
+    Statement st = tx.prepare(sql_->select);
+    st.bind_all(key.id(), key.scope());
+    if (st.step()) found = read_record(st);
+  }
+  if (found && retention_over(*found, t)) {
+    tx.exec(sql_->remove_expired, key.id(), key.scope());
+    found.reset();
+  }
+  auto lease_until = to_millis(t + lease);
+  if (!found) {
+    tx.exec(sql_->insert, key.id(), key.scope(), fingerprint, owner.str(), lease_until,
+            to_millis(t));
+    return ClaimResult{};
+  }
+  ClaimResult c = classify(*found, fingerprint, t);
+  if (c.status == ClaimStatus::kClaimed) {
+    tx.exec(sql_->takeover, key.id(), key.scope(), owner.str(), lease_until, to_millis(t));
+  }
+  return c;
+}
+
+void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
+                              std::string_view response, std::chrono::seconds retention) {
+  auto t = now();
+  int n = tx.exec(sql_->complete, key.id(), key.scope(), owner.str(), Blob{response},
+                  to_millis(t + retention), to_millis(t));
+  if (n != 1) {
+    throw LeaseLost("sqlite: record '" + key.str() + "' is no longer held by this attempt");
+  }
+}
+
+ClaimResult SqliteStore::begin(const Key& key, std::string_view fingerprint,
+                               const OwnerToken& owner, std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
+  if (auto early = precheck(key, fingerprint)) return std::move(*early);
+  return database_->write(
+      [&](Transaction& tx) { return claim_in(tx, key, fingerprint, owner, lease); });
+}
+
+bool SqliteStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                           std::chrono::seconds retention) {
+  auto t = now();
+  return database_->write([&](Transaction& tx) {
+    return tx.exec(sql_->complete, key.id(), key.scope(), owner.str(), Blob{response},
+                   to_millis(t + retention), to_millis(t)) == 1;
+  });
+}
+
+bool SqliteStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+                       std::chrono::seconds retention) {
+  auto t = now();
+  return database_->write([&](Transaction& tx) {
+    return tx.exec(sql_->fail, key.id(), key.scope(), owner.str(), Blob{reason},
+                   to_millis(t + retention), to_millis(t)) == 1;
+  });
+}
+
+bool SqliteStore::release(const Key& key, const OwnerToken& owner) {
+  return database_->write([&](Transaction& tx) {
+    return tx.exec(sql_->release, key.id(), key.scope(), owner.str()) == 1;
+  });
+}
+
+std::optional<Record> SqliteStore::lookup(const Key& key) {
+  return database_->read([&](Session& session) -> std::optional<Record> {
+    Statement st = session.prepare(sql_->select);
+    st.bind_all(key.id(), key.scope());
+    if (!st.step()) return std::nullopt;
+    return read_record(st);
+  });
+}
+
+std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
+  if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
+  std::size_t total = 0;
+  for (;;) {
+    auto t = to_millis(now());
+    // One short write transaction per batch: writers are never blocked for long.
+    int n = database_->write([&](Transaction& tx) {
+      return tx.exec(sql_->purge, t, static_cast<std::int64_t>(batch_size));
+    });
+    total += static_cast<std::size_t>(n);
+    if (static_cast<std::size_t>(n) < batch_size) return total;
+  }
+}
+
+}  // namespace idem::sqlite

@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: MIT
+// One typed suite every durable store must pass (SQLite always; PostgreSQL when configured),
+// covering the store protocol and the guard on top of it, counting business rows.
+//
+// A Traits type provides:
+//   using Store = ...;                                   // the durable store
+//   static const char* env_var();                        // null: no server needed
+//   static std::unique_ptr<Store> make(const std::string& env_value);
+//   static void insert_effect(typename Store::Transaction&, const std::string& key_id);
+//   static long count_effects(Store&, const std::string& key_id);
+//   static long count_records(Store&);                   // rows in the record table
+// and the adapter's test file does:
+//   using Types = ::testing::Types<MyTraits>;
+//   namespace idem::test { INSTANTIATE_TYPED_TEST_SUITE_P(Name, DurableStoreConformance, Types); }
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "support/failing_store.hpp"
+#include "support/test_env.hpp"
+
+namespace idem::test {
+
+template <class Traits>
+class DurableStoreConformance : public ::testing::Test {
+ protected:
+  using Store = typename Traits::Store;
+  using TxType = typename Store::Transaction;
+
+
+  void SetUp() override {
+    std::string value;
+    if (Traits::env_var() != nullptr) IDEM_REQUIRE_ENV(value, Traits::env_var());
+    store_ = Traits::make(value);
+    ASSERT_NE(store_, nullptr);
+  }
+
+  Key key(const std::string& scope = "payment") {
+    return Key::make(scope, unique_name(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  // Many threads, one key, a handler that sleeps: one effect; every answer is the response or
+  // in_progress; afterwards every caller gets the response.
+  template <class Guard>
+  void storm(Guard& guard, bool transactional) {
+    auto k = key();
+    constexpr int kThreads = 32;
+    std::atomic<int> runs{0}, executed{0}, in_progress{0}, replayed{0}, wrong{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        while (!go.load()) std::this_thread::yield();
+        try {
+          GuardResult<std::string> r;
+          if (transactional) {
+            r = guard.run(k, "fp", [&](TxType& tx) {
+              ++runs;
+              Traits::insert_effect(tx, k.id());
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              return std::string("pay_") + k.id();
+            });
+          } else {
+            r = guard.run(k, "fp", [&] {
+              ++runs;
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              return std::string("pay_") + k.id();
+            });
+          }
+          if (r.outcome == Outcome::kExecuted) ++executed;
+          if (r.outcome == Outcome::kReplayed) ++replayed;
+          if (r.outcome == Outcome::kInProgress) ++in_progress;
+          if (r.outcome == Outcome::kFingerprintMismatch) ++wrong;
+          if (r.ok() && *r.value != "pay_" + k.id()) ++wrong;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "caller got an exception: " << e.what();
+          ++wrong;
+        }
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(1, runs.load());
+    EXPECT_EQ(1, executed.load());
+    EXPECT_EQ(kThreads - 1, replayed.load() + in_progress.load());
+    EXPECT_EQ(0, wrong.load());
+    if (transactional) {
+      EXPECT_EQ(1, Traits::count_effects(*store_, k.id()));
+    }
+    for (int i = 0; i < 4; ++i) {
+      GuardResult<std::string> again;
+      if (transactional) {
+        again = guard.run(k, "fp", [&](TxType&) { ++runs; return std::string("x"); });
+      } else {
+        again = guard.run(k, "fp", [&] { ++runs; return std::string("x"); });
+      }
+      EXPECT_EQ(Outcome::kReplayed, again.outcome);
+      EXPECT_EQ("pay_" + k.id(), again.value.value_or("<none>"));
+    }
+    EXPECT_EQ(1, runs.load());
+  }
+
+  std::unique_ptr<Store> store_;
+  const std::chrono::seconds retention_{600};
+  const std::chrono::milliseconds lease_{30'000};
+};
+
+TYPED_TEST_SUITE_P(DurableStoreConformance);
+
+TYPED_TEST_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectTogether) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  auto owner = OwnerToken::generate();
+  auto r = store.run_transactional(k, "fp", owner, this->retention_, [&](Tx& tx) {
+    TypeParam::insert_effect(tx, k.id());
+    return std::string("pay_1");
+  });
+  EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ("pay_1", r.response);
+  EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
+  int runs = 0;
+  auto again = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                       [&](Tx& tx) {
+                                         ++runs;
+                                         TypeParam::insert_effect(tx, k.id());
+                                         return std::string("pay_2");
+                                       });
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ("pay_1", again.response);
+  EXPECT_EQ(owner.str(), again.holder);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
+  auto rec = store.lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("fp", rec->fingerprint);
+}
+
+TYPED_TEST_P(DurableStoreConformance, HandlerThrowsRollsBackEverything) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  EXPECT_THROW(store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                       [&](Tx& tx) -> std::string {
+                                         TypeParam::insert_effect(tx, k.id());
+                                         throw std::runtime_error("declined");
+                                       }),
+               std::runtime_error);
+  EXPECT_EQ(0, TypeParam::count_effects(store, k.id()));
+  EXPECT_FALSE(store.lookup(k).has_value());
+  auto retry = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                       [&](Tx& tx) {
+                                         TypeParam::insert_effect(tx, k.id());
+                                         return std::string("ok");
+                                       });
+  EXPECT_EQ(ClaimStatus::kClaimed, retry.status);
+  EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
+}
+
+TYPED_TEST_P(DurableStoreConformance, MismatchWinsOverReplayAndInProgress) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto done = this->key();
+  (void)store.run_transactional(done, "fp", OwnerToken::generate(), this->retention_,
+                                [](Tx&) { return std::string("r"); });
+  auto r = store.run_transactional(done, "other", OwnerToken::generate(), this->retention_,
+                                   [](Tx&) { return std::string("never"); });
+  EXPECT_EQ(ClaimStatus::kMismatch, r.status);
+  auto running = this->key();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(running, "fp", OwnerToken::generate(), this->lease_).status);
+  EXPECT_EQ(ClaimStatus::kMismatch,
+            store.begin(running, "other", OwnerToken::generate(), this->lease_).status);
+  EXPECT_EQ(ClaimStatus::kBusy,
+            store.begin(running, "fp", OwnerToken::generate(), this->lease_).status);
+}
+
+TYPED_TEST_P(DurableStoreConformance, TwoPhaseLeaseExpiryFencesTheStaleOwner) {
+  auto& store = *this->store_;
+  auto k = this->key();
+  auto stale = OwnerToken::generate();
+  auto fresh = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(k, "fp", stale, std::chrono::milliseconds(200)).status);
+  EXPECT_EQ(ClaimStatus::kBusy, store.begin(k, "fp", fresh, this->lease_).status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto takeover = store.begin(k, "fp", fresh, this->lease_);
+  EXPECT_EQ(ClaimStatus::kClaimed, takeover.status);
+  EXPECT_TRUE(takeover.took_over);
+  EXPECT_FALSE(store.complete(k, stale, "stale", this->retention_));
+  EXPECT_FALSE(store.release(k, stale));
+  EXPECT_TRUE(store.complete(k, fresh, "fresh", this->retention_));
+  auto r = store.begin(k, "fp", OwnerToken::generate(), this->lease_);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("fresh", r.response);
+}
+
+TYPED_TEST_P(DurableStoreConformance, TwoPhaseReleaseLetsARetryRun) {
+  auto& store = *this->store_;
+  auto k = this->key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store.begin(k, "fp", a, this->lease_).status);
+  EXPECT_TRUE(store.release(k, a));
+  EXPECT_FALSE(store.lookup(k).has_value());
+  EXPECT_EQ(ClaimStatus::kClaimed, store.begin(k, "fp", OwnerToken::generate(), this->lease_)
+                                       .status);
+}
+
+TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+  std::string big(1 << 20, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) ^ (i >> 7));
+  for (const std::string& response : {std::string(), binary, big}) {
+    auto k = this->key();
+    (void)store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                  [&](Tx&) { return response; });
+    auto r = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                     [&](Tx&) { return std::string("never"); });
+    ASSERT_EQ(ClaimStatus::kDone, r.status);
+    EXPECT_EQ(response.size(), r.response.size());
+    EXPECT_TRUE(response == r.response);
+  }
+}
+
+TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto before = TypeParam::count_records(store);
+  std::vector<std::string> ids = {"';DROP_TABLE_api_idempotency;--",
+                                  "'; DROP TABLE api_idempotency;--",
+                                  "quote'\"back\\slash", "$1", "?", "%_*"};
+  for (auto& id : ids) {
+    if (id.find(' ') != std::string::npos) {
+      EXPECT_THROW((void)Key::make("payment", id), InvalidKey);
+      continue;
+    }
+    auto k = Key::make("payment", id + unique_name("_"));
+    auto r = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                     [&](Tx& tx) {
+                                       TypeParam::insert_effect(tx, k.id());
+                                       return k.id();
+                                     });
+    EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+    auto rec = store.lookup(k);
+    ASSERT_TRUE(rec.has_value()) << id;
+    EXPECT_EQ(k.id(), rec->response);
+    EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
+  }
+  EXPECT_EQ(before + 5, TypeParam::count_records(store));  // the table is intact
+}
+
+TYPED_TEST_P(DurableStoreConformance, PurgeDeletesExpiredCompletedRowsOnly) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  std::vector<Key> done;
+  for (int i = 0; i < 5; ++i) {
+    done.push_back(this->key());
+    (void)store.run_transactional(done.back(), "", OwnerToken::generate(),
+                                  std::chrono::seconds(1), [](Tx&) { return std::string(); });
+  }
+  auto live = this->key();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(live, "", OwnerToken::generate(), std::chrono::milliseconds(100))
+                .status);
+  auto kept = this->key();
+  (void)store.run_transactional(kept, "", OwnerToken::generate(), this->retention_,
+                                [](Tx&) { return std::string(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_GE(store.purge_expired(2), 5u);
+  for (auto& k : done) EXPECT_FALSE(store.lookup(k).has_value());
+  EXPECT_TRUE(store.lookup(live).has_value());  // in progress (even with its lease over)
+  EXPECT_TRUE(store.lookup(kept).has_value());
+}
+
+TYPED_TEST_P(DurableStoreConformance, GuardDurableOnlyStormRunsOnce) {
+  IdempotencyGuard<typename TypeParam::Store> guard{*this->store_};
+  this->storm(guard, true);
+}
+
+TYPED_TEST_P(DurableStoreConformance, GuardMemoryPlusDurableStormRunsOnce) {
+  MemoryStore fast;
+  IdempotencyGuard guard{fast, *this->store_};
+  this->storm(guard, true);
+  EXPECT_GE(guard.stats().snapshot().fast_hits, 1u);
+}
+
+TYPED_TEST_P(DurableStoreConformance, GuardTwoPhaseStormRunsOnce) {
+  MemoryStore fast;
+  IdempotencyGuard guard{fast, *this->store_};
+  this->storm(guard, false);
+  IdempotencyGuard<typename TypeParam::Store> durable_only{*this->store_};
+  this->storm(durable_only, false);
+}
+
+TYPED_TEST_P(DurableStoreConformance, FastStoreFailingEveryCallStillExactlyOnce) {
+  MemoryStore memory;
+  SwitchableFastStore fast(memory);
+  fast.failing = true;
+  IdempotencyGuard guard{static_cast<FastStore&>(fast), *this->store_};
+  this->storm(guard, true);
+  auto s = guard.stats().snapshot();
+  EXPECT_GE(s.degraded, 32u);
+  EXPECT_EQ(0u, s.fast_hits);
+}
+
+TYPED_TEST_P(DurableStoreConformance, FastStoreThatLostTheRecordIsRefilled) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto k = this->key();
+  int runs = 0;
+  {
+    MemoryStore fast;
+    IdempotencyGuard guard{fast, *this->store_};
+    auto r = guard.run(k, "fp", [&](Tx& tx) {
+      ++runs;
+      TypeParam::insert_effect(tx, k.id());
+      return std::string("first");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  }
+  MemoryStore fresh;  // a Redis that lost its data (flush, failover)
+  IdempotencyGuard guard{fresh, *this->store_};
+  auto r = guard.run(k, "fp", [&](Tx&) { ++runs; return std::string("second"); });
+  EXPECT_EQ(Outcome::kReplayed, r.outcome);
+  EXPECT_EQ(Source::kDurableStore, r.source);
+  EXPECT_EQ("first", r.value.value());
+  EXPECT_EQ(1u, guard.stats().snapshot().durable_conflicts);
+  auto refilled = fresh.lookup(k);
+  ASSERT_TRUE(refilled.has_value());
+  EXPECT_EQ("first", refilled->response);
+  auto third = guard.run(k, "fp", [&](Tx&) { ++runs; return std::string("third"); });
+  EXPECT_EQ(Source::kFastStore, third.source);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, TypeParam::count_effects(*this->store_, k.id()));
+}
+
+TYPED_TEST_P(DurableStoreConformance, GuardHandlerThrowsThenRetryRuns) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  MemoryStore fast;
+  IdempotencyGuard guard{fast, *this->store_};
+  auto k = this->key();
+  EXPECT_THROW((void)guard.run(k, "", [&](Tx& tx) -> std::string {
+    TypeParam::insert_effect(tx, k.id());
+    throw std::runtime_error("boom");
+  }),
+               std::runtime_error);
+  EXPECT_EQ(0, TypeParam::count_effects(*this->store_, k.id()));
+  auto retry = guard.run(k, "", [&](Tx& tx) {
+    TypeParam::insert_effect(tx, k.id());
+    return std::string("ok");
+  });
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, TypeParam::count_effects(*this->store_, k.id()));
+  // Two-phase: the durable claim is released too.
+  auto k2 = this->key();
+  EXPECT_THROW((void)guard.run(k2, "", []() -> std::string { throw std::runtime_error("x"); }),
+               std::runtime_error);
+  EXPECT_FALSE(this->store_->lookup(k2).has_value());
+  EXPECT_EQ(Outcome::kExecuted, guard.run(k2, "", [] { return std::string("y"); }).outcome);
+}
+
+REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance,
+                            TransactionalRunCommitsRecordAndEffectTogether,
+                            HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
+                            TwoPhaseLeaseExpiryFencesTheStaleOwner,
+                            TwoPhaseReleaseLetsARetryRun, ResponsesAreByteIdentical,
+                            HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
+                            GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
+                            GuardTwoPhaseStormRunsOnce,
+                            FastStoreFailingEveryCallStillExactlyOnce,
+                            FastStoreThatLostTheRecordIsRefilled,
+                            GuardHandlerThrowsThenRetryRuns);
+
+}  // namespace idem::test

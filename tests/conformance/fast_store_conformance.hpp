@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: MIT
+// One suite every idem::FastStore must pass (memory always; Redis, Redis Cluster when their
+// server is configured). Instantiate with IDEM_FAST_STORE_CONFORMANCE(Prefix, factory).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/store.hpp"
+#include "support/test_env.hpp"
+
+namespace idem::test {
+
+/// How to build a store for the suite. `env_var`: skip (or fail under scripts/test.sh) when
+/// unset; null for stores that need no server.
+struct FastStoreFactory {
+  std::string name;
+  const char* env_var;
+  std::function<std::unique_ptr<FastStore>(const std::string& env_value)> make;
+};
+
+inline void PrintTo(const FastStoreFactory& f, std::ostream* os) { *os << f.name; }
+
+class FastStoreConformance : public ::testing::TestWithParam<FastStoreFactory> {
+ protected:
+  void SetUp() override {
+    std::string value;
+    if (GetParam().env_var != nullptr) IDEM_REQUIRE_ENV(value, GetParam().env_var);
+    store_ = GetParam().make(value);
+    ASSERT_NE(store_, nullptr);
+  }
+  Key key() {
+    return Key::make("conformance", unique_name(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+  std::unique_ptr<FastStore> store_;
+  const std::chrono::milliseconds lease_{30'000};
+  const std::chrono::seconds retention_{600};
+};
+
+TEST_P(FastStoreConformance, FirstClaimWinsThenBusyThenMismatch) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  auto b = OwnerToken::generate();
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp1", a, lease_).status);
+  auto busy = store_->claim(k, "fp1", b, lease_);
+  EXPECT_EQ(ClaimStatus::kBusy, busy.status);
+  EXPECT_EQ(a.str(), busy.holder);
+  EXPECT_NE(0, to_millis(busy.first_seen));
+  EXPECT_EQ(ClaimStatus::kMismatch, store_->claim(k, "fp2", b, lease_).status);
+}
+
+TEST_P(FastStoreConformance, CompleteThenReplay) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  EXPECT_TRUE(store_->complete(k, a, "order_42", retention_));
+  auto again = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ("order_42", again.response);
+  EXPECT_EQ(a.str(), again.holder);
+  auto rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("order_42", rec->response);
+}
+
+TEST_P(FastStoreConformance, MismatchWinsOverReplay) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  ASSERT_TRUE(store_->complete(k, a, "r", retention_));
+  EXPECT_EQ(ClaimStatus::kMismatch, store_->claim(k, "other", a, lease_).status);
+}
+
+TEST_P(FastStoreConformance, OnlyTheOwnerCompletesOrReleases) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  auto stranger = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  EXPECT_FALSE(store_->complete(k, stranger, "x", retention_));
+  EXPECT_FALSE(store_->release(k, stranger));
+  EXPECT_EQ(ClaimStatus::kBusy, store_->claim(k, "fp", stranger, lease_).status);
+  EXPECT_TRUE(store_->release(k, a));
+  EXPECT_FALSE(store_->release(k, a));
+  EXPECT_FALSE(store_->complete(k, a, "late", retention_));
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stranger, lease_).status);
+}
+
+TEST_P(FastStoreConformance, ExpiredLeaseIsTakenOverAndStaleOwnerRefused) {
+  auto k = key();
+  auto stale = OwnerToken::generate();
+  auto fresh = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store_->claim(k, "fp", stale, std::chrono::milliseconds(150)).status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, lease_).status);
+  EXPECT_FALSE(store_->complete(k, stale, "stale", retention_));
+  EXPECT_FALSE(store_->release(k, stale));
+  EXPECT_TRUE(store_->complete(k, fresh, "fresh", retention_));
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("fresh", r.response);
+}
+
+TEST_P(FastStoreConformance, RetentionEnds) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  ASSERT_TRUE(store_->complete(k, a, "r", std::chrono::seconds(1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_FALSE(store_->lookup(k).has_value());
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+}
+
+TEST_P(FastStoreConformance, ResponsesAreByteIdentical) {
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+  std::string big(1 << 20, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131) ^ (i >> 7));
+  for (const std::string& response : {std::string(), binary, big}) {
+    auto k = key();
+    auto a = OwnerToken::generate();
+    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+    ASSERT_TRUE(store_->complete(k, a, response, retention_));
+    auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+    ASSERT_EQ(ClaimStatus::kDone, r.status);
+    EXPECT_EQ(response.size(), r.response.size());
+    EXPECT_TRUE(response == r.response);
+  }
+}
+
+TEST_P(FastStoreConformance, FillWritesACompletedRecord) {
+  auto k = key();
+  store_->fill(k, "fp", "refilled", retention_);
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("refilled", r.response);
+}
+
+TEST_P(FastStoreConformance, HostileIdsAreStoredVerbatim) {
+  for (std::string id : {"';DROP_TABLE_api_idempotency;--", "a}b{c", "{x}", "\"q\\uote\"",
+                         "%s%n", "a|b|c"}) {
+    auto k = Key::make("conformance", id + unique_name(""));
+    auto a = OwnerToken::generate();
+    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status) << id;
+    ASSERT_TRUE(store_->complete(k, a, id, retention_));
+    auto r = store_->claim(k, "fp", a, lease_);
+    EXPECT_EQ(ClaimStatus::kDone, r.status);
+    EXPECT_EQ(id, r.response);
+  }
+  // Scope "a:b" + id "c" and scope "a" + id "b:c" are different records.
+  auto suffix = unique_name("");
+  auto k1 = Key::make("a:b", "c" + suffix);
+  auto k2 = Key::make("a", "b:c" + suffix);
+  auto o = OwnerToken::generate();
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k1, "fp", o, lease_).status);
+  EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k2, "fp", o, lease_).status);
+}
+
+TEST_P(FastStoreConformance, ConcurrentClaimsHaveOneWinner) {
+  auto k = key();
+  constexpr int kThreads = 32;
+  std::atomic<int> claimed{0}, busy{0}, other{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+      if (r.status == ClaimStatus::kClaimed) {
+        ++claimed;
+      } else if (r.status == ClaimStatus::kBusy) {
+        ++busy;
+      } else {
+        ++other;
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(1, claimed.load());
+  EXPECT_EQ(kThreads - 1, busy.load());
+  EXPECT_EQ(0, other.load());
+}
+
+}  // namespace idem::test
+
+#define IDEM_FAST_STORE_CONFORMANCE(prefix, ...)                                      \
+  namespace idem::test {                                                             \
+  INSTANTIATE_TEST_SUITE_P(prefix, FastStoreConformance, ::testing::Values(__VA_ARGS__), \
+                           [](const ::testing::TestParamInfo<FastStoreFactory>& p) {   \
+                             return p.param.name;                                    \
+                           });                                                       \
+  }

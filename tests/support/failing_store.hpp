@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: MIT
+// A FastStore wrapper that can be switched to fail every call (a Redis outage in a unit test).
+#pragma once
+
+#include <atomic>
+
+#include "idem/store.hpp"
+
+namespace idem::test {
+
+class SwitchableFastStore final : public FastStore {
+ public:
+  explicit SwitchableFastStore(FastStore& inner) : inner_(inner) {}
+  std::atomic<bool> failing{false};
+  std::atomic<int> calls{0};
+
+  ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
+                    std::chrono::milliseconds lease) override {
+    hit();
+    return inner_.claim(k, fp, o, lease);
+  }
+  bool complete(const Key& k, const OwnerToken& o, std::string_view r,
+                std::chrono::seconds ret) override {
+    hit();
+    return inner_.complete(k, o, r, ret);
+  }
+  bool release(const Key& k, const OwnerToken& o) override {
+    hit();
+    return inner_.release(k, o);
+  }
+  void fill(const Key& k, std::string_view fp, std::string_view r,
+            std::chrono::seconds ret) override {
+    hit();
+    inner_.fill(k, fp, r, ret);
+  }
+  std::optional<Record> lookup(const Key& k) override {
+    hit();
+    return inner_.lookup(k);
+  }
+  std::string_view name() const noexcept override { return "switchable"; }
+
+ private:
+  void hit() {
+    ++calls;
+    if (failing.load()) throw StorageUnavailable("test: fast store switched off");
+  }
+  FastStore& inner_;
+};
+
+}  // namespace idem::test

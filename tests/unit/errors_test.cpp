@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: MIT
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "idem/errors.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/outcome.hpp"
+
+namespace {
+
+TEST(Errors, EveryCodeHasAStableNameStatusAndMessage) {
+  std::set<std::string> names;
+  for (int i = 1; i <= 11; ++i) {
+    auto e = static_cast<idem::errc>(i);
+    std::string name(idem::errc_name(e));
+    EXPECT_NE("unknown", name);
+    EXPECT_TRUE(names.insert(name).second) << "duplicate name " << name;
+    EXPECT_GE(idem::http_status(e), 400);
+    std::error_code ec = e;
+    EXPECT_EQ(std::string("idem"), ec.category().name());
+    EXPECT_EQ(std::string(idem::errc_message(e)), ec.message());
+  }
+  EXPECT_EQ(400, idem::http_status(idem::errc::kInvalidKey));
+  EXPECT_EQ(400, idem::http_status(idem::errc::kMissingKey));
+  EXPECT_EQ(409, idem::http_status(idem::errc::kInProgress));
+  EXPECT_EQ(422, idem::http_status(idem::errc::kFingerprintMismatch));
+  EXPECT_EQ(503, idem::http_status(idem::errc::kStoreUnavailable));
+}
+
+TEST(Errors, HierarchyAnswersRetryable) {
+  EXPECT_TRUE(idem::StorageUnavailable("x").retryable());
+  EXPECT_TRUE(idem::StorageTimeout("x").retryable());
+  EXPECT_TRUE(idem::OutcomeUnknown("x").retryable());
+  EXPECT_TRUE(idem::LeaseLost("x").retryable());
+  EXPECT_FALSE(idem::StorageError("x").retryable());
+  EXPECT_FALSE(idem::CorruptRecord("x").retryable());
+  EXPECT_FALSE(idem::UsageError("x").retryable());
+  try {
+    throw idem::StorageTimeout("redis: timeout");
+  } catch (const idem::StorageError& e) {
+    EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+    EXPECT_EQ(std::string("redis: timeout"), e.what());
+  }
+}
+
+TEST(Fingerprint, IsSha256Hex) {
+  EXPECT_EQ("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+            idem::fingerprint(""));
+  EXPECT_EQ("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+            idem::fingerprint("abc"));
+  EXPECT_NE(idem::fingerprint(std::string("a\0b", 3)), idem::fingerprint("a"));
+}
+
+TEST(OwnerToken, IsRandom128Bit) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    auto t = idem::OwnerToken::generate();
+    EXPECT_EQ(32u, t.str().size());
+    EXPECT_TRUE(seen.insert(t.str()).second);
+  }
+}
+
+TEST(Outcome, NamesAndStatuses) {
+  EXPECT_EQ("executed", idem::outcome_name(idem::Outcome::kExecuted));
+  EXPECT_EQ("in_progress", idem::outcome_name(idem::Outcome::kInProgress));
+  EXPECT_EQ(409, idem::http_status(idem::Outcome::kInProgress));
+  EXPECT_EQ(422, idem::http_status(idem::Outcome::kFingerprintMismatch));
+}
+
+}  // namespace

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: MIT
+// The guard with the fast store alone (MemoryStore): outcomes, codecs, errors, concurrency.
+#include "idem/guard.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "idem/memory_store.hpp"
+#include "support/failing_store.hpp"
+
+namespace {
+
+struct Receipt {
+  std::string payment_no;
+  long long amount = 0;
+};
+
+}  // namespace
+
+template <>
+struct idem::Codec<Receipt> {
+  static std::string encode(const Receipt& r) {
+    return r.payment_no + "," + std::to_string(r.amount);
+  }
+  static Receipt decode(std::string_view bytes) {
+    auto comma = bytes.find(',');
+    if (comma == std::string_view::npos) throw std::runtime_error("no comma");
+    return Receipt{std::string(bytes.substr(0, comma)),
+                   std::stoll(std::string(bytes.substr(comma + 1)))};
+  }
+};
+
+namespace {
+
+class RecordingObserver : public idem::Observer {
+ public:
+  std::atomic<int> duplicates{0}, downs{0}, recoveries{0}, handler_errors{0}, calls{0};
+  void on_call(const idem::CallEvent&) noexcept override { ++calls; }
+  void on_duplicate(const idem::DuplicateEvent&) noexcept override { ++duplicates; }
+  void on_fast_store_down(const idem::Key&, const idem::Error&) noexcept override { ++downs; }
+  void on_fast_store_recovered(std::uint64_t) noexcept override { ++recoveries; }
+  void on_handler_error(const idem::Key&) noexcept override { ++handler_errors; }
+};
+
+TEST(GuardFastOnly, EveryOutcome) {
+  idem::MemoryStore fast;
+  auto observer = std::make_shared<RecordingObserver>();
+  idem::GuardOptions options;
+  options.observer = observer;
+  idem::IdempotencyGuard guard{fast, options};
+  static_assert(std::is_same_v<decltype(guard), idem::IdempotencyGuard<idem::NoDurableStore>>);
+  auto key = idem::Key::make("payment", "o1");
+  int runs = 0;
+  auto first = guard.run(key, "fp", [&] {
+    ++runs;
+    // While the first call runs, a duplicate sees in_progress.
+    auto inner = guard.run(key, "fp", [&] { ++runs; return std::string("never"); });
+    EXPECT_EQ(idem::Outcome::kInProgress, inner.outcome);
+    EXPECT_FALSE(inner.value.has_value());
+    EXPECT_EQ(idem::errc::kInProgress, inner.error());
+    // And a different payload is a mismatch even while in progress.
+    auto other = guard.run(key, "fp2", [&] { ++runs; return std::string("never"); });
+    EXPECT_EQ(idem::Outcome::kFingerprintMismatch, other.outcome);
+    return std::string("pay_1");
+  });
+  EXPECT_EQ(idem::Outcome::kExecuted, first.outcome);
+  EXPECT_EQ("pay_1", first.value.value());
+  auto second = guard.run(key, "fp", [&] { ++runs; return std::string("pay_2"); });
+  EXPECT_EQ(idem::Outcome::kReplayed, second.outcome);
+  EXPECT_EQ(idem::Source::kFastStore, second.source);
+  EXPECT_EQ("pay_1", second.value.value());
+  auto mismatch = guard.run(key, "fp2", [&] { ++runs; return std::string("pay_3"); });
+  EXPECT_EQ(idem::Outcome::kFingerprintMismatch, mismatch.outcome);
+  EXPECT_EQ(idem::errc::kFingerprintMismatch, mismatch.error());
+  EXPECT_EQ(1, runs);
+  auto s = guard.stats().snapshot();
+  EXPECT_EQ(5u, s.calls);
+  EXPECT_EQ(1u, s.executed);
+  EXPECT_EQ(1u, s.replayed);
+  EXPECT_EQ(1u, s.in_progress);
+  EXPECT_EQ(2u, s.mismatched);
+  EXPECT_EQ(4u, s.fast_hits);
+  EXPECT_EQ(4, observer->duplicates.load());
+  EXPECT_EQ(5, observer->calls.load());
+}
+
+TEST(GuardFastOnly, TypedResponsesGoThroughTheCodec) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto key = idem::Key::make("payment", "typed");
+  auto a = guard.run(key, "", [] { return Receipt{"pay_9", 1250}; });
+  auto b = guard.run(key, "", [] { return Receipt{"wrong", 0}; });
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(idem::Outcome::kReplayed, b.outcome);
+  EXPECT_EQ("pay_9", b.value->payment_no);
+  EXPECT_EQ(1250, b.value->amount);
+  // void handlers store nothing and replay a Unit.
+  int runs = 0;
+  auto v1 = guard.run(idem::Key::make("payment", "void"), "", [&] { ++runs; });
+  auto v2 = guard.run(idem::Key::make("payment", "void"), "", [&] { ++runs; });
+  EXPECT_EQ(idem::Outcome::kExecuted, v1.outcome);
+  EXPECT_EQ(idem::Outcome::kReplayed, v2.outcome);
+  EXPECT_EQ(1, runs);
+  (void)a;
+}
+
+TEST(GuardFastOnly, UndecodableStoredResponseIsCorruptRecord) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto key = idem::Key::make("payment", "corrupt");
+  fast.fill(key, "", "no-comma-here", std::chrono::seconds(60));
+  EXPECT_THROW((void)guard.run(key, "", [] { return Receipt{"x", 1}; }), idem::CorruptRecord);
+}
+
+TEST(GuardFastOnly, HandlerThrowsReleasesSoARetryRuns) {
+  idem::MemoryStore fast;
+  auto observer = std::make_shared<RecordingObserver>();
+  idem::GuardOptions options;
+  options.observer = observer;
+  idem::IdempotencyGuard guard{fast, options};
+  auto key = idem::Key::make("payment", "throws");
+  int runs = 0;
+  EXPECT_THROW((void)guard.run(key, "", [&]() -> std::string {
+    ++runs;
+    throw std::runtime_error("gateway timeout");
+  }),
+               std::runtime_error);
+  auto retry = guard.run(key, "", [&] { ++runs; return std::string("ok"); });
+  EXPECT_EQ(idem::Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1, observer->handler_errors.load());
+}
+
+TEST(GuardFastOnly, LeaseLostIsReportedAndTheWinnerKept) {
+  idem::ManualClock clock;
+  idem::MemoryStoreOptions mo;
+  mo.clock = clock.as_clock();
+  idem::MemoryStore fast(mo);
+  idem::GuardOptions options;
+  options.lease = std::chrono::seconds(5);
+  idem::IdempotencyGuard guard{fast, options};
+  auto key = idem::Key::make("payment", "slow");
+  int runs = 0;
+  EXPECT_THROW((void)guard.run(key, "", [&] {
+    ++runs;
+    clock.advance(std::chrono::seconds(6));  // the handler outlives its lease...
+    auto takeover = guard.run(key, "", [&] { ++runs; return std::string("winner"); });
+    EXPECT_EQ(idem::Outcome::kExecuted, takeover.outcome);  // ...and is taken over
+    return std::string("stale");
+  }),
+               idem::LeaseLost);
+  auto after = guard.run(key, "", [&] { ++runs; return std::string("never"); });
+  EXPECT_EQ("winner", after.value.value());
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1u, guard.stats().snapshot().takeovers);
+  EXPECT_EQ(1u, guard.stats().snapshot().leases_lost);
+}
+
+TEST(GuardFastOnly, FastStoreDownIsAnErrorWithoutADurableStore) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast(memory);
+  idem::IdempotencyGuard guard{static_cast<idem::FastStore&>(fast)};
+  fast.failing = true;
+  int runs = 0;
+  try {
+    (void)guard.run(idem::Key::make("p", "1"), "", [&] { ++runs; return std::string(); });
+    FAIL() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(503, e.http_status());
+  }
+  EXPECT_EQ(0, runs);
+}
+
+TEST(GuardFastOnly, ThirtyTwoThreadsOneKeyRunOnce) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto key = idem::Key::make("payment", "storm");
+  std::atomic<int> runs{0}, executed{0}, replayed{0}, in_progress{0}, wrong{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      auto r = guard.run(key, "fp", [&] {
+        ++runs;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return std::string("pay_storm");
+      });
+      switch (r.outcome) {
+        case idem::Outcome::kExecuted: ++executed; break;
+        case idem::Outcome::kReplayed: ++replayed; break;
+        case idem::Outcome::kInProgress: ++in_progress; break;
+        default: ++wrong;
+      }
+      if (r.ok() && *r.value != "pay_storm") ++wrong;
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(1, runs.load());
+  EXPECT_EQ(1, executed.load());
+  EXPECT_EQ(31, replayed.load() + in_progress.load());
+  EXPECT_EQ(0, wrong.load());
+  for (int i = 0; i < 32; ++i) {
+    auto r = guard.run(key, "fp", [&] { ++runs; return std::string("again"); });
+    EXPECT_EQ("pay_storm", r.value.value());
+  }
+  EXPECT_EQ(1, runs.load());
+}
+
+TEST(GuardOptions, RejectsNonPositiveDurations) {
+  idem::MemoryStore fast;
+  idem::GuardOptions o;
+  o.lease = std::chrono::milliseconds(0);
+  EXPECT_THROW(idem::IdempotencyGuard(fast, o), idem::UsageError);
+  o.lease = std::chrono::seconds(1);
+  o.retention = std::chrono::seconds(0);
+  EXPECT_THROW(idem::IdempotencyGuard(fast, o), idem::UsageError);
+}
+
+}  // namespace

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: MIT
+#include "idem/memory_store.hpp"
+
+#include <gtest/gtest.h>
+
+#include "conformance/fast_store_conformance.hpp"
+
+IDEM_FAST_STORE_CONFORMANCE(Memory, (idem::test::FastStoreFactory{
+                                        "memory", nullptr, [](const std::string&) {
+                                          return std::make_unique<idem::MemoryStore>();
+                                        }}))
+
+namespace {
+
+TEST(MemoryStore, LeaseExpiryOnAFakeClockIsATakeover) {
+  idem::ManualClock clock;
+  idem::MemoryStoreOptions options;
+  options.clock = clock.as_clock();
+  idem::MemoryStore store(options);
+  auto key = idem::Key::make("payment", "o1");
+  auto first = idem::OwnerToken::generate();
+  auto second = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.claim(key, "fp", first, std::chrono::seconds(30)).status);
+  clock.advance(std::chrono::seconds(29));
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.claim(key, "fp", second, std::chrono::seconds(30)).status);
+  clock.advance(std::chrono::seconds(2));
+  auto r = store.claim(key, "fp", second, std::chrono::seconds(30));
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_TRUE(r.took_over);
+  EXPECT_FALSE(store.complete(key, first, "stale", std::chrono::seconds(60)));
+  EXPECT_TRUE(store.complete(key, second, "fresh", std::chrono::seconds(60)));
+  clock.advance(std::chrono::seconds(59));
+  EXPECT_EQ(idem::ClaimStatus::kDone,
+            store.claim(key, "fp", first, std::chrono::seconds(30)).status);
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_EQ(idem::ClaimStatus::kClaimed,
+            store.claim(key, "fp", first, std::chrono::seconds(30)).status);
+}
+
+TEST(MemoryStore, SweepsExpiredRecords) {
+  idem::ManualClock clock;
+  idem::MemoryStoreOptions options;
+  options.clock = clock.as_clock();
+  options.shards = 4;
+  idem::MemoryStore store(options);
+  for (int i = 0; i < 100; ++i) {
+    auto key = idem::Key::make("s", "k" + std::to_string(i));
+    auto o = idem::OwnerToken::generate();
+    ASSERT_EQ(idem::ClaimStatus::kClaimed,
+              store.claim(key, "", o, std::chrono::seconds(1)).status);
+    ASSERT_TRUE(store.complete(key, o, "r", std::chrono::seconds(10)));
+  }
+  EXPECT_EQ(100u, store.size());
+  clock.advance(std::chrono::seconds(11));
+  EXPECT_EQ(100u, store.purge_expired());
+  EXPECT_EQ(0u, store.size());
+}
+
+TEST(MemoryStore, RejectsNonPositiveDurations) {
+  idem::MemoryStore store;
+  auto key = idem::Key::make("s", "k");
+  auto o = idem::OwnerToken::generate();
+  EXPECT_THROW(store.claim(key, "", o, std::chrono::milliseconds(0)), idem::UsageError);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(key, "", o, std::chrono::seconds(1)).status);
+  EXPECT_THROW(store.complete(key, o, "", std::chrono::seconds(0)), idem::UsageError);
+}
+
+}  // namespace

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: MIT
+// SqliteStore: the durable conformance suite, plus SQLite specifics.
+#include "idem/sqlite/sqlite_store.hpp"
+
+#include <gtest/gtest.h>
+
+#include "conformance/durable_store_conformance.hpp"
+
+namespace {
+
+struct SqliteTraits {
+  using Store = idem::sqlite::SqliteStore;
+  static const char* env_var() { return nullptr; }
+  static std::unique_ptr<Store> make(const std::string&) {
+    static idem::test::TempDir dir;
+    auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
+    store->database().write([](idem::sqlite::Transaction& tx) {
+      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
+              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+    });
+    return store;
+  }
+  static void insert_effect(idem::sqlite::Transaction& tx, const std::string& key_id) {
+    tx.exec("INSERT INTO idem_test_effects (key_id) VALUES (?)", key_id);
+  }
+  static long count_effects(Store& store, const std::string& key_id) {
+    return static_cast<long>(store.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM idem_test_effects WHERE key_id = ?", key_id)
+          .value_or(-1);
+    }));
+  }
+  static long count_records(Store& store) {
+    return static_cast<long>(store.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM api_idempotency").value_or(-1);
+    }));
+  }
+};
+
+}  // namespace
+
+namespace idem::test {
+using SqliteTypes = ::testing::Types<SqliteTraits>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, DurableStoreConformance, SqliteTypes);
+}  // namespace idem::test
+
+namespace {
+
+TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
+  idem::test::TempDir dir;
+  auto path = dir.file("m.sqlite");
+  { idem::sqlite::SqliteStore a(path); }
+  idem::sqlite::SqliteStore b(path);  // second run: a no-op
+  auto version = b.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = ?",
+                         "api_idempotency");
+  });
+  EXPECT_EQ(1, version.value_or(0));
+  idem::sqlite::SqliteStore mq(b.shared_database(),
+                               idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  auto key = idem::Key::make("billing-consumer", "msg-1");
+  auto r = mq.run_transactional(key, "", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                [](idem::sqlite::Transaction&) { return std::string("acked"); });
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  auto n = mq.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64(
+        "SELECT count(*) FROM mq_consume_record WHERE message_id = 'msg-1' AND "
+        "consumer_group = 'billing-consumer'");
+  });
+  EXPECT_EQ(1, n.value_or(0));
+}
+
+TEST(SqliteStore, RejectsBadIdentifiers) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStoreOptions o;
+  o.table = "api; DROP TABLE x";
+  EXPECT_THROW(idem::sqlite::SqliteStore(dir.file("x.sqlite"), o), idem::UsageError);
+  o.table = "ok";
+  o.key_column = "1bad";
+  EXPECT_THROW(idem::sqlite::SqliteStore(dir.file("x.sqlite"), o), idem::UsageError);
+}
+
+TEST(SqliteStore, UnopenablePathIsUnavailable) {
+  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"),
+               idem::StorageUnavailable);
+}
+
+TEST(SqliteStore, FailedRecordReplaysItsReason) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("f.sqlite"));
+  auto key = idem::Key::make("billing", "poison");
+  auto o = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(key, "", o, std::chrono::seconds(30)).status);
+  EXPECT_TRUE(store.fail(key, o, "too many attempts", std::chrono::seconds(60)));
+  auto r = store.begin(key, "", idem::OwnerToken::generate(), std::chrono::seconds(30));
+  EXPECT_EQ(idem::ClaimStatus::kDone, r.status);
+  EXPECT_TRUE(r.failed);
+  EXPECT_EQ("too many attempts", r.response);
+}
+
+TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {
+  idem::sqlite::SqliteStore store(":memory:");
+  idem::IdempotencyGuard guard{store};
+  auto key = idem::Key::make("s", "k");
+  auto a = guard.run(key, "", [](idem::sqlite::Transaction&) { return std::string("v"); });
+  auto b = guard.run(key, "", [](idem::sqlite::Transaction&) { return std::string("w"); });
+  EXPECT_EQ(idem::Outcome::kReplayed, b.outcome);
+  EXPECT_EQ("v", b.value.value());
+  (void)a;
+}
+
+}  // namespace
