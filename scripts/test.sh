@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Installs what is missing, builds in build/, starts throwaway redis-server and PostgreSQL on
+# loopback, runs every test (ctest), checks the installed package from a separate project, and
+# stops the servers. Exits non-zero on any failure.
+#
+#   scripts/test.sh                 everything
+#   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
+#   scripts/test.sh --sanitize      also ASan+UBSan and TSan builds of the unit tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+
+sanitize=0
+ctest_args=()
+for a in "$@"; do
+  case "$a" in
+    --sanitize) sanitize=1 ;;
+    *) ctest_args+=("$a") ;;
+  esac
+done
+
+./scripts/bootstrap.sh
+JOBS="${IDEM_JOBS:-$(nproc)}"
+BUILD="${IDEM_BUILD_DIR:-build}"
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+
+export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-test.XXXXXX)}"
+cleanup() {
+  "$ROOT/scripts/servers.sh" stop || true
+}
+trap cleanup EXIT
+eval "$(./scripts/servers.sh start)"
+export IDEM_REQUIRE_SERVERS=1
+
+status=0
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+
+# The installed package works from a separate project (find_package(idem) + idem::sqlite).
+if [ "${#ctest_args[@]}" -eq 0 ]; then
+  prefix="$(mktemp -d /tmp/idem-install.XXXXXX)"
+  cmake --install "$BUILD" --prefix "$prefix" >/dev/null
+  rm -rf "$BUILD/package-consumer"
+  if cmake -S tests/package -B "$BUILD/package-consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null &&
+     cmake --build "$BUILD/package-consumer" -j "$JOBS" >/dev/null &&
+     "$BUILD/package-consumer/idem_package_consumer"; then
+    echo "package: find_package(idem) consumer built and ran: ok"
+  else
+    echo "package: find_package(idem) consumer FAILED" >&2
+    status=1
+  fi
+  rm -rf "$prefix"
+fi
+
+if [ "$sanitize" -eq 1 ]; then
+  for san in "address;undefined" "thread"; do
+    dir="build-san-${san//;/-}"
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE="$san" \
+      -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF >/dev/null
+    cmake --build "$dir" -j "$JOBS"
+    (cd "$dir" && TSAN_OPTIONS="halt_on_error=1" ctest --output-on-failure -j "$JOBS" -L unit) || status=1
+  done
+fi
+
+if [ "$status" -ne 0 ]; then
+  echo "test.sh: FAILED" >&2
+else
+  echo "test.sh: all passed"
+fi
+exit "$status"
