@@ -179,6 +179,15 @@ class MemoryStore final : public FastStore {
     return dropped;
   }
 
+  /// Forgets every record, as a Redis FLUSHALL or a failover to an empty replica would.
+  /// The durable store still decides; duplicates are then caught by its unique key.
+  void clear() {
+    for (auto& shard : shards_) {
+      std::lock_guard<std::mutex> lock(shard.mutex);
+      shard.map.clear();
+    }
+  }
+
   /// Number of records held, expired ones not yet dropped included.
   std::size_t size() const {
     std::size_t n = 0;
