@@ -8,6 +8,9 @@
 #   scripts/servers.sh status     say what runs
 #   scripts/servers.sh redis-start | redis-stop | redis-kill     (fault tests: kill -9, restart)
 #   scripts/servers.sh pg-start | pg-stop | pg-restart [fast|immediate]
+#   scripts/servers.sh cluster    Redis Cluster: 3 masters + 3 replicas (ports IDEM_CLUSTER_PORT..+5)
+#   scripts/servers.sh sentinel   1 master, 1 replica, 3 sentinels (IDEM_SENTINEL_PORT..: +0 master,
+#                                 +1 replica, +10..+12 sentinels), service name idem-master
 #
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
 # (16379), IDEM_PG_PORT (15432). PostgreSQL refuses to run as root, so it runs as the
@@ -20,6 +23,8 @@ REDIS_PORT="${IDEM_REDIS_PORT:-16379}"
 PG_PORT="${IDEM_PG_PORT:-15432}"
 PG_BIN="${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DB="idem_test"
+CLUSTER_PORT="${IDEM_CLUSTER_PORT:-17000}"
+SENTINEL_PORT="${IDEM_SENTINEL_PORT:-17100}"
 
 log() { echo "servers: $*" >&2; }
 
@@ -121,26 +126,123 @@ pg_restart() {
   pg_start
 }
 
+# A redis-server on loopback: start_node <name> <port> [extra args...]
+start_node() {
+  local name="$1" port="$2"; shift 2
+  mkdir -p "$DIR/$name"
+  if [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null || true)" = "PONG" ]; then return 0; fi
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$DIR/$name" --save '' --appendonly no \
+    --daemonize yes --pidfile "$DIR/$name.pid" --logfile "$DIR/$name.log" "$@"
+  for _ in $(seq 1 100); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null || true)" = "PONG" ] && return 0
+    sleep 0.1
+  done
+  log "redis node $name did not start on port $port"; tail -20 "$DIR/$name.log" >&2 || true
+  return 1
+}
+
+cluster_alive() {
+  redis-cli -h 127.0.0.1 -p "$CLUSTER_PORT" CLUSTER INFO 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+cluster_start() {
+  ensure_dir
+  if cluster_alive; then return 0; fi
+  local nodes=()
+  for i in 0 1 2 3 4 5; do
+    local port=$((CLUSTER_PORT + i))
+    start_node "cluster-$port" "$port" --cluster-enabled yes \
+      --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 2000
+    nodes+=("127.0.0.1:$port")
+  done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$DIR/cluster-create.log" 2>&1 \
+    || { cat "$DIR/cluster-create.log" >&2; return 1; }
+  for _ in $(seq 1 200); do
+    local ok=1
+    for i in 0 1 2 3 4 5; do
+      redis-cli -h 127.0.0.1 -p $((CLUSTER_PORT + i)) CLUSTER INFO 2>/dev/null | grep -q 'cluster_state:ok' || ok=0
+    done
+    [ "$ok" -eq 1 ] && return 0
+    sleep 0.1
+  done
+  log "cluster did not reach cluster_state:ok"; return 1
+}
+
+sentinel_alive() {
+  [ "$(redis-cli -h 127.0.0.1 -p $((SENTINEL_PORT + 10)) PING 2>/dev/null || true)" = "PONG" ]
+}
+
+sentinel_start() {
+  ensure_dir
+  if sentinel_alive; then return 0; fi
+  local master=$SENTINEL_PORT replica=$((SENTINEL_PORT + 1))
+  start_node "sentinel-master-$master" "$master"
+  start_node "sentinel-replica-$replica" "$replica" --replicaof 127.0.0.1 "$master"
+  for i in 10 11 12; do
+    local port=$((SENTINEL_PORT + i)) conf="$DIR/sentinel-$((SENTINEL_PORT + i)).conf"
+    cat >"$conf" <<CONF
+port $port
+bind 127.0.0.1
+daemonize yes
+pidfile $DIR/sentinel-$port.pid
+logfile $DIR/sentinel-$port.log
+dir $DIR
+sentinel monitor idem-master 127.0.0.1 $master 2
+sentinel down-after-milliseconds idem-master 1000
+sentinel failover-timeout idem-master 5000
+sentinel parallel-syncs idem-master 1
+CONF
+    redis-server "$conf" --sentinel
+  done
+  for _ in $(seq 1 100); do
+    if sentinel_alive && redis-cli -h 127.0.0.1 -p "$replica" INFO replication 2>/dev/null | grep -q 'master_link_status:up'; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  log "sentinel setup did not become ready"; return 1
+}
+
+stop_all_redis_in_dir() {
+  for pidfile in "$DIR"/*.pid; do
+    [ -e "$pidfile" ] || continue
+    kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+  done
+}
+
 print_env() {
   echo "export IDEM_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
   echo "export IDEM_TEST_POSTGRES_DSN=\"host=127.0.0.1 port=$PG_PORT user=postgres dbname=$PG_DB\""
   echo "export IDEM_SERVERS_SCRIPT=$(cd "$(dirname "$0")" && pwd)/servers.sh"
   echo "export IDEM_SERVERS_DIR=$DIR IDEM_REDIS_PORT=$REDIS_PORT IDEM_PG_PORT=$PG_PORT"
+  if cluster_alive; then
+    local seeds=""
+    for i in 0 1 2 3 4 5; do seeds="$seeds${seeds:+,}127.0.0.1:$((CLUSTER_PORT + i))"; done
+    echo "export IDEM_TEST_REDIS_CLUSTER_URL=redis-cluster://$seeds IDEM_CLUSTER_PORT=$CLUSTER_PORT"
+  fi
+  if sentinel_alive; then
+    echo "export IDEM_TEST_REDIS_SENTINEL_URL=redis-sentinel://127.0.0.1:$((SENTINEL_PORT + 10)),127.0.0.1:$((SENTINEL_PORT + 11)),127.0.0.1:$((SENTINEL_PORT + 12))/idem-master IDEM_SENTINEL_PORT=$SENTINEL_PORT"
+  fi
 }
 
 cmd="${1:-}"
 case "$cmd" in
   start) redis_start; pg_start; print_env ;;
-  stop) redis_stop; pg_stop; rm -rf "$DIR" ;;
+  stop) redis_stop; pg_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
+  cluster) cluster_start; print_env ;;
+  sentinel) sentinel_start; print_env ;;
   env) print_env ;;
   status)
     redis_alive && echo "redis: up on 127.0.0.1:$REDIS_PORT" || echo "redis: down"
-    pg_alive && echo "postgres: up on 127.0.0.1:$PG_PORT" || echo "postgres: down" ;;
+    pg_alive && echo "postgres: up on 127.0.0.1:$PG_PORT" || echo "postgres: down"
+    cluster_alive && echo "cluster: up on 127.0.0.1:$CLUSTER_PORT..$((CLUSTER_PORT + 5))" || echo "cluster: down"
+    sentinel_alive && echo "sentinel: up on 127.0.0.1:$((SENTINEL_PORT + 10))" || echo "sentinel: down" ;;
   redis-start) redis_start ;;
   redis-stop) redis_stop ;;
   redis-kill) redis_kill ;;
   pg-start) pg_start ;;
   pg-stop) pg_stop ;;
   pg-restart) pg_restart "${2:-fast}" ;;
-  *) sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '3,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
