@@ -16,6 +16,36 @@ namespace idem::sqlite {
 
 namespace detail {
 
+// The in-process writer lock. A mutex + condition variable rather than std::timed_mutex:
+// try_lock_for on GCC 12 uses pthread_mutex_clocklock, which ThreadSanitizer does not see,
+// and a lock TSan cannot see makes every later unlock a false report.
+class WriterLock {
+ public:
+  bool try_lock_for(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !held_; })) return false;
+    held_ = true;
+    return true;
+  }
+  void lock() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return !held_; });
+    held_ = true;
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held_ = false;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
 // One sqlite3 handle and its prepared-statement cache. Used by one thread at a time.
 struct Connection {
   sqlite3* db = nullptr;
@@ -158,9 +188,17 @@ void Session::exec_script(const std::string& sql) {
 sqlite3* Session::native_handle() const noexcept { return static_cast<Connection*>(conn_)->db; }
 
 struct Transaction::Lease {
-  std::unique_lock<std::timed_mutex> writer;
+  detail::WriterLock* writer = nullptr;  // held while `open`
   Connection* conn = nullptr;
   bool open = false;
+
+  void unlock_writer() noexcept {
+    if (writer != nullptr) {
+      writer->unlock();
+      writer = nullptr;
+    }
+  }
+  ~Lease() { unlock_writer(); }
 };
 
 Transaction::Transaction(std::unique_ptr<Lease> lease)
@@ -180,7 +218,7 @@ void Transaction::commit() {
     detail::throw_error(conn->db, rc, "COMMIT");
   }
   lease_->open = false;
-  lease_->writer.unlock();
+  lease_->unlock_writer();
 }
 
 void Transaction::rollback() noexcept {
@@ -189,7 +227,7 @@ void Transaction::rollback() noexcept {
   for (auto& [sql, stmt] : lease_->conn->cache) sqlite3_reset(stmt);
   sqlite3_exec(lease_->conn->db, "ROLLBACK", nullptr, nullptr, nullptr);
   lease_->open = false;
-  if (lease_->writer.owns_lock()) lease_->writer.unlock();
+  lease_->unlock_writer();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,11 +255,11 @@ class Database::Impl {
 
   std::unique_ptr<Transaction::Lease> begin_write() {
     auto lease = std::make_unique<Transaction::Lease>();
-    lease->writer = std::unique_lock<std::timed_mutex>(writer_mutex_, std::defer_lock);
-    if (!lease->writer.try_lock_for(options_.busy_timeout)) {
+    if (!writer_mutex_.try_lock_for(options_.busy_timeout)) {
       throw StorageTimeout("sqlite: no write lock on '" + path_ + "' within " +
                            std::to_string(options_.busy_timeout.count()) + " ms");
     }
+    lease->writer = &writer_mutex_;
     lease->conn = writer_.get();
     int rc = sqlite3_exec(writer_->db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
     if (rc != SQLITE_OK) detail::throw_error(writer_->db, rc, "BEGIN IMMEDIATE");
@@ -264,7 +302,7 @@ class Database::Impl {
   std::string path_;
   DatabaseOptions options_;
   bool memory_ = false;
-  std::timed_mutex writer_mutex_;
+  detail::WriterLock writer_mutex_;
   std::unique_ptr<Connection> writer_;
   std::mutex pool_mutex_;
   std::condition_variable pool_cv_;
