@@ -67,6 +67,30 @@
 
 namespace idem {
 
+/// Points of the protocol, in order, as a step hook sees them. Fault-injection tests stop or kill
+/// the process at each to prove that a crash there loses nothing and doubles nothing.
+enum class Step {
+  kFastClaimed,       ///< the fast store granted the claim
+  kDurableClaimed,    ///< the durable record exists (two-phase: committed; transactional:
+                      ///< inserted in the open transaction, before the handler)
+  kHandlerReturned,   ///< the handler returned (transactional: before COMMIT)
+  kDurableCommitted,  ///< the durable store committed the completed record
+  kFastCompleted,     ///< the fast store holds the completed record
+};
+
+/// Stable name: fast_claimed, durable_claimed, handler_returned, durable_committed,
+/// fast_completed.
+constexpr std::string_view step_name(Step s) noexcept {
+  switch (s) {
+    case Step::kFastClaimed: return "fast_claimed";
+    case Step::kDurableClaimed: return "durable_claimed";
+    case Step::kHandlerReturned: return "handler_returned";
+    case Step::kDurableCommitted: return "durable_committed";
+    case Step::kFastCompleted: return "fast_completed";
+  }
+  return "unknown";
+}
+
 /// Options of an IdempotencyGuard.
 struct GuardOptions {
   /// How long an in-progress claim is honoured before another attempt may take it over.
@@ -78,6 +102,10 @@ struct GuardOptions {
   std::shared_ptr<Observer> observer;
   /// The label of duplicates the durable store catches (kMqRecord for consume records).
   DuplicateSource durable_source = DuplicateSource::kUniqueIndex;
+  /// Called at each protocol step of a call that runs the handler (empty means none). For fault
+  /// injection in tests, which kill the process inside it. Whatever it throws propagates; claims
+  /// it leaves behind end with their lease, as after a crash.
+  std::function<void(Step, const Key&)> step_hook;
 };
 
 namespace detail {
@@ -202,6 +230,7 @@ class IdempotencyGuard {
           call.fast_claimed = true;
           stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
           if (c.took_over) note_takeover(key, "fast");
+          step(Step::kFastClaimed, key);
         } else {
           stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
           return duplicate(call, c, Source::kFastStore, DuplicateSource::kFastStore);
@@ -301,7 +330,9 @@ class IdempotencyGuard {
             auto h0 = detail::SteadyClock::now();
             value.reset();  // the store may retry the transaction (serialization failure)
             try {
+              step(Step::kDurableClaimed, call.key);
               value.emplace(detail::invoke_stored<R>(handler, tx));
+              step(Step::kHandlerReturned, call.key);
             } catch (...) {
               handler_time += detail::since(h0);
               handler_threw = true;
@@ -325,6 +356,7 @@ class IdempotencyGuard {
     }
     call.handler = handler_time;
     call.durable = detail::since(t0) - handler_time;
+    if (d.status == ClaimStatus::kClaimed) step(Step::kDurableCommitted, call.key);
     return after_durable<R>(call, d, std::move(value));
   }
 
@@ -348,7 +380,9 @@ class IdempotencyGuard {
     std::optional<R> value;
     auto h0 = detail::SteadyClock::now();
     try {
+      step(Step::kDurableClaimed, call.key);
       value.emplace(detail::invoke_stored<R>(handler));
+      step(Step::kHandlerReturned, call.key);
     } catch (...) {
       call.handler = detail::since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
@@ -374,6 +408,7 @@ class IdempotencyGuard {
                       "' expired and was taken over before the handler completed; "
                       "raise GuardOptions::lease above the handler's duration");
     }
+    step(Step::kDurableCommitted, call.key);
     d.status = ClaimStatus::kClaimed;
     d.response = std::move(bytes);
     return after_durable<R>(call, d, std::move(value));
@@ -465,7 +500,10 @@ class IdempotencyGuard {
     if (fast_ == nullptr) return;
     try {
       if (call.fast_claimed) {
-        if (fast_->complete(call.key, call.owner, response, options_.retention)) return;
+        if (fast_->complete(call.key, call.owner, response, options_.retention)) {
+          step(Step::kFastCompleted, call.key);
+          return;
+        }
         // Our fast claim expired and was taken over (or released) while the durable store
         // decided. The durable answer stands; overwrite the fast record with it.
       } else if (call.degraded) {
@@ -473,6 +511,7 @@ class IdempotencyGuard {
       }
       fast_->fill(call.key, call.fingerprint, response, options_.retention);
       stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
+      step(Step::kFastCompleted, call.key);
     } catch (const StorageError& e) {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
       fast_failed(call.key, e);
@@ -496,6 +535,10 @@ class IdempotencyGuard {
     release_fast(call);
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
     if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+  }
+
+  void step(Step s, const Key& key) {
+    if (options_.step_hook) options_.step_hook(s, key);
   }
 
   void note_takeover(const Key& key, std::string_view store) {

@@ -110,3 +110,73 @@ TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(GuardSteps, HookSeesEveryStepInOrder) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable(dir.file("steps.sqlite"));
+  idem::MemoryStore fast;
+  std::vector<std::string> seen;
+  idem::GuardOptions options;
+  options.step_hook = [&](idem::Step s, const idem::Key&) {
+    seen.emplace_back(idem::step_name(s));
+  };
+  idem::IdempotencyGuard guard{fast, durable, options};
+  (void)guard.run(idem::Key::make("s", "tx"), "",
+                  [](idem::sqlite::Transaction&) { return std::string("r"); });
+  EXPECT_EQ((std::vector<std::string>{"fast_claimed", "durable_claimed", "handler_returned",
+                                      "durable_committed", "fast_completed"}),
+            seen);
+  seen.clear();
+  (void)guard.run(idem::Key::make("s", "two-phase"), "", [] { return std::string("r"); });
+  EXPECT_EQ((std::vector<std::string>{"fast_claimed", "durable_claimed", "handler_returned",
+                                      "durable_committed", "fast_completed"}),
+            seen);
+  seen.clear();
+  (void)guard.run(idem::Key::make("s", "tx"), "",
+                  [](idem::sqlite::Transaction&) { return std::string("r"); });
+  EXPECT_TRUE(seen.empty());  // a replay runs no step
+}
+
+TEST(GuardSteps, CrashBeforeTheFastStoreUpdateLosesNothing) {
+  // The process "dies" after the durable commit, before the fast store hears of it: the fast
+  // claim is left in progress. After its lease, the durable store replays the committed answer.
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable(dir.file("crash.sqlite"));
+  idem::ManualClock clock;
+  idem::MemoryStoreOptions mo;
+  mo.clock = clock.as_clock();
+  idem::MemoryStore fast(mo);
+  idem::GuardOptions options;
+  options.lease = std::chrono::seconds(5);
+  options.step_hook = [](idem::Step s, const idem::Key&) {
+    if (s == idem::Step::kDurableCommitted) throw std::runtime_error("killed");
+  };
+  auto key = idem::Key::make("payment", "crash");
+  int runs = 0;
+  {
+    idem::IdempotencyGuard guard{fast, durable, options};
+    EXPECT_THROW((void)guard.run(key, "", [&](idem::sqlite::Transaction&) {
+      ++runs;
+      return std::string("pay_1");
+    }),
+                 std::runtime_error);
+  }
+  idem::IdempotencyGuard guard{fast, durable};
+  auto during = guard.run(key, "", [&](idem::sqlite::Transaction&) {
+    ++runs;
+    return std::string("pay_2");
+  });
+  EXPECT_EQ(idem::Outcome::kInProgress, during.outcome);  // the stale fast claim still answers
+  clock.advance(std::chrono::seconds(6));
+  auto after = guard.run(key, "", [&](idem::sqlite::Transaction&) {
+    ++runs;
+    return std::string("pay_3");
+  });
+  EXPECT_EQ(idem::Outcome::kReplayed, after.outcome);
+  EXPECT_EQ("pay_1", after.value.value());
+  EXPECT_EQ(1, runs);
+}
+
+}  // namespace
