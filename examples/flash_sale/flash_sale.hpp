@@ -80,6 +80,10 @@ struct Config {
   std::uint64_t seed = 0;
   /// The item's sku.
   std::string sku = "FLASH-1";
+  /// When this user starts, the fast store loses every record (a simulated failover to an empty
+  /// replica, mid-sale; the durable record then catches the duplicates it forgot). -1 means
+  /// never; the default (-2) means when half the units should be sold: user min(users,stock)/2.
+  int fast_loss_at_user = -2;
 };
 
 /// What the database says at the end.
@@ -119,6 +123,8 @@ struct Report {
   std::uint64_t clicks = 0, attempts = 0, timeouts = 0, in_progress_replies = 0,
                 retryable_errors = 0, overtaken = 0;
   std::uint64_t unique_key_duplicates = 0;
+  /// The user index at which the fast store lost its records (-1: it did not).
+  int fast_lost_at_user = -1;
   idem::GuardStatsSnapshot guard;
   std::chrono::milliseconds elapsed{0};
   std::vector<Check> checks;
@@ -287,13 +293,16 @@ inline void evaluate(Report& rep) {
           std::to_string(rep.db.records_completed) + " completed");
 }
 
-/// Runs a sale on `backend` behind `fast` and checks the database. The backend provides:
+/// Runs a sale on `backend` behind `fast` and checks the database. `lose_fast_store` (may be
+/// empty) empties the fast store; it is called once, when user Config::fast_loss_at_user
+/// starts. The backend provides:
 ///   using Durable;  Durable& durable();  std::string name();
 ///   void reset(const Config&);            // tables created/emptied, stock seeded, scope cleared
 ///   DbState read_state(const Config&);    // from the database itself
 ///   void remove_order(Durable::Transaction&, std::int64_t id);
 template <class Backend>
-Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg) {
+Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
+                const std::function<void()>& lose_fast_store = {}) {
   using Tx = typename Backend::Durable::Transaction;
   Report rep;
   rep.config = cfg;
@@ -308,6 +317,9 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg) {
   const std::uint64_t seed = cfg.seed != 0 ? cfg.seed : std::random_device{}();
   std::vector<UserAnswers> logs(static_cast<std::size_t>(cfg.users));
   std::atomic<int> next_user{0};
+  int loss_at = cfg.fast_loss_at_user;
+  if (loss_at == -2) loss_at = static_cast<int>(std::min<std::int64_t>(cfg.users, cfg.stock) / 2);
+  if (!lose_fast_store) loss_at = -1;
   std::atomic<std::uint64_t> clicks{0}, attempts{0}, timeouts{0}, in_progress{0},
       retryable{0}, overtaken{0};
 
@@ -348,6 +360,10 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg) {
       for (;;) {
         int u = next_user.fetch_add(1);
         if (u >= cfg.users) return;
+        if (u == loss_at) {
+          lose_fast_store();
+          rep.fast_lost_at_user = u;
+        }
         auto& log = logs[static_cast<std::size_t>(u)];
         int n_clicks = 1 + static_cast<int>(rng() % static_cast<std::uint64_t>(
                                                 std::max(1, cfg.max_clicks)));
@@ -478,6 +494,10 @@ inline void print_report(const Report& r, std::ostream& out) {
       << "fast-store hit rate " << pct(r.guard.fast_hit_rate()) << " (" << r.guard.fast_hits
       << " duplicates stopped by the fast store, " << r.guard.durable_conflicts
       << " by the durable record)\n";
+  if (r.fast_lost_at_user >= 0) {
+    out << "  fast store: lost every record when user " << r.fast_lost_at_user
+        << " started (simulated failover to an empty replica)\n";
+  }
   out << "  unique key: " << r.unique_key_duplicates
       << " orders answered from flash_order unique (user_id, sku) (a new request id for a "
          "user who already had one)\n";

@@ -4,7 +4,8 @@
 //
 //   idem_flash_sale [--users N] [--stock N] [--threads N] [--db PATH] [--server-threads N]
 //                   [--max-clicks N] [--timeout-ms N] [--slow-percent N]
-//                   [--slow-handler-percent N] [--slow-ms N] [--reload-percent N] [--seed N]
+//                   [--slow-handler-percent N] [--slow-ms N] [--reload-percent N]
+//                   [--fast-loss-at-user N] [--seed N]
 //
 // Exit status: 0 when every check passed, 1 on any violation, 2 on bad flags, 3 on an error.
 #include <cstdlib>
@@ -19,8 +20,10 @@ namespace {
 void usage(std::ostream& out) {
   out << "usage: idem_flash_sale [--users N] [--stock N] [--threads N] [--db PATH]\n"
          "       [--server-threads N] [--max-clicks N] [--timeout-ms N] [--slow-percent N]\n"
-         "       [--slow-handler-percent N] [--slow-ms N] [--reload-percent N] [--seed N]\n"
-         "defaults: 2000 users, 100 units, 8 client threads, db flash_sale.sqlite\n";
+         "       [--slow-handler-percent N] [--slow-ms N] [--reload-percent N]\n"
+         "       [--fast-loss-at-user N] [--seed N]\n"
+         "defaults: 2000 users, 100 units, 8 client threads, db flash_sale.sqlite;\n"
+         "the fast store loses its records when user stock/2 starts (-1: never)\n";
 }
 
 long long parse_number(const std::string& flag, const char* text, long long min) {
@@ -63,6 +66,8 @@ int main(int argc, char** argv) {
         cfg.slow_delay = std::chrono::milliseconds(parse_number(flag, v, 0));
       else if (flag == "--reload-percent")
         cfg.reload_percent = static_cast<int>(parse_number(flag, v, 0));
+      else if (flag == "--fast-loss-at-user")
+        cfg.fast_loss_at_user = static_cast<int>(parse_number(flag, v, -1));
       else if (flag == "--seed") cfg.seed = static_cast<std::uint64_t>(parse_number(flag, v, 0));
       else throw std::invalid_argument("unknown flag " + flag);
     }

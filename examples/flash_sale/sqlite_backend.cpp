@@ -2,7 +2,7 @@
 // The flash sale's SQLite backend: schema, reset, the end-state queries.
 #include "sqlite_backend.hpp"
 
-#include "idem/memory_store.hpp"
+#include "failover_store.hpp"
 
 namespace flash_sale {
 
@@ -68,8 +68,8 @@ void SqliteBackend::remove_order(Transaction& tx, std::int64_t id) {
 
 Report run_sqlite_sale(const Config& cfg) {
   SqliteBackend backend(cfg.db);
-  idem::MemoryStore fast;
-  return run_sale(backend, fast, cfg);
+  FailoverStore fast;
+  return run_sale(backend, fast, cfg, [&] { fast.failover(); });
 }
 
 }  // namespace flash_sale

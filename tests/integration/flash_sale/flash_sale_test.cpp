@@ -42,6 +42,8 @@ TEST(FlashSale, SmallSaleKeepsEveryInvariant) {
   EXPECT_GT(r.clicks, 300u);
   EXPECT_GT(r.timeouts, 0u);
   EXPECT_GT(r.guard.fast_hits, 0u);
+  // Mid-sale, with half the units sold, the fast store lost every record (failover).
+  EXPECT_EQ(15, r.fast_lost_at_user);
   // Exactly one handler run per key that executed: executed records == completed records.
   EXPECT_EQ(static_cast<std::int64_t>(r.guard.executed), r.db.records_completed);
 }
@@ -52,11 +54,13 @@ TEST(FlashSale, MoreStockThanUsersSellsOnePerUser) {
   cfg.users = 60;
   cfg.stock = 100;
   cfg.reload_percent = 50;  // many second keys for one user: the unique key answers them
+  cfg.fast_loss_at_user = -1;
   auto r = flash_sale::run_sqlite_sale(cfg);
   ASSERT_TRUE(r.ok()) << describe(r);
   EXPECT_EQ(60, r.db.order_rows);
   EXPECT_EQ(40, r.db.stock_left.value_or(-1));
   EXPECT_EQ(0, r.users_sold_out);
+  EXPECT_EQ(-1, r.fast_lost_at_user);
 }
 
 TEST(FlashSale, NoStockSellsNothingAndSaysSoldOutToEveryone) {
