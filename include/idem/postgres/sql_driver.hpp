@@ -5,8 +5,9 @@
 //
 // Errors: a failing statement throws libpqxx's own exception, unchanged, exactly as the
 // caller's own `tx.exec(...)` would. The transaction is then aborted (PostgreSQL's rule), and
-// whoever owns it decides: PostgresStore retries the whole transaction on
-// pqxx::serialization_failure / deadlock_detected, so translating them here would break that.
+// whoever owns it decides: a durable store that retries the whole transaction on
+// pqxx::serialization_failure / deadlock_detected (the guard allows for such retries) must see
+// them as they are, so translating them here would break that.
 // A *duplicate* of the unique key is never an error (ON CONFLICT DO NOTHING), so it never
 // aborts the transaction.
 #pragma once
