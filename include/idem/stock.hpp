@@ -135,6 +135,9 @@ class StockTable {
   /// The quantity of `item`, read in `tx`; nullopt when there is no row.
   template <class Tx, class Item>
   std::optional<std::int64_t> quantity(Tx& tx, const Item& item) const {
+    static_assert(detail::has_sql_driver<Tx>::value,
+                  "idem::StockTable: no SqlDriver for this transaction type; include the "
+                  "adapter's sql_driver.hpp (e.g. idem/sqlite/sql_driver.hpp)");
     using Driver = SqlDriver<Tx>;
     return Driver::query_int64(tx, select_sql_[static_cast<std::size_t>(Driver::kDialect)], item);
   }
