@@ -51,7 +51,7 @@ std::string publish(idem::mq::RedisStreams& redis, int round, const char* kind, 
   return stream;
 }
 
-// The loop; `handle` returns true when the entry may be acked. @return messages per second.
+// The loop; `handle(batch)` returns the entry ids that may be acked. @return messages/s.
 template <class Handle>
 double drain(idem::mq::RedisStreams& redis, const std::string& stream, std::size_t batch,
              int expected, Handle&& handle) {
@@ -60,12 +60,7 @@ double drain(idem::mq::RedisStreams& redis, const std::string& stream, std::size
   for (;;) {
     auto entries = redis.read_group(stream, "bench", "worker", batch, std::nullopt);
     if (entries.empty()) break;
-    std::vector<std::string> acks;
-    acks.reserve(entries.size());
-    for (const auto& e : entries) {
-      if (handle(e)) acks.push_back(e.id);
-    }
-    done += static_cast<int>(redis.ack(stream, "bench", acks));
+    done += static_cast<int>(redis.ack(stream, "bench", handle(entries)));
   }
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (done != expected) {
@@ -75,6 +70,21 @@ double drain(idem::mq::RedisStreams& redis, const std::string& stream, std::size
   redis.del(stream);
   return done / secs;
 }
+
+std::shared_ptr<idem::sqlite::Database> open_db(const std::filesystem::path& path) {
+  auto db = std::make_shared<idem::sqlite::Database>(path.string());
+  db->write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE effect (message_id TEXT NOT NULL, body TEXT NOT NULL)");
+  });
+  return db;
+}
+
+void insert_effect(idem::sqlite::Transaction& tx, const idem::mq::StreamEntry& e) {
+  tx.exec("INSERT INTO effect (message_id, body) VALUES (?, ?)", *e.find("message_id"),
+          *e.find("body"));
+}
+
+using Entries = std::vector<idem::mq::StreamEntry>;
 
 }  // namespace
 
@@ -92,30 +102,25 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   idem::mq::RedisStreams redis{{a.redis}};
 
-  std::vector<double> plain, dedup;
+  // Four loops, rounds interleaved: per-message transactions with and without the consume
+  // record, and one transaction per batch with and without it.
+  std::vector<double> plain, dedup, plain_batch, dedup_batch;
   for (int round = 0; round < a.rounds; ++round) {
-    {  // plain: the business write alone
-      auto db = std::make_shared<idem::sqlite::Database>(
-          (dir / ("plain" + std::to_string(round) + ".db")).string());
-      db->write([](idem::sqlite::Transaction& tx) {
-        tx.exec("CREATE TABLE effect (message_id TEXT NOT NULL, body TEXT NOT NULL)");
-      });
+    const std::string r = std::to_string(round);
+    {
+      auto db = open_db(dir / ("plain" + r + ".db"));
       auto stream = publish(redis, round, "plain", a.messages);
-      plain.push_back(drain(redis, stream, a.batch, a.messages, [&](const auto& e) {
-        const std::string& id = *e.find("message_id");
-        const std::string& body = *e.find("body");
-        db->write([&](idem::sqlite::Transaction& tx) {
-          tx.exec("INSERT INTO effect (message_id, body) VALUES (?, ?)", id, body);
-        });
-        return true;
+      plain.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
+        std::vector<std::string> acks;
+        for (const auto& e : batch) {
+          db->write([&](idem::sqlite::Transaction& tx) { insert_effect(tx, e); });
+          acks.push_back(e.id);
+        }
+        return acks;
       }));
     }
-    {  // dedup: the same write through IdempotentConsumer
-      auto db = std::make_shared<idem::sqlite::Database>(
-          (dir / ("dedup" + std::to_string(round) + ".db")).string());
-      db->write([](idem::sqlite::Transaction& tx) {
-        tx.exec("CREATE TABLE effect (message_id TEXT NOT NULL, body TEXT NOT NULL)");
-      });
+    {
+      auto db = open_db(dir / ("dedup" + r + ".db"));
       idem::MemoryStore fast;
       idem::sqlite::SqliteStore durable{db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
       idem::GuardOptions go;
@@ -123,24 +128,72 @@ int main(int argc, char** argv) {
       idem::IdempotencyGuard guard{fast, durable, go};
       idem::IdempotentConsumer consumer{guard, "bench"};
       auto stream = publish(redis, round, "dedup", a.messages);
-      dedup.push_back(drain(redis, stream, a.batch, a.messages, [&](const auto& e) {
-        const std::string& id = *e.find("message_id");
-        const std::string& body = *e.find("body");
-        auto v = consumer.consume(
-            idem::Delivery{id, idem::fingerprint(body), body, e.delivery_count},
-            [&](idem::sqlite::Transaction& tx) {
-              tx.exec("INSERT INTO effect (message_id, body) VALUES (?, ?)", id, body);
-            });
-        return idem::should_ack(v);
+      dedup.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
+        std::vector<std::string> acks;
+        for (const auto& e : batch) {
+          const std::string& body = *e.find("body");
+          auto v = consumer.consume(
+              idem::Delivery{*e.find("message_id"), idem::fingerprint(body), body,
+                             e.delivery_count},
+              [&](idem::sqlite::Transaction& tx) { insert_effect(tx, e); });
+          if (idem::should_ack(v)) acks.push_back(e.id);
+        }
+        return acks;
+      }));
+    }
+    {
+      auto db = open_db(dir / ("plain_batch" + r + ".db"));
+      auto stream = publish(redis, round, "plain_batch", a.messages);
+      plain_batch.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
+        std::vector<std::string> acks;
+        db->write([&](idem::sqlite::Transaction& tx) {
+          for (const auto& e : batch) insert_effect(tx, e);
+        });
+        for (const auto& e : batch) acks.push_back(e.id);
+        return acks;
+      }));
+    }
+    {
+      auto db = open_db(dir / ("dedup_batch" + r + ".db"));
+      idem::MemoryStore fast;
+      idem::sqlite::SqliteStore durable{db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+      idem::GuardOptions go;
+      go.durable_source = idem::DuplicateSource::kMqRecord;
+      idem::IdempotencyGuard guard{fast, durable, go};
+      idem::IdempotentConsumer consumer{guard, "bench"};
+      auto stream = publish(redis, round, "dedup_batch", a.messages);
+      dedup_batch.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
+        std::vector<std::string> fps;
+        std::vector<idem::Delivery> deliveries;
+        for (const auto& e : batch) fps.push_back(idem::fingerprint(*e.find("body")));
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          deliveries.push_back(idem::Delivery{*batch[i].find("message_id"), fps[i],
+                                              *batch[i].find("body"), batch[i].delivery_count});
+        }
+        auto verdicts = consumer.consume_batch(
+            deliveries,
+            [&](idem::sqlite::Transaction& tx, std::size_t i) { insert_effect(tx, batch[i]); });
+        std::vector<std::string> acks;
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          if (idem::should_ack(verdicts[i])) acks.push_back(batch[i].id);
+        }
+        return acks;
       }));
     }
   }
   std::filesystem::remove_all(dir);
-  std::printf("mq consumer loop: %d messages per round, batch %zu, %d interleaved rounds, "
-              "SQLite synchronous=NORMAL (WAL)\n",
+  std::printf("mq consumer loop: %d messages per round, XREADGROUP/XACK batches of %zu, %d "
+              "interleaved rounds, SQLite WAL synchronous=NORMAL, fast store MemoryStore\n",
               a.messages, a.batch, a.rounds);
-  std::printf("plain loop (effect row only):        %8.0f msg/s (median)\n", median(plain));
-  std::printf("dedup loop (consume record + effect): %8.0f msg/s (median)\n", median(dedup));
+  std::printf("plain, one transaction per message:        %8.0f msg/s (median)\n", median(plain));
+  std::printf("dedup, consume() per message:               %8.0f msg/s (median)\n", median(dedup));
+  std::printf("plain, one transaction per batch:          %8.0f msg/s (median)\n",
+              median(plain_batch));
+  std::printf("dedup, consume_batch() (one tx per batch):  %8.0f msg/s (median)\n",
+              median(dedup_batch));
   std::printf("ratio mq_dedup_vs_plain = %.2f\n", median(dedup) / median(plain));
+  std::printf("ratio mq_dedup_batch_vs_plain_batch = %.2f\n",
+              median(dedup_batch) / median(plain_batch));
+  std::printf("ratio mq_dedup_batch_vs_plain = %.2f\n", median(dedup_batch) / median(plain));
   return 0;
 }

@@ -65,6 +65,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "idem/errors.hpp"
 #include "idem/guard.hpp"
@@ -208,6 +209,21 @@ namespace detail {
 inline constexpr std::string_view kConsumedMarker = "idem-mq:consumed";
 inline constexpr std::string_view kDeadMarker = "idem-mq:dead:";
 
+// A durable store whose record steps compose inside one caller-held transaction (SqliteStore).
+template <class D, class = void>
+struct has_composable_record : std::false_type {};
+template <class D>
+struct has_composable_record<
+    D, std::void_t<decltype(std::declval<D&>().database().begin()),
+                   decltype(std::declval<D&>().claim_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::string_view{}, std::declval<const OwnerToken&>(),
+                       std::chrono::milliseconds{})),
+                   decltype(std::declval<D&>().complete_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::declval<const OwnerToken&>(), std::string_view{},
+                       std::chrono::seconds{}))>> : std::true_type {};
+
 template <class D, class = void>
 struct has_fail : std::false_type {};
 template <class D>
@@ -299,6 +315,90 @@ class IdempotentConsumer {
   template <class Fn>
   Verdict consume(std::string_view message_id, std::string_view fingerprint, Fn&& handler) {
     return consume(Delivery{message_id, fingerprint}, std::forward<Fn>(handler));
+  }
+
+  /// Consumes a whole batch in ONE durable transaction (one commit instead of one per
+  /// message): for each delivery, a savepoint, the record claim, `handler(tx, index)`, the
+  /// record completion. A handler that throws rolls back to its savepoint only (its record and
+  /// writes vanish; the others commit) and counts as a failed attempt, exactly as in
+  /// `consume`; dead-lettering and attempt counting run after the commit. Duplicates inside
+  /// the batch (a producer retry in the same read) run once.
+  ///
+  /// The fast store is not consulted: the batch holds the database's write lock, which already
+  /// serialises every consumer of the file, so there is no in-flight duplicate to stop early.
+  /// (The guard's counters and observer do not see batch calls; the consumer's do.)
+  ///
+  /// Requires a durable store whose record steps compose in a caller-held transaction
+  /// (idem::sqlite::SqliteStore: `database().begin()`, `claim_in`, `complete_in`).
+  /// @return one verdict per delivery, in order.
+  /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack),
+  ///         a retryable idem error thrown by a handler (the whole batch rolls back), whatever
+  ///         the dead-letter sink throws.
+  template <class Fn>
+  std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
+    static_assert(detail::has_composable_record<Durable>::value,
+                  "consume_batch needs a durable store with database(), claim_in and "
+                  "complete_in (idem::sqlite::SqliteStore)");
+    Durable& durable = *guard_->durable_store();
+    const auto retention = guard_->options().retention;
+    std::vector<Verdict> verdicts(batch.size(), Verdict::kRetryLater);
+    std::vector<std::optional<Key>> keys;
+    keys.reserve(batch.size());
+    std::vector<std::pair<std::size_t, std::exception_ptr>> failures;
+    for (const auto& d : batch) {
+      stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
+      if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
+      keys.push_back(make_key(d));
+    }
+    {
+      auto tx = durable.database().begin();
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (!keys[i]) {
+          verdicts[i] = Verdict::kDeadLetter;
+          continue;
+        }
+        const Key& key = *keys[i];
+        const auto owner = OwnerToken::generate();
+        tx.exec("SAVEPOINT idem_consume");
+        ClaimResult c =
+            durable.claim_in(tx, key, batch[i].fingerprint, owner, std::chrono::milliseconds(0));
+        if (c.status != ClaimStatus::kClaimed) {
+          tx.exec("RELEASE idem_consume");
+          verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                        : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                             : Verdict::kRetryLater;
+          continue;
+        }
+        try {
+          handler(tx, i);
+        } catch (const Error& e) {
+          if (e.retryable()) throw;  // rolls the whole batch back (~Transaction)
+          tx.exec("ROLLBACK TO idem_consume");
+          tx.exec("RELEASE idem_consume");
+          failures.emplace_back(i, std::current_exception());
+          continue;
+        } catch (...) {
+          tx.exec("ROLLBACK TO idem_consume");
+          tx.exec("RELEASE idem_consume");
+          failures.emplace_back(i, std::current_exception());
+          continue;
+        }
+        durable.complete_in(tx, key, owner, detail::kConsumedMarker, retention);
+        tx.exec("RELEASE idem_consume");
+        verdicts[i] = Verdict::kAck;
+      }
+      tx.commit();
+    }
+    std::vector<char> failed_at(batch.size(), 0);
+    for (const auto& f : failures) failed_at[f.first] = 1;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (failed_at[i] != 0) continue;
+      if (verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) forget_failures(*keys[i]);
+      count(verdicts[i]);
+    }
+    // After the commit: attempt counts and dead letters use their own transactions.
+    for (const auto& [i, error] : failures) verdicts[i] = failed(*keys[i], batch[i], error);
+    return verdicts;
   }
 
   /// True when the record of `message_id` says it was dead-lettered (for operators and tests).

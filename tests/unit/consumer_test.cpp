@@ -335,6 +335,90 @@ TEST_F(ConsumerTest, FastStoreOnlyConsumer) {
   EXPECT_EQ(1u, sink.letters.size());
 }
 
+// --- consume_batch: one transaction per batch -------------------------------------------------
+
+std::vector<Verdict> apply_batch(Node& n, const std::vector<std::string>& ids,
+                                 const std::string& poison_id = "") {
+  std::vector<std::string> fps;
+  for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+  std::vector<Delivery> batch;
+  for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
+  return n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+    tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+    if (ids[i] == poison_id) throw std::runtime_error("poison " + ids[i]);
+  });
+}
+
+TEST_F(ConsumerTest, BatchAcksNewDropsDuplicatesInsideAndAcrossBatches) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m0", "body of m0"));
+  auto v = apply_batch(n, {"m1", "m2", "m1", "m0", "m3"});
+  std::vector<Verdict> want{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate,
+                            Verdict::kAckDuplicate, Verdict::kAck};
+  EXPECT_EQ(want, v);
+  for (const char* id : {"m0", "m1", "m2", "m3"}) EXPECT_EQ(1, n.effects(id)) << id;
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("m2", "body of m2"));  // the single path sees it
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(4u, s.acked);
+  EXPECT_EQ(3u, s.duplicates);
+}
+
+TEST_F(ConsumerTest, BatchIsolatesAFailingHandlerAndDeadLettersItEventually) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 2;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  auto v = apply_batch(n, {"a", "bad", "b"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater, Verdict::kAck}), v);
+  EXPECT_EQ(1, n.effects("a"));
+  EXPECT_EQ(0, n.effects("bad"));  // rolled back to its savepoint
+  EXPECT_EQ(1, n.effects("b"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "bad")));
+  v = apply_batch(n, {"bad", "c"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kDeadLetter, Verdict::kAck}), v);
+  ASSERT_EQ(1u, sink.letters.size());
+  EXPECT_EQ(2u, sink.letters[0].attempts);
+  EXPECT_TRUE(n.consumer.dead_lettered("bad"));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), apply_batch(n, {"bad"}, "bad"));
+}
+
+TEST_F(ConsumerTest, BatchMismatchAndRetryableFailureRollsEverythingBack) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m1", "other body"));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kMismatch, Verdict::kAck}),
+            apply_batch(n, {"m1", "m2"}));
+  std::vector<Delivery> batch{Delivery{"m3", ""}, Delivery{"m4", ""}};
+  EXPECT_THROW(n.consumer.consume_batch(batch,
+                                        [&](Transaction& tx, std::size_t i) {
+                                          tx.exec("INSERT INTO effect (message_id) VALUES (?)",
+                                                  std::string(batch[i].message_id));
+                                          if (i == 1) throw idem::StorageTimeout("locked");
+                                        }),
+               idem::StorageTimeout);
+  EXPECT_EQ(0, n.effects("m3"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "m3")));
+}
+
+TEST_F(ConsumerTest, ConcurrentOverlappingBatchesOneEffectEach) {
+  Node n{db()};
+  constexpr int kThreads = 6, kMessages = 60;
+  std::atomic<int> acks{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int from = 0; from < kMessages; from += 10) {
+        std::vector<std::string> ids;
+        for (int m = from; m < from + 10; ++m) ids.push_back("m" + std::to_string((m + t) % kMessages));
+        for (Verdict v : apply_batch(n, ids)) acks += v == Verdict::kAck;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(kMessages, acks.load());
+  for (int m = 0; m < kMessages; ++m) EXPECT_EQ(1, n.effects("m" + std::to_string(m)));
+}
+
 TEST(ConsumerOptionsTest, RejectsBadGroupAndZeroAttempts) {
   idem::MemoryStore fast;
   idem::IdempotencyGuard guard{fast};
