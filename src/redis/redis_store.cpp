@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -39,37 +40,51 @@ class Num {
   std::size_t len_ = 0;
 };
 
-// prefix + "{" + scope + "|" + id + "}", on the stack when it fits (it always does with the
-// default prefix: 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
-class RedisKey {
+// Bytes built on the stack when they fit (keys and claim records of ordinary size do), else
+// on the heap: no allocation per call on the hot path.
+class SmallBuf {
  public:
-  RedisKey(const std::string& prefix, const Key& key) {
-    size_ = prefix.size() + key.scope().size() + key.id().size() + 3;
-    char* out = inline_.data();
-    if (size_ > inline_.size()) {
-      heap_.resize(size_);
-      out = heap_.data();
+  SmallBuf() = default;
+  SmallBuf(const SmallBuf&) = delete;
+  SmallBuf& operator=(const SmallBuf&) = delete;
+  SmallBuf& append(std::string_view s) {
+    if (heap_.empty() && size_ + s.size() <= inline_.size()) {
+      std::memcpy(inline_.data() + size_, s.data(), s.size());
+    } else {
+      if (heap_.empty()) heap_.assign(inline_.data(), size_);
+      heap_.append(s.data(), s.size());
     }
-    data_ = out;
-    std::memcpy(out, prefix.data(), prefix.size());
-    out += prefix.size();
-    *out++ = '{';
-    std::memcpy(out, key.scope().data(), key.scope().size());
-    out += key.scope().size();
-    *out++ = kKeySeparator;
-    std::memcpy(out, key.id().data(), key.id().size());
-    out += key.id().size();
-    *out = '}';
+    size_ += s.size();
+    return *this;
   }
-  RedisKey(const RedisKey&) = delete;
-  RedisKey& operator=(const RedisKey&) = delete;
-  std::string_view view() const noexcept { return {data_, size_}; }
+  SmallBuf& append(char c) { return append(std::string_view(&c, 1)); }
+  std::string_view view() const noexcept {
+    return heap_.empty() ? std::string_view(inline_.data(), size_) : std::string_view(heap_);
+  }
 
  private:
-  std::array<char, 256> inline_;
+  std::array<char, 320> inline_;
   std::string heap_;
-  const char* data_ = nullptr;
   std::size_t size_ = 0;
+};
+
+// prefix + "{" + scope + "|" + id + "}" (always inline with the default prefix: at most
+// 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
+class RedisKey : public SmallBuf {
+ public:
+  RedisKey(const std::string& prefix, const Key& key) {
+    append(prefix).append('{').append(key.scope()).append(kKeySeparator).append(key.id());
+    append('}');
+  }
+};
+
+// "I1P<#owner>:<owner>": the prefix of `owner`'s in-progress record (see scripts.hpp).
+class ClaimPrefix : public SmallBuf {
+ public:
+  explicit ClaimPrefix(const OwnerToken& owner) {
+    append("I1P").append(Num(static_cast<long long>(owner.str().size())).view()).append(':');
+    append(owner.str());
+  }
 };
 
 struct Script {
@@ -131,30 +146,19 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
   detail::throw_error(Failure{Failure::Kind::kCorrupt, what, reason});
 }
 
-long long parse_millis(const redisReply* r, Op op, std::string_view key) {
-  long long v = 0;
-  if (r->type == REDIS_REPLY_INTEGER) return r->integer;
-  if (!is_string(r)) protocol_error(op, key, "a timestamp is neither a string nor an integer");
-  auto res = std::from_chars(r->str, r->str + r->len, v);
-  if (res.ec != std::errc() || res.ptr != r->str + r->len) {
-    corrupt(op, key, "the creation time is not a number");
-  }
-  return v;
-}
-
-// The C++ side of scripts.hpp's encoding (lookup decodes here).
+// The C++ side of scripts.hpp's encoding.
 struct Decoded {
   char status = 0;
   long long created = 0;
-  std::string_view fingerprint, owner, response;
+  std::string_view owner, fingerprint, response;
 };
 
 bool decode(std::string_view v, Decoded& out) {
   if (v.size() < 4 || v[0] != 'I' || v[1] != '1' || (v[2] != 'P' && v[2] != 'C')) return false;
   out.status = v[2];
   const char* p = v.data() + 3;
-  const char* end = v.data() + v.size();
-  auto field = [&](long long& n) {
+  const char* const end = v.data() + v.size();
+  auto number = [&](long long& n) {
     auto res = std::from_chars(p, end, n);
     if (res.ec != std::errc() || res.ptr == p || res.ptr == end || *res.ptr != ':' || n < 0) {
       return false;
@@ -162,16 +166,21 @@ bool decode(std::string_view v, Decoded& out) {
     p = res.ptr + 1;
     return true;
   };
-  long long fl = 0, ol = 0;
-  if (!field(out.created) || !field(fl) || !field(ol)) return false;
-  auto left = static_cast<unsigned long long>(end - p);
-  if (static_cast<unsigned long long>(fl) + static_cast<unsigned long long>(ol) > left) {
+  auto bytes = [&](long long n, std::string_view& field) {
+    if (static_cast<unsigned long long>(n) > static_cast<unsigned long long>(end - p)) {
+      return false;
+    }
+    field = std::string_view(p, static_cast<std::size_t>(n));
+    p += n;
+    return true;
+  };
+  long long ol = 0, fl = 0;
+  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(fl) ||
+      !bytes(fl, out.fingerprint)) {
     return false;
   }
-  out.fingerprint = std::string_view(p, static_cast<std::size_t>(fl));
-  out.owner = std::string_view(p + fl, static_cast<std::size_t>(ol));
-  out.response = std::string_view(p + fl + ol, static_cast<std::size_t>(end - (p + fl + ol)));
-  return true;
+  out.response = std::string_view(p, static_cast<std::size_t>(end - p));
+  return out.status == 'C' || out.response.empty();
 }
 
 template <class Duration>
@@ -190,7 +199,8 @@ class RedisStore::Impl {
         claim_(detail::kClaimScript),
         complete_(detail::kCompleteScript),
         release_(detail::kReleaseScript),
-        lookup_(detail::kLookupScript) {}
+        lookup_(detail::kLookupScript),
+        native_claim_(!options_.claim_script) {}
 
   static RedisStoreOptions normalise(RedisStoreOptions o) {
     if (o.pool_size == 0) o.pool_size = 8;
@@ -300,38 +310,53 @@ class RedisStore::Impl {
     if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
     RedisKey rk(options_.key_prefix, key);
     Num lease_ms(lease.count());
-    Num now_ms(to_millis(system_now()));
-    ReplyUPtr r = eval(claim_, Op::kClaim, rk.view(),
-                       {fingerprint, owner.str(), lease_ms.view(), now_ms.view()});
+    SmallBuf record;  // the in-progress record this claim writes if the key is absent
+    record.append(ClaimPrefix(owner).view());
+    record.append(Num(to_millis(system_now())).view()).append(':');
+    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
+    record.append(fingerprint);
+    ReplyUPtr r;
+    if (native_claim_.load(std::memory_order_relaxed)) {
+      const char* argv[] = {"SET", rk.view().data(), record.view().data(), "NX", "PX",
+                            lease_ms.view().data(), "GET"};
+      const std::size_t lens[] = {3, rk.view().size(), record.view().size(), 2, 2,
+                                  lease_ms.view().size(), 3};
+      detail::Pool::Lease conn = pool_.acquire(op_name(Op::kClaim));
+      r = exec(conn, 7, argv, lens, Op::kClaim, rk.view());
+      if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 16) == "ERR syntax error") {
+        // Redis < 7.0 rejects NX together with GET: claim with the script from now on.
+        native_claim_.store(false, std::memory_order_relaxed);
+        r.reset();
+      } else if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 4) == "OOM ") {
+        // maxmemory reached (noeviction): SET is refused even when it would write nothing.
+        // The script still answers busy / done / mismatch from a read, and reports OOM only
+        // when it has to write a new claim.
+        r.reset();
+      } else if (r->type == REDIS_REPLY_ERROR) {
+        server_error(r.get(), Op::kClaim, rk.view());
+      }
+    }
+    if (!r) r = eval(claim_, Op::kClaim, rk.view(), {record.view(), lease_ms.view()});
+
     ClaimResult result;
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+    if (r->type == REDIS_REPLY_NIL) {
       result.status = ClaimStatus::kClaimed;
       return result;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-        r->element[0]->type != REDIS_REPLY_INTEGER) {
-      protocol_error(Op::kClaim, rk.view(), "expected 0 or an array");
+    if (r->type != REDIS_REPLY_STRING) {
+      protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
     }
-    const long long code = r->element[0]->integer;
-    if (code == 9) corrupt(Op::kClaim, rk.view(), text_of(r->element[1]));
-    const std::size_t want = code == 2 ? 4 : 3;
-    if (code < 1 || code > 3 || r->elements != want || !is_string(r->element[1])) {
-      protocol_error(Op::kClaim, rk.view(), "malformed claim answer");
-    }
-    result.holder.assign(r->element[1]->str, r->element[1]->len);
-    result.first_seen = from_millis(parse_millis(r->element[2], Op::kClaim, rk.view()));
-    switch (code) {
-      case 1:
-        result.status = ClaimStatus::kBusy;
-        break;
-      case 2:
-        if (!is_string(r->element[3])) protocol_error(Op::kClaim, rk.view(), "no response");
-        result.status = ClaimStatus::kDone;
-        result.response.assign(r->element[3]->str, r->element[3]->len);
-        break;
-      default:
-        result.status = ClaimStatus::kMismatch;
-        break;
+    Decoded d;
+    if (!decode(text_of(r.get()), d)) corrupt(Op::kClaim, rk.view(), "not an idem record");
+    result.holder.assign(d.owner.data(), d.owner.size());
+    result.first_seen = from_millis(d.created);
+    if (d.fingerprint != fingerprint) {
+      result.status = ClaimStatus::kMismatch;
+    } else if (d.status == 'C') {
+      result.status = ClaimStatus::kDone;
+      result.response.assign(d.response.data(), d.response.size());
+    } else {
+      result.status = ClaimStatus::kBusy;
     }
     return result;
   }
@@ -340,14 +365,16 @@ class RedisStore::Impl {
                 std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
+    ClaimPrefix mine(owner);
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
-    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(), {owner.str(), response, ms.view()});
+    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(), {mine.view(), response, ms.view()});
     return flag(r, Op::kComplete, rk.view());
   }
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
-    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {owner.str()});
+    ClaimPrefix mine(owner);
+    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
     return flag(r, Op::kRelease, rk.view());
   }
 
@@ -355,12 +382,12 @@ class RedisStore::Impl {
             std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
-    Num now_ms(to_millis(system_now()));
-    Num fl(static_cast<long long>(fingerprint.size()));
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
+    // Owner unknown (the durable store decided): stored empty.
     std::string value;
-    value.reserve(3 + 24 + 24 + 3 + fingerprint.size() + response.size());
-    value.append("I1C").append(now_ms.view()).append(1, ':').append(fl.view()).append(":0:");
+    value.reserve(40 + fingerprint.size() + response.size());
+    value.append("I1C0:").append(Num(to_millis(system_now())).view()).append(1, ':');
+    value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
     value.append(fingerprint).append(response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
@@ -414,6 +441,8 @@ class RedisStore::Impl {
   const RedisStoreOptions options_;
   detail::Pool pool_;
   const Script claim_, complete_, release_, lookup_;
+  // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
+  std::atomic<bool> native_claim_;
 };
 
 RedisStore::RedisStore(RedisStoreOptions options)

@@ -12,10 +12,12 @@
 // * One record is one Redis string: a short header (status, created_at, fingerprint, owner)
 //   followed by the response bytes. While in progress, the key's PX TTL *is* the lease; once
 //   completed, its TTL is the retention.
-// * claim is one EVALSHA of a Lua script (reloaded once on NOSCRIPT): claimed / busy / done /
-//   mismatch, the fingerprint check winning over busy and done. complete and release are
-//   scripts that act only while the owner token matches (false: the lease was lost). fill is
-//   one SET; lookup one script.
+// * claim is one atomic round trip: `SET <key> <in-progress record> NX PX <lease> GET` claims an
+//   absent key or returns the existing record unchanged, which the client decodes: busy / done
+//   / mismatch, the fingerprint check winning over busy and done. (On Redis < 7.0, or with
+//   `claim_script`, the same is one EVALSHA of a Lua script.) complete and release are Lua
+//   scripts (EVALSHA, reloaded once on NOSCRIPT) that act only while the owner token matches
+//   (false: the lease was lost). fill is one SET; lookup one script.
 // * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
 //   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for a complete, which may
 //   have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are StorageUnavailable; -OOM is
@@ -66,6 +68,10 @@ struct RedisStoreOptions {
   /// After a failed connect, further calls fail at once (StorageUnavailable, with the last
   /// error) for this long before a new connect is tried. 0 means try a connect on every call.
   std::chrono::milliseconds reconnect_backoff{100};
+  /// Claim with an EVALSHA Lua script instead of `SET ... NX PX ... GET`. false (the default)
+  /// uses the single native command, and switches to the script by itself on servers older
+  /// than Redis 7.0 (which reject NX with GET). Both are one atomic round trip.
+  bool claim_script = false;
 };
 
 /// Counters of a RedisStore's pool (for metrics and tests).

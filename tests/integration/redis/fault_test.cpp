@@ -170,6 +170,29 @@ TEST_F(RedisFaultTest, KillNineMidRunKeepsExactlyOnceAndTheFastPathComesBack) {
   EXPECT_GE(ps.dropped, 1u);
 }
 
+// Sets a server config value for one test and puts the old value back, whatever happens.
+class ConfigOverride {
+ public:
+  ConfigOverride(idem::test::RawRedis& admin, std::string name, const std::string& value)
+      : admin_(admin), name_(std::move(name)) {
+    auto r = admin_.cmd({"CONFIG", "GET", name_});
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+      old_.assign(r->element[1]->str, r->element[1]->len);
+    }
+    ok_ = admin_.text({"CONFIG", "SET", name_, value}) == "OK";
+  }
+  ~ConfigOverride() { admin_.cmd({"CONFIG", "SET", name_, old_}); }
+  ConfigOverride(const ConfigOverride&) = delete;
+  ConfigOverride& operator=(const ConfigOverride&) = delete;
+  bool ok() const noexcept { return ok_; }
+
+ private:
+  idem::test::RawRedis& admin_;
+  std::string name_;
+  std::string old_;
+  bool ok_ = false;
+};
+
 // A Lua script that spins for `ms` milliseconds on the server, without writing.
 std::string spin_script(int ms) {
   return "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] "
@@ -181,8 +204,8 @@ std::string spin_script(int ms) {
 TEST_F(RedisFaultTest, ServerBusyInAScriptIsStorageUnavailable) {
   idem::test::RawRedis admin(url_);
   idem::test::RawRedis blocker(url_);
-  std::string old = "5000";
-  ASSERT_EQ("OK", admin.text({"CONFIG", "SET", "busy-reply-threshold", "50"}));
+  ConfigOverride threshold(admin, "busy-reply-threshold", "50");
+  ASSERT_TRUE(threshold.ok());
   RedisStore store(RedisStoreOptions{url_});
   auto k = key("busy");
   (void)store.lookup(k);  // open a connection before the server stalls
@@ -197,7 +220,6 @@ TEST_F(RedisFaultTest, ServerBusyInAScriptIsStorageUnavailable) {
   }
   auto r = blocker.receive();
   ASSERT_TRUE(r);
-  EXPECT_EQ("OK", admin.text({"CONFIG", "SET", "busy-reply-threshold", old}));
   EXPECT_EQ(idem::ClaimStatus::kClaimed,
             store.claim(k, "fp", OwnerToken::generate(), 1000ms).status);
 }
@@ -234,21 +256,24 @@ TEST_F(RedisFaultTest, MaxmemoryReachedIsStorageErrorWithTheServerMessage) {
   auto o1 = OwnerToken::generate();
   ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(done, "fp", o1, 30'000ms).status);
   ASSERT_TRUE(store.complete(done, o1, "kept", std::chrono::seconds(60)));
-  ASSERT_EQ("OK", admin.text({"CONFIG", "SET", "maxmemory-policy", "noeviction"}));
-  ASSERT_EQ("OK", admin.text({"CONFIG", "SET", "maxmemory", "1"}));
-  try {
-    (void)store.claim(key("oom"), "fp", OwnerToken::generate(), 1000ms);
-    ADD_FAILURE() << "no exception";
-  } catch (const idem::StorageUnavailable& e) {
-    ADD_FAILURE() << "OOM is not an availability problem: " << e.what();
-  } catch (const idem::StorageError& e) {
-    EXPECT_EQ(idem::errc::kStorageError, e.code());
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("OOM")) << e.what();
+  {
+    ConfigOverride policy(admin, "maxmemory-policy", "noeviction");
+    ConfigOverride maxmemory(admin, "maxmemory", "1");
+    ASSERT_TRUE(policy.ok() && maxmemory.ok());
+    try {
+      (void)store.claim(key("oom"), "fp", OwnerToken::generate(), 1000ms);
+      ADD_FAILURE() << "no exception";
+    } catch (const idem::StorageUnavailable& e) {
+      ADD_FAILURE() << "OOM is not an availability problem: " << e.what();
+    } catch (const idem::StorageError& e) {
+      EXPECT_EQ(idem::errc::kStorageError, e.code());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("OOM")) << e.what();
+    }
+    // Replays still answer: they need no memory.
+    auto replay = store.claim(done, "fp", OwnerToken::generate(), 1000ms);
+    EXPECT_EQ(idem::ClaimStatus::kDone, replay.status);
+    EXPECT_EQ("kept", replay.response);
   }
-  // Reads still answer: a replay needs no memory.
-  auto replay = store.claim(done, "fp", OwnerToken::generate(), 1000ms);
-  EXPECT_EQ("OK", admin.text({"CONFIG", "SET", "maxmemory", "0"}));
-  EXPECT_EQ(idem::ClaimStatus::kDone, replay.status);
   EXPECT_EQ(idem::ClaimStatus::kClaimed,
             store.claim(key("oom_after"), "fp", OwnerToken::generate(), 1000ms).status);
 }
@@ -257,6 +282,10 @@ TEST_F(RedisFaultTest, ReadOnlyReplicaIsStorageUnavailable) {
   idem::test::RawRedis admin(url_);
   RedisStore store(RedisStoreOptions{url_});
   // A replica of a master that does not exist (port 1): read-only, its data kept.
+  struct BackToMaster {
+    idem::test::RawRedis& admin;
+    ~BackToMaster() { admin.cmd({"REPLICAOF", "NO", "ONE"}); }
+  } back_to_master{admin};
   ASSERT_EQ("OK", admin.text({"REPLICAOF", "127.0.0.1", "1"}));
   bool readonly = false, masterdown = false;
   std::string what;
@@ -268,7 +297,8 @@ TEST_F(RedisFaultTest, ReadOnlyReplicaIsStorageUnavailable) {
   } catch (const std::exception& e) {
     what = e.what();
   }
-  ASSERT_EQ("OK", admin.text({"CONFIG", "SET", "replica-serve-stale-data", "no"}));
+  ConfigOverride stale(admin, "replica-serve-stale-data", "no");
+  ASSERT_TRUE(stale.ok());
   try {
     (void)store.lookup(key("md"));
   } catch (const idem::StorageUnavailable& e) {
@@ -277,7 +307,6 @@ TEST_F(RedisFaultTest, ReadOnlyReplicaIsStorageUnavailable) {
   } catch (const std::exception& e) {
     what += std::string(" | ") + e.what();
   }
-  EXPECT_EQ("OK", admin.text({"CONFIG", "SET", "replica-serve-stale-data", "yes"}));
   EXPECT_EQ("OK", admin.text({"REPLICAOF", "NO", "ONE"}));
   EXPECT_TRUE(readonly) << what;
   EXPECT_TRUE(masterdown) << what;
@@ -291,10 +320,14 @@ TEST_F(RedisFaultTest, FlushedScriptsAreReloadedOnNoscript) {
   auto k = key("noscript");
   auto owner = OwnerToken::generate();
   ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(k, "fp", owner, 30'000ms).status);
+  ASSERT_TRUE(store.lookup(k).has_value());
   const auto loads = store.pool_stats().script_loads;
   ASSERT_EQ("OK", admin.text({"SCRIPT", "FLUSH"}));
   EXPECT_EQ(idem::ClaimStatus::kBusy, store.claim(k, "fp", OwnerToken::generate(), 30'000ms).status);
-  EXPECT_TRUE(store.complete(k, owner, "r", std::chrono::seconds(60)));
+  EXPECT_TRUE(store.complete(k, owner, "r", std::chrono::seconds(60)));  // NOSCRIPT, load, retry
+  EXPECT_EQ("r", store.lookup(k).value().response);                      // NOSCRIPT, load, retry
+  EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
+  EXPECT_EQ("r", store.lookup(k).value().response);                      // loaded: no reload
   EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
 }
 

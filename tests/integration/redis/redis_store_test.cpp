@@ -28,9 +28,18 @@ std::unique_ptr<idem::FastStore> make_redis(const std::string& url) {
   return std::make_unique<RedisStore>(RedisStoreOptions{url});
 }
 
+// The Lua claim that servers older than 7.0 get, run against this server.
+std::unique_ptr<idem::FastStore> make_redis_script_claim(const std::string& url) {
+  RedisStoreOptions o{url};
+  o.claim_script = true;
+  return std::make_unique<RedisStore>(o);
+}
+
 }  // namespace
 
-IDEM_FAST_STORE_CONFORMANCE(Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}))
+IDEM_FAST_STORE_CONFORMANCE(
+    Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
+    (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL", make_redis_script_claim}))
 
 namespace {
 
@@ -167,15 +176,26 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
       {"hash", [&](const std::string& k) { raw.cmd({"HSET", k, "f", "v"}); }},
       {"set", [&](const std::string& k) { raw.cmd({"SADD", k, "m"}); }},
       {"empty string", [&](const std::string& k) { raw.cmd({"SET", k, ""}); }},
-      {"truncated header", [&](const std::string& k) { raw.cmd({"SET", k, "I1P1700:5:32:ab"}); }},
-      {"bad status", [&](const std::string& k) { raw.cmd({"SET", k, "I1X1700:0:0:"}); }},
-      {"negative length", [&](const std::string& k) { raw.cmd({"SET", k, "I1C1700:-1:0:"}); }},
+      {"truncated owner", [&](const std::string& k) { raw.cmd({"SET", k, "I1P32:abc"}); }},
+      {"no creation time", [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc"}); }},
+      {"truncated fingerprint",
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc17:64:ff"}); }},
+      {"bad status", [&](const std::string& k) { raw.cmd({"SET", k, "I1X0:1:0:"}); }},
+      {"negative length", [&](const std::string& k) { raw.cmd({"SET", k, "I1C-1:1:0:"}); }},
+      {"in progress with a response",
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1P3:abc1:0:extra"}); }},
       {"huge length",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1C1:99999999999999999999:0:x"}); }},
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1C99999999999999999999:x"}); }},
   };
+  RedisStoreOptions script_options{url_};
+  script_options.claim_script = true;
+  RedisStore script_store(script_options);
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     auto k = key();
+    c.write(store_->redis_key(k));
+    EXPECT_THROW(script_store.claim(k, "fp", OwnerToken::generate(), 30'000ms),
+                 idem::CorruptRecord);
     auto rk = store_->redis_key(k);
     c.write(rk);
     auto owner = OwnerToken::generate();
