@@ -16,7 +16,8 @@
 //
 // Options: --stream --group --consumer --db --batch --block-ms --claim-idle-ms --claim-every-ms
 // (0: never claim) --max-attempts --dead-letter-stream --park-stream --delay-ms (slow consumer)
-// --log FILE (one line per delivery, written before processing) --exit-when-drained.
+// [--delay-inside] --fast-store redis|memory --lease-ms --log FILE (one line per delivery, written before
+// processing) --exit-when-drained.
 // The last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`.
 #include <fcntl.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include "idem/consumer.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mq/redis_streams.hpp"
+#include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/attempt_ledger.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 
@@ -61,6 +63,9 @@ struct Config {
   std::string log;
   bool exit_when_drained = false;
   long publish = 0;
+  std::string fast_store = "redis";  // redis | memory
+  long lease_ms = 30000;
+  bool delay_inside = false;  // sleep inside the handler's transaction (kill tests)
 };
 
 Config parse(int argc, char** argv) {
@@ -69,16 +74,22 @@ Config parse(int argc, char** argv) {
       {"--redis", &c.redis},       {"--stream", &c.stream},
       {"--group", &c.group},       {"--consumer", &c.consumer},
       {"--db", &c.db},             {"--dead-letter-stream", &c.dead_letter_stream},
-      {"--park-stream", &c.park_stream}, {"--log", &c.log}};
+      {"--park-stream", &c.park_stream}, {"--log", &c.log},
+      {"--fast-store", &c.fast_store}};
   std::map<std::string, long*> numbers{{"--block-ms", &c.block_ms},
                                        {"--claim-idle-ms", &c.claim_idle_ms},
                                        {"--claim-every-ms", &c.claim_every_ms},
                                        {"--delay-ms", &c.delay_ms},
-                                       {"--publish", &c.publish}};
+                                       {"--publish", &c.publish},
+                                       {"--lease-ms", &c.lease_ms}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--exit-when-drained") {
       c.exit_when_drained = true;
+      continue;
+    }
+    if (a == "--delay-inside") {
+      c.delay_inside = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + a);
@@ -97,6 +108,9 @@ Config parse(int argc, char** argv) {
   }
   if (c.dead_letter_stream.empty()) c.dead_letter_stream = c.stream + ".dead";
   if (c.park_stream.empty()) c.park_stream = c.stream + ".parked";
+  if (c.fast_store != "redis" && c.fast_store != "memory") {
+    throw std::invalid_argument("--fast-store must be redis or memory");
+  }
   return c;
 }
 
@@ -157,7 +171,15 @@ int main(int argc, char** argv) try {
   idem::mq::RedisStreams redis{{cfg.redis}};
   redis.create_group(cfg.stream, cfg.group);  // false when it exists: fine
 
-  idem::MemoryStore fast;  // per process; the SQLite record decides across processes
+  // Fast store: Redis, shared by every consumer of the group (an in-flight duplicate in another
+  // process answers retry_later at once), or a per-process MemoryStore. Either way the SQLite
+  // consume record decides in the end.
+  std::unique_ptr<idem::FastStore> fast;
+  if (cfg.fast_store == "redis") {
+    fast = std::make_unique<idem::redis::RedisStore>(idem::redis::RedisStoreOptions{cfg.redis});
+  } else {
+    fast = std::make_unique<idem::MemoryStore>();
+  }
   idem::sqlite::SqliteStore durable{cfg.db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
   durable.database().write([](idem::sqlite::Transaction& tx) {
     tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL, consumer TEXT NOT "
@@ -165,8 +187,10 @@ int main(int argc, char** argv) try {
   });
   idem::GuardOptions guard_options;
   guard_options.durable_source = idem::DuplicateSource::kMqRecord;
-  guard_options.lease = std::chrono::seconds(30);
-  idem::IdempotencyGuard guard{fast, durable, guard_options};
+  // A consumer killed mid-message leaves its fast claim until the lease ends: longer than the
+  // slowest handler, shorter than you want a crashed message to wait.
+  guard_options.lease = std::chrono::milliseconds(cfg.lease_ms);
+  idem::IdempotencyGuard guard{*fast, durable, guard_options};
 
   idem::ConsumerOptions consumer_options;
   consumer_options.max_attempts = cfg.max_attempts;
@@ -193,7 +217,10 @@ int main(int argc, char** argv) try {
     log.write(lines);
     std::vector<std::string> acks;
     for (const auto& e : batch) {
-      if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
+      auto delay = [&] {
+        if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
+      };
+      if (!cfg.delay_inside) delay();
       std::string id = message_id_of(e);
       const std::string* body_field = e.find("body");
       std::string body = body_field ? *body_field : std::string();
@@ -201,6 +228,7 @@ int main(int argc, char** argv) try {
       idem::Verdict v = consumer.consume(
           idem::Delivery{id, fp, body, e.delivery_count}, [&](idem::sqlite::Transaction& tx) {
             if (body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + body);
+            if (cfg.delay_inside) delay();  // slow business work, inside the transaction
             tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)", id,
                     cfg.consumer, body);
           });

@@ -1,83 +1,29 @@
 // SPDX-License-Identifier: MIT
-// Redis Streams client over hiredis 0.14: URI parsing, RAII handles, typed errors, commands.
+// Redis Streams commands over the Redis adapter's connection pool (hiredis 0.14).
 #include "idem/mq/redis_streams.hpp"
 
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <unordered_map>
 
 #include "idem/errors.hpp"
+#include "redis/errors.hpp"
+#include "redis/hiredis_handles.hpp"
+#include "redis/pool.hpp"
+#include "redis/uri.hpp"
 
 namespace idem::mq {
 
 namespace {
 
-struct ContextDeleter {
-  void operator()(redisContext* c) const noexcept {
-    if (c != nullptr) redisFree(c);
-  }
-};
-using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const noexcept {
-    if (r != nullptr) freeReplyObject(r);
-  }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct Endpoint {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  int db = 0;
-  std::string password;
-};
-
-Endpoint parse_uri(const std::string& uri) {
-  Endpoint e;
-  std::string_view rest = uri;
-  for (std::string_view scheme : {"redis://", "tcp://"}) {
-    if (rest.substr(0, scheme.size()) == scheme) {
-      rest.remove_prefix(scheme.size());
-      break;
-    }
-  }
-  auto bad = [&](const std::string& why) {
-    return UsageError("idem::mq::RedisStreams: bad URI '" + uri + "': " + why);
-  };
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    auto cred = rest.substr(0, at);
-    if (auto colon = cred.find(':'); colon != std::string_view::npos) cred.remove_prefix(colon + 1);
-    e.password = std::string(cred);
-    rest.remove_prefix(at + 1);
-  }
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    auto db = rest.substr(slash + 1);
-    rest = rest.substr(0, slash);
-    if (!db.empty()) {
-      char* end = nullptr;
-      std::string s(db);
-      long v = std::strtol(s.c_str(), &end, 10);
-      if (*end != '\0' || v < 0) throw bad("database must be a number");
-      e.db = static_cast<int>(v);
-    }
-  }
-  if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
-    std::string p(rest.substr(colon + 1));
-    char* end = nullptr;
-    long v = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || v <= 0 || v > 65535) throw bad("port must be 1-65535");
-    e.port = static_cast<int>(v);
-    rest = rest.substr(0, colon);
-  }
-  if (!rest.empty()) e.host = std::string(rest);
-  return e;
-}
+using idem::redis::detail::Failure;
+using idem::redis::detail::Pool;
+using ReplyPtr = idem::redis::detail::ReplyUPtr;
 
 timeval to_timeval(std::chrono::milliseconds ms) {
   timeval tv{};
@@ -102,14 +48,15 @@ std::uint64_t to_u64(const redisReply* r) {
 
 void check_type(const redisReply* r, int type, std::string_view what) {
   if (r == nullptr || r->type != type) {
-    throw StorageError("idem::mq::RedisStreams: unexpected reply to " + std::string(what));
+    idem::redis::detail::throw_error(
+        Failure{Failure::Kind::kProtocol, what, "unexpected reply type"});
   }
 }
 
 // [id, [field, value, ...]] -> StreamEntry. A deleted entry may come back with nil fields.
 StreamEntry parse_entry(const redisReply* r) {
   check_type(r, REDIS_REPLY_ARRAY, "stream entry");
-  if (r->elements < 2) throw StorageError("idem::mq::RedisStreams: short stream entry");
+  if (r->elements < 2) check_type(nullptr, REDIS_REPLY_ARRAY, "stream entry (short)");
   StreamEntry e;
   e.id = str(r->element[0]);
   const redisReply* f = r->element[1];
@@ -130,53 +77,65 @@ std::vector<StreamEntry> parse_entries(const redisReply* r) {
   return out;
 }
 
+idem::redis::detail::PoolSettings settings_of(const RedisStreamsOptions& o) {
+  if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0) {
+    throw UsageError("idem::mq::RedisStreams: timeouts must be positive");
+  }
+  if (o.pool_size == 0) throw UsageError("idem::mq::RedisStreams: pool_size must be positive");
+  idem::redis::detail::PoolSettings s;
+  s.endpoint = idem::redis::detail::parse_uri(o.uri);
+  s.size = o.pool_size;
+  s.connect_timeout = o.connect_timeout;
+  s.command_timeout = o.command_timeout;
+  s.wait_timeout = o.pool_wait_timeout;
+  s.reconnect_backoff = std::chrono::milliseconds(100);
+  return s;
+}
+
 }  // namespace
 
+// Commands over the Redis adapter's connection pool (idem::redis::detail::Pool): the same URI
+// forms, connect/command timeouts, reconnect backoff and error mapping as RedisStore.
 class RedisStreams::Impl {
  public:
-  explicit Impl(RedisStreamsOptions options) : options_(std::move(options)) {
-    if (options_.connect_timeout.count() <= 0 || options_.command_timeout.count() <= 0) {
-      throw UsageError("idem::mq::RedisStreams: timeouts must be positive");
-    }
-    endpoint_ = parse_uri(options_.uri);
-    connect();
-  }
+  explicit Impl(const RedisStreamsOptions& options)
+      : command_timeout_(options.command_timeout), pool_(settings_of(options)) {}
 
-  // A command with binary-safe arguments. `write` marks commands whose effect may have been
-  // applied when the answer is lost (XADD): they report OutcomeUnknown then.
+  // One command with binary-safe arguments. `write` marks commands whose effect may have been
+  // applied when the answer is lost (XADD): they report OutcomeUnknown then. Error replies
+  // throw (LOADING and similar as StorageUnavailable, others as StorageError).
   ReplyPtr command(const std::vector<std::string_view>& args, bool write = false,
                    std::chrono::milliseconds extra_timeout = std::chrono::milliseconds(0)) {
-    ensure_connected();
+    Pool::Lease conn = pool_.acquire(args[0]);
     std::vector<const char*> argv;
     std::vector<std::size_t> lens;
     fill(args, argv, lens);
-    if (extra_timeout.count() > 0) {
-      redisSetTimeout(ctx_.get(), to_timeval(options_.command_timeout + extra_timeout));
-    }
+    redisContext* c = conn.get();
+    if (extra_timeout.count() > 0) redisSetTimeout(c, to_timeval(command_timeout_ + extra_timeout));
     errno = 0;
     auto* raw = static_cast<redisReply*>(
-        redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data()));
-    int saved_errno = errno;
-    if (extra_timeout.count() > 0 && raw != nullptr) {
-      redisSetTimeout(ctx_.get(), to_timeval(options_.command_timeout));
-    }
-    if (raw == nullptr) fail_io(args[0], write, saved_errno);
+        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+    if (raw == nullptr) fail(conn, args[0], write);
+    if (extra_timeout.count() > 0) redisSetTimeout(c, to_timeval(command_timeout_));
     ReplyPtr reply(raw);
     throw_if_error(reply.get(), args[0]);
     return reply;
   }
 
-  // Many commands in one round trip; replies in order (error replies are returned, not thrown).
+  // Many commands in one round trip on one connection; replies in order (error replies are
+  // returned, not thrown).
   std::vector<ReplyPtr> pipeline(const std::vector<std::vector<std::string_view>>& commands,
                                  bool write) {
-    ensure_connected();
+    std::string_view what = commands.front()[0];
+    Pool::Lease conn = pool_.acquire(what);
+    redisContext* c = conn.get();
     for (const auto& args : commands) {
       std::vector<const char*> argv;
       std::vector<std::size_t> lens;
       fill(args, argv, lens);
-      if (redisAppendCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(),
-                                 lens.data()) != REDIS_OK) {
-        fail_io(commands.front()[0], false, errno);
+      if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+          REDIS_OK) {
+        fail(conn, what, false);
       }
     }
     std::vector<ReplyPtr> replies;
@@ -184,27 +143,16 @@ class RedisStreams::Impl {
     for (std::size_t i = 0; i < commands.size(); ++i) {
       void* raw = nullptr;
       errno = 0;
-      if (redisGetReply(ctx_.get(), &raw) != REDIS_OK) {
-        fail_io(commands.front()[0], write, errno);
-      }
+      if (redisGetReply(c, &raw) != REDIS_OK) fail(conn, what, write);
       replies.emplace_back(static_cast<redisReply*>(raw));
     }
     return replies;
   }
 
-  void throw_if_error(const redisReply* r, std::string_view cmd) {
+  static void throw_if_error(const redisReply* r, std::string_view cmd) {
     if (r->type != REDIS_REPLY_ERROR) return;
-    std::string msg(r->str, r->len);
-    if (msg.rfind("LOADING", 0) == 0 || msg.rfind("MASTERDOWN", 0) == 0 ||
-        msg.rfind("TRYAGAIN", 0) == 0) {
-      throw StorageUnavailable("redis " + std::string(cmd) + ": " + msg);
-    }
-    throw StorageError("redis " + std::string(cmd) + ": " + msg);
-  }
-
-  void ping() {
-    auto r = command({"PING"});
-    (void)r;
+    idem::redis::detail::throw_error(
+        Failure{Failure::Kind::kServer, cmd, std::string_view(r->str, r->len)});
   }
 
  private:
@@ -218,46 +166,24 @@ class RedisStreams::Impl {
     }
   }
 
-  void ensure_connected() {
-    if (!ctx_) connect();
+  // The connection's state is unknown after a failure: drop it, then throw the mapped error.
+  [[noreturn]] static void fail(Pool::Lease& conn, std::string_view cmd, bool write) {
+    const int saved_errno = errno;
+    redisContext* c = conn.get();
+    const int err = c->err;
+    const std::string errstr = c->errstr;
+    conn.discard(idem::redis::detail::server_gone(err, saved_errno));
+    const std::string what = "redis " + std::string(cmd);
+    idem::redis::detail::throw_error(
+        Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write});
   }
 
-  void connect() {
-    ContextPtr ctx(redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port,
-                                           to_timeval(options_.connect_timeout)));
-    std::string where = endpoint_.host + ":" + std::to_string(endpoint_.port);
-    if (!ctx) throw StorageUnavailable("redis: cannot allocate a connection to " + where);
-    if (ctx->err != 0) {
-      throw StorageUnavailable("redis: cannot connect to " + where + ": " + ctx->errstr);
-    }
-    redisSetTimeout(ctx.get(), to_timeval(options_.command_timeout));
-    ctx_ = std::move(ctx);
-    if (!endpoint_.password.empty()) command({"AUTH", endpoint_.password});
-    if (endpoint_.db != 0) {
-      std::string db = std::to_string(endpoint_.db);
-      command({"SELECT", db});
-    }
-  }
-
-  [[noreturn]] void fail_io(std::string_view cmd, bool write, int saved_errno) {
-    std::string msg = ctx_ ? std::string(ctx_->errstr) : std::string("no connection");
-    bool timeout = ctx_ && ctx_->err == REDIS_ERR_IO &&
-                   (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
-                    saved_errno == ETIMEDOUT);
-    ctx_.reset();  // the connection's state is unknown: the next call reconnects
-    std::string what = "redis " + std::string(cmd) + ": " + msg;
-    if (write) throw OutcomeUnknown(what + " (the command may have been applied)");
-    if (timeout) throw StorageTimeout(what);
-    throw StorageUnavailable(what);
-  }
-
-  RedisStreamsOptions options_;
-  Endpoint endpoint_;
-  ContextPtr ctx_;
+  std::chrono::milliseconds command_timeout_;
+  Pool pool_;
 };
 
 RedisStreams::RedisStreams(RedisStreamsOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+    : impl_(std::make_unique<Impl>(options)) {}
 RedisStreams::~RedisStreams() = default;
 RedisStreams::RedisStreams(RedisStreams&&) noexcept = default;
 RedisStreams& RedisStreams::operator=(RedisStreams&&) noexcept = default;
@@ -420,6 +346,6 @@ std::uint64_t RedisStreams::del(std::string_view key) {
   return to_u64(impl_->command({"DEL", key}).get());
 }
 
-void RedisStreams::ping() { impl_->ping(); }
+void RedisStreams::ping() { impl_->command({"PING"}); }
 
 }  // namespace idem::mq

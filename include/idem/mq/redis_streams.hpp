@@ -13,11 +13,12 @@
 //               (it died, or answered retry_later), with exact delivery counts (`auto_claim`)
 //   XPENDING    pending summary per consumer (`pending`)
 //
-// One object is one connection and is not thread-safe: give each consumer thread its own.
-// After a connection or protocol failure the connection is dropped and the next call reconnects.
-// Failures throw idem exceptions: StorageUnavailable (refused, reset, LOADING), StorageTimeout
-// (no answer within command_timeout), OutcomeUnknown (an XADD whose answer was lost: the entry
-// may exist; publishing again is safe because consumers de-duplicate by message id), and
+// It runs on the Redis adapter's connection pool (idem::redis: same URI forms, timeouts,
+// reconnect backoff and error mapping as RedisStore), so it is thread-safe: one object serves a
+// process. A connection that fails is dropped and replaced on a later call. Failures throw idem
+// exceptions: StorageUnavailable (refused, reset, LOADING, pool exhausted), StorageTimeout (no
+// answer within command_timeout), OutcomeUnknown (an XADD whose answer was lost: the entry may
+// exist; publishing again is safe because consumers de-duplicate by message id), and
 // StorageError (a Redis error reply such as NOGROUP). hiredis stays out of this header.
 //
 // @code
@@ -33,6 +34,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,12 +68,17 @@ struct StreamEntry {
 
 /// Options of a RedisStreams connection.
 struct RedisStreamsOptions {
-  /// `redis://[:password@]host[:port][/db]`, `tcp://host[:port]` or `host[:port]`.
+  /// `redis://[[user]:password@]host[:port][/db]`, `tcp://host[:port][/db]` or
+  /// `unix:///path/to/redis.sock[?db=N]` (as RedisStoreOptions::uri).
   std::string uri = "redis://127.0.0.1:6379";
+  /// Most connections open at once (a blocking read holds one for its block time). Positive.
+  std::size_t pool_size = 4;
   /// Connect timeout. Must be positive.
   std::chrono::milliseconds connect_timeout{1000};
   /// How long a command may take (a blocking read adds its block time). Must be positive.
   std::chrono::milliseconds command_timeout{1000};
+  /// Longest wait for a free connection when all are busy (then StorageUnavailable).
+  std::chrono::milliseconds pool_wait_timeout{1000};
 };
 
 /// The answer of XAUTOCLAIM.
@@ -101,11 +108,10 @@ struct PendingSummary {
   }
 };
 
-/// A Redis Streams connection (see the file comment). Movable, not copyable, not thread-safe.
+/// A Redis Streams client (see the file comment). Thread-safe; movable, not copyable.
 class RedisStreams {
  public:
-  /// Parses the URI and connects. @throws idem::UsageError for a bad URI or option,
-  /// idem::StorageUnavailable when the server cannot be reached.
+  /// Parses the URI; connects on first use. @throws idem::UsageError for a bad URI or option.
   explicit RedisStreams(RedisStreamsOptions options);
   ~RedisStreams();
   RedisStreams(RedisStreams&&) noexcept;
@@ -155,7 +161,7 @@ class RedisStreams {
   /// DEL key. @return keys removed.
   std::uint64_t del(std::string_view key);
 
-  /// PING; reconnects first if needed.
+  /// PING (checks that the server answers).
   void ping();
 
  private:

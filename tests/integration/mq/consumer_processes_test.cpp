@@ -74,13 +74,18 @@ std::uint64_t summary_value(const std::string& out, const std::string& name) {
   return std::stoull(m[1]);
 }
 
-TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) {
+// `kill_inside`: c1 does its slow work inside the handler's transaction, so the kill lands
+// mid-transaction (SQLite rolls it back) while c1 holds the message's claim in Redis (the fast
+// store), which blocks that message until the lease (2 s) ends; otherwise c1 is slow before
+// each message and dies between messages.
+void run_kill_scenario(bool kill_inside) {
   std::string url;
   IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
   idem::test::TempDir dir;
   const std::string stream = idem::test::unique_name("idem-test:mq:orders");
   const std::string dead = stream + ".dead";
-  const std::string group = "billing";
+  // A fresh group per run: the consume records in Redis (the shared fast store) outlive a run.
+  const std::string group = idem::test::unique_name("billing");
   const std::string db = dir.file("billing.db");
   idem::mq::RedisStreams redis{{url}};
   ASSERT_TRUE(redis.create_group(stream, group));
@@ -118,13 +123,15 @@ TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) {
   auto args = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> a{IDEM_MQ_CONSUMER_BIN, "--redis", url, "--stream", stream,
                                "--group", group, "--consumer", name, "--db", db,
-                               "--log", dir.file(name + ".log"), "--max-attempts", "3"};
+                               "--log", dir.file(name + ".log"), "--max-attempts", "3",
+                               "--fast-store", "redis", "--lease-ms", "2000"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
   // c1: slow (30 ms per message, batches of 16), never claims; it gets killed.
-  pid_t c1 = spawn(args("c1", {"--batch", "16", "--delay-ms", "30", "--claim-every-ms", "0"}),
-                   dir.file("c1.out"));
+  std::vector<std::string> c1_extra{"--batch", "16", "--delay-ms", "30", "--claim-every-ms", "0"};
+  if (kill_inside) c1_extra.push_back("--delay-inside");
+  pid_t c1 = spawn(args("c1", c1_extra), dir.file("c1.out"));
   ASSERT_GT(c1, 0);
   auto deadline = Clock::now() + std::chrono::seconds(30);
   while (slurp(dir.file("c1.log")).empty() && Clock::now() < deadline) {
@@ -192,6 +199,13 @@ TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) {
   EXPECT_EQ(observed, summary_value(out, "redeliveries")) << out;
   EXPECT_GE(summary_value(out, "claimed"), left_by_c1) << out;
   EXPECT_EQ(poison.size(), summary_value(out, "dead_lettered")) << out;
+  // Each poison message is retried twice (max_attempts 3). Killed inside a message, c1 also
+  // left its Redis claim behind: c2 answered retry_later for that message until the lease ended.
+  if (kill_inside) {
+    EXPECT_GT(summary_value(out, "retry_later"), 2 * poison.size()) << out;
+  } else {
+    EXPECT_EQ(2 * poison.size(), summary_value(out, "retry_later")) << out;
+  }
 
   std::printf("published %zu ids in %zu entries; c1 killed with %llu pending; %llu "
               "redeliveries observed; c2: %s",
@@ -201,6 +215,12 @@ TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) {
   redis.del(stream);
   redis.del(dead);
   redis.del(stream + ".parked");
+}
+
+TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) { run_kill_scenario(false); }
+
+TEST(MqConsumerProcesses, KillNineInsideTheTransactionStillOneEffectPerMessage) {
+  run_kill_scenario(true);
 }
 
 }  // namespace

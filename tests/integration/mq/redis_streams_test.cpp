@@ -88,7 +88,9 @@ TEST(RedisStreamsConnect, UnreachableServerIsStorageUnavailable) {
   idem::mq::RedisStreamsOptions o;
   o.uri = "redis://127.0.0.1:1";  // nothing listens on port 1
   o.connect_timeout = std::chrono::milliseconds(200);
-  EXPECT_THROW(RedisStreams{o}, idem::StorageUnavailable);
+  RedisStreams redis{o};  // connects lazily: a consumer may start while Redis is down
+  EXPECT_THROW(redis.ping(), idem::StorageUnavailable);
+  EXPECT_THROW(redis.read_group("s", "g", "c", 1, std::nullopt), idem::StorageUnavailable);
   o.uri = "redis://127.0.0.1:notaport";
   EXPECT_THROW(RedisStreams{o}, idem::UsageError);
 }
