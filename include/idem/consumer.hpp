@@ -116,8 +116,11 @@ struct Delivery {
 
 /// A poison message, as the dead-letter sink receives it.
 struct DeadLetter {
+  /// The consumer group that gave up on the message.
   std::string group;
+  /// The message's global id.
   std::string message_id;
+  /// The payload as delivered (Delivery::payload).
   std::string payload;
   /// The last failure's what().
   std::string error;
@@ -142,15 +145,18 @@ class AttemptLedger {
 /// gets up to max_attempts more tries). Use a durable ledger in production.
 class MemoryAttemptLedger final : public AttemptLedger {
  public:
+  /// Adds one failure of `key`. @return the failures counted so far.
   std::uint32_t record_failure(const Key& key, std::string_view) override {
     std::lock_guard<std::mutex> lock(mutex_);
     return ++counts_[key.str()];
   }
+  /// Failures counted for `key`.
   std::uint32_t failures(const Key& key) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = counts_.find(key.str());
     return it == counts_.end() ? 0 : it->second;
   }
+  /// Forgets `key`.
   void clear(const Key& key) override {
     std::lock_guard<std::mutex> lock(mutex_);
     counts_.erase(key.str());
@@ -187,6 +193,7 @@ struct ConsumerStatsSnapshot {
 /// Always-on counters of a consumer.
 class ConsumerStats {
  public:
+  /// The counters, as in ConsumerStatsSnapshot.
   std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0},
       mismatched{0}, dead_lettered{0}, failures{0}, redeliveries{0};
   /// Each counter read once (relaxed).

@@ -96,7 +96,9 @@ inline std::string chunk_id(std::string_view request_id, std::uint64_t offset) {
 
 /// A chunk: `body` covers [offset, offset + body.size()). Views the caller's bytes.
 struct Chunk {
+  /// Offset of the first byte.
   std::uint64_t offset = 0;
+  /// The bytes (a view: valid as long as the bytes it was cut from).
   std::string_view body;
   /// One past the last byte.
   std::uint64_t end() const noexcept { return offset + body.size(); }
@@ -190,7 +192,9 @@ struct WindowOptions {
 /// What the window made of a chunk: [begin, end) is the part not seen before (empty when the
 /// chunk was a duplicate). At most one piece: see ChunkOverlap.
 struct Admission {
+  /// First new offset.
   std::uint64_t begin = 0;
+  /// One past the last new offset.
   std::uint64_t end = 0;
   /// True when some of the chunk was new.
   bool fresh() const noexcept { return begin < end; }

@@ -65,6 +65,8 @@ class SqliteAttemptLedger final : public AttemptLedger {
     });
   }
 
+  /// One upsert in its own transaction. @return the failures counted so far.
+  /// @throws idem::StorageError subclasses.
   std::uint32_t record_failure(const Key& key, std::string_view error) override {
     // Keep the stored error short: it is for operators, the dead-letter sink gets it whole.
     std::string_view e = error.substr(0, 1024);
@@ -74,12 +76,14 @@ class SqliteAttemptLedger final : public AttemptLedger {
     });
   }
 
+  /// Failures stored for `key` (0 when none).
   std::uint32_t failures(const Key& key) override {
     return database_->read([&](Session& s) {
       return static_cast<std::uint32_t>(s.query_int64(select_, key.id(), key.scope()).value_or(0));
     });
   }
 
+  /// Deletes the row of `key`.
   void clear(const Key& key) override {
     database_->write([&](Transaction& tx) { tx.exec(delete_, key.id(), key.scope()); });
   }
