@@ -231,10 +231,12 @@ TEST_F(RedisFaultTest, SlowServerIsStorageTimeoutAndACompleteIsOutcomeUnknown) {
   RedisStore store(o);
   auto k = key("slow");
   auto owner = OwnerToken::generate();
-  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(k, "fp", owner, 30'000ms).status);
   // Load the complete script now (a fresh server would answer the stalled EVALSHA with
   // NOSCRIPT, and then nothing would apply).
-  EXPECT_FALSE(store.complete(key("slow_warmup"), owner, "r", std::chrono::seconds(60)));
+  auto warm = key("slow_warmup");
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(warm, "fp", owner, 30'000ms).status);
+  ASSERT_TRUE(store.complete(warm, owner, "r", std::chrono::seconds(60)));
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(k, "fp", owner, 30'000ms).status);
   blocker.send({"EVAL", spin_script(1200), "0"});
   std::this_thread::sleep_for(50ms);
   EXPECT_THROW((void)store.claim(key("slow2"), "fp", OwnerToken::generate(), 1000ms),
