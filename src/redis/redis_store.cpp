@@ -396,7 +396,10 @@ class RedisStore::Impl {
     Num ms(ret_ms);
     Num deadline(to_millis(system_now()) + ret_ms);
     LastClaim& lc = last_claim;
-    if (lc.store == this && lc.owner == owner.str() && lc.redis_key == rk.view()) {
+    // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
+    // on servers older than 7.0 (and with claim_script), which then take the general script.
+    if (lc.store == this && lc.owner == owner.str() && lc.redis_key == rk.view() &&
+        native_claim_.load(std::memory_order_relaxed)) {
       lc.store = nullptr;  // one use
       std::string_view rec = lc.record;
       SmallBuf completed;
