@@ -34,6 +34,8 @@ struct Args {
   int ops = 20000;  // per thread per phase
   int rounds = 7;
   std::string only;
+  std::string side;  // "ours" or "raw": run one side only (for profiling); "" both
+  bool claim_script = false;
 };
 
 // A raw hiredis connection, as a service without idem would hold it.
@@ -149,7 +151,13 @@ Comparison compare(const Args& a, const std::function<void(int, int, int)>& ours
       return run_phase(a.threads, a.ops, [&](int t, int i) { raw(round, t, i); });
     };
     Phase o, r;
-    if (round % 2 == 0) {
+    if (a.side == "ours") {
+      o = run_ours();
+      r = o;
+    } else if (a.side == "raw") {
+      r = run_raw();
+      o = r;
+    } else if (round % 2 == 0) {
       o = run_ours();
       r = run_raw();
     } else {
@@ -182,6 +190,8 @@ int main(int argc, char** argv) {
     else if (k == "--ops") a.ops = std::atoi(v.c_str());
     else if (k == "--rounds") a.rounds = std::atoi(v.c_str());
     else if (k == "--only") a.only = v;
+    else if (k == "--side") a.side = v;
+    else if (k == "--claim-script") a.claim_script = v == "1";
   }
   if (a.url.empty()) {
     std::fprintf(stderr, "usage: idem_redis_bench --url redis://host:port [--threads N] "
@@ -193,12 +203,14 @@ int main(int argc, char** argv) {
   std::string hp = a.url.substr(a.url.find("://") + 3);
   std::string host = hp.substr(0, hp.find(':'));
   int port = std::atoi(hp.substr(hp.find(':') + 1).c_str());
-  const std::string tag = "t" + std::to_string(a.threads);
+  const std::string tag =
+      std::string(a.claim_script ? "lua_claim_" : "") + "t" + std::to_string(a.threads);
   const std::string id = run_id();
 
   idem::redis::RedisStoreOptions options{a.url};
   options.pool_size = static_cast<std::size_t>(a.threads);
   options.key_prefix = "idem-bench:";
+  options.claim_script = a.claim_script;
   idem::redis::RedisStore store(options);
   idem::GuardOptions gopt;
   gopt.retention = std::chrono::seconds(300);

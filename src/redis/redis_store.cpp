@@ -87,6 +87,20 @@ class ClaimPrefix : public SmallBuf {
   }
 };
 
+// The in-progress record this thread's last successful claim wrote. The guard completes on the
+// thread that claimed, so complete() usually knows the exact record it expects and can replace
+// it with one write (kCompleteFastScript). Keyed by store, Redis key and owner token (random), so
+// a stale entry never matches another claim.
+struct LastClaim {
+  const void* store = nullptr;
+  std::string owner;
+  std::string redis_key;
+  std::string record;     // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
+  std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
+  std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
+};
+thread_local LastClaim last_claim;
+
 struct Script {
   explicit Script(const char* source) : text(source) {
     std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
@@ -150,6 +164,7 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
 struct Decoded {
   char status = 0;
   long long created = 0;
+  long long deadline = 0;
   std::string_view owner, fingerprint, response;
 };
 
@@ -175,8 +190,8 @@ bool decode(std::string_view v, Decoded& out) {
     return true;
   };
   long long ol = 0, fl = 0;
-  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(fl) ||
-      !bytes(fl, out.fingerprint)) {
+  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(out.deadline) ||
+      !number(fl) || !bytes(fl, out.fingerprint)) {
     return false;
   }
   out.response = std::string_view(p, static_cast<std::size_t>(end - p));
@@ -198,6 +213,7 @@ class RedisStore::Impl {
         pool_(settings(options_)),
         claim_(detail::kClaimScript),
         complete_(detail::kCompleteScript),
+        complete_fast_(detail::kCompleteFastScript),
         release_(detail::kReleaseScript),
         lookup_(detail::kLookupScript),
         native_claim_(!options_.claim_script) {}
@@ -311,8 +327,12 @@ class RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num lease_ms(lease.count());
     SmallBuf record;  // the in-progress record this claim writes if the key is absent
+    const long long now = to_millis(system_now());
     record.append(ClaimPrefix(owner).view());
-    record.append(Num(to_millis(system_now())).view()).append(':');
+    record.append(Num(now).view());
+    const std::size_t head_end = record.view().size();
+    record.append(':').append(Num(now + lease.count()).view()).append(':');
+    const std::size_t tail_begin = record.view().size();
     record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
     record.append(fingerprint);
     ReplyUPtr r;
@@ -341,6 +361,13 @@ class RedisStore::Impl {
     ClaimResult result;
     if (r->type == REDIS_REPLY_NIL) {
       result.status = ClaimStatus::kClaimed;
+      LastClaim& lc = last_claim;
+      lc.store = this;
+      lc.owner.assign(owner.str());
+      lc.redis_key.assign(rk.view().data(), rk.view().size());
+      lc.record.assign(record.view().data(), record.view().size());
+      lc.head_end = head_end;
+      lc.tail_begin = tail_begin;
       return result;
     }
     if (r->type != REDIS_REPLY_STRING) {
@@ -365,14 +392,33 @@ class RedisStore::Impl {
                 std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
+    const long long ret_ms = std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
+    Num ms(ret_ms);
+    Num deadline(to_millis(system_now()) + ret_ms);
+    LastClaim& lc = last_claim;
+    // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
+    // on servers older than 7.0 (and with claim_script), which then take the general script.
+    if (lc.store == this && lc.owner == owner.str() && lc.redis_key == rk.view() &&
+        native_claim_.load(std::memory_order_relaxed)) {
+      lc.store = nullptr;  // one use
+      std::string_view rec = lc.record;
+      SmallBuf completed;
+      completed.append("I1C").append(rec.substr(3, lc.head_end - 3)).append(':');
+      completed.append(deadline.view()).append(':').append(rec.substr(lc.tail_begin));
+      completed.append(response);
+      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
+                         {rec, completed.view(), ms.view()});
+      return flag(r, Op::kComplete, rk.view());
+    }
     ClaimPrefix mine(owner);
-    Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
-    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(), {mine.view(), response, ms.view()});
+    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
+                       {mine.view(), response, ms.view(), deadline.view()});
     return flag(r, Op::kComplete, rk.view());
   }
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
+    if (last_claim.store == this && last_claim.owner == owner.str()) last_claim.store = nullptr;
     ClaimPrefix mine(owner);
     ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
     return flag(r, Op::kRelease, rk.view());
@@ -386,7 +432,11 @@ class RedisStore::Impl {
     // Owner unknown (the durable store decided): stored empty.
     std::string value;
     value.reserve(40 + fingerprint.size() + response.size());
-    value.append("I1C0:").append(Num(to_millis(system_now())).view()).append(1, ':');
+    const long long now = to_millis(system_now());
+    value.append("I1C0:").append(Num(now).view()).append(1, ':');
+    value.append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
+                     .view())
+        .append(1, ':');
     value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
     value.append(fingerprint).append(response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
@@ -440,7 +490,7 @@ class RedisStore::Impl {
  private:
   const RedisStoreOptions options_;
   detail::Pool pool_;
-  const Script claim_, complete_, release_, lookup_;
+  const Script claim_, complete_, complete_fast_, release_, lookup_;
   // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
   std::atomic<bool> native_claim_;
 };

@@ -19,8 +19,8 @@
 //   scripts (EVALSHA, reloaded once on NOSCRIPT) that act only while the owner token matches
 //   (false: the lease was lost). fill is one SET; lookup one script.
 // * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
-//   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for a complete, which may
-//   have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are StorageUnavailable; -OOM is
+//   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for complete, release and
+//   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are StorageUnavailable; -OOM is
 //   StorageError; a value under an idem key that idem did not write is CorruptRecord.
 // * When the server is down, calls fail fast (a connect is tried at most once per
 //   `reconnect_backoff`), and the pool reconnects by itself once the server is back.
@@ -70,7 +70,8 @@ struct RedisStoreOptions {
   std::chrono::milliseconds reconnect_backoff{100};
   /// Claim with an EVALSHA Lua script instead of `SET ... NX PX ... GET`. false (the default)
   /// uses the single native command, and switches to the script by itself on servers older
-  /// than Redis 7.0 (which reject NX with GET). Both are one atomic round trip.
+  /// than Redis 7.0 (which reject NX with GET). Both are one atomic round trip. When true (or
+  /// on such servers) complete also takes its general script instead of the one-write one.
   bool claim_script = false;
 };
 

@@ -146,6 +146,67 @@ TEST_F(RedisStoreTest, CompleteOfACompletedRecordIsRefused) {
   EXPECT_EQ("first", store_->claim(k, "fp", a, 30'000ms).response);
 }
 
+// complete() on the claiming thread replaces the record in one write and, when the record is
+// not its claim any more, puts the other record back as it was (value and deadline).
+TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto stale = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stale, 150ms).status);
+  std::this_thread::sleep_for(400ms);
+  auto fresh = OwnerToken::generate();
+  std::string fresh_record;
+  std::thread other([&] {
+    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status);
+  });
+  other.join();
+  fresh_record = raw_->text({"GET", rk});
+  EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(3600)));
+  EXPECT_EQ(fresh_record, raw_->text({"GET", rk}));
+  long long ttl = raw_->integer({"PTTL", rk});
+  EXPECT_GT(ttl, 20'000);
+  EXPECT_LE(ttl, 30'000);
+  std::thread finish([&] {
+    EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60)));
+  });
+  finish.join();
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("fresh", r.response);
+  EXPECT_EQ(fresh.str(), r.holder);
+}
+
+TEST_F(RedisStoreTest, SecondCompleteIsRefusedAndChangesNothing) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  ASSERT_TRUE(store_->complete(k, a, "first", std::chrono::seconds(600)));
+  std::string after_first = raw_->text({"GET", rk});
+  // Claim again on this thread (a replay), then a late complete with a's token: refused.
+  ASSERT_EQ(ClaimStatus::kDone, store_->claim(k, "fp", a, 30'000ms).status);
+  EXPECT_FALSE(store_->complete(k, a, "second", std::chrono::seconds(60)));
+  EXPECT_EQ(after_first, raw_->text({"GET", rk}));
+  EXPECT_GT(raw_->integer({"PTTL", rk}), 500'000);
+}
+
+TEST_F(RedisStoreTest, ForeignValueWrittenDuringAClaimIsKeptAndReported) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  raw_->cmd({"SET", rk, "someone else's value"});
+  EXPECT_THROW(store_->complete(k, a, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+  EXPECT_EQ("someone else's value", raw_->text({"GET", rk}));
+  auto b = OwnerToken::generate();
+  raw_->cmd({"DEL", rk});
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", b, 30'000ms).status);
+  raw_->cmd({"DEL", rk});
+  raw_->cmd({"RPUSH", rk, "x"});
+  EXPECT_THROW(store_->complete(k, b, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+  EXPECT_EQ(1, raw_->integer({"LLEN", rk}));
+}
+
 TEST_F(RedisStoreTest, FillOverwritesAndKeepsTheFingerprint) {
   auto k = key();
   auto a = OwnerToken::generate();

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "errors.hpp"
 #include "idem/redis/redis_store.hpp"
@@ -153,6 +155,57 @@ TEST(RedisErrorMapping, ConnectionFailuresBecomeTypedErrors) {
   EXPECT_TRUE(idem::redis::detail::server_gone(REDIS_ERR_EOF, 0));
   EXPECT_TRUE(idem::redis::detail::server_gone(REDIS_ERR_IO, ECONNRESET));
   EXPECT_FALSE(idem::redis::detail::server_gone(REDIS_ERR_IO, EAGAIN));
+}
+
+}  // namespace
+
+// OwnerToken::generate buffers RAND_bytes per thread (for the Redis hot path): a forked child
+// must not hand out the bytes its parent will use.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+
+namespace {
+
+TEST(OwnerTokenBuffer, ForkedChildNeverRepeatsTheParentsTokens) {
+  (void)idem::OwnerToken::generate();  // the buffer is filled now
+  int fds[2];
+  ASSERT_EQ(0, pipe(fds));
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::string t = idem::OwnerToken::generate().str();
+    ssize_t w = write(fds[1], t.data(), t.size());
+    _exit(w == static_cast<ssize_t>(t.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  char buf[64] = {};
+  ssize_t n = read(fds[0], buf, sizeof buf);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_EQ(32, n);
+  std::string child(buf, 32);
+  std::set<std::string> parent;
+  for (int i = 0; i < 300; ++i) parent.insert(idem::OwnerToken::generate().str());
+  EXPECT_EQ(0u, parent.count(child));
+  EXPECT_EQ(300u, parent.size());
+}
+
+TEST(OwnerTokenBuffer, ThreadsNeverShareTokens) {
+  std::vector<std::vector<std::string>> per(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 1000; ++i) per[static_cast<std::size_t>(t)].push_back(
+          idem::OwnerToken::generate().str());
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<std::string> all;
+  for (auto& v : per) all.insert(v.begin(), v.end());
+  EXPECT_EQ(4000u, all.size());
 }
 
 }  // namespace
