@@ -91,9 +91,10 @@ void run_kill_scenario(bool kill_inside) {
   ASSERT_TRUE(redis.create_group(stream, group));
 
   // --- producer: N messages, every 10th re-published later (a producer retry: same message
-  // id, new entry id), and a few poison messages.
+  // id, new entry id), a few poison messages, and three entries that reuse an id with another
+  // body (a producer bug: parked, not applied).
   constexpr int kMessages = 2000;
-  std::set<std::string> published, poison;
+  std::set<std::string> published, poison, mismatched;
   std::vector<idem::mq::Fields> entries;
   auto body_of = [](int i) { return "{\"order\":" + std::to_string(i) + "}"; };
   for (int i = 0; i < kMessages; ++i) {
@@ -104,6 +105,11 @@ void run_kill_scenario(bool kill_inside) {
       int j = i - 7;
       entries.push_back({{"message_id", "order_" + std::to_string(j) + ":paid:v1"},
                          {"body", body_of(j)}});
+    }
+    if (i % 600 == 550) {  // a producer bug: the same id with another body
+      entries.push_back({{"message_id", "order_" + std::to_string(i - 50) + ":paid:v1"},
+                         {"body", "{\"order\":-1}"}});
+      mismatched.insert("order_" + std::to_string(i - 50) + ":paid:v1");
     }
     if (i % 400 == 123) {
       std::string p = "poison_" + std::to_string(i);
@@ -181,6 +187,11 @@ void run_kill_scenario(bool kill_inside) {
     consumed_or_dead.insert(id);
   }
   EXPECT_EQ(published, consumed_or_dead);
+  // Mismatched entries were parked (and acked), never applied: their ids keep one effect row.
+  std::set<std::string> parked;
+  for (const auto& e : redis.range(stream + ".parked")) parked.insert(*e.find("message_id"));
+  EXPECT_EQ(mismatched, parked);
+  EXPECT_EQ(3u, mismatched.size());
   EXPECT_EQ(published.size() - poison.size(), effects.size());
 
   // --- redeliveries: every delivery of an entry after its first, as the logs show (each
