@@ -12,8 +12,11 @@
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 
 #include <array>
+#include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,6 +34,40 @@ inline std::string to_hex(const unsigned char* data, std::size_t size) {
     out[2 * i + 1] = kDigits[data[i] & 0x0F];
   }
   return out;
+}
+
+// Bumped in a forked child, so buffered random bytes of the parent are never used twice.
+inline std::atomic<unsigned>& fork_generation() noexcept {
+  static std::atomic<unsigned> generation{0};
+  return generation;
+}
+
+/// `n` (<= 4096) bytes from OpenSSL's CSPRNG, served from a per-thread 4 KiB buffer.
+/// @throws idem::UsageError if RAND_bytes fails.
+inline void random_bytes(unsigned char* out, std::size_t n) {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { fork_generation().fetch_add(1); });
+    return true;
+  }();
+  (void)registered;
+  struct Buffer {
+    std::array<unsigned char, 4096> bytes{};
+    std::size_t used = 4096;
+    unsigned generation = 0;
+  };
+  thread_local Buffer buf;
+  const unsigned generation = fork_generation().load(std::memory_order_relaxed);
+  if (buf.used + n > buf.bytes.size() || buf.generation != generation) {
+    if (RAND_bytes(buf.bytes.data(), static_cast<int>(buf.bytes.size())) != 1) {
+      throw UsageError("idem::OwnerToken: RAND_bytes failed");
+    }
+    buf.used = 0;
+    buf.generation = generation;
+  }
+  std::memcpy(out, buf.bytes.data() + buf.used, n);
+  // Bytes handed out are wiped from the buffer.
+  std::memset(buf.bytes.data() + buf.used, 0, n);
+  buf.used += n;
 }
 }  // namespace detail
 
@@ -52,11 +89,12 @@ inline std::string fingerprint(std::string_view payload) {
 class OwnerToken {
  public:
   /// A fresh random token (OpenSSL RAND_bytes, a CSPRNG: tokens never repeat in practice).
+  /// RAND_bytes is asked for 4 KiB at a time per thread (one call per 256 tokens: a call
+  /// costs ~0.9 us with OpenSSL 3, a round trip to Redis ~20 us); a forked child never reuses
+  /// its parent's buffered bytes.
   static OwnerToken generate() {
     std::array<unsigned char, 16> raw{};
-    if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
-      throw UsageError("idem::OwnerToken: RAND_bytes failed");
-    }
+    detail::random_bytes(raw.data(), raw.size());
     return OwnerToken(detail::to_hex(raw.data(), raw.size()));
   }
   /// Wraps a token read back from a store.

@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: MIT
+// A complete idempotent consumer loop on Redis Streams consumer groups. Copy it.
+//
+//   XREADGROUP a batch -> consumer.consume(...) per message -> XACK the batch (except
+//   retry_later); XAUTOCLAIM entries idle longer than --claim-idle-ms (a consumer died, or a
+//   message failed and waits for its next attempt); poison messages go to a dead-letter stream,
+//   mismatched ones to a parking stream.
+//
+// Messages carry a `message_id` field (the producer's global id: a producer retry publishes a
+// new entry with the same id) and a `body`. Without `message_id`, the id is built from the
+// `biz_no`, `event` and `version` fields with idem::make_message_id. The business effect here
+// is one row in an `effect` table, written in the same SQLite transaction as the consume record.
+//
+//   idem_example_mq_consumer --redis redis://127.0.0.1:6379 --db billing.db --consumer c1
+//   idem_example_mq_consumer --publish 100 ...     (publish sample messages and exit)
+//
+// Options: --stream --group --consumer --db --batch --block-ms --claim-idle-ms --claim-every-ms
+// (0: never claim) --max-attempts --dead-letter-stream --park-stream --delay-ms (slow consumer)
+// [--delay-inside] --fast-store redis|memory --lease-ms --log FILE (one line per delivery, written before
+// processing) --exit-when-drained.
+// The last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/consumer.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/mq/redis_streams.hpp"
+#include "idem/redis/redis_store.hpp"
+#include "idem/sqlite/attempt_ledger.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+struct Config {
+  std::string redis = "redis://127.0.0.1:6379";
+  std::string stream = "orders";
+  std::string group = "billing";
+  std::string consumer = "consumer-1";
+  std::string db = "mq_consumer.db";
+  std::size_t batch = 32;
+  long block_ms = 200;
+  long claim_idle_ms = 5000;
+  long claim_every_ms = 1000;
+  unsigned max_attempts = 3;
+  std::string dead_letter_stream;  // default: <stream>.dead
+  std::string park_stream;         // default: <stream>.parked
+  long delay_ms = 0;
+  std::string log;
+  bool exit_when_drained = false;
+  long publish = 0;
+  std::string fast_store = "redis";  // redis | memory
+  long lease_ms = 30000;
+  bool delay_inside = false;  // sleep inside the handler's transaction (kill tests)
+};
+
+Config parse(int argc, char** argv) {
+  Config c;
+  std::map<std::string, std::string*> text{
+      {"--redis", &c.redis},       {"--stream", &c.stream},
+      {"--group", &c.group},       {"--consumer", &c.consumer},
+      {"--db", &c.db},             {"--dead-letter-stream", &c.dead_letter_stream},
+      {"--park-stream", &c.park_stream}, {"--log", &c.log},
+      {"--fast-store", &c.fast_store}};
+  std::map<std::string, long*> numbers{{"--block-ms", &c.block_ms},
+                                       {"--claim-idle-ms", &c.claim_idle_ms},
+                                       {"--claim-every-ms", &c.claim_every_ms},
+                                       {"--delay-ms", &c.delay_ms},
+                                       {"--publish", &c.publish},
+                                       {"--lease-ms", &c.lease_ms}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--exit-when-drained") {
+      c.exit_when_drained = true;
+      continue;
+    }
+    if (a == "--delay-inside") {
+      c.delay_inside = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + a);
+    std::string v = argv[++i];
+    if (auto t = text.find(a); t != text.end()) {
+      *t->second = v;
+    } else if (auto n = numbers.find(a); n != numbers.end()) {
+      *n->second = std::stol(v);
+    } else if (a == "--batch") {
+      c.batch = std::stoul(v);
+    } else if (a == "--max-attempts") {
+      c.max_attempts = static_cast<unsigned>(std::stoul(v));
+    } else {
+      throw std::invalid_argument("unknown option " + a);
+    }
+  }
+  if (c.dead_letter_stream.empty()) c.dead_letter_stream = c.stream + ".dead";
+  if (c.park_stream.empty()) c.park_stream = c.stream + ".parked";
+  if (c.fast_store != "redis" && c.fast_store != "memory") {
+    throw std::invalid_argument("--fast-store must be redis or memory");
+  }
+  return c;
+}
+
+// The message id: the producer's global id, or one built from business number, event, version.
+std::string message_id_of(const idem::mq::StreamEntry& e) {
+  if (const auto* id = e.find("message_id")) return *id;
+  const auto* biz = e.find("biz_no");
+  const auto* event = e.find("event");
+  const auto* version = e.find("version");
+  if (biz && event && version) {
+    try {
+      return idem::make_message_id(*biz, *event, std::stoull(*version));
+    } catch (const std::exception&) {
+    }
+  }
+  return {};  // no usable id: the consumer dead-letters it
+}
+
+// Appends lines with one write(2) so a kill -9 never leaves half a batch logged.
+class DeliveryLog {
+ public:
+  explicit DeliveryLog(const std::string& path) {
+    if (!path.empty()) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  }
+  ~DeliveryLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const std::string& lines) {
+    if (fd_ < 0 || lines.empty()) return;
+    if (::write(fd_, lines.data(), lines.size()) < 0) std::perror("delivery log");
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+int publish(const Config& c) {
+  idem::mq::RedisStreams redis{{c.redis}};
+  std::vector<idem::mq::Fields> entries;
+  for (long i = 0; i < c.publish; ++i) {
+    entries.push_back({{"message_id", "order_" + std::to_string(i) + ":paid:v1"},
+                       {"body", "{\"order\":" + std::to_string(i) + ",\"amount\":100}"}});
+  }
+  redis.add_many(c.stream, entries);
+  std::printf("published %ld messages to %s\n", c.publish, c.stream.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Config cfg = parse(argc, argv);
+  if (cfg.publish > 0) return publish(cfg);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  // --- broker, stores, guard, consumer --------------------------------------------------------
+  idem::mq::RedisStreams redis{{cfg.redis}};
+  redis.create_group(cfg.stream, cfg.group);  // false when it exists: fine
+
+  // Fast store: Redis, shared by every consumer of the group (an in-flight duplicate in another
+  // process answers retry_later at once), or a per-process MemoryStore. Either way the SQLite
+  // consume record decides in the end.
+  std::unique_ptr<idem::FastStore> fast;
+  if (cfg.fast_store == "redis") {
+    fast = std::make_unique<idem::redis::RedisStore>(idem::redis::RedisStoreOptions{cfg.redis});
+  } else {
+    fast = std::make_unique<idem::MemoryStore>();
+  }
+  idem::sqlite::SqliteStore durable{cfg.db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+  durable.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL, consumer TEXT NOT "
+            "NULL, body TEXT NOT NULL)");
+  });
+  idem::GuardOptions guard_options;
+  guard_options.durable_source = idem::DuplicateSource::kMqRecord;
+  // A consumer killed mid-message leaves its fast claim until the lease ends: longer than the
+  // slowest handler, shorter than you want a crashed message to wait.
+  guard_options.lease = std::chrono::milliseconds(cfg.lease_ms);
+  idem::IdempotencyGuard guard{*fast, durable, guard_options};
+
+  idem::ConsumerOptions consumer_options;
+  consumer_options.max_attempts = cfg.max_attempts;
+  consumer_options.attempts =
+      std::make_shared<idem::sqlite::SqliteAttemptLedger>(durable.shared_database());
+  consumer_options.dead_letter = [&](const idem::DeadLetter& d) {
+    redis.add(cfg.dead_letter_stream, {{"message_id", d.message_id},
+                                       {"body", d.payload},
+                                       {"error", d.error},
+                                       {"attempts", std::to_string(d.attempts)},
+                                       {"group", d.group}});
+  };
+  idem::IdempotentConsumer consumer{guard, cfg.group, consumer_options};
+
+  DeliveryLog log{cfg.log};
+  std::uint64_t claimed = 0;
+
+  // --- one batch: consume each entry, ack what may be acked in one XACK ------------------------
+  auto process = [&](const std::vector<idem::mq::StreamEntry>& batch) {
+    std::string lines;
+    for (const auto& e : batch) {
+      lines += e.id + ' ' + std::to_string(e.delivery_count) + ' ' + message_id_of(e) + '\n';
+    }
+    log.write(lines);
+    std::vector<std::string> acks;
+    for (const auto& e : batch) {
+      auto delay = [&] {
+        if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
+      };
+      if (!cfg.delay_inside) delay();
+      std::string id = message_id_of(e);
+      const std::string* body_field = e.find("body");
+      std::string body = body_field ? *body_field : std::string();
+      std::string fp = idem::fingerprint(body);
+      idem::Verdict v = consumer.consume(
+          idem::Delivery{id, fp, body, e.delivery_count}, [&](idem::sqlite::Transaction& tx) {
+            if (body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + body);
+            if (cfg.delay_inside) delay();  // slow business work, inside the transaction
+            tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)", id,
+                    cfg.consumer, body);
+          });
+      switch (v) {
+        case idem::Verdict::kAck:
+        case idem::Verdict::kAckDuplicate:
+        case idem::Verdict::kDeadLetter:
+          acks.push_back(e.id);
+          break;
+        case idem::Verdict::kMismatch:  // a producer bug: park it for a human, then ack
+          redis.add(cfg.park_stream, {{"message_id", id}, {"body", body}, {"entry", e.id}});
+          acks.push_back(e.id);
+          break;
+        case idem::Verdict::kRetryLater:  // stays pending; XAUTOCLAIM brings it back
+          break;
+      }
+    }
+    redis.ack(cfg.stream, cfg.group, acks);
+  };
+
+  // --- the loop ---------------------------------------------------------------------------------
+  using Clock = std::chrono::steady_clock;
+  auto next_claim = Clock::now();
+  std::string claim_cursor = "0-0";
+  while (g_stop == 0) {
+    try {
+      bool claimed_any = false;
+      if (cfg.claim_every_ms > 0 && Clock::now() >= next_claim) {
+        auto c = redis.auto_claim(cfg.stream, cfg.group, cfg.consumer,
+                                  std::chrono::milliseconds(cfg.claim_idle_ms), claim_cursor,
+                                  cfg.batch);
+        claim_cursor = c.next_start;
+        claimed += c.entries.size();
+        claimed_any = !c.entries.empty();
+        process(c.entries);
+        // Scan on at once while the pending list has more; else wait for the next period.
+        if (claim_cursor == "0-0") {
+          next_claim = Clock::now() + std::chrono::milliseconds(cfg.claim_every_ms);
+        }
+      }
+      auto batch = redis.read_group(cfg.stream, cfg.group, cfg.consumer, cfg.batch,
+                                    std::chrono::milliseconds(cfg.block_ms));
+      process(batch);
+      if (cfg.exit_when_drained && batch.empty() && !claimed_any &&
+          redis.pending(cfg.stream, cfg.group).count == 0) {
+        break;
+      }
+    } catch (const idem::StorageError& e) {
+      // Redis or SQLite hiccup: nothing was acked that did not commit; back off and go on.
+      std::fprintf(stderr, "%s: %s (retrying)\n", cfg.consumer.c_str(), e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
+  auto s = consumer.stats().snapshot();
+  std::printf(
+      "summary consumer=%s deliveries=%llu acked=%llu duplicates=%llu retry_later=%llu "
+      "mismatched=%llu dead_lettered=%llu failures=%llu redeliveries=%llu claimed=%llu\n",
+      cfg.consumer.c_str(), static_cast<unsigned long long>(s.deliveries),
+      static_cast<unsigned long long>(s.acked), static_cast<unsigned long long>(s.duplicates),
+      static_cast<unsigned long long>(s.retry_later),
+      static_cast<unsigned long long>(s.mismatched),
+      static_cast<unsigned long long>(s.dead_lettered),
+      static_cast<unsigned long long>(s.failures),
+      static_cast<unsigned long long>(s.redeliveries), static_cast<unsigned long long>(claimed));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "mq_consumer: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,536 @@
+// SPDX-License-Identifier: MIT
+// idem::IdempotentConsumer: apply each MQ message's effect once, whatever the broker redelivers.
+//
+// File: consumer.hpp
+//
+// Brokers deliver at least once: a consumer that dies before its ack, an ack lost on the wire,
+// a rebalance, or a producer that retried its publish all hand the same message to a consumer
+// again. `consume` runs the handler through an IdempotencyGuard keyed
+// (consumer group, message id) and tells the loop what to do with the delivery:
+//
+//   Verdict          meaning                                           the loop should
+//   kAck             the handler ran now and committed                  ack
+//   kAckDuplicate    consumed before (or dead-lettered before)          ack, nothing ran
+//   kRetryLater      another consumer is on it right now, or the        not ack: the broker
+//                    handler failed and attempts are left               redelivers it
+//   kMismatch        same message id, different payload fingerprint:    park it (e.g. a parking
+//                    a producer bug; nothing ran                        stream), then ack
+//   kDeadLetter      a poison message: the handler failed               ack (the sink has it)
+//                    `max_attempts` times; the dead-letter sink got it
+//
+// With a durable store the consume record lives in `mq_consume_record (message_id,
+// consumer_group)` (SqliteStoreOptions::mq_consume_record(), GuardOptions::durable_source =
+// DuplicateSource::kMqRecord) and a transactional handler `handler(Transaction&)` commits its
+// business writes in the same transaction as the record: exactly-once effect for database-local
+// side effects, also when the fast store (Redis) is down or lost the claim.
+//
+// Poison messages: each failed attempt is counted in an AttemptLedger. With a durable ledger
+// (idem::sqlite::SqliteAttemptLedger) the count survives consumer restarts and is shared by the
+// consumers of a group. When it reaches `max_attempts`, the consumer claims the record, hands
+// the message to the dead-letter sink, and then marks the record failed; every later delivery
+// of that message answers kAckDuplicate. If the sink throws, the claim is released, the
+// exception propagates and the message stays with the broker.
+//
+// Redeliveries: a delivery whose broker delivery count is above 1 (Delivery::delivery_count,
+// e.g. a message taken over with XAUTOCLAIM) is counted in ConsumerStats::redeliveries.
+// Producer duplicates (same message id, new broker entry) are counted as duplicates instead.
+//
+// @code
+//   idem::MemoryStore fast;
+//   idem::sqlite::SqliteStore durable{"billing.db", idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+//   idem::GuardOptions go;
+//   go.durable_source = idem::DuplicateSource::kMqRecord;
+//   idem::IdempotencyGuard guard{fast, durable, go};
+//   idem::ConsumerOptions co;
+//   co.attempts = std::make_shared<idem::sqlite::SqliteAttemptLedger>(durable.shared_database());
+//   co.dead_letter = [&](const idem::DeadLetter& d) { dead_stream.add(d.message_id, d.payload); };
+//   idem::IdempotentConsumer consumer{guard, "billing-consumer", co};
+//   for (auto& msg : stream.read_group(batch)) {
+//     auto verdict = consumer.consume({msg.id, idem::fingerprint(msg.body), msg.body},
+//                                     [&](idem::sqlite::Transaction& tx) { apply(tx, msg); });
+//     if (idem::should_ack(verdict)) stream.ack(msg.entry_id);
+//   }
+// @endcode
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "idem/errors.hpp"
+#include "idem/guard.hpp"
+#include "idem/key.hpp"
+#include "idem/store.hpp"
+
+namespace idem {
+
+/// What a consumer loop should do with a delivery (see the table in consumer.hpp).
+enum class Verdict {
+  kAck,           ///< the handler ran now and committed: ack
+  kAckDuplicate,  ///< consumed (or dead-lettered) before; nothing ran: ack
+  kRetryLater,    ///< in progress elsewhere, or failed with attempts left: do not ack
+  kMismatch,      ///< same id, different payload (producer bug): park it, do not ack as done
+  kDeadLetter,    ///< poison: handed to the dead-letter sink and recorded as failed: ack
+};
+
+/// Stable name: ack, ack_duplicate, retry_later, mismatch, dead_letter.
+constexpr std::string_view verdict_name(Verdict v) noexcept {
+  switch (v) {
+    case Verdict::kAck: return "ack";
+    case Verdict::kAckDuplicate: return "ack_duplicate";
+    case Verdict::kRetryLater: return "retry_later";
+    case Verdict::kMismatch: return "mismatch";
+    case Verdict::kDeadLetter: return "dead_letter";
+  }
+  return "unknown";
+}
+
+/// True for the verdicts after which the broker entry may be acked right away (kAck,
+/// kAckDuplicate, kDeadLetter). kMismatch is acked only after the message was parked.
+constexpr bool should_ack(Verdict v) noexcept {
+  return v == Verdict::kAck || v == Verdict::kAckDuplicate || v == Verdict::kDeadLetter;
+}
+
+/// One delivery of a message, as the consumer loop got it from the broker.
+struct Delivery {
+  /// The message's global id (not the broker's entry id): a producer retry keeps it. When the
+  /// message has none, build one with idem::make_message_id(biz_no, event_type, version).
+  std::string_view message_id;
+  /// idem::fingerprint(payload), or "" to skip the payload check.
+  std::string_view fingerprint;
+  /// The payload, handed to the dead-letter sink (may be empty).
+  std::string_view payload = {};
+  /// The broker's delivery count (1 for a first delivery); above 1 counts as a redelivery.
+  std::uint32_t delivery_count = 1;
+};
+
+/// A poison message, as the dead-letter sink receives it.
+struct DeadLetter {
+  /// The consumer group that gave up on the message.
+  std::string group;
+  /// The message's global id.
+  std::string message_id;
+  /// The payload as delivered (Delivery::payload).
+  std::string payload;
+  /// The last failure's what().
+  std::string error;
+  /// Failed attempts counted (>= max_attempts, or 0 for an invalid message id).
+  std::uint32_t attempts = 0;
+};
+
+/// Counts failed attempts per message. Implementations must be thread-safe.
+/// MemoryAttemptLedger forgets on restart; idem::sqlite::SqliteAttemptLedger does not.
+class AttemptLedger {
+ public:
+  virtual ~AttemptLedger() = default;
+  /// Adds one failure of `key` with its error. @return the failures counted so far (>= 1).
+  virtual std::uint32_t record_failure(const Key& key, std::string_view error) = 0;
+  /// Failures counted for `key` (0 when none).
+  virtual std::uint32_t failures(const Key& key) = 0;
+  /// Forgets `key` (after it succeeded or was dead-lettered).
+  virtual void clear(const Key& key) = 0;
+};
+
+/// In-process AttemptLedger: counts are lost when the consumer restarts (a poison message then
+/// gets up to max_attempts more tries). Use a durable ledger in production.
+class MemoryAttemptLedger final : public AttemptLedger {
+ public:
+  /// Adds one failure of `key`. @return the failures counted so far.
+  std::uint32_t record_failure(const Key& key, std::string_view) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ++counts_[key.str()];
+  }
+  /// Failures counted for `key`.
+  std::uint32_t failures(const Key& key) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = counts_.find(key.str());
+    return it == counts_.end() ? 0 : it->second;
+  }
+  /// Forgets `key`.
+  void clear(const Key& key) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counts_.erase(key.str());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::uint32_t> counts_;
+};
+
+/// Options of an IdempotentConsumer.
+struct ConsumerOptions {
+  /// Failed attempts after which a message is dead-lettered. Must be positive.
+  std::uint32_t max_attempts = 5;
+  /// Receives poison messages (and messages whose id is not a valid key). Called before the
+  /// record is marked failed; if it throws, the message stays with the broker. May be empty.
+  std::function<void(const DeadLetter&)> dead_letter;
+  /// Where failed attempts are counted; null means a MemoryAttemptLedger.
+  std::shared_ptr<AttemptLedger> attempts;
+};
+
+/// A snapshot of a consumer's counters.
+struct ConsumerStatsSnapshot {
+  std::uint64_t deliveries = 0;      ///< consume calls
+  std::uint64_t acked = 0;           ///< kAck
+  std::uint64_t duplicates = 0;      ///< kAckDuplicate
+  std::uint64_t retry_later = 0;     ///< kRetryLater (busy or failed with attempts left)
+  std::uint64_t mismatched = 0;      ///< kMismatch
+  std::uint64_t dead_lettered = 0;   ///< kDeadLetter
+  std::uint64_t failures = 0;        ///< handler exceptions
+  std::uint64_t redeliveries = 0;    ///< deliveries with delivery_count > 1
+};
+
+/// Always-on counters of a consumer.
+class ConsumerStats {
+ public:
+  /// The counters, as in ConsumerStatsSnapshot.
+  std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0},
+      mismatched{0}, dead_lettered{0}, failures{0}, redeliveries{0};
+  /// Each counter read once (relaxed).
+  ConsumerStatsSnapshot snapshot() const noexcept {
+    ConsumerStatsSnapshot s;
+    s.deliveries = deliveries.load(std::memory_order_relaxed);
+    s.acked = acked.load(std::memory_order_relaxed);
+    s.duplicates = duplicates.load(std::memory_order_relaxed);
+    s.retry_later = retry_later.load(std::memory_order_relaxed);
+    s.mismatched = mismatched.load(std::memory_order_relaxed);
+    s.dead_lettered = dead_lettered.load(std::memory_order_relaxed);
+    s.failures = failures.load(std::memory_order_relaxed);
+    s.redeliveries = redeliveries.load(std::memory_order_relaxed);
+    return s;
+  }
+};
+
+namespace detail {
+/// Response bytes the consumer stores in the record (the handler's own result is not kept).
+inline constexpr std::string_view kConsumedMarker = "idem-mq:consumed";
+inline constexpr std::string_view kDeadMarker = "idem-mq:dead:";
+
+// A durable store whose record steps compose inside one caller-held transaction (SqliteStore).
+template <class D, class = void>
+struct has_composable_record : std::false_type {};
+template <class D>
+struct has_composable_record<
+    D, std::void_t<decltype(std::declval<D&>().database().begin()),
+                   decltype(std::declval<D&>().claim_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::string_view{}, std::declval<const OwnerToken&>(),
+                       std::chrono::milliseconds{})),
+                   decltype(std::declval<D&>().complete_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::declval<const OwnerToken&>(), std::string_view{},
+                       std::chrono::seconds{}))>> : std::true_type {};
+
+template <class D, class = void>
+struct has_fail : std::false_type {};
+template <class D>
+struct has_fail<D, std::void_t<decltype(std::declval<D&>().fail(
+                       std::declval<const Key&>(), std::declval<const OwnerToken&>(),
+                       std::string_view{}, std::chrono::seconds{}))>> : std::true_type {};
+}  // namespace detail
+
+/// Runs MQ message handlers once per (consumer group, message id). Thread-safe: one consumer
+/// may serve several worker threads. The guard must outlive it.
+///
+/// @tparam Durable the guard's durable store (NoDurableStore for a fast-store-only consumer,
+///         which is best effort: see guard.hpp).
+template <class Durable = NoDurableStore>
+class IdempotentConsumer {
+ public:
+  /// @param guard the guard (its lease must exceed the slowest handler).
+  /// @param group the consumer group: the scope of the records (validated as a key scope).
+  /// @throws idem::InvalidKey for a bad group, idem::UsageError for max_attempts 0.
+  IdempotentConsumer(IdempotencyGuard<Durable>& guard, std::string group,
+                     ConsumerOptions options = {})
+      : guard_(&guard), group_(std::move(group)), options_(std::move(options)) {
+    Key::validate_scope(group_);
+    if (options_.max_attempts == 0) {
+      throw UsageError("idem::IdempotentConsumer: max_attempts must be positive");
+    }
+    if (!options_.attempts) options_.attempts = std::make_shared<MemoryAttemptLedger>();
+  }
+
+  IdempotentConsumer(const IdempotentConsumer&) = delete;
+  IdempotentConsumer& operator=(const IdempotentConsumer&) = delete;
+
+  /// Consumes one delivery. `handler` is `void(Transaction&)` (transactional: its writes commit
+  /// with the consume record) or `void()` (two-phase, for external side effects); a returned
+  /// value is ignored.
+  /// @return what the loop should do (see Verdict).
+  /// @throws idem::StorageError subclasses when a store fails (do not ack: the broker
+  ///         redelivers), whatever the dead-letter sink throws. Handler exceptions are not
+  ///         rethrown: they count as failed attempts, except retryable idem errors (e.g. the
+  ///         handler's own StorageTimeout), which propagate without counting.
+  template <class Fn>
+  Verdict consume(const Delivery& delivery, Fn&& handler) {
+    stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
+    if (delivery.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
+    std::optional<Key> maybe_key = make_key(delivery);
+    if (!maybe_key) return count(Verdict::kDeadLetter);
+    const Key& key = *maybe_key;
+
+    std::exception_ptr handler_error;
+    auto run = [&](auto&&... tx) -> std::string {
+      try {
+        handler(tx...);
+      } catch (...) {
+        handler_error = std::current_exception();
+        throw;
+      }
+      return std::string(detail::kConsumedMarker);
+    };
+    GuardResult<std::string> r;
+    try {
+      if constexpr (detail::kTakesTransaction<std::decay_t<Fn>,
+                                              detail::transaction_t<Durable>>) {
+        r = guard_->run(key, delivery.fingerprint,
+                        [&](detail::transaction_t<Durable>& tx) { return run(tx); });
+      } else {
+        r = guard_->run(key, delivery.fingerprint, [&]() { return run(); });
+      }
+    } catch (const Error& e) {
+      // A store failed, or the handler hit a retryable idem failure (its own database timed
+      // out): not the message's fault. Propagate; the broker redelivers.
+      if (!handler_error || e.retryable()) throw;
+      return failed(key, delivery, handler_error);
+    } catch (...) {
+      if (!handler_error) throw;
+      return failed(key, delivery, handler_error);
+    }
+    switch (r.outcome) {
+      case Outcome::kExecuted:
+        if (delivery.delivery_count > 1) forget_failures(key);
+        return count(Verdict::kAck);
+      case Outcome::kReplayed: return count(Verdict::kAckDuplicate);
+      case Outcome::kInProgress: return count(Verdict::kRetryLater);
+      case Outcome::kFingerprintMismatch: return count(Verdict::kMismatch);
+    }
+    return count(Verdict::kRetryLater);
+  }
+
+  /// Consumes a first delivery of `message_id` (see the Delivery overload).
+  template <class Fn>
+  Verdict consume(std::string_view message_id, std::string_view fingerprint, Fn&& handler) {
+    return consume(Delivery{message_id, fingerprint}, std::forward<Fn>(handler));
+  }
+
+  /// Consumes a whole batch in ONE durable transaction (one commit instead of one per
+  /// message): for each delivery, a savepoint, the record claim, `handler(tx, index)`, the
+  /// record completion. A handler that throws rolls back to its savepoint only (its record and
+  /// writes vanish; the others commit) and counts as a failed attempt, exactly as in
+  /// `consume`; dead-lettering and attempt counting run after the commit. Duplicates inside
+  /// the batch (a producer retry in the same read) run once.
+  ///
+  /// The fast store is not consulted: the batch holds the database's write lock, which already
+  /// serialises every consumer of the file, so there is no in-flight duplicate to stop early.
+  /// (The guard's counters and observer do not see batch calls; the consumer's do.)
+  ///
+  /// Requires a durable store whose record steps compose in a caller-held transaction
+  /// (idem::sqlite::SqliteStore: `database().begin()`, `claim_in`, `complete_in`).
+  /// @return one verdict per delivery, in order.
+  /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack),
+  ///         a retryable idem error thrown by a handler (the whole batch rolls back), whatever
+  ///         the dead-letter sink throws.
+  template <class Fn>
+  std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
+    static_assert(detail::has_composable_record<Durable>::value,
+                  "consume_batch needs a durable store with database(), claim_in and "
+                  "complete_in (idem::sqlite::SqliteStore)");
+    Durable& durable = *guard_->durable_store();
+    const auto retention = guard_->options().retention;
+    std::vector<Verdict> verdicts(batch.size(), Verdict::kRetryLater);
+    std::vector<std::optional<Key>> keys;
+    keys.reserve(batch.size());
+    std::vector<std::pair<std::size_t, std::exception_ptr>> failures;
+    for (const auto& d : batch) {
+      stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
+      if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
+      keys.push_back(make_key(d));
+    }
+    {
+      auto tx = durable.database().begin();
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (!keys[i]) {
+          verdicts[i] = Verdict::kDeadLetter;
+          continue;
+        }
+        const Key& key = *keys[i];
+        const auto owner = OwnerToken::generate();
+        tx.exec("SAVEPOINT idem_consume");
+        ClaimResult c =
+            durable.claim_in(tx, key, batch[i].fingerprint, owner, std::chrono::milliseconds(0));
+        if (c.status != ClaimStatus::kClaimed) {
+          tx.exec("RELEASE idem_consume");
+          verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                        : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                             : Verdict::kRetryLater;
+          continue;
+        }
+        try {
+          handler(tx, i);
+        } catch (const Error& e) {
+          if (e.retryable()) throw;  // rolls the whole batch back (~Transaction)
+          tx.exec("ROLLBACK TO idem_consume");
+          tx.exec("RELEASE idem_consume");
+          failures.emplace_back(i, std::current_exception());
+          continue;
+        } catch (...) {
+          tx.exec("ROLLBACK TO idem_consume");
+          tx.exec("RELEASE idem_consume");
+          failures.emplace_back(i, std::current_exception());
+          continue;
+        }
+        durable.complete_in(tx, key, owner, detail::kConsumedMarker, retention);
+        tx.exec("RELEASE idem_consume");
+        verdicts[i] = Verdict::kAck;
+      }
+      tx.commit();
+    }
+    std::vector<char> failed_at(batch.size(), 0);
+    for (const auto& f : failures) failed_at[f.first] = 1;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (failed_at[i] != 0) continue;
+      if (verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) forget_failures(*keys[i]);
+      count(verdicts[i]);
+    }
+    // After the commit: attempt counts and dead letters use their own transactions.
+    for (const auto& [i, error] : failures) verdicts[i] = failed(*keys[i], batch[i], error);
+    return verdicts;
+  }
+
+  /// True when the record of `message_id` says it was dead-lettered (for operators and tests).
+  /// Needs a durable store with lookup().
+  bool dead_lettered(std::string_view message_id) {
+    static_assert(IdempotencyGuard<Durable>::kHasDurable, "needs a durable store");
+    auto rec = guard_->durable_store()->lookup(Key::make(group_, message_id));
+    return rec && (rec->status == Record::Status::kFailed ||
+                   rec->response.compare(0, detail::kDeadMarker.size(),
+                                         detail::kDeadMarker) == 0);
+  }
+
+  /// The consumer group (the records' scope).
+  const std::string& group() const noexcept { return group_; }
+  /// The consumer's counters.
+  const ConsumerStats& stats() const noexcept { return stats_; }
+  /// The options in force.
+  const ConsumerOptions& options() const noexcept { return options_; }
+
+ private:
+  Verdict count(Verdict v) noexcept {
+    switch (v) {
+      case Verdict::kAck: stats_.acked.fetch_add(1, std::memory_order_relaxed); break;
+      case Verdict::kAckDuplicate: stats_.duplicates.fetch_add(1, std::memory_order_relaxed); break;
+      case Verdict::kRetryLater: stats_.retry_later.fetch_add(1, std::memory_order_relaxed); break;
+      case Verdict::kMismatch: stats_.mismatched.fetch_add(1, std::memory_order_relaxed); break;
+      case Verdict::kDeadLetter:
+        stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+    return v;
+  }
+
+  // A message id that is not a valid key id cannot be recorded: it goes straight to the sink
+  // (nullopt: the caller answers kDeadLetter).
+  std::optional<Key> make_key(const Delivery& d) {
+    try {
+      return Key::make(group_, d.message_id);
+    } catch (const InvalidKey& e) {
+      if (options_.dead_letter) {
+        options_.dead_letter(DeadLetter{group_, std::string(d.message_id),
+                                        std::string(d.payload), e.what(), 0});
+      }
+      return std::nullopt;
+    }
+  }
+
+  static std::string describe(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      return ex.what();
+    } catch (...) {
+      return "unknown exception";
+    }
+  }
+
+  Verdict failed(const Key& key, const Delivery& d, const std::exception_ptr& error) {
+    stats_.failures.fetch_add(1, std::memory_order_relaxed);
+    std::string what = describe(error);
+    std::uint32_t n = options_.attempts->record_failure(key, what);
+    if (n < options_.max_attempts) return count(Verdict::kRetryLater);
+    return dead_letter(key, d, std::move(what), n);
+  }
+
+  // Claims the record, hands the message to the sink, marks the record failed.
+  Verdict dead_letter(const Key& key, const Delivery& d, std::string error,
+                      std::uint32_t attempts) {
+    const auto owner = OwnerToken::generate();
+    const auto& go = guard_->options();
+    std::string reason = std::string(detail::kDeadMarker) + error;
+    if constexpr (IdempotencyGuard<Durable>::kHasDurable) {
+      Durable& durable = *guard_->durable_store();
+      ClaimResult c = durable.begin(key, d.fingerprint, owner, go.lease);
+      if (c.status == ClaimStatus::kBusy) return count(Verdict::kRetryLater);
+      if (c.status == ClaimStatus::kMismatch) return count(Verdict::kMismatch);
+      if (c.status == ClaimStatus::kDone) return count(Verdict::kAckDuplicate);
+      try {
+        sink(key, d, error, attempts);
+      } catch (...) {
+        durable.release(key, owner);
+        throw;
+      }
+      if constexpr (detail::has_fail<Durable>::value) {
+        durable.fail(key, owner, reason, go.retention);
+      } else {
+        durable.complete(key, owner, reason, go.retention);
+      }
+    } else {
+      FastStore& fast = *guard_->fast_store();
+      ClaimResult c = fast.claim(key, d.fingerprint, owner, go.lease);
+      if (c.status == ClaimStatus::kBusy) return count(Verdict::kRetryLater);
+      if (c.status == ClaimStatus::kMismatch) return count(Verdict::kMismatch);
+      if (c.status == ClaimStatus::kDone) return count(Verdict::kAckDuplicate);
+      try {
+        sink(key, d, error, attempts);
+      } catch (...) {
+        fast.release(key, owner);
+        throw;
+      }
+      fast.complete(key, owner, reason, go.retention);
+    }
+    forget_failures(key);
+    return count(Verdict::kDeadLetter);
+  }
+
+  void sink(const Key& key, const Delivery& d, const std::string& error,
+            std::uint32_t attempts) {
+    if (!options_.dead_letter) return;
+    options_.dead_letter(
+        DeadLetter{group_, key.id(), std::string(d.payload), error, attempts});
+  }
+
+  void forget_failures(const Key& key) noexcept {
+    try {
+      options_.attempts->clear(key);
+    } catch (...) {
+      // A stale count only makes a later failure of this id dead-letter sooner.
+    }
+  }
+
+  IdempotencyGuard<Durable>* guard_;
+  std::string group_;
+  ConsumerOptions options_;
+  ConsumerStats stats_;
+};
+
+}  // namespace idem

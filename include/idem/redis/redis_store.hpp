@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: MIT
+// idem::redis: the Redis fast store (hiredis underneath, never in this header).
+//
+// File: redis/redis_store.hpp
+//
+// `RedisStore` is the claim at the entrance of DESIGN.md's second layer: one Redis round trip
+// per claim, over a bounded, thread-safe connection pool.
+//
+// * Key layout: `<key_prefix>{<scope>|<id>}`, e.g. `idem:{payment|order_20001}`. The braces are
+//   a Redis Cluster hash tag (one record, one slot); the '|' comes from idem::Key::str(), which
+//   keeps "a:b"+"c" and "a"+"b:c" apart (scopes may contain ':', never '|').
+// * One record is one Redis string: a short header (status, created_at, fingerprint, owner)
+//   followed by the response bytes. While in progress, the key's PX TTL *is* the lease; once
+//   completed, its TTL is the retention.
+// * claim is one atomic round trip: `SET <key> <in-progress record> NX PX <lease> GET` claims an
+//   absent key or returns the existing record unchanged, which the client decodes: busy / done
+//   / mismatch, the fingerprint check winning over busy and done. (On Redis < 7.0, or with
+//   `claim_script`, the same is one EVALSHA of a Lua script.) complete and release are Lua
+//   scripts (EVALSHA, reloaded once on NOSCRIPT) that act only while the owner token matches
+//   (false: the lease was lost). fill is one SET; lookup one script.
+// * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
+//   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for complete, release and
+//   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are StorageUnavailable; -OOM is
+//   StorageError; a value under an idem key that idem did not write is CorruptRecord.
+// * When the server is down, calls fail fast (a connect is tried at most once per
+//   `reconnect_backoff`), and the pool reconnects by itself once the server is back.
+//
+// Because a lease is a TTL, an expired lease leaves no trace: a claim after it answers kClaimed
+// with `took_over == false` (the durable store, which keeps expired leases, reports takeovers).
+//
+// @code
+//   idem::redis::RedisStore fast{"redis://127.0.0.1:6379"};
+//   idem::sqlite::SqliteStore durable{"payments.db"};
+//   idem::IdempotencyGuard guard{fast, durable};
+// @endcode
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "idem/store.hpp"
+
+namespace idem::redis {
+
+/// Options of a RedisStore. `RedisStoreOptions{"redis://host:6379"}` sets the URI only.
+struct RedisStoreOptions {
+  /// Server address: `redis://[[user]:password@]host[:port][/db]` (port 6379 and db 0 by
+  /// default; `rediss://` is not supported), `tcp://host[:port][/db]`, or
+  /// `unix:///path/to/redis.sock[?db=N]`. Percent-escapes are decoded in user and password.
+  std::string uri = "redis://127.0.0.1:6379";
+  /// Most connections open at once (each serves one call at a time). 0 means 8.
+  std::size_t pool_size = 8;
+  /// Longest wait for a TCP or Unix connect (and AUTH/SELECT). 0 means 500 ms.
+  std::chrono::milliseconds connect_timeout{500};
+  /// Longest wait for one command's reply; the connection is then dropped. 0 means 1000 ms
+  /// (a command never waits forever).
+  std::chrono::milliseconds command_timeout{1000};
+  /// Longest wait for a free connection when all `pool_size` are busy, then
+  /// StorageUnavailable. 0 means do not wait.
+  std::chrono::milliseconds pool_wait_timeout{100};
+  /// Prepended to every key (then `{<scope>|<id>}`). Empty means no prefix.
+  std::string key_prefix = "idem:";
+  /// After a failed connect, further calls fail at once (StorageUnavailable, with the last
+  /// error) for this long before a new connect is tried. 0 means try a connect on every call.
+  std::chrono::milliseconds reconnect_backoff{100};
+  /// Claim with an EVALSHA Lua script instead of `SET ... NX PX ... GET`. false (the default)
+  /// uses the single native command, and switches to the script by itself on servers older
+  /// than Redis 7.0 (which reject NX with GET). Both are one atomic round trip. When true (or
+  /// on such servers) complete also takes its general script instead of the one-write one.
+  bool claim_script = false;
+};
+
+/// Counters of a RedisStore's pool (for metrics and tests).
+struct RedisPoolStats {
+  /// Connections established since construction.
+  std::uint64_t connects = 0;
+  /// Connect attempts that failed.
+  std::uint64_t connect_failures = 0;
+  /// Connections dropped because they broke (I/O error, timeout, protocol error).
+  std::uint64_t dropped = 0;
+  /// Calls refused without trying because a connect failed less than reconnect_backoff ago.
+  std::uint64_t fast_failures = 0;
+  /// Calls that waited for a free connection and gave up (pool exhausted).
+  std::uint64_t exhausted = 0;
+  /// Scripts (re)loaded after a NOSCRIPT answer.
+  std::uint64_t script_loads = 0;
+  /// Connections open now (idle or lent).
+  std::size_t open = 0;
+  /// Connections idle in the pool now.
+  std::size_t idle = 0;
+};
+
+/// The Redis FastStore (see the file comment). Thread-safe; share one per process and server.
+class RedisStore final : public FastStore {
+ public:
+  /// Validates the options; connects lazily (a service starts even while Redis is down).
+  /// @throws idem::UsageError for a malformed URI or a bad option.
+  explicit RedisStore(RedisStoreOptions options);
+  /// Same as `RedisStore(RedisStoreOptions{std::string(uri)})`. @throws idem::UsageError.
+  explicit RedisStore(std::string_view uri);
+  /// Closes every connection (lent connections must have been returned: no call may run).
+  ~RedisStore() override;
+  RedisStore(const RedisStore&) = delete;
+  RedisStore& operator=(const RedisStore&) = delete;
+
+  /// One EVALSHA: claimed / busy / done / mismatch (see FastStore::claim).
+  /// @throws idem::StorageUnavailable, idem::StorageTimeout, idem::StorageError,
+  ///         idem::CorruptRecord (foreign value under the key), idem::UsageError (lease <= 0).
+  ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
+                    std::chrono::milliseconds lease) override;
+
+  /// Completes `owner`'s in-progress record with `response`, kept for `retention`.
+  /// @return false when the lease was lost. @throws as claim; idem::OutcomeUnknown when the
+  ///         reply timed out (the write may have applied).
+  bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                std::chrono::seconds retention) override;
+
+  /// Deletes `owner`'s in-progress record. @return false when `owner` did not hold it.
+  bool release(const Key& key, const OwnerToken& owner) override;
+
+  /// Writes a completed record unconditionally (owner unknown: stored empty).
+  void fill(const Key& key, std::string_view fingerprint, std::string_view response,
+            std::chrono::seconds retention) override;
+
+  /// Reads a record. `lease_until` (in progress) or `expires_at` (completed) come from the
+  /// key's TTL; `updated_at` equals `created_at` (not stored). nullopt when absent.
+  std::optional<Record> lookup(const Key& key) override;
+
+  /// "redis".
+  std::string_view name() const noexcept override { return "redis"; }
+
+  /// The Redis key a record of `key` lives under, e.g. "idem:{payment|order_1}".
+  std::string redis_key(const Key& key) const;
+
+  /// Pool counters.
+  RedisPoolStats pool_stats() const;
+
+  /// The options in force (zeros replaced by their defaults, password not hidden).
+  const RedisStoreOptions& options() const noexcept;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem::redis

@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: MIT
+// idem::sqlite::ChunkStore: streamed-output chunks stored once per (request_id, chunk_offset).
+//
+// File: sqlite/stream_store.hpp
+//
+// The durable half of stream de-duplication (see idem/stream.hpp). The table
+//
+//   ai_stream_chunk (request_id VARCHAR(128), chunk_offset BIGINT, body BLOB,
+//                    created_at BIGINT, UNIQUE (request_id, chunk_offset))
+//
+// is written with `INSERT ... ON CONFLICT (request_id, chunk_offset) DO NOTHING`, so a server
+// that writes a chunk twice (a retried request, two replicas racing) stores it once and learns
+// which write was first (`append` answers true once). `resume` reads the stored chunks in
+// offset order and returns the text up to the first hole and the offset to continue from:
+// a restarted producer feeds it to ProducerDedup, a reconnecting client to Reassembler.
+//
+// The statements are plain SQL shared with PostgreSQL: only the placeholders (`?` here, `$n`
+// there) and the body type (BLOB here, BYTEA there) differ, so the PostgreSQL version is the
+// same class over a pqxx transaction.
+//
+// Header-only over idem::sqlite's Database and Transaction (link idem::sqlite).
+//
+// @code
+//   auto db = std::make_shared<idem::sqlite::Database>("chat.db");
+//   idem::sqlite::ChunkStore chunks{db};
+//   auto resume = chunks.resume("chat_10001");          // after a restart
+//   idem::stream::ProducerDedup producer{"chat_10001", resume.next_offset};
+//   if (auto c = producer.admit(offset, text)) chunks.append("chat_10001", c->offset, c->body);
+// @endcode
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "idem/clock.hpp"
+#include "idem/errors.hpp"
+#include "idem/key.hpp"
+#include "idem/sql.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+
+namespace idem::sqlite {
+
+/// Options of a ChunkStore.
+struct ChunkStoreOptions {
+  /// Table holding the chunks (a validated SQL identifier).
+  std::string table = "ai_stream_chunk";
+  /// Time source for created_at (empty means the system clock).
+  Clock clock;
+};
+
+/// Where a stream stands in the durable table.
+struct StreamResume {
+  /// One past the last byte of the contiguous prefix stored from offset 0: continue here.
+  std::uint64_t next_offset = 0;
+  /// The contiguous prefix itself (bytes [0, next_offset)).
+  std::string text;
+  /// Rows stored for the request (including any after the first hole).
+  std::uint64_t chunks = 0;
+  /// True when chunks are stored beyond a hole (a writer skipped an offset).
+  bool has_gap = false;
+};
+
+/// Stores each (request_id, chunk_offset) once. Thread-safe (Database serialises writers).
+class ChunkStore {
+ public:
+  /// Creates the table and its unique key if missing.
+  /// @throws idem::UsageError for a bad table name, idem::StorageError when SQLite fails.
+  explicit ChunkStore(std::shared_ptr<Database> database, ChunkStoreOptions options = {})
+      : database_(std::move(database)), options_(std::move(options)) {
+    if (!database_) throw UsageError("idem::sqlite::ChunkStore: null database");
+    const auto& t = check_sql_identifier("table", options_.table);
+    if (!options_.clock) options_.clock = system_now;
+    insert_ = "INSERT INTO " + t +
+              " (request_id, chunk_offset, body, created_at) VALUES (?, ?, ?, ?)"
+              " ON CONFLICT (request_id, chunk_offset) DO NOTHING";
+    select_ = "SELECT chunk_offset, body FROM " + t +
+              " WHERE request_id = ? ORDER BY chunk_offset";
+    count_ = "SELECT count(*) FROM " + t + " WHERE request_id = ?";
+    erase_ = "DELETE FROM " + t + " WHERE request_id = ?";
+    database_->write([&](Transaction& tx) {
+      tx.exec_script("CREATE TABLE IF NOT EXISTS " + t +
+                     " (request_id VARCHAR(128) NOT NULL,"
+                     " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0),"
+                     " body BLOB NOT NULL,"
+                     " created_at BIGINT NOT NULL,"
+                     " UNIQUE (request_id, chunk_offset))");
+    });
+  }
+
+  /// Stores a chunk inside the caller's transaction (with other writes of the same commit).
+  /// @return true when this call stored it, false when (request_id, offset) was stored before.
+  /// @throws idem::InvalidKey for a bad request id, idem::StorageError.
+  bool append(Transaction& tx, std::string_view request_id, std::uint64_t offset,
+              std::string_view body) {
+    Key::validate_id(request_id);
+    check_offset(offset);
+    return tx.exec(insert_, request_id, static_cast<std::int64_t>(offset), Blob{body},
+                   to_millis(options_.clock())) == 1;
+  }
+
+  /// Stores a chunk in its own transaction. @return as the transactional overload.
+  bool append(std::string_view request_id, std::uint64_t offset, std::string_view body) {
+    return database_->write(
+        [&](Transaction& tx) { return append(tx, request_id, offset, body); });
+  }
+
+  /// The contiguous prefix stored for `request_id` and the offset to continue from.
+  /// Rows that overlap the prefix (a chunk stored at other boundaries) contribute their
+  /// unseen suffix only.
+  StreamResume resume(std::string_view request_id) {
+    Key::validate_id(request_id);
+    return database_->read([&](Session& s) {
+      StreamResume r;
+      Statement st = s.prepare(select_);
+      st.bind_all(request_id);
+      while (st.step()) {
+        ++r.chunks;
+        if (r.has_gap) continue;
+        auto offset = static_cast<std::uint64_t>(st.column_int64(0));
+        std::string body = st.column_bytes(1);
+        std::uint64_t end = offset + body.size();
+        if (offset > r.next_offset) {
+          r.has_gap = true;
+        } else if (end > r.next_offset) {
+          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset),
+                        std::string::npos);
+          r.next_offset = end;
+        }
+      }
+      return r;
+    });
+  }
+
+  /// Rows stored for `request_id`.
+  std::uint64_t count(std::string_view request_id) {
+    return database_->read([&](Session& s) {
+      return static_cast<std::uint64_t>(s.query_int64(count_, request_id).value_or(0));
+    });
+  }
+
+  /// Deletes every chunk of `request_id` (the answer was delivered). @return rows deleted.
+  std::uint64_t erase(std::string_view request_id) {
+    return database_->write([&](Transaction& tx) {
+      return static_cast<std::uint64_t>(tx.exec(erase_, request_id));
+    });
+  }
+
+  /// The table name in use.
+  const std::string& table() const noexcept { return options_.table; }
+
+ private:
+  static void check_offset(std::uint64_t offset) {
+    if (offset > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw UsageError("idem::sqlite::ChunkStore: offset " + std::to_string(offset) +
+                       " does not fit a BIGINT");
+    }
+  }
+
+  std::shared_ptr<Database> database_;
+  ChunkStoreOptions options_;
+  std::string insert_, select_, count_, erase_;
+};
+
+}  // namespace idem::sqlite

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: MIT
+// The one place where hiredis and server failures become idem exceptions (see errors.hpp).
+#include "errors.hpp"
+
+#include <hiredis/hiredis.h>
+
+#include <cerrno>
+#include <string>
+
+#include "idem/errors.hpp"
+
+namespace idem::redis::detail {
+namespace {
+
+bool starts_with(std::string_view s, std::string_view p) noexcept {
+  return s.size() >= p.size() && s.compare(0, p.size(), p) == 0;
+}
+
+// An error reply's code is its first word ("LOADING Redis is loading ..."). A command that
+// failed inside a script may come back wrapped ("ERR Error running script ...: -READONLY ..."
+// on older servers), so a code is also recognised after "-" or a space within an ERR reply.
+bool has_code(std::string_view msg, std::string_view code) {
+  if (starts_with(msg, code) &&
+      (msg.size() == code.size() || msg[code.size()] == ' ')) {
+    return true;
+  }
+  if (!starts_with(msg, "ERR")) return false;
+  std::string dashed = "-" + std::string(code) + " ";
+  std::string spaced = " " + std::string(code) + " ";
+  return msg.find(dashed) != std::string_view::npos || msg.find(spaced) != std::string_view::npos;
+}
+
+bool is_timeout(int hiredis_err, int sys_errno, std::string_view errstr) noexcept {
+  if (hiredis_err != REDIS_ERR_IO) return false;
+  if (sys_errno == EAGAIN || sys_errno == EWOULDBLOCK || sys_errno == ETIMEDOUT ||
+      sys_errno == EINPROGRESS) {
+    return true;
+  }
+  // errno may have been overwritten after hiredis set errstr from it.
+  return errstr.find("timed out") != std::string_view::npos ||
+         errstr.find("temporarily unavailable") != std::string_view::npos;
+}
+
+std::string compose(const Failure& f, std::string_view label) {
+  std::string what = "redis: ";
+  what.append(f.context);
+  what.append(": ");
+  what.append(label);
+  if (!f.message.empty()) {
+    what.append(": ");
+    what.append(f.message);
+  }
+  return what;
+}
+
+}  // namespace
+
+bool server_gone(int hiredis_err, int sys_errno) noexcept {
+  if (hiredis_err == REDIS_ERR_EOF) return true;
+  if (hiredis_err != REDIS_ERR_IO) return false;
+  return sys_errno == ECONNREFUSED || sys_errno == ECONNRESET || sys_errno == EPIPE ||
+         sys_errno == ENOENT || sys_errno == ECONNABORTED;
+}
+
+void throw_error(const Failure& f) {
+  using Kind = Failure::Kind;
+  switch (f.kind) {
+    case Kind::kContext: {
+      if (is_timeout(f.hiredis_err, f.sys_errno, f.message)) {
+        if (f.write_may_apply) {
+          throw OutcomeUnknown(compose(f, "timed out; the write may have been applied"));
+        }
+        throw StorageTimeout(compose(f, "timed out"));
+      }
+      switch (f.hiredis_err) {
+        case REDIS_ERR_EOF:
+          throw StorageUnavailable(compose(f, "connection closed by the server"));
+        case REDIS_ERR_PROTOCOL:
+          throw StorageError(compose(f, "protocol error"));
+        case REDIS_ERR_OOM:
+          throw StorageError(compose(f, "client out of memory"));
+        case REDIS_ERR_IO:
+          throw StorageUnavailable(compose(f, "I/O error"));
+        default:
+          throw StorageUnavailable(compose(f, "connection error"));
+      }
+    }
+    case Kind::kServer: {
+      const std::string_view m = f.message;
+      if (has_code(m, "LOADING") || has_code(m, "BUSY") || has_code(m, "MASTERDOWN") ||
+          has_code(m, "READONLY") || has_code(m, "TRYAGAIN") || has_code(m, "CLUSTERDOWN")) {
+        throw StorageUnavailable(compose(f, "server unavailable"));
+      }
+      if (has_code(m, "OOM")) throw StorageError(compose(f, "server out of memory"));
+      if (has_code(m, "WRONGTYPE")) {
+        throw CorruptRecord(compose(f, "the key holds a value idem did not write"));
+      }
+      if (has_code(m, "NOAUTH") || has_code(m, "WRONGPASS")) {
+        throw StorageError(compose(f, "authentication failed"));
+      }
+      throw StorageError(compose(f, "server error"));
+    }
+    case Kind::kProtocol:
+      throw StorageError(compose(f, "unexpected reply"));
+    case Kind::kPoolExhausted:
+      throw StorageUnavailable(compose(f, "connection pool exhausted"));
+    case Kind::kServerDown:
+      throw StorageUnavailable(compose(f, "server unreachable (last connect failed)"));
+    case Kind::kCorrupt:
+      throw CorruptRecord(compose(f, "the key holds a value idem did not write"));
+  }
+  throw StorageError(compose(f, "unknown failure"));
+}
+
+}  // namespace idem::redis::detail

@@ -1,0 +1,537 @@
+// SPDX-License-Identifier: MIT
+// idem::redis::RedisStore: claim / complete / release / fill / lookup over the pool.
+#include "idem/redis/redis_store.hpp"
+
+#include <hiredis/hiredis.h>
+#include <openssl/evp.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "errors.hpp"
+#include "hiredis_handles.hpp"
+#include "idem/errors.hpp"
+#include "pool.hpp"
+#include "scripts.hpp"
+#include "uri.hpp"
+
+namespace idem::redis {
+namespace {
+
+using detail::Failure;
+using detail::ReplyUPtr;
+
+// A decimal integer formatted on the stack (no allocation per call).
+class Num {
+ public:
+  explicit Num(long long value) noexcept {
+    auto res = std::to_chars(buf_.data(), buf_.data() + buf_.size(), value);
+    len_ = static_cast<std::size_t>(res.ptr - buf_.data());
+  }
+  std::string_view view() const noexcept { return {buf_.data(), len_}; }
+
+ private:
+  std::array<char, 24> buf_{};
+  std::size_t len_ = 0;
+};
+
+// Bytes built on the stack when they fit (keys and claim records of ordinary size do), else
+// on the heap: no allocation per call on the hot path.
+class SmallBuf {
+ public:
+  SmallBuf() = default;
+  SmallBuf(const SmallBuf&) = delete;
+  SmallBuf& operator=(const SmallBuf&) = delete;
+  SmallBuf& append(std::string_view s) {
+    if (heap_.empty() && size_ + s.size() <= inline_.size()) {
+      std::memcpy(inline_.data() + size_, s.data(), s.size());
+    } else {
+      if (heap_.empty()) heap_.assign(inline_.data(), size_);
+      heap_.append(s.data(), s.size());
+    }
+    size_ += s.size();
+    return *this;
+  }
+  SmallBuf& append(char c) { return append(std::string_view(&c, 1)); }
+  std::string_view view() const noexcept {
+    return heap_.empty() ? std::string_view(inline_.data(), size_) : std::string_view(heap_);
+  }
+
+ private:
+  std::array<char, 320> inline_;
+  std::string heap_;
+  std::size_t size_ = 0;
+};
+
+// prefix + "{" + scope + "|" + id + "}" (always inline with the default prefix: at most
+// 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
+class RedisKey : public SmallBuf {
+ public:
+  RedisKey(const std::string& prefix, const Key& key) {
+    append(prefix).append('{').append(key.scope()).append(kKeySeparator).append(key.id());
+    append('}');
+  }
+};
+
+// "I1P<#owner>:<owner>": the prefix of `owner`'s in-progress record (see scripts.hpp).
+class ClaimPrefix : public SmallBuf {
+ public:
+  explicit ClaimPrefix(const OwnerToken& owner) {
+    append("I1P").append(Num(static_cast<long long>(owner.str().size())).view()).append(':');
+    append(owner.str());
+  }
+};
+
+// The in-progress record this thread's last successful claim wrote. The guard completes on the
+// thread that claimed, so complete() usually knows the exact record it expects and can replace
+// it with one write (kCompleteFastScript). Keyed by store, Redis key and owner token (random), so
+// a stale entry never matches another claim.
+struct LastClaim {
+  const void* store = nullptr;
+  std::string owner;
+  std::string redis_key;
+  std::string record;     // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
+  std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
+  std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
+};
+thread_local LastClaim last_claim;
+
+struct Script {
+  explicit Script(const char* source) : text(source) {
+    std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+    unsigned int len = 0;
+    if (EVP_Digest(text.data(), text.size(), md.data(), &len, EVP_sha1(), nullptr) != 1 ||
+        len != 20) {
+      throw StorageError("idem::redis: cannot compute the SHA-1 of a script");
+    }
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (unsigned i = 0; i < 20; ++i) {
+      sha[2 * i] = kHex[md[i] >> 4];
+      sha[2 * i + 1] = kHex[md[i] & 0x0F];
+    }
+  }
+  std::string text;
+  std::array<char, 40> sha{};
+};
+
+enum class Op { kClaim, kComplete, kRelease, kFill, kLookup };
+
+const char* op_name(Op op) noexcept {
+  switch (op) {
+    case Op::kClaim: return "claim";
+    case Op::kComplete: return "complete";
+    case Op::kRelease: return "release";
+    case Op::kFill: return "fill";
+    case Op::kLookup: return "lookup";
+  }
+  return "call";
+}
+
+// Whether a timed-out reply leaves the write's outcome unknown (claims are decided by the
+// durable store anyway, so a claim timeout stays a plain StorageTimeout).
+bool write_may_apply(Op op) noexcept {
+  return op == Op::kComplete || op == Op::kRelease || op == Op::kFill;
+}
+
+std::string describe(Op op, std::string_view key) {
+  std::string s = op_name(op);
+  s.push_back(' ');
+  s.append(key);
+  return s;
+}
+
+bool is_string(const redisReply* r) noexcept {
+  return r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
+}
+std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}; }
+
+[[noreturn]] void protocol_error(Op op, std::string_view key, std::string_view detail) {
+  std::string what = describe(op, key);
+  detail::throw_error(Failure{Failure::Kind::kProtocol, what, detail});
+}
+
+[[noreturn]] void corrupt(Op op, std::string_view key, std::string_view reason) {
+  std::string what = describe(op, key);
+  detail::throw_error(Failure{Failure::Kind::kCorrupt, what, reason});
+}
+
+// The C++ side of scripts.hpp's encoding.
+struct Decoded {
+  char status = 0;
+  long long created = 0;
+  long long deadline = 0;
+  std::string_view owner, fingerprint, response;
+};
+
+bool decode(std::string_view v, Decoded& out) {
+  if (v.size() < 4 || v[0] != 'I' || v[1] != '1' || (v[2] != 'P' && v[2] != 'C')) return false;
+  out.status = v[2];
+  const char* p = v.data() + 3;
+  const char* const end = v.data() + v.size();
+  auto number = [&](long long& n) {
+    auto res = std::from_chars(p, end, n);
+    if (res.ec != std::errc() || res.ptr == p || res.ptr == end || *res.ptr != ':' || n < 0) {
+      return false;
+    }
+    p = res.ptr + 1;
+    return true;
+  };
+  auto bytes = [&](long long n, std::string_view& field) {
+    if (static_cast<unsigned long long>(n) > static_cast<unsigned long long>(end - p)) {
+      return false;
+    }
+    field = std::string_view(p, static_cast<std::size_t>(n));
+    p += n;
+    return true;
+  };
+  long long ol = 0, fl = 0;
+  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(out.deadline) ||
+      !number(fl) || !bytes(fl, out.fingerprint)) {
+    return false;
+  }
+  out.response = std::string_view(p, static_cast<std::size_t>(end - p));
+  return out.status == 'C' || out.response.empty();
+}
+
+template <class Duration>
+std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fallback) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d);
+  return ms.count() > 0 ? ms : fallback;
+}
+
+}  // namespace
+
+class RedisStore::Impl {
+ public:
+  explicit Impl(RedisStoreOptions options)
+      : options_(normalise(std::move(options))),
+        pool_(settings(options_)),
+        claim_(detail::kClaimScript),
+        complete_(detail::kCompleteScript),
+        complete_fast_(detail::kCompleteFastScript),
+        release_(detail::kReleaseScript),
+        lookup_(detail::kLookupScript),
+        native_claim_(!options_.claim_script) {}
+
+  static RedisStoreOptions normalise(RedisStoreOptions o) {
+    if (o.pool_size == 0) o.pool_size = 8;
+    o.connect_timeout = positive_ms(o.connect_timeout, std::chrono::milliseconds(500));
+    o.command_timeout = positive_ms(o.command_timeout, std::chrono::milliseconds(1000));
+    if (o.pool_wait_timeout.count() < 0) {
+      throw UsageError("idem::redis: RedisStoreOptions::pool_wait_timeout must not be negative");
+    }
+    if (o.reconnect_backoff.count() < 0) {
+      throw UsageError("idem::redis: RedisStoreOptions::reconnect_backoff must not be negative");
+    }
+    if (o.key_prefix.find_first_of("{}") != std::string::npos) {
+      throw UsageError("idem::redis: RedisStoreOptions::key_prefix must not contain '{' or '}' "
+                       "(they delimit the Redis Cluster hash tag)");
+    }
+    return o;
+  }
+
+  static detail::PoolSettings settings(const RedisStoreOptions& o) {
+    detail::PoolSettings s;
+    s.endpoint = detail::parse_uri(o.uri);
+    s.size = o.pool_size;
+    s.connect_timeout = o.connect_timeout;
+    s.command_timeout = o.command_timeout;
+    s.wait_timeout = o.pool_wait_timeout;
+    s.reconnect_backoff = o.reconnect_backoff;
+    return s;
+  }
+
+  // One command on a lent connection. A connection-level failure drops the connection and
+  // throws; an error reply is returned (the caller decides).
+  ReplyUPtr exec(detail::Pool::Lease& conn, int argc, const char** argv,
+                 const std::size_t* lens, Op op, std::string_view key) {
+    redisContext* c = conn.get();
+    errno = 0;
+    void* raw = redisCommandArgv(c, argc, argv, lens);
+    if (raw == nullptr) {
+      const int saved_errno = errno;
+      const int err = c->err;
+      const std::string errstr = c->errstr;
+      conn.discard(detail::server_gone(err, saved_errno));
+      const std::string what = describe(op, key);
+      detail::throw_error(
+          Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
+    }
+    return ReplyUPtr(static_cast<redisReply*>(raw));
+  }
+
+  [[noreturn]] static void server_error(const redisReply* r, Op op, std::string_view key) {
+    const std::string what = describe(op, key);
+    detail::throw_error(Failure{Failure::Kind::kServer, what, text_of(r)});
+  }
+
+  // EVALSHA with up to 4 arguments; on NOSCRIPT (a restarted or flushed server) loads the
+  // script and retries once. Error replies throw.
+  ReplyUPtr eval(const Script& script, Op op, std::string_view key,
+                 std::initializer_list<std::string_view> args) {
+    const char* argv[8];
+    std::size_t lens[8];
+    argv[0] = "EVALSHA";
+    lens[0] = 7;
+    argv[1] = script.sha.data();
+    lens[1] = script.sha.size();
+    argv[2] = "1";
+    lens[2] = 1;
+    argv[3] = key.data();
+    lens[3] = key.size();
+    int argc = 4;
+    for (std::string_view a : args) {
+      argv[argc] = a.data();
+      lens[argc] = a.size();
+      ++argc;
+    }
+    detail::Pool::Lease conn = pool_.acquire(op_name(op));
+    ReplyUPtr reply = exec(conn, argc, argv, lens, op, key);
+    if (reply->type == REDIS_REPLY_ERROR && text_of(reply.get()).substr(0, 8) == "NOSCRIPT") {
+      load(conn, script, op, key);
+      reply = exec(conn, argc, argv, lens, op, key);
+    }
+    if (reply->type == REDIS_REPLY_ERROR) server_error(reply.get(), op, key);
+    return reply;
+  }
+
+  void load(detail::Pool::Lease& conn, const Script& script, Op op, std::string_view key) {
+    const char* argv[] = {"SCRIPT", "LOAD", script.text.c_str()};
+    const std::size_t lens[] = {6, 4, script.text.size()};
+    ReplyUPtr r = exec(conn, 3, argv, lens, op, key);
+    if (r->type == REDIS_REPLY_ERROR) server_error(r.get(), op, key);
+    if (!is_string(r.get()) || text_of(r.get()) != std::string_view(script.sha.data(), 40)) {
+      protocol_error(op, key, "SCRIPT LOAD answered another SHA-1");
+    }
+    pool_.count_script_load();
+  }
+
+  // Integer replies 0/1 of complete and release; {9, reason} is a foreign value.
+  bool flag(const ReplyUPtr& r, Op op, std::string_view key) {
+    if (r->type == REDIS_REPLY_INTEGER) return r->integer == 1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
+      corrupt(op, key, text_of(r->element[1]));
+    }
+    protocol_error(op, key, "expected 0, 1 or {9, reason}");
+  }
+
+  ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
+                    std::chrono::milliseconds lease) {
+    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    Num lease_ms(lease.count());
+    SmallBuf record;  // the in-progress record this claim writes if the key is absent
+    const long long now = to_millis(system_now());
+    record.append(ClaimPrefix(owner).view());
+    record.append(Num(now).view());
+    const std::size_t head_end = record.view().size();
+    record.append(':').append(Num(now + lease.count()).view()).append(':');
+    const std::size_t tail_begin = record.view().size();
+    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
+    record.append(fingerprint);
+    ReplyUPtr r;
+    if (native_claim_.load(std::memory_order_relaxed)) {
+      const char* argv[] = {"SET", rk.view().data(), record.view().data(), "NX", "PX",
+                            lease_ms.view().data(), "GET"};
+      const std::size_t lens[] = {3, rk.view().size(), record.view().size(), 2, 2,
+                                  lease_ms.view().size(), 3};
+      detail::Pool::Lease conn = pool_.acquire(op_name(Op::kClaim));
+      r = exec(conn, 7, argv, lens, Op::kClaim, rk.view());
+      if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 16) == "ERR syntax error") {
+        // Redis < 7.0 rejects NX together with GET: claim with the script from now on.
+        native_claim_.store(false, std::memory_order_relaxed);
+        r.reset();
+      } else if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 4) == "OOM ") {
+        // maxmemory reached (noeviction): SET is refused even when it would write nothing.
+        // The script still answers busy / done / mismatch from a read, and reports OOM only
+        // when it has to write a new claim.
+        r.reset();
+      } else if (r->type == REDIS_REPLY_ERROR) {
+        server_error(r.get(), Op::kClaim, rk.view());
+      }
+    }
+    if (!r) r = eval(claim_, Op::kClaim, rk.view(), {record.view(), lease_ms.view()});
+
+    ClaimResult result;
+    if (r->type == REDIS_REPLY_NIL) {
+      result.status = ClaimStatus::kClaimed;
+      LastClaim& lc = last_claim;
+      lc.store = this;
+      lc.owner.assign(owner.str());
+      lc.redis_key.assign(rk.view().data(), rk.view().size());
+      lc.record.assign(record.view().data(), record.view().size());
+      lc.head_end = head_end;
+      lc.tail_begin = tail_begin;
+      return result;
+    }
+    if (r->type != REDIS_REPLY_STRING) {
+      protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
+    }
+    Decoded d;
+    if (!decode(text_of(r.get()), d)) corrupt(Op::kClaim, rk.view(), "not an idem record");
+    result.holder.assign(d.owner.data(), d.owner.size());
+    result.first_seen = from_millis(d.created);
+    if (d.fingerprint != fingerprint) {
+      result.status = ClaimStatus::kMismatch;
+    } else if (d.status == 'C') {
+      result.status = ClaimStatus::kDone;
+      result.response.assign(d.response.data(), d.response.size());
+    } else {
+      result.status = ClaimStatus::kBusy;
+    }
+    return result;
+  }
+
+  bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                std::chrono::seconds retention) {
+    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    const long long ret_ms = std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
+    Num ms(ret_ms);
+    Num deadline(to_millis(system_now()) + ret_ms);
+    LastClaim& lc = last_claim;
+    // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
+    // on servers older than 7.0 (and with claim_script), which then take the general script.
+    if (lc.store == this && lc.owner == owner.str() && lc.redis_key == rk.view() &&
+        native_claim_.load(std::memory_order_relaxed)) {
+      lc.store = nullptr;  // one use
+      std::string_view rec = lc.record;
+      SmallBuf completed;
+      completed.append("I1C").append(rec.substr(3, lc.head_end - 3)).append(':');
+      completed.append(deadline.view()).append(':').append(rec.substr(lc.tail_begin));
+      completed.append(response);
+      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
+                         {rec, completed.view(), ms.view()});
+      return flag(r, Op::kComplete, rk.view());
+    }
+    ClaimPrefix mine(owner);
+    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
+                       {mine.view(), response, ms.view(), deadline.view()});
+    return flag(r, Op::kComplete, rk.view());
+  }
+
+  bool release(const Key& key, const OwnerToken& owner) {
+    RedisKey rk(options_.key_prefix, key);
+    if (last_claim.store == this && last_claim.owner == owner.str()) last_claim.store = nullptr;
+    ClaimPrefix mine(owner);
+    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
+    return flag(r, Op::kRelease, rk.view());
+  }
+
+  void fill(const Key& key, std::string_view fingerprint, std::string_view response,
+            std::chrono::seconds retention) {
+    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
+    // Owner unknown (the durable store decided): stored empty.
+    std::string value;
+    value.reserve(40 + fingerprint.size() + response.size());
+    const long long now = to_millis(system_now());
+    value.append("I1C0:").append(Num(now).view()).append(1, ':');
+    value.append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
+                     .view())
+        .append(1, ':');
+    value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
+    value.append(fingerprint).append(response);
+    const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
+    const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
+    detail::Pool::Lease conn = pool_.acquire(op_name(Op::kFill));
+    ReplyUPtr r = exec(conn, 5, argv, lens, Op::kFill, rk.view());
+    if (r->type == REDIS_REPLY_ERROR) server_error(r.get(), Op::kFill, rk.view());
+  }
+
+  std::optional<Record> lookup(const Key& key) {
+    RedisKey rk(options_.key_prefix, key);
+    ReplyUPtr r = eval(lookup_, Op::kLookup, rk.view(), {});
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) return std::nullopt;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+      protocol_error(Op::kLookup, rk.view(), "expected 0 or a pair");
+    }
+    if (r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
+      corrupt(Op::kLookup, rk.view(), text_of(r->element[1]));
+    }
+    if (!is_string(r->element[0]) || r->element[1]->type != REDIS_REPLY_INTEGER) {
+      protocol_error(Op::kLookup, rk.view(), "malformed lookup answer");
+    }
+    Decoded d;
+    if (!decode(text_of(r->element[0]), d)) corrupt(Op::kLookup, rk.view(), "not an idem record");
+    const long long pttl = r->element[1]->integer;
+    const TimePoint now = system_now();
+    Record rec;
+    rec.status = d.status == 'P' ? Record::Status::kInProgress : Record::Status::kCompleted;
+    rec.fingerprint = std::string(d.fingerprint);
+    rec.owner = std::string(d.owner);
+    rec.response = std::string(d.response);
+    rec.created_at = from_millis(d.created);
+    rec.updated_at = rec.created_at;
+    const TimePoint until = pttl >= 0 ? now + std::chrono::milliseconds(pttl) : TimePoint::max();
+    if (rec.status == Record::Status::kInProgress) {
+      rec.lease_until = until;
+    } else {
+      rec.expires_at = until;
+    }
+    return rec;
+  }
+
+  std::string redis_key(const Key& key) const {
+    RedisKey rk(options_.key_prefix, key);
+    return std::string(rk.view());
+  }
+
+  const RedisStoreOptions& options() const noexcept { return options_; }
+  RedisPoolStats stats() const { return pool_.stats(); }
+
+ private:
+  const RedisStoreOptions options_;
+  detail::Pool pool_;
+  const Script claim_, complete_, complete_fast_, release_, lookup_;
+  // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
+  std::atomic<bool> native_claim_;
+};
+
+RedisStore::RedisStore(RedisStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+RedisStore::RedisStore(std::string_view uri)
+    : RedisStore([&] {
+        RedisStoreOptions o;
+        o.uri = std::string(uri);
+        return o;
+      }()) {}
+
+RedisStore::~RedisStore() = default;
+
+ClaimResult RedisStore::claim(const Key& key, std::string_view fingerprint,
+                              const OwnerToken& owner, std::chrono::milliseconds lease) {
+  return impl_->claim(key, fingerprint, owner, lease);
+}
+
+bool RedisStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                          std::chrono::seconds retention) {
+  return impl_->complete(key, owner, response, retention);
+}
+
+bool RedisStore::release(const Key& key, const OwnerToken& owner) {
+  return impl_->release(key, owner);
+}
+
+void RedisStore::fill(const Key& key, std::string_view fingerprint, std::string_view response,
+                      std::chrono::seconds retention) {
+  impl_->fill(key, fingerprint, response, retention);
+}
+
+std::optional<Record> RedisStore::lookup(const Key& key) { return impl_->lookup(key); }
+
+std::string RedisStore::redis_key(const Key& key) const { return impl_->redis_key(key); }
+
+RedisPoolStats RedisStore::pool_stats() const { return impl_->stats(); }
+
+const RedisStoreOptions& RedisStore::options() const noexcept { return impl_->options(); }
+
+}  // namespace idem::redis

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: MIT
+// Two consumer processes in one Redis Streams group, one killed with SIGKILL mid-batch: every
+// published message has exactly one effect row or one dead letter, and the redelivery count
+// the library reports equals the redeliveries the processes' delivery logs show.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fcntl.h>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/mq/redis_streams.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// fork + exec of the consumer process, stdout/stderr to `out`.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits for `pid` up to `limit`; kills it and returns -1 on timeout.
+int wait_for(pid_t pid, std::chrono::seconds limit) {
+  auto deadline = Clock::now() + limit;
+  int status = 0;
+  while (Clock::now() < deadline) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::uint64_t summary_value(const std::string& out, const std::string& name) {
+  std::smatch m;
+  std::regex re("summary .*\\b" + name + "=([0-9]+)");
+  if (!std::regex_search(out, m, re)) return ~std::uint64_t{0};
+  return std::stoull(m[1]);
+}
+
+// `kill_inside`: c1 does its slow work inside the handler's transaction, so the kill lands
+// mid-transaction (SQLite rolls it back) while c1 holds the message's claim in Redis (the fast
+// store), which blocks that message until the lease (2 s) ends; otherwise c1 is slow before
+// each message and dies between messages.
+void run_kill_scenario(bool kill_inside) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+  idem::test::TempDir dir;
+  const std::string stream = idem::test::unique_name("idem-test:mq:orders");
+  const std::string dead = stream + ".dead";
+  // A fresh group per run: the consume records in Redis (the shared fast store) outlive a run.
+  const std::string group = idem::test::unique_name("billing");
+  const std::string db = dir.file("billing.db");
+  idem::mq::RedisStreams redis{{url}};
+  ASSERT_TRUE(redis.create_group(stream, group));
+
+  // --- producer: N messages, every 10th re-published later (a producer retry: same message
+  // id, new entry id), a few poison messages, and three entries that reuse an id with another
+  // body (a producer bug: parked, not applied).
+  constexpr int kMessages = 2000;
+  std::set<std::string> published, poison, mismatched;
+  std::vector<idem::mq::Fields> entries;
+  auto body_of = [](int i) { return "{\"order\":" + std::to_string(i) + "}"; };
+  for (int i = 0; i < kMessages; ++i) {
+    std::string id = "order_" + std::to_string(i) + ":paid:v1";
+    entries.push_back({{"message_id", id}, {"body", body_of(i)}});
+    published.insert(id);
+    if (i % 10 == 9) {
+      int j = i - 7;
+      entries.push_back({{"message_id", "order_" + std::to_string(j) + ":paid:v1"},
+                         {"body", body_of(j)}});
+    }
+    if (i % 600 == 550) {  // a producer bug: the same id with another body
+      entries.push_back({{"message_id", "order_" + std::to_string(i - 50) + ":paid:v1"},
+                         {"body", "{\"order\":-1}"}});
+      mismatched.insert("order_" + std::to_string(i - 50) + ":paid:v1");
+    }
+    if (i % 400 == 123) {
+      std::string p = "poison_" + std::to_string(i);
+      entries.push_back({{"message_id", p}, {"body", "poison " + std::to_string(i)}});
+      published.insert(p);
+      poison.insert(p);
+    }
+  }
+  for (std::size_t at = 0; at < entries.size(); at += 500) {
+    std::vector<idem::mq::Fields> part(entries.begin() + static_cast<long>(at),
+                                       entries.begin() + static_cast<long>(
+                                           std::min(entries.size(), at + 500)));
+    redis.add_many(stream, part);
+  }
+  ASSERT_EQ(entries.size(), redis.length(stream));
+
+  auto args = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> a{IDEM_MQ_CONSUMER_BIN, "--redis", url, "--stream", stream,
+                               "--group", group, "--consumer", name, "--db", db,
+                               "--log", dir.file(name + ".log"), "--max-attempts", "3",
+                               "--fast-store", "redis", "--lease-ms", "2000"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // c1: slow (30 ms per message, batches of 16), never claims; it gets killed.
+  std::vector<std::string> c1_extra{"--batch", "16", "--delay-ms", "30", "--claim-every-ms", "0"};
+  if (kill_inside) c1_extra.push_back("--delay-inside");
+  pid_t c1 = spawn(args("c1", c1_extra), dir.file("c1.out"));
+  ASSERT_GT(c1, 0);
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (slurp(dir.file("c1.log")).empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_FALSE(slurp(dir.file("c1.log")).empty()) << slurp(dir.file("c1.out"));
+  // c2: fast, takes over entries idle for 1 s, exits when the group has nothing left.
+  pid_t c2 = spawn(args("c2", {"--batch", "32", "--claim-idle-ms", "1000", "--claim-every-ms",
+                               "250", "--exit-when-drained"}),
+                   dir.file("c2.out"));
+  ASSERT_GT(c2, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_EQ(0, ::kill(c1, SIGKILL));
+  int status = 0;
+  ::waitpid(c1, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const auto left_by_c1 = redis.pending(stream, group).of("c1");
+  EXPECT_GT(left_by_c1, 0u) << "c1 was expected to die with entries pending (mid-batch)";
+
+  ASSERT_EQ(0, wait_for(c2, std::chrono::seconds(100))) << slurp(dir.file("c2.out"));
+  const std::string out = slurp(dir.file("c2.out"));
+
+  // --- nothing pending, nothing left to deliver.
+  EXPECT_EQ(0u, redis.pending(stream, group).count);
+  EXPECT_EQ(0u, redis.pending(stream, group).of("c1"));
+
+  // --- exactly one effect row per consumed message; consumed ∪ dead letter = published.
+  idem::sqlite::Database database{db};
+  std::map<std::string, long> effects;
+  database.read([&](idem::sqlite::Session& s) {
+    auto st = s.prepare("SELECT message_id, count(*) FROM effect GROUP BY message_id");
+    while (st.step()) effects[st.column_bytes(0)] = static_cast<long>(st.column_int64(1));
+  });
+  std::set<std::string> dead_letters;
+  std::size_t dead_entries = 0;
+  for (const auto& e : redis.range(dead)) {
+    ++dead_entries;
+    dead_letters.insert(*e.find("message_id"));
+    EXPECT_EQ("3", *e.find("attempts"));
+  }
+  EXPECT_EQ(poison, dead_letters);
+  EXPECT_EQ(poison.size(), dead_entries) << "each poison message dead-lettered once";
+  std::set<std::string> consumed_or_dead = dead_letters;
+  for (const auto& [id, n] : effects) {
+    EXPECT_EQ(1, n) << id << " has " << n << " effect rows";
+    EXPECT_EQ(0u, dead_letters.count(id)) << id << " both consumed and dead-lettered";
+    consumed_or_dead.insert(id);
+  }
+  EXPECT_EQ(published, consumed_or_dead);
+  // Mismatched entries were parked (and acked), never applied: their ids keep one effect row.
+  std::set<std::string> parked;
+  for (const auto& e : redis.range(stream + ".parked")) parked.insert(*e.find("message_id"));
+  EXPECT_EQ(mismatched, parked);
+  EXPECT_EQ(3u, mismatched.size());
+  EXPECT_EQ(published.size() - poison.size(), effects.size());
+
+  // --- redeliveries: every delivery of an entry after its first, as the logs show (each
+  // process logs a batch before processing it), equals what the library counted. c1 reads only
+  // new entries, so all redeliveries happen in c2, which reports its count at exit.
+  std::map<std::string, int> deliveries;
+  for (const auto* name : {"c1", "c2"}) {
+    std::istringstream log(slurp(dir.file(std::string(name) + ".log")));
+    std::string entry_id, count, message_id;
+    while (log >> entry_id >> count >> message_id) ++deliveries[entry_id];
+  }
+  std::uint64_t observed = 0;
+  for (const auto& [id, n] : deliveries) observed += static_cast<std::uint64_t>(n - 1);
+  EXPECT_EQ(entries.size(), deliveries.size()) << "every entry was delivered";
+  EXPECT_GE(observed, left_by_c1 + 2 * poison.size());
+  EXPECT_EQ(observed, summary_value(out, "redeliveries")) << out;
+  EXPECT_GE(summary_value(out, "claimed"), left_by_c1) << out;
+  EXPECT_EQ(poison.size(), summary_value(out, "dead_lettered")) << out;
+  // Each poison message is retried twice (max_attempts 3). Killed inside a message, c1 also
+  // left its Redis claim behind: c2 answered retry_later for that message until the lease ended.
+  if (kill_inside) {
+    EXPECT_GT(summary_value(out, "retry_later"), 2 * poison.size()) << out;
+  } else {
+    EXPECT_EQ(2 * poison.size(), summary_value(out, "retry_later")) << out;
+  }
+
+  std::printf("published %zu ids in %zu entries; c1 killed with %llu pending; %llu "
+              "redeliveries observed; c2: %s",
+              published.size(), entries.size(), static_cast<unsigned long long>(left_by_c1),
+              static_cast<unsigned long long>(observed),
+              out.substr(out.rfind("summary")).c_str());
+  redis.del(stream);
+  redis.del(dead);
+  redis.del(stream + ".parked");
+}
+
+TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) { run_kill_scenario(false); }
+
+TEST(MqConsumerProcesses, KillNineInsideTheTransactionStillOneEffectPerMessage) {
+  run_kill_scenario(true);
+}
+
+}  // namespace

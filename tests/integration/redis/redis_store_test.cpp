@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: MIT
+// RedisStore against the real redis-server of scripts/servers.sh: the shared FastStore
+// conformance suite, the key layout and TTLs, foreign values, URIs, unreachable servers and an
+// exhausted pool.
+#include "idem/redis/redis_store.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "conformance/fast_store_conformance.hpp"
+#include "pool.hpp"
+#include "raw_redis.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using idem::ClaimStatus;
+using idem::Key;
+using idem::OwnerToken;
+using idem::redis::RedisStore;
+using idem::redis::RedisStoreOptions;
+using namespace std::chrono_literals;
+
+std::unique_ptr<idem::FastStore> make_redis(const std::string& url) {
+  return std::make_unique<RedisStore>(RedisStoreOptions{url});
+}
+
+// The Lua claim that servers older than 7.0 get, run against this server.
+std::unique_ptr<idem::FastStore> make_redis_script_claim(const std::string& url) {
+  RedisStoreOptions o{url};
+  o.claim_script = true;
+  return std::make_unique<RedisStore>(o);
+}
+
+}  // namespace
+
+IDEM_FAST_STORE_CONFORMANCE(
+    Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
+    (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL", make_redis_script_claim}))
+
+namespace {
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_ENV(url_, "IDEM_TEST_REDIS_URL");
+    store_ = std::make_unique<RedisStore>(RedisStoreOptions{url_});
+    raw_ = std::make_unique<idem::test::RawRedis>(url_);
+  }
+  Key key() {
+    return Key::make("redis.test", idem::test::unique_name(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+  std::string url_;
+  std::unique_ptr<RedisStore> store_;
+  std::unique_ptr<idem::test::RawRedis> raw_;
+};
+
+TEST_F(RedisStoreTest, KeyLayoutIsPrefixHashTagScopeBarId) {
+  EXPECT_EQ("idem:{payment|order_1}", store_->redis_key(Key::make("payment", "order_1")));
+  EXPECT_EQ("idem:{a:b|c}", store_->redis_key(Key::make("a:b", "c")));
+  EXPECT_EQ("idem:{a|b:c}", store_->redis_key(Key::make("a", "b:c")));
+  RedisStoreOptions o{url_};
+  o.key_prefix = "svc1:idem:";
+  RedisStore custom(o);
+  EXPECT_EQ("svc1:idem:{payment|x}", custom.redis_key(Key::make("payment", "x")));
+  o.key_prefix = "";
+  RedisStore bare(o);
+  EXPECT_EQ("{payment|x}", bare.redis_key(Key::make("payment", "x")));
+  o.key_prefix = "bad{";
+  EXPECT_THROW(RedisStore{o}, idem::UsageError);
+}
+
+TEST_F(RedisStoreTest, RecordLivesUnderItsKeyWithLeaseThenRetentionTtl) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto owner = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", owner, 20'000ms).status);
+  EXPECT_EQ("string", raw_->text({"TYPE", rk}));
+  long long lease_ttl = raw_->integer({"PTTL", rk});
+  EXPECT_GT(lease_ttl, 10'000);
+  EXPECT_LE(lease_ttl, 20'000);
+  auto rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, rec->status);
+  EXPECT_EQ(owner.str(), rec->owner);
+  EXPECT_EQ("fp", rec->fingerprint);
+  EXPECT_GT(rec->lease_until, idem::system_now());
+
+  ASSERT_TRUE(store_->complete(k, owner, "pay_1", std::chrono::seconds(3600)));
+  long long retention_ttl = raw_->integer({"PTTL", rk});
+  EXPECT_GT(retention_ttl, 3'000'000);
+  EXPECT_LE(retention_ttl, 3'600'000);
+  rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("pay_1", rec->response);
+  EXPECT_GT(rec->expires_at, idem::system_now() + std::chrono::seconds(3000));
+}
+
+TEST_F(RedisStoreTest, EveryClaimAnswerCarriesHolderAndFirstSeen) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  auto before = idem::system_now();
+  auto first = store_->claim(k, "fp", a, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, first.status);
+  EXPECT_FALSE(first.took_over);
+
+  auto busy = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kBusy, busy.status);
+  EXPECT_EQ(a.str(), busy.holder);
+  EXPECT_GE(busy.first_seen, before);
+  EXPECT_TRUE(busy.response.empty());
+
+  // A mismatch wins over busy...
+  auto mismatch = store_->claim(k, "other", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kMismatch, mismatch.status);
+  EXPECT_EQ(a.str(), mismatch.holder);
+  EXPECT_EQ(busy.first_seen, mismatch.first_seen);
+
+  ASSERT_TRUE(store_->complete(k, a, "resp", std::chrono::seconds(60)));
+  auto done = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, done.status);
+  EXPECT_EQ("resp", done.response);
+  EXPECT_EQ(a.str(), done.holder);
+  EXPECT_EQ(busy.first_seen, done.first_seen);
+  EXPECT_FALSE(done.failed);
+
+  // ...and over done.
+  EXPECT_EQ(ClaimStatus::kMismatch,
+            store_->claim(k, "other", OwnerToken::generate(), 30'000ms).status);
+  // An empty fingerprint is a fingerprint like any other.
+  EXPECT_EQ(ClaimStatus::kMismatch, store_->claim(k, "", OwnerToken::generate(), 30'000ms).status);
+}
+
+TEST_F(RedisStoreTest, CompleteOfACompletedRecordIsRefused) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  ASSERT_TRUE(store_->complete(k, a, "first", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->complete(k, a, "second", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->release(k, a));
+  EXPECT_EQ("first", store_->claim(k, "fp", a, 30'000ms).response);
+}
+
+// complete() on the claiming thread replaces the record in one write and, when the record is
+// not its claim any more, puts the other record back as it was (value and deadline).
+TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto stale = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stale, 150ms).status);
+  std::this_thread::sleep_for(400ms);
+  auto fresh = OwnerToken::generate();
+  std::string fresh_record;
+  std::thread other([&] {
+    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status);
+  });
+  other.join();
+  fresh_record = raw_->text({"GET", rk});
+  EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(3600)));
+  EXPECT_EQ(fresh_record, raw_->text({"GET", rk}));
+  long long ttl = raw_->integer({"PTTL", rk});
+  EXPECT_GT(ttl, 20'000);
+  EXPECT_LE(ttl, 30'000);
+  std::thread finish([&] {
+    EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60)));
+  });
+  finish.join();
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("fresh", r.response);
+  EXPECT_EQ(fresh.str(), r.holder);
+}
+
+TEST_F(RedisStoreTest, SecondCompleteIsRefusedAndChangesNothing) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  ASSERT_TRUE(store_->complete(k, a, "first", std::chrono::seconds(600)));
+  std::string after_first = raw_->text({"GET", rk});
+  // Claim again on this thread (a replay), then a late complete with a's token: refused.
+  ASSERT_EQ(ClaimStatus::kDone, store_->claim(k, "fp", a, 30'000ms).status);
+  EXPECT_FALSE(store_->complete(k, a, "second", std::chrono::seconds(60)));
+  EXPECT_EQ(after_first, raw_->text({"GET", rk}));
+  EXPECT_GT(raw_->integer({"PTTL", rk}), 500'000);
+}
+
+TEST_F(RedisStoreTest, ForeignValueWrittenDuringAClaimIsKeptAndReported) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  raw_->cmd({"SET", rk, "someone else's value"});
+  EXPECT_THROW(store_->complete(k, a, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+  EXPECT_EQ("someone else's value", raw_->text({"GET", rk}));
+  auto b = OwnerToken::generate();
+  raw_->cmd({"DEL", rk});
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", b, 30'000ms).status);
+  raw_->cmd({"DEL", rk});
+  raw_->cmd({"RPUSH", rk, "x"});
+  EXPECT_THROW(store_->complete(k, b, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+  EXPECT_EQ(1, raw_->integer({"LLEN", rk}));
+}
+
+TEST_F(RedisStoreTest, FillOverwritesAndKeepsTheFingerprint) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  store_->fill(k, "fp", "from_durable", std::chrono::seconds(60));
+  // The in-progress owner lost its record to the fill.
+  EXPECT_FALSE(store_->complete(k, a, "late", std::chrono::seconds(60)));
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("from_durable", r.response);
+  EXPECT_EQ("", r.holder);
+  EXPECT_EQ(ClaimStatus::kMismatch,
+            store_->claim(k, "fp2", OwnerToken::generate(), 30'000ms).status);
+  long long ttl = raw_->integer({"PTTL", store_->redis_key(k)});
+  EXPECT_GT(ttl, 30'000);
+  EXPECT_LE(ttl, 60'000);
+}
+
+TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
+  struct Case {
+    const char* name;
+    std::function<void(const std::string&)> write;
+  };
+  auto& raw = *raw_;
+  std::vector<Case> cases = {
+      {"plain string", [&](const std::string& k) { raw.cmd({"SET", k, "hello"}); }},
+      {"list", [&](const std::string& k) { raw.cmd({"LPUSH", k, "a", "b"}); }},
+      {"hash", [&](const std::string& k) { raw.cmd({"HSET", k, "f", "v"}); }},
+      {"set", [&](const std::string& k) { raw.cmd({"SADD", k, "m"}); }},
+      {"empty string", [&](const std::string& k) { raw.cmd({"SET", k, ""}); }},
+      {"truncated owner", [&](const std::string& k) { raw.cmd({"SET", k, "I1P32:abc"}); }},
+      {"no creation time", [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc"}); }},
+      {"truncated fingerprint",
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc17:64:ff"}); }},
+      {"bad status", [&](const std::string& k) { raw.cmd({"SET", k, "I1X0:1:0:"}); }},
+      {"negative length", [&](const std::string& k) { raw.cmd({"SET", k, "I1C-1:1:0:"}); }},
+      {"in progress with a response",
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1P3:abc1:0:extra"}); }},
+      {"huge length",
+       [&](const std::string& k) { raw.cmd({"SET", k, "I1C99999999999999999999:x"}); }},
+  };
+  RedisStoreOptions script_options{url_};
+  script_options.claim_script = true;
+  RedisStore script_store(script_options);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto k = key();
+    c.write(store_->redis_key(k));
+    EXPECT_THROW(script_store.claim(k, "fp", OwnerToken::generate(), 30'000ms),
+                 idem::CorruptRecord);
+    auto rk = store_->redis_key(k);
+    c.write(rk);
+    auto owner = OwnerToken::generate();
+    EXPECT_THROW(store_->claim(k, "fp", owner, 30'000ms), idem::CorruptRecord);
+    EXPECT_THROW(store_->complete(k, owner, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+    EXPECT_THROW(store_->release(k, owner), idem::CorruptRecord);
+    EXPECT_THROW(store_->lookup(k), idem::CorruptRecord);
+    try {
+      store_->claim(k, "fp", owner, 30'000ms);
+    } catch (const idem::CorruptRecord& e) {
+      EXPECT_EQ(idem::errc::kCorruptRecord, e.code());
+      EXPECT_NE(std::string(e.what()).find(rk), std::string::npos) << e.what();
+    }
+    // The store still works, and fill repairs the key.
+    store_->fill(k, "fp", "repaired", std::chrono::seconds(60));
+    EXPECT_EQ("repaired", store_->claim(k, "fp", owner, 30'000ms).response);
+  }
+}
+
+TEST(RedisStoreUnreachable, RefusedConnectIsStorageUnavailableAndLaterCallsFailFast) {
+  RedisStoreOptions o;
+  o.uri = "redis://127.0.0.1:1";  // nothing listens on port 1
+  o.reconnect_backoff = std::chrono::seconds(30);
+  RedisStore store(o);
+  auto k = Key::make("redis.test", "unreachable");
+  auto owner = OwnerToken::generate();
+  try {
+    (void)store.claim(k, "fp", owner, 1000ms);
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("refused")) << e.what();
+  }
+  // Within the backoff, calls fail without trying to connect again, naming the last error.
+  for (int i = 0; i < 3; ++i) {
+    try {
+      (void)store.complete(k, owner, "r", std::chrono::seconds(1));
+      ADD_FAILURE() << "no exception";
+    } catch (const idem::StorageUnavailable& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("refused")) << e.what();
+    }
+  }
+  auto s = store.pool_stats();
+  EXPECT_EQ(1u, s.connect_failures);
+  EXPECT_EQ(3u, s.fast_failures);
+  EXPECT_EQ(0u, s.open);
+}
+
+TEST(RedisStoreUnreachable, UnresolvableHostIsStorageUnavailable) {
+  RedisStore store{"redis://no-such-host.invalid:6379"};
+  EXPECT_THROW((void)store.lookup(Key::make("redis.test", "x")), idem::StorageUnavailable);
+}
+
+TEST(RedisPoolTest, ExhaustedPoolFailsAfterTheWaitTime) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+  idem::redis::detail::PoolSettings s;
+  s.endpoint = idem::redis::detail::parse_uri(url);
+  s.size = 1;
+  s.wait_timeout = 150ms;
+  idem::redis::detail::Pool pool(s);
+  {
+    auto held = pool.acquire("test");
+    ASSERT_NE(nullptr, held.get());
+    try {
+      auto second = pool.acquire("claim idem:{x|y}");
+      ADD_FAILURE() << "no exception";
+    } catch (const idem::StorageUnavailable& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("exhausted")) << e.what();
+    }
+    EXPECT_EQ(1u, pool.stats().exhausted);
+  }
+  // Given back: lent again (the same connection, nothing new opened).
+  { auto again = pool.acquire("test"); }
+  EXPECT_EQ(1u, pool.stats().connects);
+}
+
+TEST(RedisPoolTest, AWaiterGetsTheConnectionWhenItIsGivenBack) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+  idem::redis::detail::PoolSettings s;
+  s.endpoint = idem::redis::detail::parse_uri(url);
+  s.size = 1;
+  s.wait_timeout = 60s;  // long: the waiter must be woken by the give-back, not time out
+  idem::redis::detail::Pool pool(s);
+  auto held = std::make_unique<idem::redis::detail::Pool::Lease>(pool.acquire("test"));
+  std::atomic<bool> got{false};
+  std::thread waiter([&] {
+    auto lease = pool.acquire("test");
+    got = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(got.load());
+  held.reset();
+  waiter.join();
+  EXPECT_TRUE(got.load());
+  EXPECT_EQ(0u, pool.stats().exhausted);
+}
+
+TEST(RedisPoolTest, ExhaustedStoreThrowsStorageUnavailable) {
+  // Through the public API: one connection, lent to a thread blocked inside a call is hard to
+  // arrange without stalling the server; with pool_wait_timeout 0 and a pool of 1, a second
+  // concurrent call must fail at once instead of waiting.
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+  RedisStoreOptions o{url};
+  o.pool_size = 1;
+  o.pool_wait_timeout = 0ms;
+  RedisStore store(o);
+  std::atomic<int> unavailable{0}, ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        try {
+          (void)store.lookup(Key::make("redis.test", "exhaust" + std::to_string(t)));
+          ++ok;
+        } catch (const idem::StorageUnavailable&) {
+          ++unavailable;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(1200, ok + unavailable);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(static_cast<std::uint64_t>(unavailable.load()), store.pool_stats().exhausted);
+  EXPECT_LE(store.pool_stats().open, 1u);
+}
+
+}  // namespace

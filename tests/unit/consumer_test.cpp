@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: MIT
+// IdempotentConsumer over SQLite (mq_consume_record) and MemoryStore: verdicts, concurrency,
+// poison messages, durable attempt counts, redeliveries.
+#include "idem/consumer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/memory_store.hpp"
+#include "idem/sqlite/attempt_ledger.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using idem::Delivery;
+using idem::Verdict;
+using idem::sqlite::SqliteStore;
+using idem::sqlite::Transaction;
+
+idem::GuardOptions mq_guard_options() {
+  idem::GuardOptions o;
+  o.durable_source = idem::DuplicateSource::kMqRecord;
+  return o;
+}
+
+// One consumer process: a SQLite file with the consume record, effects and attempt ledger.
+struct Node {
+  explicit Node(const std::string& path, idem::ConsumerOptions options = {},
+                bool with_fast = true)
+      : durable(path, idem::sqlite::SqliteStoreOptions::mq_consume_record()),
+        guard(with_fast ? idem::IdempotencyGuard<SqliteStore>(fast, durable, mq_guard_options())
+                        : idem::IdempotencyGuard<SqliteStore>(durable, mq_guard_options())),
+        consumer(guard, "billing", with_ledger(std::move(options))) {
+    durable.database().write([](Transaction& tx) {
+      tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL)");
+    });
+  }
+
+  idem::ConsumerOptions with_ledger(idem::ConsumerOptions o) {
+    if (!o.attempts) {
+      o.attempts = std::make_shared<idem::sqlite::SqliteAttemptLedger>(durable.shared_database());
+    }
+    return o;
+  }
+
+  long effects(const std::string& id) {
+    return static_cast<long>(durable.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE message_id = ?", id).value_or(-1);
+    }));
+  }
+
+  Verdict apply(const std::string& id, const std::string& body, std::uint32_t count = 1) {
+    auto fp = idem::fingerprint(body);
+    return consumer.consume(Delivery{id, fp, body, count}, [&](Transaction& tx) {
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", id);
+    });
+  }
+
+  idem::MemoryStore fast;
+  SqliteStore durable;
+  idem::IdempotencyGuard<SqliteStore> guard;
+  idem::IdempotentConsumer<SqliteStore> consumer;
+};
+
+class ConsumerTest : public ::testing::Test {
+ protected:
+  std::string db() { return dir_.file("mq.sqlite"); }
+  idem::test::TempDir dir_;
+};
+
+TEST_F(ConsumerTest, DuplicateIsAckedWithoutRunning) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("order_1:paid:v1", "{\"amount\":10}"));
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("order_1:paid:v1", "{\"amount\":10}"));
+  EXPECT_EQ(1, n.effects("order_1:paid:v1"));
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(2u, s.deliveries);
+  EXPECT_EQ(1u, s.acked);
+  EXPECT_EQ(1u, s.duplicates);
+  auto rec = n.durable.lookup(idem::Key::make("billing", "order_1:paid:v1"));
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+}
+
+TEST_F(ConsumerTest, DuplicateCaughtByTheRecordTableAfterARestart) {
+  { Node n{db()}; EXPECT_EQ(Verdict::kAck, n.apply("m1", "a")); }
+  Node n{db()};  // a new process: empty fast store
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("m1", "a"));
+  EXPECT_EQ(1, n.effects("m1"));
+  EXPECT_EQ(1u, n.guard.stats().snapshot().durable_conflicts);
+}
+
+TEST_F(ConsumerTest, ConcurrentDuplicateIsRetryLater) {
+  Node n{db()};
+  std::promise<void> entered, release;
+  auto released = release.get_future().share();
+  auto first = std::async(std::launch::async, [&] {
+    return n.consumer.consume(Delivery{"m1", ""}, [&](Transaction& tx) {
+      tx.exec("INSERT INTO effect (message_id) VALUES ('m1')");
+      entered.set_value();
+      released.wait();
+    });
+  });
+  entered.get_future().wait();
+  bool ran = false;
+  EXPECT_EQ(Verdict::kRetryLater,
+            n.consumer.consume(Delivery{"m1", ""}, [&](Transaction&) { ran = true; }));
+  release.set_value();
+  EXPECT_EQ(Verdict::kAck, first.get());
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(Verdict::kAckDuplicate,  // the broker's redelivery
+            n.consumer.consume(Delivery{"m1", ""}, [&](Transaction&) { ran = true; }));
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(1, n.effects("m1"));
+}
+
+TEST_F(ConsumerTest, ManyThreadsManyDuplicatesOneEffectEach) {
+  Node n{db()};
+  constexpr int kThreads = 8, kMessages = 40;
+  std::atomic<int> acks{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int m = 0; m < kMessages; ++m) {
+        std::string id = "m" + std::to_string(m);
+        // Redeliver until the message is acked (as a broker would).
+        for (;;) {
+          Verdict v = n.apply(id, "body" + std::to_string(m));
+          if (v == Verdict::kAck) acks.fetch_add(1);
+          if (idem::should_ack(v)) break;
+          ASSERT_EQ(Verdict::kRetryLater, v);
+          std::this_thread::yield();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(kMessages, acks.load());
+  for (int m = 0; m < kMessages; ++m) EXPECT_EQ(1, n.effects("m" + std::to_string(m)));
+}
+
+TEST_F(ConsumerTest, ConcurrentDuplicatesWithoutAFastStoreSerialiseOnTheRecord) {
+  Node n{db(), {}, /*with_fast=*/false};
+  std::vector<std::future<Verdict>> f;
+  for (int i = 0; i < 6; ++i) {
+    f.push_back(std::async(std::launch::async, [&] { return n.apply("m1", "x"); }));
+  }
+  int ack = 0, dup = 0;
+  for (auto& x : f) {
+    Verdict v = x.get();
+    ack += v == Verdict::kAck;
+    dup += v == Verdict::kAckDuplicate;
+  }
+  EXPECT_EQ(1, ack);
+  EXPECT_EQ(5, dup);
+  EXPECT_EQ(1, n.effects("m1"));
+}
+
+TEST_F(ConsumerTest, SameIdDifferentBodyIsAMismatch) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m1", "amount=10"));
+  EXPECT_EQ(Verdict::kMismatch, n.apply("m1", "amount=99"));
+  EXPECT_FALSE(idem::should_ack(Verdict::kMismatch));
+  EXPECT_EQ(1, n.effects("m1"));
+  EXPECT_EQ(1u, n.consumer.stats().snapshot().mismatched);
+}
+
+struct Sink {
+  std::mutex mutex;
+  std::vector<idem::DeadLetter> letters;
+  std::function<void(const idem::DeadLetter&)> fn() {
+    return [this](const idem::DeadLetter& d) {
+      std::lock_guard<std::mutex> lock(mutex);
+      letters.push_back(d);
+    };
+  }
+};
+
+Verdict poison(Node& n, const std::string& id, int* runs = nullptr) {
+  return n.consumer.consume(Delivery{id, "", "payload-" + id}, [&](Transaction& tx) {
+    tx.exec("INSERT INTO effect (message_id) VALUES (?)", id);  // rolled back
+    if (runs != nullptr) ++*runs;
+    throw std::runtime_error("cannot parse " + id);
+  });
+}
+
+TEST_F(ConsumerTest, PoisonGoesToDeadLetterAfterMaxAttemptsAndOthersKeepFlowing) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 3;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  int runs = 0;
+  EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad", &runs));
+  EXPECT_EQ(Verdict::kAck, n.apply("good1", "x"));
+  EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad", &runs));
+  EXPECT_EQ(Verdict::kAck, n.apply("good2", "x"));
+  EXPECT_TRUE(sink.letters.empty());
+  EXPECT_EQ(Verdict::kDeadLetter, poison(n, "bad", &runs));
+  ASSERT_EQ(1u, sink.letters.size());
+  EXPECT_EQ("bad", sink.letters[0].message_id);
+  EXPECT_EQ("billing", sink.letters[0].group);
+  EXPECT_EQ("payload-bad", sink.letters[0].payload);
+  EXPECT_EQ(3u, sink.letters[0].attempts);
+  EXPECT_NE(sink.letters[0].error.find("cannot parse bad"), std::string::npos);
+  // Redelivered later: acked as a duplicate, the handler does not run, no second letter.
+  EXPECT_EQ(Verdict::kAckDuplicate, poison(n, "bad", &runs));
+  EXPECT_EQ(3, runs);
+  EXPECT_EQ(1u, sink.letters.size());
+  EXPECT_TRUE(n.consumer.dead_lettered("bad"));
+  EXPECT_FALSE(n.consumer.dead_lettered("good1"));
+  auto rec = n.durable.lookup(idem::Key::make("billing", "bad"));
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(idem::Record::Status::kFailed, rec->status);
+  EXPECT_EQ(0, n.effects("bad"));
+  EXPECT_EQ(1, n.effects("good1"));
+  EXPECT_EQ(Verdict::kAck, n.apply("good3", "x"));
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(3u, s.failures);
+  EXPECT_EQ(1u, s.dead_lettered);
+}
+
+TEST_F(ConsumerTest, AttemptCountSurvivesAConsumerRestart) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 3;
+  o.dead_letter = sink.fn();
+  {
+    Node n{db(), o};
+    EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad"));
+    EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad"));
+  }
+  Node n{db(), o};  // restarted: the durable ledger remembers two failures
+  EXPECT_EQ(Verdict::kDeadLetter, poison(n, "bad"));
+  EXPECT_EQ(1u, sink.letters.size());
+}
+
+TEST_F(ConsumerTest, AMessageThatSucceedsOnARedeliveryForgetsItsFailures) {
+  idem::ConsumerOptions o;
+  o.max_attempts = 2;
+  auto ledger = std::make_shared<idem::MemoryAttemptLedger>();
+  o.attempts = ledger;
+  Node n{db(), o};
+  EXPECT_EQ(Verdict::kRetryLater, poison(n, "flaky"));
+  EXPECT_EQ(1u, ledger->failures(idem::Key::make("billing", "flaky")));
+  EXPECT_EQ(Verdict::kAck, n.apply("flaky", "", 2));
+  EXPECT_EQ(0u, ledger->failures(idem::Key::make("billing", "flaky")));
+}
+
+TEST_F(ConsumerTest, AThrowingSinkKeepsTheMessageWithTheBroker) {
+  idem::ConsumerOptions o;
+  o.max_attempts = 1;
+  int calls = 0;
+  o.dead_letter = [&](const idem::DeadLetter&) {
+    if (++calls == 1) throw std::runtime_error("dead-letter stream unreachable");
+  };
+  Node n{db(), o};
+  EXPECT_THROW(poison(n, "bad"), std::runtime_error);
+  EXPECT_FALSE(n.consumer.dead_lettered("bad"));  // the claim was released
+  EXPECT_EQ(Verdict::kDeadLetter, poison(n, "bad"));
+  EXPECT_EQ(2, calls);
+  EXPECT_TRUE(n.consumer.dead_lettered("bad"));
+}
+
+TEST_F(ConsumerTest, RetryableHandlerErrorsPropagateWithoutCounting) {
+  idem::ConsumerOptions o;
+  o.max_attempts = 1;
+  Node n{db(), o};
+  auto timeout = [](Transaction&) { throw idem::StorageTimeout("business table locked"); };
+  EXPECT_THROW(n.consumer.consume(Delivery{"m1", ""}, timeout), idem::StorageTimeout);
+  EXPECT_THROW(n.consumer.consume(Delivery{"m1", ""}, timeout), idem::StorageTimeout);
+  EXPECT_EQ(0u, n.consumer.stats().snapshot().dead_lettered);
+  EXPECT_EQ(Verdict::kAck, n.apply("m1", ""));
+}
+
+TEST_F(ConsumerTest, InvalidMessageIdGoesToTheDeadLetterSink) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  bool ran = false;
+  EXPECT_EQ(Verdict::kDeadLetter,
+            n.consumer.consume(Delivery{"has space", "", "p"}, [&](Transaction&) { ran = true; }));
+  EXPECT_FALSE(ran);
+  ASSERT_EQ(1u, sink.letters.size());
+  EXPECT_EQ(0u, sink.letters[0].attempts);
+  EXPECT_NE(sink.letters[0].error.find("id.charset"), std::string::npos);
+}
+
+TEST_F(ConsumerTest, RedeliveriesAreCounted) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m1", "x", 1));
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("m1", "x", 2));  // e.g. taken over by XAUTOCLAIM
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("m1", "x", 1));  // a producer retry
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(1u, s.redeliveries);
+  EXPECT_EQ(2u, s.duplicates);
+}
+
+TEST_F(ConsumerTest, TwoPhaseHandlerForExternalEffects) {
+  Node n{db()};
+  int calls = 0;
+  auto external = [&] { ++calls; };
+  EXPECT_EQ(Verdict::kAck, n.consumer.consume("m1", "", external));
+  EXPECT_EQ(Verdict::kAckDuplicate, n.consumer.consume("m1", "", external));
+  EXPECT_EQ(1, calls);
+}
+
+TEST_F(ConsumerTest, FastStoreOnlyConsumer) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 2;
+  o.dead_letter = sink.fn();
+  idem::IdempotentConsumer consumer{guard, "g", o};
+  int calls = 0;
+  EXPECT_EQ(Verdict::kAck, consumer.consume("m1", "", [&] { ++calls; }));
+  EXPECT_EQ(Verdict::kAckDuplicate, consumer.consume("m1", "", [&] { ++calls; }));
+  auto bad = [] { throw std::runtime_error("poison"); };
+  EXPECT_EQ(Verdict::kRetryLater, consumer.consume("m2", "", bad));
+  EXPECT_EQ(Verdict::kDeadLetter, consumer.consume("m2", "", bad));
+  EXPECT_EQ(Verdict::kAckDuplicate, consumer.consume("m2", "", bad));
+  EXPECT_EQ(1, calls);
+  EXPECT_EQ(1u, sink.letters.size());
+}
+
+// --- consume_batch: one transaction per batch -------------------------------------------------
+
+std::vector<Verdict> apply_batch(Node& n, const std::vector<std::string>& ids,
+                                 const std::string& poison_id = "") {
+  std::vector<std::string> fps;
+  for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+  std::vector<Delivery> batch;
+  for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
+  return n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+    tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+    if (ids[i] == poison_id) throw std::runtime_error("poison " + ids[i]);
+  });
+}
+
+TEST_F(ConsumerTest, BatchAcksNewDropsDuplicatesInsideAndAcrossBatches) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m0", "body of m0"));
+  auto v = apply_batch(n, {"m1", "m2", "m1", "m0", "m3"});
+  std::vector<Verdict> want{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate,
+                            Verdict::kAckDuplicate, Verdict::kAck};
+  EXPECT_EQ(want, v);
+  for (const char* id : {"m0", "m1", "m2", "m3"}) EXPECT_EQ(1, n.effects(id)) << id;
+  EXPECT_EQ(Verdict::kAckDuplicate, n.apply("m2", "body of m2"));  // the single path sees it
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(4u, s.acked);
+  EXPECT_EQ(3u, s.duplicates);
+}
+
+TEST_F(ConsumerTest, BatchIsolatesAFailingHandlerAndDeadLettersItEventually) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 2;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  auto v = apply_batch(n, {"a", "bad", "b"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater, Verdict::kAck}), v);
+  EXPECT_EQ(1, n.effects("a"));
+  EXPECT_EQ(0, n.effects("bad"));  // rolled back to its savepoint
+  EXPECT_EQ(1, n.effects("b"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "bad")));
+  v = apply_batch(n, {"bad", "c"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kDeadLetter, Verdict::kAck}), v);
+  ASSERT_EQ(1u, sink.letters.size());
+  EXPECT_EQ(2u, sink.letters[0].attempts);
+  EXPECT_TRUE(n.consumer.dead_lettered("bad"));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), apply_batch(n, {"bad"}, "bad"));
+}
+
+TEST_F(ConsumerTest, BatchMismatchAndRetryableFailureRollsEverythingBack) {
+  Node n{db()};
+  EXPECT_EQ(Verdict::kAck, n.apply("m1", "other body"));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kMismatch, Verdict::kAck}),
+            apply_batch(n, {"m1", "m2"}));
+  std::vector<Delivery> batch{Delivery{"m3", ""}, Delivery{"m4", ""}};
+  EXPECT_THROW(n.consumer.consume_batch(batch,
+                                        [&](Transaction& tx, std::size_t i) {
+                                          tx.exec("INSERT INTO effect (message_id) VALUES (?)",
+                                                  std::string(batch[i].message_id));
+                                          if (i == 1) throw idem::StorageTimeout("locked");
+                                        }),
+               idem::StorageTimeout);
+  EXPECT_EQ(0, n.effects("m3"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "m3")));
+}
+
+TEST_F(ConsumerTest, ConcurrentOverlappingBatchesOneEffectEach) {
+  Node n{db()};
+  constexpr int kThreads = 6, kMessages = 60;
+  std::atomic<int> acks{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int from = 0; from < kMessages; from += 10) {
+        std::vector<std::string> ids;
+        for (int m = from; m < from + 10; ++m) ids.push_back("m" + std::to_string((m + t) % kMessages));
+        for (Verdict v : apply_batch(n, ids)) acks += v == Verdict::kAck;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(kMessages, acks.load());
+  for (int m = 0; m < kMessages; ++m) EXPECT_EQ(1, n.effects("m" + std::to_string(m)));
+}
+
+TEST(ConsumerOptionsTest, RejectsBadGroupAndZeroAttempts) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  EXPECT_THROW(idem::IdempotentConsumer(guard, "bad group"), idem::InvalidKey);
+  idem::ConsumerOptions o;
+  o.max_attempts = 0;
+  EXPECT_THROW(idem::IdempotentConsumer(guard, "g", o), idem::UsageError);
+  EXPECT_EQ("ack_duplicate", idem::verdict_name(Verdict::kAckDuplicate));
+}
+
+TEST(MessageIdTest, BuildsAnIdFromBusinessNumberEventAndVersion) {
+  EXPECT_EQ("order_20001:paid:v3", idem::make_message_id("order_20001", "paid", 3));
+  EXPECT_THROW(idem::make_message_id("", "paid", 1), idem::InvalidKey);
+}
+
+}  // namespace
