@@ -37,9 +37,9 @@ std::unique_ptr<idem::FastStore> make_redis_script_claim(const std::string& url)
 
 }  // namespace
 
-IDEM_FAST_STORE_CONFORMANCE(
-    Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
-    (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL", make_redis_script_claim}))
+IDEM_FAST_STORE_CONFORMANCE(Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
+                            (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL",
+                                              make_redis_script_claim}))
 
 namespace {
 
@@ -51,8 +51,9 @@ class RedisStoreTest : public ::testing::Test {
     raw_ = std::make_unique<idem::test::RawRedis>(url_);
   }
   Key key() {
-    return Key::make("redis.test", idem::test::unique_name(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    return Key::make(
+        "redis.test",
+        idem::test::unique_name(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
   std::string url_;
   std::unique_ptr<RedisStore> store_;
@@ -156,9 +157,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   std::this_thread::sleep_for(400ms);
   auto fresh = OwnerToken::generate();
   std::string fresh_record;
-  std::thread other([&] {
-    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status);
-  });
+  std::thread other(
+      [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status); });
   other.join();
   fresh_record = raw_->text({"GET", rk});
   EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(3600)));
@@ -166,9 +166,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   long long ttl = raw_->integer({"PTTL", rk});
   EXPECT_GT(ttl, 20'000);
   EXPECT_LE(ttl, 30'000);
-  std::thread finish([&] {
-    EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60)));
-  });
+  std::thread finish(
+      [&] { EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60))); });
   finish.join();
   auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
   EXPECT_EQ(ClaimStatus::kDone, r.status);
@@ -232,21 +231,54 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
   };
   auto& raw = *raw_;
   std::vector<Case> cases = {
-      {"plain string", [&](const std::string& k) { raw.cmd({"SET", k, "hello"}); }},
-      {"list", [&](const std::string& k) { raw.cmd({"LPUSH", k, "a", "b"}); }},
-      {"hash", [&](const std::string& k) { raw.cmd({"HSET", k, "f", "v"}); }},
-      {"set", [&](const std::string& k) { raw.cmd({"SADD", k, "m"}); }},
-      {"empty string", [&](const std::string& k) { raw.cmd({"SET", k, ""}); }},
-      {"truncated owner", [&](const std::string& k) { raw.cmd({"SET", k, "I1P32:abc"}); }},
-      {"no creation time", [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc"}); }},
+      {"plain string",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "hello"});
+       }},
+      {"list",
+       [&](const std::string& k) {
+         raw.cmd({"LPUSH", k, "a", "b"});
+       }},
+      {"hash",
+       [&](const std::string& k) {
+         raw.cmd({"HSET", k, "f", "v"});
+       }},
+      {"set",
+       [&](const std::string& k) {
+         raw.cmd({"SADD", k, "m"});
+       }},
+      {"empty string",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, ""});
+       }},
+      {"truncated owner",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1P32:abc"});
+       }},
+      {"no creation time",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C3:abc"});
+       }},
       {"truncated fingerprint",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc17:64:ff"}); }},
-      {"bad status", [&](const std::string& k) { raw.cmd({"SET", k, "I1X0:1:0:"}); }},
-      {"negative length", [&](const std::string& k) { raw.cmd({"SET", k, "I1C-1:1:0:"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C3:abc17:64:ff"});
+       }},
+      {"bad status",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1X0:1:0:"});
+       }},
+      {"negative length",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C-1:1:0:"});
+       }},
       {"in progress with a response",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1P3:abc1:0:extra"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1P3:abc1:0:extra"});
+       }},
       {"huge length",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1C99999999999999999999:x"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C99999999999999999999:x"});
+       }},
   };
   RedisStoreOptions script_options{url_};
   script_options.claim_script = true;
