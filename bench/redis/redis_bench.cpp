@@ -278,6 +278,27 @@ int main(int argc, char** argv) {
         });
     if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
     report("guard_replay_vs_set_nx_ex_" + tag, c);
+    if (a.only == "replay") {
+      // Diagnostic: the store's claim alone (no guard, a fixed owner token) on the same keys,
+      // to tell the store's cost from the guard's.
+      const idem::OwnerToken owner = idem::OwnerToken::generate();
+      auto d = compare(
+          a,
+          [&](int, int t, int i) {
+            auto r = store.claim(
+                keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)], fp,
+                owner, 30s);
+            if (r.status != idem::ClaimStatus::kDone) ++bad;
+          },
+          [&](int, int t, int i) {
+            const std::string& rk =
+                raw_keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)];
+            const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
+            const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
+            raws[static_cast<std::size_t>(t)]->run(6, av, lv);
+          });
+      report("store_claim_replay_vs_set_nx_ex_" + tag, d);
+    }
   }
 
   if (want("first")) {
