@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -306,6 +307,47 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
     store_->fill(k, "fp", "repaired", std::chrono::seconds(60));
     EXPECT_EQ("repaired", store_->claim(k, "fp", owner, 30'000ms).response);
   }
+}
+
+// unix:// URIs, against a private redis-server listening on a Unix socket only (no TCP port,
+// so nothing can clash with other servers), started and stopped by this test.
+TEST(RedisStoreUnixSocket, ClaimCompleteAndSelectDbOverAUnixSocket) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");  // servers are expected: redis-server exists
+  idem::test::TempDir dir;
+  const std::string sock = dir.file("r.sock");
+  const std::string pid = dir.file("r.pid");
+  const std::string start = "redis-server --port 0 --unixsocket " + sock + " --dir " +
+                            dir.file("") + " --save '' --appendonly no --daemonize yes" +
+                            " --pidfile " + pid + " --logfile " + dir.file("r.log");
+  ASSERT_EQ(0, std::system(start.c_str()));
+  struct Stop {
+    std::string pid;
+    ~Stop() { std::system(("kill $(cat " + pid + ") 2>/dev/null").c_str()); }
+  } stop{pid};
+  RedisStoreOptions o{"unix://" + sock + "?db=3"};
+  RedisStore store(o);
+  auto k = Key::make("redis.unix", "k1");
+  auto owner = OwnerToken::generate();
+  // The server may still be starting: the first calls may be refused.
+  idem::ClaimResult first;
+  bool claimed = false;
+  for (int i = 0; i < 100 && !claimed; ++i) {
+    try {
+      first = store.claim(k, "fp", owner, 30'000ms);
+      claimed = true;
+    } catch (const idem::StorageUnavailable&) {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(claimed);
+  EXPECT_EQ(ClaimStatus::kClaimed, first.status);
+  EXPECT_TRUE(store.complete(k, owner, "over unix", std::chrono::seconds(60)));
+  EXPECT_EQ("over unix", store.claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
+  idem::test::RawRedis raw("unix://" + sock);
+  EXPECT_EQ("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 0: not there
+  raw.cmd({"SELECT", "3"});
+  EXPECT_NE("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 3: there
 }
 
 TEST(RedisStoreUnreachable, RefusedConnectIsStorageUnavailableAndLaterCallsFailFast) {
