@@ -311,7 +311,7 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
 
 // unix:// URIs, against a private redis-server listening on a Unix socket only (no TCP port,
 // so nothing can clash with other servers), started and stopped by this test.
-TEST(RedisStoreUnixSocket, ClaimCompleteAndSelectDbOverAUnixSocket) {
+TEST(RedisStoreUnixSocket, ClaimCompleteAuthAndSelectDbOverAUnixSocket) {
   std::string url;
   IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");  // servers are expected: redis-server exists
   idem::test::TempDir dir;
@@ -319,13 +319,15 @@ TEST(RedisStoreUnixSocket, ClaimCompleteAndSelectDbOverAUnixSocket) {
   const std::string pid = dir.file("r.pid");
   const std::string start = "redis-server --port 0 --unixsocket " + sock + " --dir " +
                             dir.file("") + " --save '' --appendonly no --daemonize yes" +
-                            " --pidfile " + pid + " --logfile " + dir.file("r.log");
+                            " --pidfile " + pid + " --logfile " + dir.file("r.log") +
+                            " --requirepass 's3cr@t:pw'";
   ASSERT_EQ(0, std::system(start.c_str()));
   struct Stop {
     std::string pid;
     ~Stop() { std::system(("kill $(cat " + pid + ") 2>/dev/null").c_str()); }
   } stop{pid};
-  RedisStoreOptions o{"unix://" + sock + "?db=3"};
+  // The password is %-escaped in the URI ('@' is %40, ':' is %3A).
+  RedisStoreOptions o{"unix://:s3cr%40t%3Apw@" + sock + "?db=3"};
   RedisStore store(o);
   auto k = Key::make("redis.unix", "k1");
   auto owner = OwnerToken::generate();
@@ -345,9 +347,23 @@ TEST(RedisStoreUnixSocket, ClaimCompleteAndSelectDbOverAUnixSocket) {
   EXPECT_TRUE(store.complete(k, owner, "over unix", std::chrono::seconds(60)));
   EXPECT_EQ("over unix", store.claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
   idem::test::RawRedis raw("unix://" + sock);
+  raw.cmd({"AUTH", "s3cr@t:pw"});
   EXPECT_EQ("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 0: not there
   raw.cmd({"SELECT", "3"});
   EXPECT_NE("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 3: there
+
+  // A wrong password is a configuration error, not an outage; the password is not echoed.
+  RedisStore wrong(RedisStoreOptions{"unix://:not-it@" + sock});
+  try {
+    (void)wrong.lookup(k);
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    ADD_FAILURE() << "a refused AUTH is not unavailability: " << e.what();
+  } catch (const idem::StorageError& e) {
+    EXPECT_EQ(idem::errc::kStorageError, e.code());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("authentication")) << e.what();
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("not-it")) << e.what();
+  }
 }
 
 TEST(RedisStoreUnreachable, RefusedConnectIsStorageUnavailableAndLaterCallsFailFast) {
