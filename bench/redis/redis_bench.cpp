@@ -185,17 +185,25 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     std::string v = argv[i + 1];
-    if (k == "--url") a.url = v;
-    else if (k == "--threads") a.threads = std::atoi(v.c_str());
-    else if (k == "--ops") a.ops = std::atoi(v.c_str());
-    else if (k == "--rounds") a.rounds = std::atoi(v.c_str());
-    else if (k == "--only") a.only = v;
-    else if (k == "--side") a.side = v;
-    else if (k == "--claim-script") a.claim_script = v == "1";
+    if (k == "--url")
+      a.url = v;
+    else if (k == "--threads")
+      a.threads = std::atoi(v.c_str());
+    else if (k == "--ops")
+      a.ops = std::atoi(v.c_str());
+    else if (k == "--rounds")
+      a.rounds = std::atoi(v.c_str());
+    else if (k == "--only")
+      a.only = v;
+    else if (k == "--side")
+      a.side = v;
+    else if (k == "--claim-script")
+      a.claim_script = v == "1";
   }
   if (a.url.empty()) {
-    std::fprintf(stderr, "usage: idem_redis_bench --url redis://host:port [--threads N] "
-                         "[--ops N] [--rounds N] [--only replay|first|memory|token]\n");
+    std::fprintf(stderr,
+                 "usage: idem_redis_bench --url redis://host:port [--threads N] "
+                 "[--ops N] [--rounds N] [--only replay|first|memory|token]\n");
     return 2;
   }
   auto want = [&](const char* part) { return a.only.empty() || a.only == part; };
@@ -220,9 +228,10 @@ int main(int argc, char** argv) {
   const std::string fp = idem::fingerprint("{\"order\":\"20001\",\"amount\":100}");
   const std::string response = "{\"payment_no\":\"pay_20001\",\"status\":\"PAID\"}";
 
-  std::printf("threads %d, %d ops per thread per phase, %d rounds (A/B interleaved), "
-              "pool_size %d vs %d raw connections\n",
-              a.threads, a.ops, a.rounds, a.threads, a.threads);
+  std::printf(
+      "threads %d, %d ops per thread per phase, %d rounds (A/B interleaved), "
+      "pool_size %d vs %d raw connections\n",
+      a.threads, a.ops, a.rounds, a.threads, a.threads);
 
   if (want("token")) {
     constexpr int kN = 200000;
@@ -244,8 +253,7 @@ int main(int argc, char** argv) {
         std::string sid = id + "_" + tag + "_" + std::to_string(t) + "_" + std::to_string(i);
         keys[static_cast<std::size_t>(t)].push_back(idem::Key::make("bench.replay", sid));
         raw_keys[static_cast<std::size_t>(t)].push_back("raw-bench:replay:" + sid);
-        auto r = guard.run(keys[static_cast<std::size_t>(t)].back(), fp,
-                           [&] { return response; });
+        auto r = guard.run(keys[static_cast<std::size_t>(t)].back(), fp, [&] { return response; });
         (void)r;
         const std::string& rk = raw_keys[static_cast<std::size_t>(t)].back();
         const char* av[] = {"SET", rk.c_str(), response.c_str(), "EX", "300"};
@@ -270,6 +278,27 @@ int main(int argc, char** argv) {
         });
     if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
     report("guard_replay_vs_set_nx_ex_" + tag, c);
+    if (a.only == "replay") {
+      // Diagnostic: the store's claim alone (no guard, a fixed owner token) on the same keys,
+      // to tell the store's cost from the guard's.
+      const idem::OwnerToken owner = idem::OwnerToken::generate();
+      auto d = compare(
+          a,
+          [&](int, int t, int i) {
+            auto r = store.claim(
+                keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)], fp,
+                owner, 30s);
+            if (r.status != idem::ClaimStatus::kDone) ++bad;
+          },
+          [&](int, int t, int i) {
+            const std::string& rk =
+                raw_keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)];
+            const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
+            const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
+            raws[static_cast<std::size_t>(t)]->run(6, av, lv);
+          });
+      report("store_claim_replay_vs_set_nx_ex_" + tag, d);
+    }
   }
 
   if (want("first")) {
@@ -310,9 +339,10 @@ int main(int argc, char** argv) {
       (void)r;
       std::string rk = store.redis_key(k);
       long long bytes = raw.integer({"MEMORY", "USAGE", rk, "SAMPLES", "0"});
-      std::printf("MEMORY USAGE per completed record, %4zu-byte response: %lld bytes "
-                  "(key %zu bytes, 64-char fingerprint, 32-char owner)\n",
-                  size, bytes, rk.size());
+      std::printf(
+          "MEMORY USAGE per completed record, %4zu-byte response: %lld bytes "
+          "(key %zu bytes, 64-char fingerprint, 32-char owner)\n",
+          size, bytes, rk.size());
     }
   }
   return 0;

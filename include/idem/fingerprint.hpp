@@ -16,8 +16,8 @@
 
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 

@@ -20,8 +20,7 @@ bool starts_with(std::string_view s, std::string_view p) noexcept {
 // failed inside a script may come back wrapped ("ERR Error running script ...: -READONLY ..."
 // on older servers), so a code is also recognised after "-" or a space within an ERR reply.
 bool has_code(std::string_view msg, std::string_view code) {
-  if (starts_with(msg, code) &&
-      (msg.size() == code.size() || msg[code.size()] == ' ')) {
+  if (starts_with(msg, code) && (msg.size() == code.size() || msg[code.size()] == ' ')) {
     return true;
   }
   if (!starts_with(msg, "ERR")) return false;

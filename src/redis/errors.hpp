@@ -17,10 +17,10 @@ struct Failure {
     kCorrupt,        ///< a value under an idem key that idem did not write
   };
   Kind kind;
-  std::string_view context;   ///< what was being done, e.g. "claim idem:{payment|o1}"
-  std::string_view message;   ///< hiredis errstr, server reply, or detail
-  int hiredis_err = 0;        ///< redisContext::err for kContext
-  int sys_errno = 0;          ///< errno right after the failing hiredis call
+  std::string_view context;      ///< what was being done, e.g. "claim idem:{payment|o1}"
+  std::string_view message;      ///< hiredis errstr, server reply, or detail
+  int hiredis_err = 0;           ///< redisContext::err for kContext
+  int sys_errno = 0;             ///< errno right after the failing hiredis call
   bool write_may_apply = false;  ///< a timeout could leave this write applied (OutcomeUnknown)
 };
 

@@ -32,8 +32,7 @@ void setup_command(redisContext* c, int argc, const char** argv, const std::size
     throw_error(Failure{Failure::Kind::kContext, what, c->errstr, c->err, saved_errno});
   }
   if (reply->type == REDIS_REPLY_ERROR) {
-    throw_error(Failure{Failure::Kind::kServer, what,
-                        std::string_view(reply->str, reply->len)});
+    throw_error(Failure{Failure::Kind::kServer, what, std::string_view(reply->str, reply->len)});
   }
 }
 
@@ -54,8 +53,8 @@ Pool::Connection Pool::connect() {
                                  : redisConnectWithTimeout(ep.host.c_str(), ep.port, connect_tv));
   int saved_errno = errno;
   if (!ctx) {
-    throw_error(Failure{Failure::Kind::kContext, what, "cannot allocate a context",
-                        REDIS_ERR_OOM, 0});
+    throw_error(
+        Failure{Failure::Kind::kContext, what, "cannot allocate a context", REDIS_ERR_OOM, 0});
   }
   if (ctx->err != 0) {
     throw_error(Failure{Failure::Kind::kContext, what, ctx->errstr, ctx->err, saved_errno});

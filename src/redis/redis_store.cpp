@@ -95,7 +95,7 @@ struct LastClaim {
   const void* store = nullptr;
   std::string owner;
   std::string redis_key;
-  std::string record;     // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
+  std::string record;          // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
   std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
   std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
 };
@@ -123,11 +123,16 @@ enum class Op { kClaim, kComplete, kRelease, kFill, kLookup };
 
 const char* op_name(Op op) noexcept {
   switch (op) {
-    case Op::kClaim: return "claim";
-    case Op::kComplete: return "complete";
-    case Op::kRelease: return "release";
-    case Op::kFill: return "fill";
-    case Op::kLookup: return "lookup";
+    case Op::kClaim:
+      return "claim";
+    case Op::kComplete:
+      return "complete";
+    case Op::kRelease:
+      return "release";
+    case Op::kFill:
+      return "fill";
+    case Op::kLookup:
+      return "lookup";
   }
   return "call";
 }
@@ -229,8 +234,9 @@ class RedisStore::Impl {
       throw UsageError("idem::redis: RedisStoreOptions::reconnect_backoff must not be negative");
     }
     if (o.key_prefix.find_first_of("{}") != std::string::npos) {
-      throw UsageError("idem::redis: RedisStoreOptions::key_prefix must not contain '{' or '}' "
-                       "(they delimit the Redis Cluster hash tag)");
+      throw UsageError(
+          "idem::redis: RedisStoreOptions::key_prefix must not contain '{' or '}' "
+          "(they delimit the Redis Cluster hash tag)");
     }
     return o;
   }
@@ -248,8 +254,8 @@ class RedisStore::Impl {
 
   // One command on a lent connection. A connection-level failure drops the connection and
   // throws; an error reply is returned (the caller decides).
-  ReplyUPtr exec(detail::Pool::Lease& conn, int argc, const char** argv,
-                 const std::size_t* lens, Op op, std::string_view key) {
+  ReplyUPtr exec(detail::Pool::Lease& conn, int argc, const char** argv, const std::size_t* lens,
+                 Op op, std::string_view key) {
     redisContext* c = conn.get();
     errno = 0;
     void* raw = redisCommandArgv(c, argc, argv, lens);
@@ -337,10 +343,10 @@ class RedisStore::Impl {
     record.append(fingerprint);
     ReplyUPtr r;
     if (native_claim_.load(std::memory_order_relaxed)) {
-      const char* argv[] = {"SET", rk.view().data(), record.view().data(), "NX", "PX",
-                            lease_ms.view().data(), "GET"};
-      const std::size_t lens[] = {3, rk.view().size(), record.view().size(), 2, 2,
-                                  lease_ms.view().size(), 3};
+      const char* argv[] = {
+          "SET", rk.view().data(), record.view().data(), "NX", "PX", lease_ms.view().data(), "GET"};
+      const std::size_t lens[] = {
+          3, rk.view().size(), record.view().size(), 2, 2, lease_ms.view().size(), 3};
       detail::Pool::Lease conn = pool_.acquire(op_name(Op::kClaim));
       r = exec(conn, 7, argv, lens, Op::kClaim, rk.view());
       if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 16) == "ERR syntax error") {
@@ -392,7 +398,8 @@ class RedisStore::Impl {
                 std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
-    const long long ret_ms = std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
+    const long long ret_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
     Num deadline(to_millis(system_now()) + ret_ms);
     LastClaim& lc = last_claim;
@@ -406,8 +413,8 @@ class RedisStore::Impl {
       completed.append("I1C").append(rec.substr(3, lc.head_end - 3)).append(':');
       completed.append(deadline.view()).append(':').append(rec.substr(lc.tail_begin));
       completed.append(response);
-      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
-                         {rec, completed.view(), ms.view()});
+      ReplyUPtr r =
+          eval(complete_fast_, Op::kComplete, rk.view(), {rec, completed.view(), ms.view()});
       return flag(r, Op::kComplete, rk.view());
     }
     ClaimPrefix mine(owner);
@@ -434,8 +441,9 @@ class RedisStore::Impl {
     value.reserve(40 + fingerprint.size() + response.size());
     const long long now = to_millis(system_now());
     value.append("I1C0:").append(Num(now).view()).append(1, ':');
-    value.append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
-                     .view())
+    value
+        .append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
+                    .view())
         .append(1, ':');
     value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
     value.append(fingerprint).append(response);
@@ -507,8 +515,8 @@ RedisStore::RedisStore(std::string_view uri)
 
 RedisStore::~RedisStore() = default;
 
-ClaimResult RedisStore::claim(const Key& key, std::string_view fingerprint,
-                              const OwnerToken& owner, std::chrono::milliseconds lease) {
+ClaimResult RedisStore::claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
+                              std::chrono::milliseconds lease) {
   return impl_->claim(key, fingerprint, owner, lease);
 }
 

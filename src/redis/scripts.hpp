@@ -25,20 +25,21 @@
 
 namespace idem::redis::detail {
 
-// valid(v): true when v is a well-formed record. deadline(v): its deadline_ms (a string).
+// parse(v): deadline_ms (a string) and the offset after the owner when v is a well-formed
+// record, else nil.
 // Only called on the rare paths that must tell a lost lease from a foreign value.
-#define IDEM_REDIS_LUA_VALID                                                       \
-  "local function parse(v)\n"                                                      \
-  "  local st, ol, p = string.match(v, '^I1([PC])(%d+):()')\n"                     \
-  "  if not st then return nil end\n"                                              \
-  "  local q = p + tonumber(ol)\n"                                                 \
-  "  if q - 1 > #v then return nil end\n"                                          \
-  "  local c, d, fl, r = string.match(v, '^(%d+):(%d+):(%d+):()', q)\n"            \
-  "  if not c then return nil end\n"                                               \
-  "  local e = r + tonumber(fl) - 1\n"                                             \
-  "  if e > #v then return nil end\n"                                              \
-  "  if st == 'P' and e ~= #v then return nil end\n"                               \
-  "  return d, q\n"                                                                \
+#define IDEM_REDIS_LUA_VALID                                            \
+  "local function parse(v)\n"                                           \
+  "  local st, ol, p = string.match(v, '^I1([PC])(%d+):()')\n"          \
+  "  if not st then return nil end\n"                                   \
+  "  local q = p + tonumber(ol)\n"                                      \
+  "  if q - 1 > #v then return nil end\n"                               \
+  "  local c, d, fl, r = string.match(v, '^(%d+):(%d+):(%d+):()', q)\n" \
+  "  if not c then return nil end\n"                                    \
+  "  local e = r + tonumber(fl) - 1\n"                                  \
+  "  if e > #v then return nil end\n"                                   \
+  "  if st == 'P' and e ~= #v then return nil end\n"                    \
+  "  return d, q\n"                                                     \
   "end\n"
 
 /// claim (servers without SET NX GET): ARGV in-progress record, lease_ms.
@@ -55,8 +56,7 @@ inline constexpr const char* kClaimScript =
 /// completed record replaces whatever is there, and if that was not this claim (lease lost),
 /// it is put back with its own deadline before the script ends (scripts are atomic: nobody
 /// sees the swap). -> 1 | 0 (lease lost) | {9, reason} (foreign value).
-inline constexpr const char* kCompleteFastScript =
-    IDEM_REDIS_LUA_VALID
+inline constexpr const char* kCompleteFastScript = IDEM_REDIS_LUA_VALID
     "local old = redis.pcall('SET', KEYS[1], ARGV[2], 'XX', 'PX', ARGV[3], 'GET')\n"
     "if type(old) == 'table' then\n"
     "  if string.sub(tostring(old.err), 1, 9) == 'WRONGTYPE' then return {9, old.err} end\n"
@@ -75,8 +75,7 @@ inline constexpr const char* kCompleteFastScript =
 
 /// complete, general form: ARGV "I1P<#owner>:<owner>", response, retention_ms, deadline_ms.
 /// -> 1 | 0 (lease lost: absent, completed, or another owner) | {9, reason} (foreign value).
-inline constexpr const char* kCompleteScript =
-    IDEM_REDIS_LUA_VALID
+inline constexpr const char* kCompleteScript = IDEM_REDIS_LUA_VALID
     "local v = redis.pcall('GET', KEYS[1])\n"
     "if type(v) == 'table' then return {9, tostring(v.err)} end\n"
     "if not v then return 0 end\n"
@@ -92,8 +91,7 @@ inline constexpr const char* kCompleteScript =
     "return {9, 'not an idem record'}\n";
 
 /// release: ARGV "I1P<#owner>:<owner>". -> 1 | 0 (not held) | {9, reason}.
-inline constexpr const char* kReleaseScript =
-    IDEM_REDIS_LUA_VALID
+inline constexpr const char* kReleaseScript = IDEM_REDIS_LUA_VALID
     "local v = redis.pcall('GET', KEYS[1])\n"
     "if type(v) == 'table' then return {9, tostring(v.err)} end\n"
     "if not v then return 0 end\n"

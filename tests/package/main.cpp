@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Built against an installed idem: proves the exported package and its dependencies resolve.
+#include <cstdio>
 #include <idem/idem.hpp>
 #include <idem/redis/redis_store.hpp>
 #include <idem/sqlite/sqlite_store.hpp>
-
-#include <cstdio>
 
 int main() {
   idem::MemoryStore fast;

@@ -20,8 +20,9 @@
 //   (false: the lease was lost). fill is one SET; lookup one script.
 // * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
 //   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for complete, release and
-//   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are StorageUnavailable; -OOM is
-//   StorageError; a value under an idem key that idem did not write is CorruptRecord.
+//   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are
+//   StorageUnavailable; -OOM is StorageError; a value under an idem key that idem did not write is
+//   CorruptRecord.
 // * When the server is down, calls fail fast (a connect is tried at most once per
 //   `reconnect_backoff`), and the pool reconnects by itself once the server is back.
 //

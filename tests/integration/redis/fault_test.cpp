@@ -23,8 +23,8 @@
 namespace {
 
 using idem::Key;
-using idem::OwnerToken;
 using idem::Outcome;
+using idem::OwnerToken;
 using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
@@ -39,9 +39,7 @@ class RedisFaultTest : public ::testing::Test {
     std::string cmd = "\"" + script + "\" " + what + " >/dev/null 2>&1";
     ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
   }
-  Key key(const std::string& tag) {
-    return Key::make("redis.fault", idem::test::unique_name(tag));
-  }
+  Key key(const std::string& tag) { return Key::make("redis.fault", idem::test::unique_name(tag)); }
   std::string url_;
 };
 
@@ -122,16 +120,15 @@ TEST_F(RedisFaultTest, KillNineMidRunKeepsExactlyOnceAndTheFastPathComesBack) {
   for (auto& t : threads) t.join();
 
   const auto end = guard.stats().snapshot();
-  std::printf("calls %d (kill at %d); before kill: fast_claims %llu; while down: degraded %llu; "
-              "end: executed %llu replayed %llu in_progress %llu degraded %llu refills %llu\n",
-              done_calls.load(), at_kill,
-              static_cast<unsigned long long>(before_kill.fast_claims),
-              static_cast<unsigned long long>(while_down.degraded),
-              static_cast<unsigned long long>(end.executed),
-              static_cast<unsigned long long>(end.replayed),
-              static_cast<unsigned long long>(end.in_progress),
-              static_cast<unsigned long long>(end.degraded),
-              static_cast<unsigned long long>(end.fast_refills));
+  std::printf(
+      "calls %d (kill at %d); before kill: fast_claims %llu; while down: degraded %llu; "
+      "end: executed %llu replayed %llu in_progress %llu degraded %llu refills %llu\n",
+      done_calls.load(), at_kill, static_cast<unsigned long long>(before_kill.fast_claims),
+      static_cast<unsigned long long>(while_down.degraded),
+      static_cast<unsigned long long>(end.executed), static_cast<unsigned long long>(end.replayed),
+      static_cast<unsigned long long>(end.in_progress),
+      static_cast<unsigned long long>(end.degraded),
+      static_cast<unsigned long long>(end.fast_refills));
   EXPECT_EQ(0, errors.load()) << first_error;
   EXPECT_EQ(0, wrong.load());
   EXPECT_GT(while_down.degraded, before_kill.degraded);
@@ -142,9 +139,8 @@ TEST_F(RedisFaultTest, KillNineMidRunKeepsExactlyOnceAndTheFastPathComesBack) {
         "SELECT COUNT(*) FROM (SELECT k FROM effect GROUP BY k HAVING COUNT(*) > 1)");
   });
   EXPECT_EQ(0, dup_keys.value_or(-1));
-  auto rows = durable.database().read([&](idem::sqlite::Session& s) {
-    return s.query_int64("SELECT COUNT(*) FROM effect");
-  });
+  auto rows = durable.database().read(
+      [&](idem::sqlite::Session& s) { return s.query_int64("SELECT COUNT(*) FROM effect"); });
   EXPECT_EQ(static_cast<std::int64_t>(guard.stats().snapshot().executed), rows.value_or(-1));
 
   // The same process, the same store: Redis is used again without any restart of ours.
@@ -159,7 +155,8 @@ TEST_F(RedisFaultTest, KillNineMidRunKeepsExactlyOnceAndTheFastPathComesBack) {
     EXPECT_TRUE(first.ok());
     EXPECT_EQ("r", second.value.value_or("?"));
     auto now = guard.stats().snapshot();
-    fast_again = now.fast_claims > after_restart.fast_claims && now.fast_hits > after_restart.fast_hits &&
+    fast_again = now.fast_claims > after_restart.fast_claims &&
+                 now.fast_hits > after_restart.fast_hits &&
                  second.source == idem::Source::kFastStore;
     if (!fast_again) std::this_thread::sleep_for(20ms);
   }
@@ -205,8 +202,8 @@ class ConfigOverride {
 std::string spin_script(int ms) {
   return "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] "
          "while true do local n = redis.call('TIME') "
-         "if n[1] * 1000000 + n[2] - start > " + std::to_string(ms * 1000) +
-         " then break end end return 1";
+         "if n[1] * 1000000 + n[2] - start > " +
+         std::to_string(ms * 1000) + " then break end end return 1";
 }
 
 TEST_F(RedisFaultTest, ServerBusyInAScriptIsStorageUnavailable) {
@@ -249,8 +246,7 @@ TEST_F(RedisFaultTest, SlowServerIsStorageTimeoutAndACompleteIsOutcomeUnknown) {
   std::this_thread::sleep_for(50ms);
   EXPECT_THROW((void)store.claim(key("slow2"), "fp", OwnerToken::generate(), 1000ms),
                idem::StorageTimeout);
-  EXPECT_THROW((void)store.complete(k, owner, "r", std::chrono::seconds(60)),
-               idem::OutcomeUnknown);
+  EXPECT_THROW((void)store.complete(k, owner, "r", std::chrono::seconds(60)), idem::OutcomeUnknown);
   ASSERT_TRUE(blocker.receive());
   // Timed-out connections were dropped; fresh ones work. And the "unknown" complete did apply
   // once the server caught up: exactly why a timed-out write is OutcomeUnknown.
@@ -341,11 +337,12 @@ TEST_F(RedisFaultTest, FlushedScriptsAreReloadedOnNoscript) {
   ASSERT_TRUE(store.lookup(k).has_value());
   const auto loads = store.pool_stats().script_loads;
   ASSERT_EQ("OK", admin.text({"SCRIPT", "FLUSH"}));
-  EXPECT_EQ(idem::ClaimStatus::kBusy, store.claim(k, "fp", OwnerToken::generate(), 30'000ms).status);
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.claim(k, "fp", OwnerToken::generate(), 30'000ms).status);
   EXPECT_TRUE(store.complete(k, owner, "r", std::chrono::seconds(60)));  // NOSCRIPT, load, retry
   EXPECT_EQ("r", store.lookup(k).value().response);                      // NOSCRIPT, load, retry
   EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
-  EXPECT_EQ("r", store.lookup(k).value().response);                      // loaded: no reload
+  EXPECT_EQ("r", store.lookup(k).value().response);  // loaded: no reload
   EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
 }
 

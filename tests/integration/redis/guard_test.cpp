@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The guard over the real Redis store: many threads on one key (with SQLite behind, and Redis
 // alone), and a lease that expires under a slow handler.
+#include "idem/guard.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/test_env.hpp"
@@ -26,8 +27,9 @@ class RedisGuardTest : public ::testing::Test {
  protected:
   void SetUp() override { IDEM_REQUIRE_ENV(url_, "IDEM_TEST_REDIS_URL"); }
   Key key() {
-    return Key::make("redis.guard", idem::test::unique_name(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    return Key::make(
+        "redis.guard",
+        idem::test::unique_name(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
   std::string url_;
 };
@@ -37,10 +39,18 @@ struct Tally {
   template <class R>
   void add(const R& r, const std::string& expected) {
     switch (r.outcome) {
-      case Outcome::kExecuted: ++executed; break;
-      case Outcome::kReplayed: ++replayed; break;
-      case Outcome::kInProgress: ++in_progress; break;
-      default: ++other; break;
+      case Outcome::kExecuted:
+        ++executed;
+        break;
+      case Outcome::kReplayed:
+        ++replayed;
+        break;
+      case Outcome::kInProgress:
+        ++in_progress;
+        break;
+      default:
+        ++other;
+        break;
     }
     if (r.ok() && *r.value != expected) ++wrong_value;
   }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -37,9 +38,9 @@ std::unique_ptr<idem::FastStore> make_redis_script_claim(const std::string& url)
 
 }  // namespace
 
-IDEM_FAST_STORE_CONFORMANCE(
-    Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
-    (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL", make_redis_script_claim}))
+IDEM_FAST_STORE_CONFORMANCE(Redis, (FastStoreFactory{"redis", "IDEM_TEST_REDIS_URL", make_redis}),
+                            (FastStoreFactory{"redis_script_claim", "IDEM_TEST_REDIS_URL",
+                                              make_redis_script_claim}))
 
 namespace {
 
@@ -51,8 +52,9 @@ class RedisStoreTest : public ::testing::Test {
     raw_ = std::make_unique<idem::test::RawRedis>(url_);
   }
   Key key() {
-    return Key::make("redis.test", idem::test::unique_name(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    return Key::make(
+        "redis.test",
+        idem::test::unique_name(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
   std::string url_;
   std::unique_ptr<RedisStore> store_;
@@ -156,9 +158,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   std::this_thread::sleep_for(400ms);
   auto fresh = OwnerToken::generate();
   std::string fresh_record;
-  std::thread other([&] {
-    ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status);
-  });
+  std::thread other(
+      [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status); });
   other.join();
   fresh_record = raw_->text({"GET", rk});
   EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(3600)));
@@ -166,9 +167,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   long long ttl = raw_->integer({"PTTL", rk});
   EXPECT_GT(ttl, 20'000);
   EXPECT_LE(ttl, 30'000);
-  std::thread finish([&] {
-    EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60)));
-  });
+  std::thread finish(
+      [&] { EXPECT_TRUE(store_->complete(k, fresh, "fresh", std::chrono::seconds(60))); });
   finish.join();
   auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
   EXPECT_EQ(ClaimStatus::kDone, r.status);
@@ -232,21 +232,54 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
   };
   auto& raw = *raw_;
   std::vector<Case> cases = {
-      {"plain string", [&](const std::string& k) { raw.cmd({"SET", k, "hello"}); }},
-      {"list", [&](const std::string& k) { raw.cmd({"LPUSH", k, "a", "b"}); }},
-      {"hash", [&](const std::string& k) { raw.cmd({"HSET", k, "f", "v"}); }},
-      {"set", [&](const std::string& k) { raw.cmd({"SADD", k, "m"}); }},
-      {"empty string", [&](const std::string& k) { raw.cmd({"SET", k, ""}); }},
-      {"truncated owner", [&](const std::string& k) { raw.cmd({"SET", k, "I1P32:abc"}); }},
-      {"no creation time", [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc"}); }},
+      {"plain string",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "hello"});
+       }},
+      {"list",
+       [&](const std::string& k) {
+         raw.cmd({"LPUSH", k, "a", "b"});
+       }},
+      {"hash",
+       [&](const std::string& k) {
+         raw.cmd({"HSET", k, "f", "v"});
+       }},
+      {"set",
+       [&](const std::string& k) {
+         raw.cmd({"SADD", k, "m"});
+       }},
+      {"empty string",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, ""});
+       }},
+      {"truncated owner",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1P32:abc"});
+       }},
+      {"no creation time",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C3:abc"});
+       }},
       {"truncated fingerprint",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1C3:abc17:64:ff"}); }},
-      {"bad status", [&](const std::string& k) { raw.cmd({"SET", k, "I1X0:1:0:"}); }},
-      {"negative length", [&](const std::string& k) { raw.cmd({"SET", k, "I1C-1:1:0:"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C3:abc17:64:ff"});
+       }},
+      {"bad status",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1X0:1:0:"});
+       }},
+      {"negative length",
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C-1:1:0:"});
+       }},
       {"in progress with a response",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1P3:abc1:0:extra"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1P3:abc1:0:extra"});
+       }},
       {"huge length",
-       [&](const std::string& k) { raw.cmd({"SET", k, "I1C99999999999999999999:x"}); }},
+       [&](const std::string& k) {
+         raw.cmd({"SET", k, "I1C99999999999999999999:x"});
+       }},
   };
   RedisStoreOptions script_options{url_};
   script_options.claim_script = true;
@@ -273,6 +306,63 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
     // The store still works, and fill repairs the key.
     store_->fill(k, "fp", "repaired", std::chrono::seconds(60));
     EXPECT_EQ("repaired", store_->claim(k, "fp", owner, 30'000ms).response);
+  }
+}
+
+// unix:// URIs, against a private redis-server listening on a Unix socket only (no TCP port,
+// so nothing can clash with other servers), started and stopped by this test.
+TEST(RedisStoreUnixSocket, ClaimCompleteAuthAndSelectDbOverAUnixSocket) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");  // servers are expected: redis-server exists
+  idem::test::TempDir dir;
+  const std::string sock = dir.file("r.sock");
+  const std::string pid = dir.file("r.pid");
+  const std::string start = "redis-server --port 0 --unixsocket " + sock + " --dir " +
+                            dir.file("") + " --save '' --appendonly no --daemonize yes" +
+                            " --pidfile " + pid + " --logfile " + dir.file("r.log") +
+                            " --requirepass 's3cr@t:pw'";
+  ASSERT_EQ(0, std::system(start.c_str()));
+  struct Stop {
+    std::string pid;
+    ~Stop() { std::system(("kill $(cat " + pid + ") 2>/dev/null").c_str()); }
+  } stop{pid};
+  // The password is %-escaped in the URI ('@' is %40, ':' is %3A).
+  RedisStoreOptions o{"unix://:s3cr%40t%3Apw@" + sock + "?db=3"};
+  RedisStore store(o);
+  auto k = Key::make("redis.unix", "k1");
+  auto owner = OwnerToken::generate();
+  // The server may still be starting: the first calls may be refused.
+  idem::ClaimResult first;
+  bool claimed = false;
+  for (int i = 0; i < 100 && !claimed; ++i) {
+    try {
+      first = store.claim(k, "fp", owner, 30'000ms);
+      claimed = true;
+    } catch (const idem::StorageUnavailable&) {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(claimed);
+  EXPECT_EQ(ClaimStatus::kClaimed, first.status);
+  EXPECT_TRUE(store.complete(k, owner, "over unix", std::chrono::seconds(60)));
+  EXPECT_EQ("over unix", store.claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
+  idem::test::RawRedis raw("unix://" + sock);
+  raw.cmd({"AUTH", "s3cr@t:pw"});
+  EXPECT_EQ("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 0: not there
+  raw.cmd({"SELECT", "3"});
+  EXPECT_NE("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 3: there
+
+  // A wrong password is a configuration error, not an outage; the password is not echoed.
+  RedisStore wrong(RedisStoreOptions{"unix://:not-it@" + sock});
+  try {
+    (void)wrong.lookup(k);
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    ADD_FAILURE() << "a refused AUTH is not unavailability: " << e.what();
+  } catch (const idem::StorageError& e) {
+    EXPECT_EQ(idem::errc::kStorageError, e.code());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("authentication")) << e.what();
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("not-it")) << e.what();
   }
 }
 

@@ -21,13 +21,26 @@ using idem::redis::detail::Failure;
 using namespace std::chrono_literals;
 
 TEST(RedisStoreOptionsTest, MalformedUrisAreUsageErrors) {
-  for (const char* uri :
-       {"", "127.0.0.1:6379", "http://127.0.0.1:6379", "rediss://127.0.0.1:6379",
-        "redis://", "redis://:6379", "redis://127.0.0.1:", "redis://127.0.0.1:99999",
-        "redis://127.0.0.1:0", "redis://127.0.0.1:63x9", "redis://127.0.0.1:6379/abc",
-        "redis://127.0.0.1:6379/-1", "redis://[::1", "redis://[::1]x",
-        "redis://secret@127.0.0.1", "redis://:@127.0.0.1", "redis://:%zz@127.0.0.1",
-        "unix://relative.sock", "unix:///tmp/r.sock?database=2", "unix:///tmp/r.sock?db=x"}) {
+  for (const char* uri : {"",
+                          "127.0.0.1:6379",
+                          "http://127.0.0.1:6379",
+                          "rediss://127.0.0.1:6379",
+                          "redis://",
+                          "redis://:6379",
+                          "redis://127.0.0.1:",
+                          "redis://127.0.0.1:99999",
+                          "redis://127.0.0.1:0",
+                          "redis://127.0.0.1:63x9",
+                          "redis://127.0.0.1:6379/abc",
+                          "redis://127.0.0.1:6379/-1",
+                          "redis://[::1",
+                          "redis://[::1]x",
+                          "redis://secret@127.0.0.1",
+                          "redis://:@127.0.0.1",
+                          "redis://:%zz@127.0.0.1",
+                          "unix://relative.sock",
+                          "unix:///tmp/r.sock?database=2",
+                          "unix:///tmp/r.sock?db=x"}) {
     SCOPED_TRACE(uri);
     EXPECT_THROW(RedisStore{uri}, idem::UsageError);
   }
@@ -110,8 +123,8 @@ TEST(RedisErrorMapping, ServerErrorRepliesBecomeTypedErrors) {
       server("ERR Error running script (call to f_x): @user_script:1: -READONLY You can't write"),
       idem::errc::kStoreUnavailable, "READONLY");
   expect_thrown<idem::StorageError>(
-      server("OOM command not allowed when used memory > 'maxmemory'."),
-      idem::errc::kStorageError, "OOM");
+      server("OOM command not allowed when used memory > 'maxmemory'."), idem::errc::kStorageError,
+      "OOM");
   expect_thrown<idem::CorruptRecord>(
       server("WRONGTYPE Operation against a key holding the wrong kind of value"),
       idem::errc::kCorruptRecord, "WRONGTYPE");
@@ -198,8 +211,8 @@ TEST(OwnerTokenBuffer, ThreadsNeverShareTokens) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < 1000; ++i) per[static_cast<std::size_t>(t)].push_back(
-          idem::OwnerToken::generate().str());
+      for (int i = 0; i < 1000; ++i)
+        per[static_cast<std::size_t>(t)].push_back(idem::OwnerToken::generate().str());
     });
   }
   for (auto& th : threads) th.join();
