@@ -9,13 +9,17 @@
 #   scripts/servers.sh redis-start | redis-stop | redis-kill     (fault tests: kill -9, restart)
 #   scripts/servers.sh pg-start | pg-stop | pg-restart [fast|immediate]
 #   scripts/servers.sh cluster    Redis Cluster: 3 masters + 3 replicas (ports IDEM_CLUSTER_PORT..+5)
+#   scripts/servers.sh cluster-node-kill PORT | cluster-node-start PORT   (kill -9 one node;
+#                                 restart it with its nodes.conf: it rejoins, as a replica if it
+#                                 was failed over)
 #   scripts/servers.sh sentinel   1 master, 1 replica, 3 sentinels (IDEM_SENTINEL_PORT..: +0 master,
 #                                 +1 replica, +10..+12 sentinels), service name idem-master
 #
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
-# (16379), IDEM_PG_PORT (15432). PostgreSQL refuses to run as root, so it runs as the
-# `postgres` user (created if missing); its data lives under IDEM_SERVERS_DIR, which must be
-# reachable by that user (hence /tmp, not the checkout).
+# (16379), IDEM_PG_PORT (15432), IDEM_CLUSTER_PORT (17000), IDEM_SENTINEL_PORT (17100).
+# PostgreSQL refuses to run as root, so it runs as the `postgres` user (created if missing);
+# its data lives under IDEM_SERVERS_DIR, which must be reachable by that user (hence /tmp, not
+# the checkout).
 set -euo pipefail
 
 DIR="${IDEM_SERVERS_DIR:-/tmp/idem-servers}"
@@ -145,14 +149,30 @@ cluster_alive() {
   redis-cli -h 127.0.0.1 -p "$CLUSTER_PORT" CLUSTER INFO 2>/dev/null | grep -q 'cluster_state:ok'
 }
 
+cluster_node_start() {
+  local port="$1"
+  start_node "cluster-$port" "$port" --cluster-enabled yes \
+    --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 2000
+}
+
+cluster_node_kill() {
+  local port="$1" pidfile="$DIR/cluster-$1.pid"
+  [ -s "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+  rm -f "$pidfile"
+  for _ in $(seq 1 50); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null || true)" = "PONG" ] || return 0
+    sleep 0.1
+  done
+  log "cluster node $port did not die"; return 1
+}
+
 cluster_start() {
   ensure_dir
   if cluster_alive; then return 0; fi
   local nodes=()
   for i in 0 1 2 3 4 5; do
     local port=$((CLUSTER_PORT + i))
-    start_node "cluster-$port" "$port" --cluster-enabled yes \
-      --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 2000
+    cluster_node_start "$port"
     nodes+=("127.0.0.1:$port")
   done
   redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$DIR/cluster-create.log" 2>&1 \
@@ -232,6 +252,8 @@ case "$cmd" in
   stop) redis_stop; pg_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
   cluster) cluster_start; print_env ;;
   sentinel) sentinel_start; print_env ;;
+  cluster-node-kill) cluster_node_kill "${2:?port}" ;;
+  cluster-node-start) cluster_node_start "${2:?port}" ;;
   env) print_env ;;
   status)
     redis_alive && echo "redis: up on 127.0.0.1:$REDIS_PORT" || echo "redis: down"
@@ -244,5 +266,5 @@ case "$cmd" in
   pg-start) pg_start ;;
   pg-stop) pg_stop ;;
   pg-restart) pg_restart "${2:-fast}" ;;
-  *) sed -n '3,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

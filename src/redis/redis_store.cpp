@@ -17,6 +17,7 @@
 #include "hiredis_handles.hpp"
 #include "idem/errors.hpp"
 #include "pool.hpp"
+#include "router.hpp"
 #include "scripts.hpp"
 #include "uri.hpp"
 
@@ -215,7 +216,8 @@ class RedisStore::Impl {
  public:
   explicit Impl(RedisStoreOptions options)
       : options_(normalise(std::move(options))),
-        pool_(settings(options_)),
+        router_(detail::parse_topology(options_.uri), settings(options_),
+                options_.topology_refresh_interval, options_.sentinel_check_interval),
         claim_(detail::kClaimScript),
         complete_(detail::kCompleteScript),
         complete_fast_(detail::kCompleteFastScript),
@@ -233,6 +235,12 @@ class RedisStore::Impl {
     if (o.reconnect_backoff.count() < 0) {
       throw UsageError("idem::redis: RedisStoreOptions::reconnect_backoff must not be negative");
     }
+    o.topology_refresh_interval =
+        positive_ms(o.topology_refresh_interval, std::chrono::milliseconds(100));
+    if (o.sentinel_check_interval.count() < 0) {
+      throw UsageError(
+          "idem::redis: RedisStoreOptions::sentinel_check_interval must not be negative");
+    }
     if (o.key_prefix.find_first_of("{}") != std::string::npos) {
       throw UsageError(
           "idem::redis: RedisStoreOptions::key_prefix must not contain '{' or '}' "
@@ -243,7 +251,6 @@ class RedisStore::Impl {
 
   static detail::PoolSettings settings(const RedisStoreOptions& o) {
     detail::PoolSettings s;
-    s.endpoint = detail::parse_uri(o.uri);
     s.size = o.pool_size;
     s.connect_timeout = o.connect_timeout;
     s.command_timeout = o.command_timeout;
@@ -271,13 +278,61 @@ class RedisStore::Impl {
     return ReplyUPtr(static_cast<redisReply*>(raw));
   }
 
+  // One command for `key`, sent to the node that serves it. In a cluster, MOVED (slot moved:
+  // the map is re-read) and ASK (slot being migrated: ASKING, then this one command on the
+  // importing node) are followed, a few hops at most. Connection failures and replies saying
+  // the node is no longer a writable master make the router re-discover the layout.
+  ReplyUPtr command(Op op, std::string_view key, int argc, const char** argv,
+                    const std::size_t* lens) {
+    try {
+      detail::Pool* pool = &router_.pool_for(key);
+      bool asking = false;
+      for (int hop = 0;; ++hop) {
+        ReplyUPtr r;
+        {
+          detail::Pool::Lease conn = pool->acquire(op_name(op));
+          if (asking) {
+            const char* ask_argv[] = {"ASKING"};
+            const std::size_t ask_lens[] = {6};
+            ReplyUPtr ok = exec(conn, 1, ask_argv, ask_lens, op, key);
+            if (ok->type == REDIS_REPLY_ERROR) server_error(ok.get(), op, key);
+          }
+          r = exec(conn, argc, argv, lens, op, key);
+        }
+        if (r->type != REDIS_REPLY_ERROR) return r;
+        const std::string_view text = text_of(r.get());
+        if (router_.clustered() && hop < kMaxHops) {
+          if (auto redirect = detail::parse_redirect(text)) {
+            detail::Pool* next = &router_.node(*redirect, *pool);
+            if (redirect->ask) {
+              router_.asked();
+            } else {
+              router_.moved(*redirect, *pool);
+            }
+            asking = redirect->ask;
+            pool = next;
+            continue;
+          }
+        }
+        if (text.compare(0, 8, "READONLY") == 0 || text.compare(0, 10, "MASTERDOWN") == 0 ||
+            text.compare(0, 11, "CLUSTERDOWN") == 0 || text.compare(0, 7, "LOADING") == 0) {
+          router_.failed();
+        }
+        return r;
+      }
+    } catch (const StorageError&) {
+      router_.failed();
+      throw;
+    }
+  }
+
   [[noreturn]] static void server_error(const redisReply* r, Op op, std::string_view key) {
     const std::string what = describe(op, key);
     detail::throw_error(Failure{Failure::Kind::kServer, what, text_of(r)});
   }
 
-  // EVALSHA with up to 4 arguments; on NOSCRIPT (a restarted or flushed server) loads the
-  // script and retries once. Error replies throw.
+  // EVALSHA with up to 4 arguments; on NOSCRIPT (a restarted or flushed server) runs the
+  // script once with EVAL, which also loads it. Error replies throw.
   ReplyUPtr eval(const Script& script, Op op, std::string_view key,
                  std::initializer_list<std::string_view> args) {
     const char* argv[8];
@@ -296,25 +351,19 @@ class RedisStore::Impl {
       lens[argc] = a.size();
       ++argc;
     }
-    detail::Pool::Lease conn = pool_.acquire(op_name(op));
-    ReplyUPtr reply = exec(conn, argc, argv, lens, op, key);
+    ReplyUPtr reply = command(op, key, argc, argv, lens);
     if (reply->type == REDIS_REPLY_ERROR && text_of(reply.get()).substr(0, 8) == "NOSCRIPT") {
-      load(conn, script, op, key);
-      reply = exec(conn, argc, argv, lens, op, key);
+      // A restarted, flushed or new (failover, another cluster node) server: EVAL sends the
+      // text, runs it, and caches it there for the next EVALSHA.
+      argv[0] = "EVAL";
+      lens[0] = 4;
+      argv[1] = script.text.data();
+      lens[1] = script.text.size();
+      router_.count_script_load();
+      reply = command(op, key, argc, argv, lens);
     }
     if (reply->type == REDIS_REPLY_ERROR) server_error(reply.get(), op, key);
     return reply;
-  }
-
-  void load(detail::Pool::Lease& conn, const Script& script, Op op, std::string_view key) {
-    const char* argv[] = {"SCRIPT", "LOAD", script.text.c_str()};
-    const std::size_t lens[] = {6, 4, script.text.size()};
-    ReplyUPtr r = exec(conn, 3, argv, lens, op, key);
-    if (r->type == REDIS_REPLY_ERROR) server_error(r.get(), op, key);
-    if (!is_string(r.get()) || text_of(r.get()) != std::string_view(script.sha.data(), 40)) {
-      protocol_error(op, key, "SCRIPT LOAD answered another SHA-1");
-    }
-    pool_.count_script_load();
   }
 
   // Integer replies 0/1 of complete and release; {9, reason} is a foreign value.
@@ -347,8 +396,7 @@ class RedisStore::Impl {
           "SET", rk.view().data(), record.view().data(), "NX", "PX", lease_ms.view().data(), "GET"};
       const std::size_t lens[] = {
           3, rk.view().size(), record.view().size(), 2, 2, lease_ms.view().size(), 3};
-      detail::Pool::Lease conn = pool_.acquire(op_name(Op::kClaim));
-      r = exec(conn, 7, argv, lens, Op::kClaim, rk.view());
+      r = command(Op::kClaim, rk.view(), 7, argv, lens);
       if (r->type == REDIS_REPLY_ERROR && text_of(r.get()).substr(0, 16) == "ERR syntax error") {
         // Redis < 7.0 rejects NX together with GET: claim with the script from now on.
         native_claim_.store(false, std::memory_order_relaxed);
@@ -449,8 +497,7 @@ class RedisStore::Impl {
     value.append(fingerprint).append(response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
-    detail::Pool::Lease conn = pool_.acquire(op_name(Op::kFill));
-    ReplyUPtr r = exec(conn, 5, argv, lens, Op::kFill, rk.view());
+    ReplyUPtr r = command(Op::kFill, rk.view(), 5, argv, lens);
     if (r->type == REDIS_REPLY_ERROR) server_error(r.get(), Op::kFill, rk.view());
   }
 
@@ -493,11 +540,14 @@ class RedisStore::Impl {
   }
 
   const RedisStoreOptions& options() const noexcept { return options_; }
-  RedisPoolStats stats() const { return pool_.stats(); }
+  RedisPoolStats stats() const { return router_.pool_stats(); }
+  RedisRouteStats route_stats() const { return router_.route_stats(); }
+  std::string_view name() const noexcept { return router_.name(); }
 
  private:
   const RedisStoreOptions options_;
-  detail::Pool pool_;
+  static constexpr int kMaxHops = 5;
+  detail::Router router_;
   const Script claim_, complete_, complete_fast_, release_, lookup_;
   // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
   std::atomic<bool> native_claim_;
@@ -539,6 +589,10 @@ std::optional<Record> RedisStore::lookup(const Key& key) { return impl_->lookup(
 std::string RedisStore::redis_key(const Key& key) const { return impl_->redis_key(key); }
 
 RedisPoolStats RedisStore::pool_stats() const { return impl_->stats(); }
+
+RedisRouteStats RedisStore::route_stats() const { return impl_->route_stats(); }
+
+std::string_view RedisStore::name() const noexcept { return impl_->name(); }
 
 const RedisStoreOptions& RedisStore::options() const noexcept { return impl_->options(); }
 

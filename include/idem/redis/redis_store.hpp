@@ -26,6 +26,15 @@
 // * When the server is down, calls fail fast (a connect is tried at most once per
 //   `reconnect_backoff`), and the pool reconnects by itself once the server is back.
 //
+// * Scale-out: `redis-sentinel://h:p[,h:p...]/<service>` asks the sentinels for the service's
+//   master (SENTINEL get-master-addr-by-name, then ROLE on it) and asks again after a failover
+//   (connection errors, READONLY, and every `sentinel_check_interval`).
+//   `redis-cluster://h:p[,h:p...]` reads the slot map (CLUSTER SLOTS) from any seed, sends each
+//   command to the master owning its key's hash slot (the `{...}` tag), keeps one pool per node,
+//   follows MOVED (and re-reads the map) and ASK (ASKING, then the command on that node), and
+//   treats CLUSTERDOWN / TRYAGAIN as StorageUnavailable. Every record is one key, so the same
+//   commands and scripts run in all three layouts. See docs/scale-out.md.
+//
 // Because a lease is a TTL, an expired lease leaves no trace: a claim after it answers kClaimed
 // with `took_over == false` (the durable store, which keeps expired leases, reports takeovers).
 //
@@ -53,6 +62,10 @@ struct RedisStoreOptions {
   /// Server address: `redis://[[user]:password@]host[:port][/db]` (port 6379 and db 0 by
   /// default; `rediss://` is not supported), `tcp://host[:port][/db]`, or
   /// `unix:///path/to/redis.sock[?db=N]`. Percent-escapes are decoded in user and password.
+  /// Scale-out: `redis-sentinel://[[user]:password@]h:p[,h:p...]/<service>[/db]` (credentials and
+  /// db are the master's; sentinels are asked without them) and
+  /// `redis-cluster://[[user]:password@]h:p[,h:p...]` (seed nodes; any one reachable suffices).
+  /// The pool settings below apply per node.
   std::string uri = "redis://127.0.0.1:6379";
   /// Most connections open at once (each serves one call at a time). 0 means 8.
   std::size_t pool_size = 8;
@@ -74,6 +87,28 @@ struct RedisStoreOptions {
   /// than Redis 7.0 (which reject NX with GET). Both are one atomic round trip. When true (or
   /// on such servers) complete also takes its general script instead of the one-write one.
   bool claim_script = false;
+  /// Sentinel and Cluster: least time between two re-discoveries (master, slot map) triggered
+  /// by failures or MOVED. 0 means 100 ms.
+  std::chrono::milliseconds topology_refresh_interval{100};
+  /// Sentinel: the master is re-checked this often even when nothing failed. 0 means only after
+  /// failures.
+  std::chrono::milliseconds sentinel_check_interval{1000};
+};
+
+/// Routing counters of a RedisStore (Sentinel and Cluster; zero for one server).
+struct RedisRouteStats {
+  /// MOVED replies followed (the slot map was then re-read).
+  std::uint64_t moved = 0;
+  /// ASK replies followed (ASKING, then the command on the importing node).
+  std::uint64_t ask = 0;
+  /// Successful re-discoveries (CLUSTER SLOTS read, or Sentinel master confirmed).
+  std::uint64_t refreshes = 0;
+  /// Re-discoveries that reached no node / sentinel able to answer.
+  std::uint64_t refresh_failures = 0;
+  /// Sentinel: times the master address changed (failovers seen).
+  std::uint64_t master_changes = 0;
+  /// Data nodes known (pools created).
+  std::size_t nodes = 0;
 };
 
 /// Counters of a RedisStore's pool (for metrics and tests).
@@ -109,7 +144,7 @@ class RedisStore final : public FastStore {
   RedisStore(const RedisStore&) = delete;
   RedisStore& operator=(const RedisStore&) = delete;
 
-  /// One EVALSHA: claimed / busy / done / mismatch (see FastStore::claim).
+  /// One round trip (plus redirects in a cluster): claimed / busy / done / mismatch (see FastStore::claim).
   /// @throws idem::StorageUnavailable, idem::StorageTimeout, idem::StorageError,
   ///         idem::CorruptRecord (foreign value under the key), idem::UsageError (lease <= 0).
   ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
@@ -132,14 +167,17 @@ class RedisStore final : public FastStore {
   /// key's TTL; `updated_at` equals `created_at` (not stored). nullopt when absent.
   std::optional<Record> lookup(const Key& key) override;
 
-  /// "redis".
-  std::string_view name() const noexcept override { return "redis"; }
+  /// "redis", "redis-sentinel" or "redis-cluster" (from the URI's scheme).
+  std::string_view name() const noexcept override;
 
   /// The Redis key a record of `key` lives under, e.g. "idem:{payment|order_1}".
   std::string redis_key(const Key& key) const;
 
-  /// Pool counters.
+  /// Pool counters (summed over every node).
   RedisPoolStats pool_stats() const;
+
+  /// Routing counters: redirects followed, re-discoveries, failovers seen.
+  RedisRouteStats route_stats() const;
 
   /// The options in force (zeros replaced by their defaults, password not hidden).
   const RedisStoreOptions& options() const noexcept;
