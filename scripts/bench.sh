@@ -15,7 +15,8 @@ cmake --build "$IDEM_BENCH_BUILD" -j "$(nproc)" >/dev/null
 
 export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-bench.XXXXXX)}"
 trap '"$ROOT/scripts/servers.sh" stop || true' EXIT
-eval "$(./scripts/servers.sh start)"
+./scripts/servers.sh start >/dev/null
+eval "$(./scripts/servers.sh cluster)"  # bench/cluster: the 3-master cluster next to one Redis
 
 echo "idem benchmarks, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(uname -r)"
 status=0

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Installs what is missing, builds in build/, starts throwaway redis-server and PostgreSQL on
-# loopback, runs every test (ctest), checks the installed package from a separate project, and
-# stops the servers. Exits non-zero on any failure.
+# Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
+# Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
+# checks the installed package from a separate project, and stops the servers. Exits non-zero on
+# any failure.
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
@@ -24,15 +25,28 @@ done
 JOBS="${IDEM_JOBS:-$(nproc)}"
 BUILD="${IDEM_BUILD_DIR:-build}"
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
-cmake --build "$BUILD" -j "$JOBS"
-
 export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-test.XXXXXX)}"
 cleanup() {
   "$ROOT/scripts/servers.sh" stop || true
 }
 trap cleanup EXIT
-eval "$(./scripts/servers.sh start)"
+# The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, a Sentinel setup) start while the
+# build runs; their variables are read once both are done.
+mkdir -p "$IDEM_SERVERS_DIR"
+servers_env="$IDEM_SERVERS_DIR/test-env.sh"
+(./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
+   ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
+servers_pid=$!
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+
+if ! wait "$servers_pid"; then
+  cat "$IDEM_SERVERS_DIR/servers-start.log" >&2
+  echo "test.sh: the servers did not start" >&2
+  exit 1
+fi
+eval "$(cat "$servers_env")"
 export IDEM_REQUIRE_SERVERS=1
 
 status=0
