@@ -98,9 +98,10 @@ struct PrometheusObserver::Impl {
     for (std::size_t i = 0; i < 4; ++i) {
       phase[i] = &phases.Add({{"phase", std::string(kPhases[i])}}, buckets);
     }
-    for (std::size_t i = 0; i < 3; ++i) {
-      takeover[i] = &takeovers.Add({{"store", kStores[i]}});
-      lost[i] = &leases_lost.Add({{"store", kStores[i]}});
+    // "fast" and "durable" exist from the start (a zero is information); "other" only if used.
+    for (std::size_t i = 0; i < 2; ++i) {
+      (void)takeover.get(takeovers, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; });
+      (void)lost.get(leases_lost, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; });
     }
   }
 
@@ -125,8 +126,8 @@ struct PrometheusObserver::Impl {
   ::prometheus::Counter& durable_retries;
   ::prometheus::Family<::prometheus::Histogram>& phases;
   std::array<::prometheus::Histogram*, 4> phase{};
-  std::array<::prometheus::Counter*, 3> takeover{};
-  std::array<::prometheus::Counter*, 3> lost{};
+  LazySeries<::prometheus::Counter, 3> takeover;
+  LazySeries<::prometheus::Counter, 3> lost;
   LazySeries<::prometheus::Counter, kOutcomes * kModes * kSources> call_series;
   LazySeries<::prometheus::Counter, kDupSources> duplicate_series;
 };
@@ -188,11 +189,23 @@ void PrometheusObserver::on_fast_store_down(const Key&, const Error&) noexcept {
 }
 
 void PrometheusObserver::on_takeover(const Key&, std::string_view store) noexcept {
-  impl_->takeover[store_index(store)]->Increment();
+  try {
+    auto i = store_index(store);
+    impl_->takeover
+        .get(impl_->takeovers, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; })
+        .Increment();
+  } catch (...) {
+  }
 }
 
 void PrometheusObserver::on_lease_lost(const Key&, std::string_view store) noexcept {
-  impl_->lost[store_index(store)]->Increment();
+  try {
+    auto i = store_index(store);
+    impl_->lost
+        .get(impl_->leases_lost, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; })
+        .Increment();
+  } catch (...) {
+  }
 }
 
 void PrometheusObserver::on_handler_error(const Key&) noexcept {
