@@ -146,6 +146,15 @@ class OrderServer {
 
   /// Binds and serves on a background thread. @throws std::runtime_error if the port is taken.
   void start() {
+    // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian
+    // compiled the library): a burst of 20 connections then overflows the accept queue and
+    // some clients see resets. Capture the socket and listen() again with a deep backlog
+    // (Linux updates the backlog of a listening socket).
+    server_.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;
+    });
     if (options_.port == 0) {
       port_ = server_.bind_to_any_port(options_.host);
     } else {
@@ -155,6 +164,7 @@ class OrderServer {
       throw std::runtime_error("cannot bind " + options_.host + ":" +
                                std::to_string(options_.port));
     }
+    if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
 
@@ -214,6 +224,7 @@ class OrderServer {
   httplib::Server server_;
   std::thread thread_;
   int port_ = -1;
+  socket_t listen_socket_ = -1;
 };
 
 }  // namespace order_http

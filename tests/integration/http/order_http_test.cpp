@@ -43,7 +43,10 @@ Answer post(int port, const std::string& body, const std::vector<std::string>& k
   for (auto& k : keys) headers.emplace("Idempotency-Key", k);
   auto res = client.Post("/orders", headers, body, "application/json");
   Answer a;
-  if (!res) return a;
+  if (!res) {
+    a.body = "client error: " + httplib::to_string(res.error());
+    return a;
+  }
   a.status = res->status;
   a.body = res->body;
   a.replayed = res->get_header_value("Idempotent-Replayed");
