@@ -118,6 +118,7 @@ class OrderServer {
         options_(std::move(options)),
         create_(guard, endpoint_options()) {
     server_.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(n); };
+    server_.set_tcp_nodelay(true);  // small responses: do not wait for delayed ACKs
     server_.Post("/orders", idem::http::httplib_handler(
                                 create_, "/orders", principal_of,
                                 [this](const httplib::Request& req,
