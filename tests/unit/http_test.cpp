@@ -286,6 +286,31 @@ TEST_F(EndpointTest, StoreFailureIs503ProblemWithRetryAfter) {
   EXPECT_EQ(0, runs_.load());
 }
 
+TEST(EndpointLease, LostLeaseIs409WithoutInternalDetail) {
+  idem::ManualClock clock;
+  idem::MemoryStoreOptions mo;
+  mo.clock = clock.as_clock();
+  idem::MemoryStore fast{mo};
+  idem::GuardOptions go;
+  go.lease = std::chrono::seconds(5);
+  idem::IdempotencyGuard<idem::NoDurableStore> guard{fast, go};
+  idem::http::EndpointOptions options;
+  options.scope = "http.slow";
+  idem::http::Endpoint endpoint{guard, options};
+  auto req = Req::with_key("\"slow\"");
+  auto key = idem::http::scoped_key("http.slow", "alice", "POST", "/orders", "slow");
+  auto r = endpoint.handle(req.view(), [&] {
+    clock.advance(std::chrono::seconds(6));  // the lease ends; another attempt takes over
+    (void)fast.claim(key, endpoint.request_fingerprint(req.view()), idem::OwnerToken::generate(),
+                     std::chrono::seconds(5));
+    return Response{201, {}, "late"};
+  });
+  EXPECT_EQ(409, r.status);
+  EXPECT_NE(std::string::npos, r.body.find("\"code\":\"lease_lost\""));
+  EXPECT_EQ(std::string::npos, r.body.find("GuardOptions"));  // tuning advice stays in logs
+  EXPECT_NE(nullptr, r.header("Retry-After"));
+}
+
 TEST_F(EndpointTest, BadScopeIsRefusedAtConstruction) {
   auto options = endpoint_options();
   options.scope = "orders create";

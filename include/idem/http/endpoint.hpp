@@ -162,9 +162,9 @@ class Endpoint {
     } catch (const detail::DoNotStore&) {
       return std::move(*first);
     } catch (const Error& e) {
-      // 5xx: the backend's message stays in the server's logs, not in the client's answer.
-      return problem(e.code(), e.http_status() >= 500 ? std::string(errc_message(e.code()))
-                                                      : std::string(e.what()));
+      // The exception's text (backend messages, internal key names, tuning advice) stays in the
+      // server's logs; the client gets the code's public message.
+      return problem(e.code(), errc_message(e.code()));
     }
   }
 
