@@ -4,6 +4,9 @@
 // changed body gets 422; no key gets 400; /metrics scraped during and after the storm matches
 // what the test sent.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -194,6 +197,77 @@ TEST(OrderHttp, DuplicateStormCreatesOneOrderAndMetricsMatch) {
   EXPECT_EQ(kConcurrent + kSequential + 2,
             metric(text, "idem_phase_duration_seconds_count", {{"phase", "total"}}));
   server.stop();
+}
+
+// The order_http binary as a child process: its stdout, its pid.
+struct Child {
+  pid_t pid = -1;
+  std::FILE* out = nullptr;
+
+  explicit Child(std::vector<std::string> args) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid = fork();
+    if (pid == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> argv;
+      std::string path = ORDER_HTTP_PATH;
+      argv.push_back(path.data());
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(path.c_str(), argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out = fdopen(fds[0], "r");
+  }
+  std::string line() {
+    char buf[512] = {};
+    return out != nullptr && std::fgets(buf, sizeof buf, out) != nullptr ? buf : "";
+  }
+  int wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (out != nullptr) std::fclose(out);
+  }
+};
+
+TEST(OrderHttpBinary, QuickStartFlowAndArguments) {
+  idem::test::TempDir dir;
+  Child server({"--port", "0", "--db", dir.file("quick.sqlite")});
+  std::string first = server.line();  // "order_http listening on http://127.0.0.1:<port> (db ...)"
+  auto at = first.find("http://127.0.0.1:");
+  ASSERT_NE(std::string::npos, at) << first;
+  int port = std::atoi(first.c_str() + at + std::string("http://127.0.0.1:").size());
+  ASSERT_GT(port, 0);
+
+  auto a = post(port, kBody, {"\"abc\""}, "quickstart");
+  EXPECT_EQ(201, a.status) << a.body;
+  auto b = post(port, kBody, {"\"abc\""}, "quickstart");
+  EXPECT_EQ(201, b.status);
+  EXPECT_EQ("true", b.replayed);
+  EXPECT_EQ(a.body, b.body);
+  EXPECT_EQ(1, metric(scrape(port), "idem_calls_total", {{"outcome", "replayed"}}));
+
+  kill(server.pid, SIGTERM);
+  EXPECT_EQ(0, server.wait());  // stops cleanly on SIGTERM
+
+  Child postgres({"--postgres", "host=127.0.0.1"});
+  EXPECT_EQ(2, postgres.wait());  // no PostgreSQL backend in this build: a clear refusal
+  Child bad_port({"--port", "http"});
+  EXPECT_EQ(2, bad_port.wait());
+  Child unknown({"--frobnicate"});
+  EXPECT_EQ(2, unknown.wait());
 }
 
 }  // namespace
