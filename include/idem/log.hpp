@@ -139,6 +139,7 @@ class LoggingObserver final : public Observer {
   explicit LoggingObserver(LogSink sink = {}, LoggingObserverOptions options = {})
       : sink_(std::move(sink)), options_(options) {}
 
+  /// info: `idem duplicate key=... source=... outcome=... first_seen=... owner=...`.
   void on_duplicate(const DuplicateEvent& e) noexcept override {
     if (!enabled(LogLevel::kInfo)) return;
     emit(LogLevel::kInfo, [&] {
@@ -150,6 +151,7 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// warn: `idem fast store down key=... code=... error="..."` (once per burst).
   void on_fast_store_down(const Key& key, const Error& error) noexcept override {
     if (!enabled(LogLevel::kWarn)) return;
     emit(LogLevel::kWarn, [&] {
@@ -159,6 +161,7 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// info: `idem fast store recovered failed_calls=<n>`.
   void on_fast_store_recovered(std::uint64_t failed_calls) noexcept override {
     if (!enabled(LogLevel::kInfo)) return;
     emit(LogLevel::kInfo, [&] {
@@ -166,6 +169,7 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// warn: `idem lease takeover key=... store=...`.
   void on_takeover(const Key& key, std::string_view store) noexcept override {
     if (!enabled(LogLevel::kWarn)) return;
     emit(LogLevel::kWarn, [&] {
@@ -174,6 +178,7 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// error: `idem lease lost key=... store=...`.
   void on_lease_lost(const Key& key, std::string_view store) noexcept override {
     if (!enabled(LogLevel::kError)) return;
     emit(LogLevel::kError, [&] {
@@ -181,12 +186,14 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// warn: `idem handler error key=...`.
   void on_handler_error(const Key& key) noexcept override {
     if (!enabled(LogLevel::kWarn)) return;
     emit(LogLevel::kWarn,
          [&] { return "idem handler error key=" + log::quote_field(key.str()); });
   }
 
+  /// debug: `idem durable retry key=... reason="..."`.
   void on_durable_retry(const Key& key, std::string_view reason) noexcept override {
     if (!enabled(LogLevel::kDebug)) return;
     emit(LogLevel::kDebug, [&] {
@@ -195,6 +202,7 @@ class LoggingObserver final : public Observer {
     });
   }
 
+  /// debug: `idem call key=... outcome=... mode=... source=... degraded=... total_us=...`.
   void on_call(const CallEvent& e) noexcept override {
     if (!enabled(LogLevel::kDebug)) return;
     emit(LogLevel::kDebug, [&] {

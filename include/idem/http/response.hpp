@@ -30,8 +30,11 @@ inline bool iequals(std::string_view a, std::string_view b) noexcept {
 
 /// One header field.
 struct Header {
+  /// Field name, case kept as given (compared case-insensitively by idem).
   std::string name;
+  /// Field value.
   std::string value;
+  /// Exact comparison (name case included).
   friend bool operator==(const Header& a, const Header& b) {
     return a.name == b.name && a.value == b.value;
   }
@@ -64,6 +67,7 @@ struct Response {
     headers = std::move(kept);
     return *this;
   }
+  /// Exact comparison of status, headers (in order) and body.
   friend bool operator==(const Response& a, const Response& b) {
     return a.status == b.status && a.headers == b.headers && a.body == b.body;
   }

@@ -83,12 +83,19 @@ class PrometheusObserver final : public Observer {
   PrometheusObserver(const PrometheusObserver&) = delete;
   PrometheusObserver& operator=(const PrometheusObserver&) = delete;
 
+  /// idem_calls_total, hits, claims, unique conflicts, degraded calls, phase histograms.
   void on_call(const CallEvent& e) noexcept override;
+  /// idem_duplicates_total{source}.
   void on_duplicate(const DuplicateEvent& e) noexcept override;
+  /// idem_fast_store_outages_total.
   void on_fast_store_down(const Key& key, const Error& error) noexcept override;
+  /// idem_lease_takeovers_total{store}.
   void on_takeover(const Key& key, std::string_view store) noexcept override;
+  /// idem_leases_lost_total{store}.
   void on_lease_lost(const Key& key, std::string_view store) noexcept override;
+  /// idem_handler_errors_total.
   void on_handler_error(const Key& key) noexcept override;
+  /// idem_durable_retries_total.
   void on_durable_retry(const Key& key, std::string_view reason) noexcept override;
 
   /// Counts `n` MQ redeliveries (an MQ consumer calls it when it leaves a message for the
