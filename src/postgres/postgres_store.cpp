@@ -114,7 +114,7 @@ std::string millis_setting(std::chrono::milliseconds d) {
 
 struct PostgresStore::Impl {
   PostgresStoreOptions& options;
-  std::string lock_timeout;  // "2000ms": the value claims set with set_config(..., true)
+  std::string lock_timeout;  // "2000ms": set on pooled connections, and by claim_in
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0},
       commits_unknown{0};
 
@@ -140,20 +140,22 @@ struct PostgresStore::Impl {
     const std::string where = " WHERE " + k + " = $1 AND " + s + " = $2";
     std::vector<std::pair<std::string, std::string>> v;
     // INSERT ... ON CONFLICT DO NOTHING never raises a unique violation, so it never aborts the
-    // caller's transaction. lock_timeout is set (transaction-local) by the row source, before
-    // the insert can wait on a concurrent transaction holding the same key. The record as of
-    // the statement's snapshot comes back in the same round trip; a row committed while we
-    // waited is not in that snapshot and is read by kRead.
+    // caller's transaction; it waits for a concurrent transaction holding the same key at most
+    // lock_timeout (set on every pooled connection). When nothing was inserted, the record as
+    // of the statement's snapshot comes back in the same round trip (a one-time filter skips
+    // that read when the row was inserted); a row committed while we waited is not in the
+    // snapshot and is read by kRead.
     v.emplace_back(kClaim,
                    "WITH ins AS (INSERT INTO " + t + " (" + k + ", " + s +
-                       ", status, fingerprint, owner, lease_until, created_at, updated_at)"
-                       " SELECT $1, $2, 'in_progress', $3, $4,"
-                       " clock_timestamp() + $5::bigint * interval '1 millisecond', now(), now()"
-                       " FROM (SELECT set_config('lock_timeout', $6, true)) AS cfg"
+                       ", status, fingerprint, owner, lease_until)"
+                       " VALUES ($1, $2, 'in_progress', $3, $4,"
+                       " clock_timestamp() + $5::bigint * interval '1 millisecond')"
                        " ON CONFLICT (" + k + ", " + s + ") DO NOTHING RETURNING id)"
-                       " SELECT EXISTS (SELECT 1 FROM ins), r.* FROM (SELECT 1) AS one"
-                       " LEFT JOIN (SELECT " + kRecordColumns + " FROM " + t + where +
-                       ") AS r ON true");
+                       " SELECT true, NULL::text, NULL::text, NULL::text, NULL::bytea,"
+                       " NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::boolean,"
+                       " NULL::boolean FROM ins"
+                       " UNION ALL SELECT false, " + kRecordColumns + " FROM " + t + where +
+                       " AND NOT EXISTS (SELECT 1 FROM ins)");
     v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
     // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
     // the row after the first commits and updates nothing.
@@ -161,8 +163,7 @@ struct PostgresStore::Impl {
                    "UPDATE " + t +
                        " SET owner = $3,"
                        " lease_until = clock_timestamp() + $4::bigint * interval '1 millisecond',"
-                       " attempts = attempts + 1, updated_at = now()"
-                       " FROM (SELECT set_config('lock_timeout', $6, true)) AS cfg" +
+                       " attempts = attempts + 1, updated_at = now()" +
                        where +
                        " AND status = 'in_progress' AND owner = $5"
                        " AND lease_until <= clock_timestamp() RETURNING id");
@@ -205,12 +206,11 @@ struct PostgresStore::Impl {
     const long long lease_ms = lease.count();
     for (int round = 0; round < kClaimRounds; ++round) {
       pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(),
-                                             lease_ms, lock_timeout);
-      const pqxx::row row = r[0];
-      if (row[0].as<bool>()) return ClaimResult{};
+                           lease_ms);
+      if (!r.empty() && r[0][0].as<bool>()) return ClaimResult{};
       std::optional<Found> found;
-      if (!row[1].is_null()) {
-        found = parse_found(row, 1);
+      if (!r.empty()) {
+        found = parse_found(r[0], 1);
       } else {
         pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
         if (!again.empty()) found = parse_found(again[0], 0);
@@ -223,7 +223,7 @@ struct PostgresStore::Impl {
       ClaimResult c = classify(*found, fingerprint, owner);
       if (c.status != ClaimStatus::kClaimed || !c.took_over) return c;
       pqxx::result u = run(t, pooled, kTakeover, key.id(), key.scope(), owner.str(),
-                                             lease_ms, found->record.owner, lock_timeout);
+                           lease_ms, found->record.owner);
       if (!u.empty()) return c;
       // Another attempt took it over or completed it first: look again.
     }
@@ -298,13 +298,18 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   impl_->lock_timeout = millis_setting(options_.lock_timeout);
   auto statements = Impl::statements(qualified_table_, k, s);
   impl_->sql = statements;
-  auto statement_timeout = options_.statement_timeout;
+  // Session settings of every pooled connection, sent once when it opens: lock_timeout bounds
+  // a claim's wait on a concurrent holder of the same key (and the handler's lock waits).
+  std::string session = "SET lock_timeout = '" + impl_->lock_timeout + "'";
+  if (options_.statement_timeout.count() > 0) {
+    session += "; SET statement_timeout = '" + millis_setting(options_.statement_timeout) + "'";
+  }
   pool_ = std::make_unique<ConnectionPool>(
       options_.conninfo, options_.pool_size, options_.pool_wait,
-      [statements, statement_timeout](pqxx::connection& c) {
-        if (statement_timeout.count() > 0) {
+      [statements, session](pqxx::connection& c) {
+        {
           pqxx::nontransaction nt(c);
-          nt.exec("SET statement_timeout = " + std::to_string(statement_timeout.count()));
+          nt.exec(session);
         }
         for (const auto& [name, sql] : statements) detail::prepare(c, name, sql);
       });
@@ -329,7 +334,9 @@ void PostgresStore::migrate() {
   const std::string& s = options_.scope_column;
   const std::string versions = schema + ".idem_schema_version";
   with_transaction([&](pqxx::work& tx) {
-    // One migrator at a time across every process; released at COMMIT/ROLLBACK.
+    // One migrator at a time across every process; released at COMMIT/ROLLBACK. A concurrent
+    // migrator may hold it (and catalog locks) longer than the claims' lock_timeout.
+    tx.exec("SET LOCAL lock_timeout = '60s'");
     tx.exec(std::string("SELECT pg_advisory_xact_lock(") + kMigrationLockKey + ")");
     // CREATE SCHEMA IF NOT EXISTS still needs the CREATE privilege: only ask when missing.
     if (detail::exec_params(tx, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
@@ -406,6 +413,23 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
     std::optional<PooledConnection> conn;
     try {
       conn.emplace(pool_->acquire());
+      if (options_.read_first) {
+        // A completed duplicate or a mismatch needs no transaction: answer from one read.
+        std::optional<ClaimResult> early;
+        {
+          pqxx::nontransaction nt(conn->get());
+          pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
+          if (!r.empty()) {
+            Found f = parse_found(r[0], 0);
+            ClaimResult c = classify(f, fingerprint, owner);
+            if (!f.expired &&
+                (c.status == ClaimStatus::kDone || c.status == ClaimStatus::kMismatch)) {
+              early = std::move(c);
+            }
+          }
+        }
+        if (early) return std::move(*early);
+      }
       pqxx::work tx(conn->get());
       ClaimResult c = impl_->claim(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
       if (c.status != ClaimStatus::kClaimed) {
@@ -482,6 +506,9 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
   try {
     tx.exec("SAVEPOINT idem_claim");
     try {
+      // The caller's connection has its own settings: bound this claim's wait (the setting
+      // lasts until the caller's transaction ends, as SET LOCAL does).
+      detail::exec_params(tx, "SELECT set_config('lock_timeout', $1, true)", impl_->lock_timeout);
       ClaimResult c = impl_->claim(tx, key, fingerprint, owner, lease, false);
       tx.exec("RELEASE SAVEPOINT idem_claim");
       return c;

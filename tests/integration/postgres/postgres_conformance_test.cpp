@@ -25,9 +25,18 @@ struct PostgresTraits {
   }
 };
 
+// The same store reading the record before opening the transaction (read_first).
+struct PostgresReadFirstTraits : PostgresTraits {
+  static std::unique_ptr<Store> make(const std::string&) {
+    auto o = idem::test::pg::options();
+    o.read_first = true;
+    return std::make_unique<Store>(o);
+  }
+};
+
 }  // namespace
 
 namespace idem::test {
-using PostgresTypes = ::testing::Types<PostgresTraits>;
+using PostgresTypes = ::testing::Types<PostgresTraits, PostgresReadFirstTraits>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, DurableStoreConformance, PostgresTypes);
 }  // namespace idem::test
