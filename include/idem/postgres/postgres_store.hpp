@@ -17,8 +17,9 @@
 //
 // so a unique violation never aborts the caller's transaction. A duplicate that reaches
 // PostgreSQL while the first transaction is in flight waits on the unique index for at most
-// `lock_timeout`; if the first commits it replays the stored response, if the wait times out
-// (SQLSTATE 55P03) the attempt is rolled back — nothing else ran in it yet — and answers kBusy.
+// `lock_timeout` (the pooled connections' session setting); if the first commits it replays
+// the stored response, if the wait times out (SQLSTATE 55P03) the attempt is rolled back —
+// nothing else ran in it yet, so no savepoint is needed — and answers kBusy.
 // Round trips of a first execution: BEGIN, claim, <handler's statements>, complete, COMMIT —
 // the same as hand-written code giving the same guarantee.
 //
@@ -84,8 +85,9 @@ struct PostgresStoreOptions {
   /// StorageUnavailable. 0 means 5 s.
   std::chrono::milliseconds pool_wait{5'000};
   /// How long a claim waits for a concurrent transaction holding the same key (on the unique
-  /// index or the row) before answering kBusy. Also stays in force (SET LOCAL semantics) for the
-  /// handler's own statements in transactional mode. 0 means 2 s.
+  /// index or the row) before answering kBusy. Set as the session's lock_timeout of every
+  /// pooled connection, so it also bounds lock waits of the handler's own statements (a
+  /// handler may `SET LOCAL lock_timeout` to change that). 0 means 2 s.
   std::chrono::milliseconds lock_timeout{2'000};
   /// statement_timeout set on every pooled connection (StorageTimeout when it fires).
   /// 0 means the server's setting (usually none).
