@@ -7,7 +7,7 @@
 // Prints per-call latencies, statements and round trips per guarded call (from a libpq trace),
 // fsync/synchronous_commit, and `ratio <name> = <ours over baseline, higher is better>`.
 //
-// Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_BENCH_ROUNDS (default 15), IDEM_BENCH_CALLS
+// Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS
 // (per round and side, default 200). The fast store is a factory so the Redis adapter can be
 // swapped in (make_fast_store below).
 #include <algorithm>
@@ -137,7 +137,7 @@ int main() {
     return 2;
   }
   const std::string dsn = dsn_env;
-  const int rounds = env_int("IDEM_BENCH_ROUNDS", 15);
+  const int rounds = env_int("IDEM_BENCH_ROUNDS", 21);
   const int calls = env_int("IDEM_BENCH_CALLS", 200);
   const std::string schema = "idem_bench_" + std::to_string(::getpid());
 
