@@ -106,6 +106,11 @@ bool is_retryable_rollback(const std::string& state) {
   return state == "40001" || state == "40P01";
 }
 
+// SQLSTATEs of a connection that failed or a server shutting down (FATAL for the session).
+bool is_connection_failure(const std::string& state) {
+  return state.rfind("08", 0) == 0 || state == "57P01" || state == "57P02" || state == "57P03";
+}
+
 std::string millis_setting(std::chrono::milliseconds d) {
   return std::to_string(d.count()) + "ms";
 }
@@ -466,7 +471,9 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
       return c;
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
-      if (handler_threw) throw;
+      // Also when the handler's own statement found the connection gone: that is a storage
+      // failure (nothing committed), not the handler's.
+      if (handler_threw) detail::rethrow_translated("transaction");
       // A pooled connection that died while idle (server restart): nothing ran yet, so one
       // more try on a fresh connection is safe.
       if (!handler_ran && !reconnected) {
@@ -484,7 +491,13 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         if (options_.on_retry) options_.on_retry(key, state);
         continue;
       }
-      if (handler_threw) throw;
+      if (handler_threw) {
+        if (is_connection_failure(state) || (conn && !conn->get().is_open())) {
+          if (conn) conn->mark_broken();
+          detail::rethrow_translated("transaction");  // the server went away under the handler
+        }
+        throw;
+      }
       if (state == "55P03" && !handler_ran) {
         // The claim waited lock_timeout on a transaction holding the key. Only the claim ran in
         // this (now rolled back) transaction, so nothing is lost: answer "in progress".

@@ -36,7 +36,8 @@
 // server (`txid_status`) and re-reading the record on a fresh connection — success, a retryable
 // StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
 // Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
-// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged.
+// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
+// connection failed under it (then StorageUnavailable: nothing was committed).
 //
 // @code
 //   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
@@ -212,7 +213,8 @@ class PostgresStore {
   /// @return kClaimed (handler ran and committed; `response` holds its bytes), kDone (replay),
   ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
   ///         lease), kMismatch.
-  /// @throws whatever the handler throws (after rollback); idem::StorageError subclasses.
+  /// @throws whatever the handler throws (after rollback), except a lost connection, which is
+  ///         idem::StorageUnavailable; idem::StorageError subclasses.
   template <class Handler>
   ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
                                 const OwnerToken& owner, std::chrono::seconds retention,
