@@ -19,6 +19,7 @@
 #include "idem/memory_store.hpp"
 #include "pg_test_support.hpp"
 #include "support/failing_store.hpp"
+#include "tcp_proxy.hpp"
 
 namespace {
 
@@ -345,6 +346,52 @@ TEST_F(PostgresStoreTest, CommitLostWithItsConnectionIsResolvedNotRerun) {
   auto retry = guard.run(key, "fp", handler);
   EXPECT_EQ(Outcome::kExecuted, retry.outcome);
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
+// The DSN with its port replaced (the proxy's).
+std::string dsn_with_port(int port) {
+  std::string dsn = pg::dsn();
+  auto at = dsn.find("port=");
+  if (at == std::string::npos) return dsn + " port=" + std::to_string(port);
+  auto end = dsn.find(' ', at);
+  return dsn.substr(0, at) + "port=" + std::to_string(port) +
+         (end == std::string::npos ? "" : dsn.substr(end));
+}
+
+int dsn_port() {
+  std::string dsn = pg::dsn();
+  auto at = dsn.find("port=");
+  return at == std::string::npos ? 5432 : std::atoi(dsn.c_str() + at + 5);
+}
+
+TEST_F(PostgresStoreTest, CommitWhoseAnswerWasLostIsResolvedAsCommittedNotRerun) {
+  idem::test::CommitDroppingProxy proxy(dsn_port());
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo = dsn_with_port(proxy.port());
+  std::atomic<bool> arm{true};
+  o.before_commit = [&](pqxx::connection&) {
+    if (arm.exchange(false)) proxy.drop_next_commit = true;
+  };
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  int runs = 0;
+  auto handler = [&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+    return std::string("paid");
+  };
+  auto r = guard.run(key, "fp", handler);
+  EXPECT_EQ(1, proxy.dropped.load());
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);  // the server committed: the call succeeded
+  EXPECT_EQ("paid", r.value.value_or(""));
+  EXPECT_EQ(1u, store.stats().commits_resolved);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+  auto again = guard.run(key, "fp", handler);
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ(1, runs);
 }
 
 TEST_F(PostgresStoreTest, DeadlockedTransactionIsRetriedAndEachEffectHappensOnce) {
