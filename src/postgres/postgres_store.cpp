@@ -338,9 +338,27 @@ void PostgresStore::migrate() {
   const std::string& k = options_.key_column;
   const std::string& s = options_.scope_column;
   const std::string versions = schema + ".idem_schema_version";
-  with_transaction([&](pqxx::work& tx) {
+  // A connection of its own, not a pooled one: pooled connections prepare idem's statements,
+  // which libpqxx 7 does eagerly, before the table exists.
+  std::unique_ptr<pqxx::connection> conn;
+  try {
+    conn = std::make_unique<pqxx::connection>(options_.conninfo);
+  } catch (...) {
+    detail::rethrow_translated("connect");
+  }
+  auto in_transaction = [&](auto&& fn) {
+    try {
+      pqxx::work tx(*conn);
+      fn(tx);
+      tx.commit();
+    } catch (const std::exception& e) {
+      if (detail::is_pqxx_exception(e)) detail::rethrow_translated("migrate");
+      throw;
+    }
+  };
+  in_transaction([&](pqxx::work& tx) {
     // One migrator at a time across every process; released at COMMIT/ROLLBACK. A concurrent
-    // migrator may hold it (and catalog locks) longer than the claims' lock_timeout.
+    // migrator may hold it (and catalog locks) for a while: wait, whatever lock_timeout says.
     tx.exec("SET LOCAL lock_timeout = '60s'");
     tx.exec(std::string("SELECT pg_advisory_xact_lock(") + kMigrationLockKey + ")");
     // CREATE SCHEMA IF NOT EXISTS still needs the CREATE privilege: only ask when missing.
