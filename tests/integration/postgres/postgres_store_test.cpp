@@ -492,6 +492,57 @@ TEST_F(PostgresStoreTest, MigrationTwiceIsANoOpAndConcurrentMigrationsAreSafe) {
   }
 }
 
+TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
+  const std::string schema = idem::test::unique_name("idem_sql");
+  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" + pg::dsn() + "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
+                          " -f " IDEM_SOURCE_DIR "/src/postgres/schema.sql >/dev/null";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+  ASSERT_EQ(0, std::system(cmd.c_str())) << "second run: " << cmd;  // a no-op
+  EXPECT_EQ(2, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
+  for (auto o : {pg::options(), idem::postgres::PostgresStoreOptions::mq_consume_record()}) {
+    o.conninfo = pg::dsn();
+    o.schema = schema;
+    o.migrate = false;
+    PostgresStore store(o);
+    idem::IdempotencyGuard guard{store};
+    auto key = unique_key();
+    EXPECT_EQ(Outcome::kExecuted,
+              guard.run(key, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+    EXPECT_EQ(Outcome::kReplayed,
+              guard.run(key, "", [](pqxx::work&) { return std::string("no"); }).outcome);
+  }
+  { PostgresStore migrating([&] {  // the built-in migration sees version 1: nothing to do
+      auto o = pg::options();
+      o.schema = schema;
+      return o;
+    }()); }
+  EXPECT_EQ(2, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
+  pg::exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_F(PostgresStoreTest, PurgeSkipsRowsLockedByOthersInsteadOfWaiting) {
+  std::vector<Key> keys;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back(unique_key());
+    (void)store_->run_transactional(keys.back(), "", OwnerToken::generate(),
+                                    std::chrono::seconds(1),
+                                    [](pqxx::work&) { return std::string(); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  pqxx::connection other(pg::dsn());
+  pqxx::work locker(other);
+  locker.exec_params("SELECT 1 FROM " + pg::table("api_idempotency") +
+                         " WHERE idem_key = $1 FOR UPDATE",
+                     keys[0].id());
+  store_->purge_expired(100);  // returns although keys[0] is locked
+  EXPECT_TRUE(store_->lookup(keys[0]).has_value());
+  EXPECT_FALSE(store_->lookup(keys[1]).has_value());
+  EXPECT_FALSE(store_->lookup(keys[2]).has_value());
+  locker.abort();
+  store_->purge_expired(100);
+  EXPECT_FALSE(store_->lookup(keys[0]).has_value());
+}
+
 TEST_F(PostgresStoreTest, MqConsumeRecordPresetUsesItsOwnTable) {
   auto o = idem::postgres::PostgresStoreOptions::mq_consume_record(pg::dsn());
   o.schema = pg::Schema::name();
