@@ -10,6 +10,9 @@
 // Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS
 // (per round and side, default 200). The fast store is a factory so the Redis adapter can be
 // swapped in (make_fast_store below).
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,8 +23,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <time.h>
-#include <unistd.h>
 #include <vector>
 
 #include "idem/guard.hpp"
@@ -104,7 +105,8 @@ Trace trace(pqxx::connection& conn, const std::function<void()>& fn) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    // PostgreSQL 14+ libpq trace lines: "<time>\tF\t<len>\tQuery\t..." / "...\tB\t5\tReadyForQuery\tI"
+    // PostgreSQL 14+ libpq trace lines: "<time>\tF\t<len>\tQuery\t..." /
+    // "...\tB\t5\tReadyForQuery\tI"
     std::istringstream words(line);
     std::vector<std::string> w;
     for (std::string x; std::getline(words, x, '\t');) w.push_back(x);
@@ -253,15 +255,17 @@ int main() {
   // Replays: the fast store is down, every call goes to PostgreSQL for a completed key.
   auto ours_replay = [&](auto& g) {
     return [&g, &ours_keys](int i) {
-      auto key = idem::Key::make("payment", ours_keys[static_cast<std::size_t>(i) % ours_keys.size()]);
-      auto r = g.run(key, "fp", [](pqxx::work&) -> std::string { throw std::runtime_error("ran"); });
+      auto key =
+          idem::Key::make("payment", ours_keys[static_cast<std::size_t>(i) % ours_keys.size()]);
+      auto r =
+          g.run(key, "fp", [](pqxx::work&) -> std::string { throw std::runtime_error("ran"); });
       if (r.outcome != idem::Outcome::kReplayed) throw std::runtime_error("not replayed");
     };
   };
   auto raw_replay = [&](int i) {
     pqxx::nontransaction nt(raw);
-    auto res = nt.exec_prepared("raw_select", raw_keys[static_cast<std::size_t>(i) % raw_keys.size()],
-                                "payment");
+    auto res = nt.exec_prepared("raw_select",
+                                raw_keys[static_cast<std::size_t>(i) % raw_keys.size()], "payment");
     if (res.empty()) throw std::runtime_error("missing");
   };
   auto replay_default = ours_replay(replay_guard);

@@ -57,10 +57,14 @@ enum class Transition {
 /// Stable name: transitioned, already_there, rejected, not_found.
 constexpr std::string_view transition_name(Transition t) noexcept {
   switch (t) {
-    case Transition::kTransitioned: return "transitioned";
-    case Transition::kAlreadyThere: return "already_there";
-    case Transition::kRejected: return "rejected";
-    case Transition::kNotFound: return "not_found";
+    case Transition::kTransitioned:
+      return "transitioned";
+    case Transition::kAlreadyThere:
+      return "already_there";
+    case Transition::kRejected:
+      return "rejected";
+    case Transition::kNotFound:
+      return "not_found";
   }
   return "unknown";
 }
@@ -152,8 +156,8 @@ class StateMachine {
     }
     std::vector<std::optional<std::string>> params{std::string(id), std::string(from),
                                                    std::string(to)};
-    std::string sql = "UPDATE " + table_ + " SET " + status_column_ + " = " +
-                      Driver::placeholder(3);
+    std::string sql =
+        "UPDATE " + table_ + " SET " + status_column_ + " = " + Driver::placeholder(3);
     for (const auto& a : extra) {
       check_sql_identifier("column", a.column);
       if (a.column == status_column_ || a.column == id_column_) {

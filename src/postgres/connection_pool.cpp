@@ -26,9 +26,9 @@ class ConnectionPool::Impl {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!cv_.wait_for(lock, wait_, [&] { return !idle_.empty() || open_ < size_; })) {
-        throw StorageUnavailable("postgres: connection pool exhausted: " +
-                                 std::to_string(size_) + " connections in use for " +
-                                 std::to_string(wait_.count()) + " ms");
+        throw StorageUnavailable("postgres: connection pool exhausted: " + std::to_string(size_) +
+                                 " connections in use for " + std::to_string(wait_.count()) +
+                                 " ms");
       }
       if (!idle_.empty()) {
         auto* s = idle_.back();

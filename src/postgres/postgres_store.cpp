@@ -111,17 +111,14 @@ bool is_connection_failure(const std::string& state) {
   return state.rfind("08", 0) == 0 || state == "57P01" || state == "57P02" || state == "57P03";
 }
 
-std::string millis_setting(std::chrono::milliseconds d) {
-  return std::to_string(d.count()) + "ms";
-}
+std::string millis_setting(std::chrono::milliseconds d) { return std::to_string(d.count()) + "ms"; }
 
 }  // namespace
 
 struct PostgresStore::Impl {
   PostgresStoreOptions& options;
   std::string lock_timeout;  // "2000ms": set on pooled connections, and by claim_in
-  std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0},
-      commits_unknown{0};
+  std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
 
   std::vector<std::pair<std::string, std::string>> sql;  // name -> text
 
@@ -140,8 +137,9 @@ struct PostgresStore::Impl {
   }
 
   // The statements, built once from validated identifiers; every value is a bound parameter.
-  static std::vector<std::pair<std::string, std::string>> statements(
-      const std::string& t, const std::string& k, const std::string& s) {
+  static std::vector<std::pair<std::string, std::string>> statements(const std::string& t,
+                                                                     const std::string& k,
+                                                                     const std::string& s) {
     const std::string where = " WHERE " + k + " = $1 AND " + s + " = $2";
     std::vector<std::pair<std::string, std::string>> v;
     // INSERT ... ON CONFLICT DO NOTHING never raises a unique violation, so it never aborts the
@@ -150,17 +148,19 @@ struct PostgresStore::Impl {
     // of the statement's snapshot comes back in the same round trip (a one-time filter skips
     // that read when the row was inserted); a row committed while we waited is not in the
     // snapshot and is read by kRead.
-    v.emplace_back(kClaim,
-                   "WITH ins AS (INSERT INTO " + t + " (" + k + ", " + s +
-                       ", status, fingerprint, owner, lease_until)"
-                       " VALUES ($1, $2, 'in_progress', $3, $4,"
-                       " clock_timestamp() + $5::bigint * interval '1 millisecond')"
-                       " ON CONFLICT (" + k + ", " + s + ") DO NOTHING RETURNING id)"
-                       " SELECT true, NULL::text, NULL::text, NULL::text, NULL::bytea,"
-                       " NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::boolean,"
-                       " NULL::boolean FROM ins"
-                       " UNION ALL SELECT false, " + kRecordColumns + " FROM " + t + where +
-                       " AND NOT EXISTS (SELECT 1 FROM ins)");
+    v.emplace_back(
+        kClaim, "WITH ins AS (INSERT INTO " + t + " (" + k + ", " + s +
+                    ", status, fingerprint, owner, lease_until)"
+                    " VALUES ($1, $2, 'in_progress', $3, $4,"
+                    " clock_timestamp() + $5::bigint * interval '1 millisecond')"
+                    " ON CONFLICT (" +
+                    k + ", " + s +
+                    ") DO NOTHING RETURNING id)"
+                    " SELECT true, NULL::text, NULL::text, NULL::text, NULL::bytea,"
+                    " NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::boolean,"
+                    " NULL::boolean FROM ins"
+                    " UNION ALL SELECT false, " +
+                    kRecordColumns + " FROM " + t + where + " AND NOT EXISTS (SELECT 1 FROM ins)");
     v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
     // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
     // the row after the first commits and updates nothing.
@@ -196,22 +196,21 @@ struct PostgresStore::Impl {
                                " WHERE status <> 'in_progress'"
                                " AND expires_at <= clock_timestamp()"
                                " LIMIT $1 FOR UPDATE SKIP LOCKED)");
-    v.emplace_back(kResolve, "SELECT txid_status($1::bigint), (SELECT status = 'completed'"
-                             " AND owner = $4 FROM " + t + " WHERE " + k + " = $2 AND " + s +
-                             " = $3)");
+    v.emplace_back(kResolve,
+                   "SELECT txid_status($1::bigint), (SELECT status = 'completed'"
+                   " AND owner = $4 FROM " +
+                       t + " WHERE " + k + " = $2 AND " + s + " = $3)");
     return v;
   }
 
   // Claims or finds the record inside `t` (a transaction, a subtransaction or autocommit).
   // Throws the libpqxx error of a lock timeout (55P03); callers turn it into kBusy.
   ClaimResult claim(pqxx::transaction_base& t, const Key& key, std::string_view fingerprint,
-                    const OwnerToken& owner, std::chrono::milliseconds lease,
-                    bool pooled = true) {
+                    const OwnerToken& owner, std::chrono::milliseconds lease, bool pooled = true) {
     const std::string fp(fingerprint);
     const long long lease_ms = lease.count();
     for (int round = 0; round < kClaimRounds; ++round) {
-      pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(),
-                           lease_ms);
+      pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(), lease_ms);
       if (!r.empty() && r[0][0].as<bool>()) return ClaimResult{};
       std::optional<Found> found;
       if (!r.empty()) {
@@ -227,8 +226,8 @@ struct PostgresStore::Impl {
       }
       ClaimResult c = classify(*found, fingerprint, owner);
       if (c.status != ClaimStatus::kClaimed || !c.took_over) return c;
-      pqxx::result u = run(t, pooled, kTakeover, key.id(), key.scope(), owner.str(),
-                           lease_ms, found->record.owner);
+      pqxx::result u = run(t, pooled, kTakeover, key.id(), key.scope(), owner.str(), lease_ms,
+                           found->record.owner);
       if (!u.empty()) return c;
       // Another attempt took it over or completed it first: look again.
     }
@@ -267,15 +266,18 @@ struct PostgresStore::Impl {
       }
       if (status && *status == "aborted") {
         commits_resolved.fetch_add(1, std::memory_order_relaxed);
-        throw StorageUnavailable("postgres: the connection was lost at COMMIT and the "
-                                 "transaction did not commit (nothing was applied; retry): " +
-                                 cause);
+        throw StorageUnavailable(
+            "postgres: the connection was lost at COMMIT and the "
+            "transaction did not commit (nothing was applied; retry): " +
+            cause);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // still in progress
     }
     commits_unknown.fetch_add(1, std::memory_order_relaxed);
-    throw OutcomeUnknown("postgres: the connection was lost at COMMIT and the outcome could "
-                         "not be established (retry with the same key): " + cause);
+    throw OutcomeUnknown(
+        "postgres: the connection was lost at COMMIT and the outcome could "
+        "not be established (retry with the same key): " +
+        cause);
   }
 };
 
@@ -309,15 +311,16 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   if (options_.statement_timeout.count() > 0) {
     session += "; SET statement_timeout = '" + millis_setting(options_.statement_timeout) + "'";
   }
-  pool_ = std::make_unique<ConnectionPool>(
-      options_.conninfo, options_.pool_size, options_.pool_wait,
-      [statements, session](pqxx::connection& c) {
-        {
-          pqxx::nontransaction nt(c);
-          nt.exec(session);
-        }
-        for (const auto& [name, sql] : statements) detail::prepare(c, name, sql);
-      });
+  pool_ =
+      std::make_unique<ConnectionPool>(options_.conninfo, options_.pool_size, options_.pool_wait,
+                                       [statements, session](pqxx::connection& c) {
+                                         {
+                                           pqxx::nontransaction nt(c);
+                                           nt.exec(session);
+                                         }
+                                         for (const auto& [name, sql] : statements)
+                                           detail::prepare(c, name, sql);
+                                       });
   if (options_.migrate) migrate();
 }
 
@@ -362,16 +365,14 @@ void PostgresStore::migrate() {
     tx.exec("SET LOCAL lock_timeout = '60s'");
     tx.exec(std::string("SELECT pg_advisory_xact_lock(") + kMigrationLockKey + ")");
     // CREATE SCHEMA IF NOT EXISTS still needs the CREATE privilege: only ask when missing.
-    if (detail::exec_params(tx, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
-            .empty()) {
+    if (detail::exec_params(tx, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema).empty()) {
       tx.exec("CREATE SCHEMA " + schema);
     }
     tx.exec("CREATE TABLE IF NOT EXISTS " + versions +
             " (name text PRIMARY KEY, version integer NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())");
-    pqxx::result r =
-        detail::exec_params(tx, "SELECT version FROM " + versions + " WHERE name = $1",
-                            options_.table);
+    pqxx::result r = detail::exec_params(tx, "SELECT version FROM " + versions + " WHERE name = $1",
+                                         options_.table);
     int version = r.empty() ? 0 : r[0][0].as<int>();
     if (version > kSchemaVersion) {
       throw StorageError("postgres: table '" + t + "' has schema version " +
@@ -382,8 +383,12 @@ void PostgresStore::migrate() {
       // Keep in step with src/postgres/schema.sql.
       tx.exec("CREATE TABLE IF NOT EXISTS " + t +
               " (id bigserial PRIMARY KEY,"
-              " " + k + " varchar(128) NOT NULL,"
-              " " + s + " varchar(64) NOT NULL,"
+              " " +
+              k +
+              " varchar(128) NOT NULL,"
+              " " +
+              s +
+              " varchar(64) NOT NULL,"
               " status varchar(16) NOT NULL"
               "  CHECK (status IN ('in_progress', 'completed', 'failed')),"
               " fingerprint text NOT NULL DEFAULT '',"
@@ -394,7 +399,8 @@ void PostgresStore::migrate() {
               " attempts integer NOT NULL DEFAULT 1,"
               " created_at timestamptz NOT NULL DEFAULT now(),"
               " updated_at timestamptz NOT NULL DEFAULT now(),"
-              " CONSTRAINT " + options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))");
+              " CONSTRAINT " +
+              options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))");
       tx.exec("CREATE INDEX IF NOT EXISTS " + options_.table + "_expires_idx ON " + t +
               " (expires_at) WHERE status <> 'in_progress'");
       detail::exec_params(tx,
@@ -467,9 +473,9 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         handler_threw = true;
         throw;
       }
-      pqxx::result done = detail::exec_prepared(tx, kComplete, key.id(), key.scope(),
-                                                owner.str(), detail::bytea(response),
-                                                static_cast<long long>(retention.count()));
+      pqxx::result done =
+          detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
+                                detail::bytea(response), static_cast<long long>(retention.count()));
       if (done.empty()) {
         // We inserted or took over the row in this transaction and hold its lock.
         throw LeaseLost("postgres: record '" + key.str() + "' is no longer held by this attempt");
@@ -642,8 +648,7 @@ bool PostgresStore::fail(const Key& key, const OwnerToken& owner, std::string_vi
                          std::chrono::seconds retention) {
   return autocommit(*pool_, "fail", false, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kFail, key.id(), key.scope(), owner.str(),
-                                  detail::bytea(reason),
-                                  static_cast<long long>(retention.count()))
+                                  detail::bytea(reason), static_cast<long long>(retention.count()))
                 .empty();
   });
 }
@@ -655,12 +660,11 @@ bool PostgresStore::release(const Key& key, const OwnerToken& owner) {
 }
 
 std::optional<Record> PostgresStore::lookup(const Key& key) {
-  return autocommit(*pool_, "lookup", true,
-                    [&](pqxx::nontransaction& nt) -> std::optional<Record> {
-                      pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
-                      if (r.empty()) return std::nullopt;
-                      return parse_found(r[0], 0).record;
-                    });
+  return autocommit(*pool_, "lookup", true, [&](pqxx::nontransaction& nt) -> std::optional<Record> {
+    pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
+    if (r.empty()) return std::nullopt;
+    return parse_found(r[0], 0).record;
+  });
 }
 
 std::size_t PostgresStore::purge_expired(std::size_t batch_size) {
@@ -669,8 +673,7 @@ std::size_t PostgresStore::purge_expired(std::size_t batch_size) {
   for (;;) {
     // Each batch is its own short autocommit statement: no lock is held between batches.
     auto n = autocommit(*pool_, "purge", true, [&](pqxx::nontransaction& nt) {
-      return detail::exec_prepared(nt, kPurge, static_cast<long long>(batch_size))
-          .affected_rows();
+      return detail::exec_prepared(nt, kPurge, static_cast<long long>(batch_size)).affected_rows();
     });
     total += static_cast<std::size_t>(n);
     if (static_cast<std::size_t>(n) < batch_size) return total;

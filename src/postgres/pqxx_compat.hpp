@@ -2,10 +2,9 @@
 // The one place libpqxx version differences live (6.4 on Debian 12, 7.x elsewhere).
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstddef>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,8 +25,7 @@ inline std::string read_bytea(const pqxx::field& f) {
 }
 /// Runs a prepared statement.
 template <class... Args>
-pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name,
-                           Args&&... args) {
+pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {
   return t.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
 }
 /// Runs a parameterised statement.
@@ -64,8 +62,7 @@ inline std::string read_bytea(const pqxx::field& f) {
 }
 /// Runs a prepared statement.
 template <class... Args>
-pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name,
-                           Args&&... args) {
+pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {
   return t.exec_prepared(name, std::forward<Args>(args)...);
 }
 /// Runs a parameterised statement.

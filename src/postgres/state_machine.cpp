@@ -18,8 +18,8 @@ long long state_machine_update(pqxx::transaction_base& tx, const std::string& sq
   }
 }
 
-std::optional<std::string> state_machine_current(pqxx::transaction_base& tx,
-                                                 const std::string& sql, const std::string& id) {
+std::optional<std::string> state_machine_current(pqxx::transaction_base& tx, const std::string& sql,
+                                                 const std::string& id) {
   try {
     pqxx::result r = exec_params(tx, sql, id);
     if (r.empty()) return std::nullopt;

@@ -50,8 +50,6 @@
 // @endcode
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -59,6 +57,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <string_view>
 #include <type_traits>

@@ -7,9 +7,8 @@
 // whole transaction.
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -21,8 +20,8 @@ namespace idem::postgres::detail {
 long long state_machine_update(pqxx::transaction_base& tx, const std::string& sql,
                                const std::vector<std::optional<std::string>>& params);
 /// Reads a row's state; nullopt when there is no such row.
-std::optional<std::string> state_machine_current(pqxx::transaction_base& tx,
-                                                 const std::string& sql, const std::string& id);
+std::optional<std::string> state_machine_current(pqxx::transaction_base& tx, const std::string& sql,
+                                                 const std::string& id);
 }  // namespace idem::postgres::detail
 
 namespace idem {

@@ -78,20 +78,19 @@ inline void insert_effect(pqxx::work& tx, const std::string& key_id) {
 }
 
 /// Rows of `table` whose `column` equals `value` (bound).
-inline long count_where(const std::string& t, const std::string& column,
-                        const std::string& value) {
+inline long count_where(const std::string& t, const std::string& column, const std::string& value) {
   pqxx::connection c(dsn());
   pqxx::work tx(c);
-  return tx.exec_params("SELECT count(*) FROM " + table(t) + " WHERE " + column + " = $1", value)
-      [0][0]
+  return tx
+      .exec_params("SELECT count(*) FROM " + table(t) + " WHERE " + column + " = $1", value)[0][0]
       .as<long>();
 }
 
 }  // namespace idem::test::pg
 
 /// Skips (or fails under scripts/test.sh) without IDEM_TEST_POSTGRES_DSN.
-#define IDEM_REQUIRE_POSTGRES()                                \
-  do {                                                         \
-    std::string idem_dsn_;                                     \
-    IDEM_REQUIRE_ENV(idem_dsn_, "IDEM_TEST_POSTGRES_DSN");     \
+#define IDEM_REQUIRE_POSTGRES()                            \
+  do {                                                     \
+    std::string idem_dsn_;                                 \
+    IDEM_REQUIRE_ENV(idem_dsn_, "IDEM_TEST_POSTGRES_DSN"); \
   } while (0)

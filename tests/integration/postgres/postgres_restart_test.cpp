@@ -41,8 +41,8 @@ TEST(PostgresRestart, CallsFailRetryablyWhileDownAndSucceedAfterWithNoDoubleEffe
     int after_restart = 0;
     for (int i = 0; !restarted.load() || after_restart < 15; ++i) {
       if (restarted.load()) ++after_restart;
-      auto key = idem::Key::make("payment", idem::test::unique_name("restart_t" +
-                                                                      std::to_string(t)));
+      auto key =
+          idem::Key::make("payment", idem::test::unique_name("restart_t" + std::to_string(t)));
       all_keys[t].push_back(key.id());
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       for (;;) {
@@ -50,9 +50,9 @@ TEST(PostgresRestart, CallsFailRetryablyWhileDownAndSucceedAfterWithNoDoubleEffe
         try {
           auto r = guard.run(key, "", [&](pqxx::work& tx) {
             ++handler_runs;
-            tx.exec_params("INSERT INTO " + pg::table("payment") +
-                               " (order_no, amount) VALUES ($1, 1)",
-                           key.id());
+            tx.exec_params(
+                "INSERT INTO " + pg::table("payment") + " (order_no, amount) VALUES ($1, 1)",
+                key.id());
             return std::string("paid");
           });
           if (r.ok()) {
@@ -80,8 +80,8 @@ TEST(PostgresRestart, CallsFailRetryablyWhileDownAndSucceedAfterWithNoDoubleEffe
   for (auto& t : threads) t.join();
   ASSERT_EQ(0, rc) << cmd;
 
-  for (const auto& [kind, n] : error_kinds) std::printf("  errors while down: %s x%d\n",
-                                                        kind.c_str(), n);
+  for (const auto& [kind, n] : error_kinds)
+    std::printf("  errors while down: %s x%d\n", kind.c_str(), n);
   EXPECT_GT(failures.load(), 0) << "the restart was not observed";
   long keys = 0;
   for (auto& ks : all_keys) {

@@ -72,9 +72,9 @@ TEST_P(PaymentStorm, ThirtyTwoThreadsOneKeyOnePaymentOneDebit) {
         try {
           auto r = guard.run(key, "amount=100", [&](pqxx::work& tx) {
             ++handler_runs;
-            tx.exec_params("UPDATE " + pg::table("account") +
-                               " SET balance = balance - 100 WHERE id = $1",
-                           account);
+            tx.exec_params(
+                "UPDATE " + pg::table("account") + " SET balance = balance - 100 WHERE id = $1",
+                account);
             auto row = tx.exec_params1("INSERT INTO " + pg::table("payment") +
                                            " (order_no, amount) VALUES ($1, 100) RETURNING id",
                                        key.id());
@@ -409,8 +409,7 @@ TEST_F(PostgresStoreTest, DeadlockedTransactionIsRetriedAndEachEffectHappensOnce
   const std::string a = base.id() + "_a", b = base.id() + "_b";
   pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + a + "', 0), ('" + b + "', 0)");
   std::atomic<int> at_barrier{0};
-  auto transfer = [&](const std::string& id, const std::string& first,
-                      const std::string& second) {
+  auto transfer = [&](const std::string& id, const std::string& first, const std::string& second) {
     std::atomic<bool> first_run{true};
     auto r = guard.run(Key::make("transfer", id), "", [&](pqxx::work& tx) {
       tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
@@ -441,13 +440,12 @@ TEST_F(PostgresStoreTest, DeadlockedTransactionIsRetriedAndEachEffectHappensOnce
 
 TEST_F(PostgresStoreTest, HostileIdsAreBoundNeverInterpolated) {
   idem::IdempotencyGuard guard{*store_};
-  for (std::string id : {"';DROP_TABLE_payment;--", "o'brien\\\"x", "\\x00\\'", "$1$2",
-                         "%s%n", "--", "/*", "E'\\\\'"}) {
+  for (std::string id : {"';DROP_TABLE_payment;--", "o'brien\\\"x", "\\x00\\'", "$1$2", "%s%n",
+                         "--", "/*", "E'\\\\'"}) {
     id += idem::test::unique_name("_");
     auto key = Key::make("payment", id);
     auto r = guard.run(key, "", [&](pqxx::work& tx) {
-      tx.exec_params("INSERT INTO " + pg::table("payment") +
-                         " (order_no, amount) VALUES ($1, 1)",
+      tx.exec_params("INSERT INTO " + pg::table("payment") + " (order_no, amount) VALUES ($1, 1)",
                      id);
       return id;
     });
@@ -494,7 +492,8 @@ TEST_F(PostgresStoreTest, MigrationTwiceIsANoOpAndConcurrentMigrationsAreSafe) {
 
 TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
   const std::string schema = idem::test::unique_name("idem_sql");
-  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" + pg::dsn() + "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
+  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" + pg::dsn() +
+                          "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
                           " -f " IDEM_SOURCE_DIR "/src/postgres/schema.sql >/dev/null";
   ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
   ASSERT_EQ(0, std::system(cmd.c_str())) << "second run: " << cmd;  // a no-op
@@ -511,11 +510,13 @@ TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
     EXPECT_EQ(Outcome::kReplayed,
               guard.run(key, "", [](pqxx::work&) { return std::string("no"); }).outcome);
   }
-  { PostgresStore migrating([&] {  // the built-in migration sees version 1: nothing to do
+  {
+    PostgresStore migrating([&] {  // the built-in migration sees version 1: nothing to do
       auto o = pg::options();
       o.schema = schema;
       return o;
-    }()); }
+    }());
+  }
   EXPECT_EQ(2, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
   pg::exec("DROP SCHEMA " + schema + " CASCADE");
 }
@@ -531,9 +532,9 @@ TEST_F(PostgresStoreTest, PurgeSkipsRowsLockedByOthersInsteadOfWaiting) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   pqxx::connection other(pg::dsn());
   pqxx::work locker(other);
-  locker.exec_params("SELECT 1 FROM " + pg::table("api_idempotency") +
-                         " WHERE idem_key = $1 FOR UPDATE",
-                     keys[0].id());
+  locker.exec_params(
+      "SELECT 1 FROM " + pg::table("api_idempotency") + " WHERE idem_key = $1 FOR UPDATE",
+      keys[0].id());
   store_->purge_expired(100);  // returns although keys[0] is locked
   EXPECT_TRUE(store_->lookup(keys[0]).has_value());
   EXPECT_FALSE(store_->lookup(keys[1]).has_value());
@@ -549,8 +550,7 @@ TEST_F(PostgresStoreTest, MqConsumeRecordPresetUsesItsOwnTable) {
   PostgresStore mq(o);
   auto key = Key::make("billing-consumer", idem::test::unique_name("msg"));
   auto owner = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed,
-            mq.begin(key, "", owner, std::chrono::seconds(30)).status);
+  ASSERT_EQ(ClaimStatus::kClaimed, mq.begin(key, "", owner, std::chrono::seconds(30)).status);
   EXPECT_TRUE(mq.fail(key, owner, "poison", std::chrono::seconds(60)));
   auto r = mq.begin(key, "", OwnerToken::generate(), std::chrono::seconds(30));
   EXPECT_EQ(ClaimStatus::kDone, r.status);

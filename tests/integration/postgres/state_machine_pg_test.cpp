@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: MIT
 // idem::StateMachine on PostgreSQL: competing transitions, rejected / not found, undeclared
 // transitions refused before any statement, hostile ids bound.
-#include "idem/postgres/state_machine.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
+#include "idem/postgres/state_machine.hpp"
 #include "pg_test_support.hpp"
 
 namespace {
@@ -37,11 +36,12 @@ class PgStateMachine : public ::testing::Test {
     observer_ = std::make_shared<CountingObserver>();
   }
   idem::StateMachine machine() const {
-    return idem::StateMachine{table_,
-                              "order_no",
-                              "status",
-                              {{"WAIT_PAY", "PAID"}, {"PAID", "SHIPPED"}, {"WAIT_PAY", "CANCELLED"}},
-                              observer_};
+    return idem::StateMachine{
+        table_,
+        "order_no",
+        "status",
+        {{"WAIT_PAY", "PAID"}, {"PAID", "SHIPPED"}, {"WAIT_PAY", "CANCELLED"}},
+        observer_};
   }
   void insert(const std::string& order_no, const std::string& status) {
     store_->with_transaction([&](pqxx::work& tx) {
@@ -51,8 +51,9 @@ class PgStateMachine : public ::testing::Test {
   }
   std::string status(const std::string& order_no) {
     return store_->with_transaction([&](pqxx::work& tx) {
-      return tx.exec_params1("SELECT status FROM " + pg::table(table_) + " WHERE order_no = $1",
-                             order_no)[0]
+      return tx
+          .exec_params1("SELECT status FROM " + pg::table(table_) + " WHERE order_no = $1",
+                        order_no)[0]
           .as<std::string>();
     });
   }
@@ -81,13 +82,16 @@ TEST_F(PgStateMachine, ThirtyTwoCompetingTransitionsHaveExactlyOneWinner) {
       while (!go.load()) std::this_thread::yield();
       try {
         auto r = in_tx([&](pqxx::work& tx) {
-          return orders.transition(tx, "o1", "WAIT_PAY", "PAID",
-                                   {{"paid_at", "2026-01-01T10:00:00Z"},
-                                    {"paid_amount", std::to_string(100 + i)}});
+          return orders.transition(
+              tx, "o1", "WAIT_PAY", "PAID",
+              {{"paid_at", "2026-01-01T10:00:00Z"}, {"paid_amount", std::to_string(100 + i)}});
         });
-        if (r.kind == Transition::kTransitioned) ++transitioned;
-        else if (r.kind == Transition::kAlreadyThere) ++already;
-        else ++other;
+        if (r.kind == Transition::kTransitioned)
+          ++transitioned;
+        else if (r.kind == Transition::kAlreadyThere)
+          ++already;
+        else
+          ++other;
       } catch (const std::exception& e) {
         ADD_FAILURE() << e.what();
       }
@@ -153,16 +157,17 @@ TEST_F(PgStateMachine, UndeclaredTransitionIsRefusedBeforeAnyStatement) {
   }
   EXPECT_TRUE(usage);
   EXPECT_EQ("PAID", status("o4"));
-  EXPECT_THROW(in_tx([&](pqxx::work& tx) {
-                 return orders.transition(tx, "o4", "PAID", "SHIPPED",
-                                          {{"paid_at; DROP TABLE x", "1"}});
-               }),
-               idem::UsageError);
+  EXPECT_THROW(
+      in_tx([&](pqxx::work& tx) {
+        return orders.transition(tx, "o4", "PAID", "SHIPPED", {{"paid_at; DROP TABLE x", "1"}});
+      }),
+      idem::UsageError);
 }
 
 TEST_F(PgStateMachine, HostileIdsAndValuesAreBound) {
   auto orders = machine();
-  for (std::string id : {"';DROP_TABLE_orders;--", "o'brien", "back\\slash\\", "$1", "'; DROP TABLE x; --"}) {
+  for (std::string id :
+       {"';DROP_TABLE_orders;--", "o'brien", "back\\slash\\", "$1", "'; DROP TABLE x; --"}) {
     insert(id, "WAIT_PAY");
     auto r = in_tx([&](pqxx::work& tx) {
       return orders.transition(tx, id, "WAIT_PAY", "PAID", {{"paid_at", std::nullopt}});

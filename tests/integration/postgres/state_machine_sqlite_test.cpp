@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: MIT
 // idem::StateMachine on SQLite: transitions, duplicates, rejections, bound hostile ids, and an
 // undeclared transition refused before any statement.
-#include "idem/sqlite/state_machine.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
+#include "idem/sqlite/state_machine.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -46,11 +45,14 @@ class SqliteStateMachine : public ::testing::Test {
   void SetUp() override {
     db_ = std::make_shared<idem::sqlite::Database>(dir_.file("orders.sqlite"));
     db_->write([](idem::sqlite::Transaction& tx) {
-      tx.exec("CREATE TABLE orders (order_no TEXT PRIMARY KEY, status TEXT NOT NULL,"
-              " paid_at TEXT)");
+      tx.exec(
+          "CREATE TABLE orders (order_no TEXT PRIMARY KEY, status TEXT NOT NULL,"
+          " paid_at TEXT)");
     });
   }
-  idem::StateMachine orders{"orders", "order_no", "status",
+  idem::StateMachine orders{"orders",
+                            "order_no",
+                            "status",
                             {{"WAIT_PAY", "PAID"}, {"PAID", "SHIPPED"}, {"WAIT_PAY", "CANCELLED"}}};
   idem::test::TempDir dir_;
   std::shared_ptr<idem::sqlite::Database> db_;
@@ -60,12 +62,10 @@ class SqliteStateMachine : public ::testing::Test {
       tx.exec("INSERT INTO orders (order_no, status) VALUES (?, ?)", id, status);
     });
   }
-  idem::TransitionResult move(const std::string& id, const std::string& from,
-                              const std::string& to,
+  idem::TransitionResult move(const std::string& id, const std::string& from, const std::string& to,
                               const std::vector<idem::Assignment>& extra = {}) {
-    return db_->write([&](idem::sqlite::Transaction& tx) {
-      return orders.transition(tx, id, from, to, extra);
-    });
+    return db_->write(
+        [&](idem::sqlite::Transaction& tx) { return orders.transition(tx, id, from, to, extra); });
   }
   std::string status(const std::string& id) {
     return db_->read([&](idem::sqlite::Session& s) {
@@ -110,14 +110,14 @@ TEST_F(SqliteStateMachine, CompetingThreadsHaveExactlyOneWinner) {
 }
 
 TEST_F(SqliteStateMachine, HostileIdsAreBound) {
-  for (std::string id : {"';DROP_TABLE_orders;--", "o'brien", "back\\slash", "?1", "'; DROP TABLE orders; --"}) {
+  for (std::string id :
+       {"';DROP_TABLE_orders;--", "o'brien", "back\\slash", "?1", "'; DROP TABLE orders; --"}) {
     insert(id, "WAIT_PAY");
     EXPECT_EQ(Transition::kTransitioned, move(id, "WAIT_PAY", "PAID").kind) << id;
     EXPECT_EQ("PAID", status(id)) << id;
   }
-  auto n = db_->read([](idem::sqlite::Session& s) {
-    return s.query_int64("SELECT count(*) FROM orders");
-  });
+  auto n = db_->read(
+      [](idem::sqlite::Session& s) { return s.query_int64("SELECT count(*) FROM orders"); });
   EXPECT_EQ(5, n.value_or(0));
 }
 

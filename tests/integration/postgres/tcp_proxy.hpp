@@ -85,8 +85,8 @@ class CommitDroppingProxy {
       if (p[0].revents != 0) {
         ssize_t n = ::recv(client, buf, sizeof buf, 0);
         if (n <= 0 || !send_all(server, buf, n)) break;
-        if (drop_next_commit.load() && std::string(buf, static_cast<std::size_t>(n))
-                                               .find("COMMIT") != std::string::npos) {
+        if (drop_next_commit.load() &&
+            std::string(buf, static_cast<std::size_t>(n)).find("COMMIT") != std::string::npos) {
           drop_next_commit = false;
           ++dropped;
           break;  // the server got COMMIT; the client never gets the answer
