@@ -94,4 +94,65 @@ TEST(PostgresRestart, CallsFailRetryablyWhileDownAndSucceedAfterWithNoDoubleEffe
   EXPECT_GE(handler_runs.load(), keys);  // rolled-back attempts ran again; their effects did not
 }
 
+TEST(PostgresRestart, TwoPhaseCallsFailTypedWhileDownAndEveryKeyEndsCompleted) {
+  IDEM_REQUIRE_POSTGRES();
+  std::string script;
+  IDEM_REQUIRE_ENV(script, "IDEM_SERVERS_SCRIPT");
+  auto o = pg::options();
+  o.pool_size = 4;
+  idem::postgres::PostgresStore store(o);
+  idem::GuardOptions go;
+  go.lease = std::chrono::milliseconds(1000);  // a claim stranded by the restart is taken over
+  idem::IdempotencyGuard guard{store, go};
+
+  std::atomic<bool> restarted{false};
+  std::atomic<int> failures{0}, done_keys{0};
+  std::vector<std::string> keys;
+  std::mutex m;
+  auto worker = [&](int t) {
+    int after_restart = 0;
+    while (!restarted.load() || after_restart < 10) {
+      if (restarted.load()) ++after_restart;
+      auto key = idem::Key::make("gateway", idem::test::unique_name("tp" + std::to_string(t)));
+      {
+        std::lock_guard<std::mutex> lock(m);
+        keys.push_back(key.id());
+      }
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      for (;;) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no success for " << key.id();
+        try {
+          // External side effect (no transaction): two-phase mode.
+          auto r = guard.run(key, "", [] { return std::string("charged"); });
+          if (r.ok()) {
+            ++done_keys;
+            break;
+          }
+        } catch (const idem::Error& e) {
+          EXPECT_TRUE(e.retryable()) << e.what();
+          ++failures;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "untyped error: " << e.what();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) threads.emplace_back(worker, t);
+  while (done_keys.load() < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::string cmd = "\"" + script + "\" pg-restart fast >/dev/null 2>&1";
+  int rc = std::system(cmd.c_str());
+  restarted = true;
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(0, rc) << cmd;
+  EXPECT_GT(failures.load(), 0) << "the restart was not observed";
+  for (const auto& id : keys) {
+    auto rec = store.lookup(idem::Key::make("gateway", id));
+    ASSERT_TRUE(rec.has_value()) << id;
+    EXPECT_EQ(idem::Record::Status::kCompleted, rec->status) << id;
+    EXPECT_EQ("charged", rec->response) << id;
+  }
+}
+
 }  // namespace
