@@ -133,9 +133,11 @@ struct PostgresStoreOptions {
 /// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
 class PooledConnection {
  public:
+  /// Takes over `other`'s loan (`other` then returns nothing).
   PooledConnection(PooledConnection&& other) noexcept;
   PooledConnection& operator=(PooledConnection&&) = delete;
   PooledConnection(const PooledConnection&) = delete;
+  /// Returns the connection to the pool, or closes it if it broke.
   ~PooledConnection();
   /// The libpqxx connection (valid while this object lives).
   pqxx::connection& get() const noexcept;
@@ -161,6 +163,7 @@ class ConnectionPool {
   /// long `acquire` waits when all are in use.
   ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
                  Setup setup);
+  /// Closes the idle connections. Every PooledConnection must have been returned.
   ~ConnectionPool();
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
@@ -202,6 +205,7 @@ class PostgresStore {
   /// @throws idem::UsageError for a bad schema/table/column name or option;
   ///         idem::StorageError subclasses when the migration fails.
   explicit PostgresStore(PostgresStoreOptions options);
+  /// Closes the pool's connections.
   ~PostgresStore();
   PostgresStore(const PostgresStore&) = delete;
   PostgresStore& operator=(const PostgresStore&) = delete;
