@@ -22,3 +22,5 @@ if command -v taskset >/dev/null 2>&1 && [ "${IDEM_BENCH_PIN:-1}" = "1" ]; then
   pin=(taskset -c 0)
 fi
 "${pin[@]}" "$BIN"
+echo "-- the same first execution with synchronous_commit=off (no WAL flush wait: overhead only)"
+IDEM_BENCH_ASYNC_COMMIT=1 "${pin[@]}" "$BIN" | grep -E "^(first execution, synchronous|ratio)"

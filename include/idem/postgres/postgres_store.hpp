@@ -13,7 +13,8 @@
 // `handler(pqxx::work&)`): one `pqxx::work` holds the claim, the handler's business writes and
 // the completion. The claim is the transaction's first statement:
 //
-//     INSERT ... ON CONFLICT (key, scope) DO NOTHING   (+ a read of the existing row)
+//     INSERT ... ON CONFLICT (key, scope) DO NOTHING RETURNING id   (then, if nothing was
+//                                                                  inserted, a read of the row)
 //
 // so a unique violation never aborts the caller's transaction. A duplicate that reaches
 // PostgreSQL while the first transaction is in flight waits on the unique index for at most
@@ -108,8 +109,8 @@ struct PostgresStoreOptions {
   /// forward to Observer::on_durable_retry. Must not throw. Empty means none.
   std::function<void(const Key&, std::string_view)> on_retry;
   /// Transactional mode: read the record with one autocommit SELECT before opening the
-  /// transaction, so a completed duplicate is replayed in 1 round trip instead of 3 (BEGIN,
-  /// claim, ROLLBACK); a first execution pays 1 more. Worth it when no fast store is in
+  /// transaction, so a completed duplicate is replayed in 1 round trip instead of 4 (BEGIN,
+  /// claim, read, ROLLBACK); a first execution pays 1 more. Worth it when no fast store is in
   /// front, or it is often down. false: claim first (fewest round trips for first executions).
   bool read_first = false;
   /// Run the migration on construction (create schema, table, index). false: the table must
