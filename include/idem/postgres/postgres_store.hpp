@@ -106,7 +106,8 @@ struct PostgresStoreOptions {
   /// 0 means never.
   unsigned max_retries = 3;
   /// Called before each such re-run with the key and the SQLSTATE ("40001", "40P01"), e.g. to
-  /// forward to Observer::on_durable_retry. Must not throw. Empty means none.
+  /// forward to Observer::on_durable_retry. Called on the calling thread, possibly from several
+  /// threads at once; must not throw. Empty means none.
   std::function<void(const Key&, std::string_view)> on_retry;
   /// Transactional mode: read the record with one autocommit SELECT before opening the
   /// transaction, so a completed duplicate is replayed in 1 round trip instead of 4 (BEGIN,
