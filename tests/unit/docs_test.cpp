@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// docs/observability.md's error table is generated from errors.hpp: this test fails (and prints
-// the table to paste) when a code, name, message, status or retryability changes.
+// The error tables of README.md and docs/observability.md are generated from errors.hpp: this
+// test fails (and prints the table to paste) when a code, name, message, status or retryability
+// changes.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -24,8 +25,8 @@ std::string generated_table() {
   return out.str();
 }
 
-std::string doc_table() {
-  std::ifstream in(IDEM_SOURCE_DIR "/docs/observability.md");
+std::string doc_table(const std::string& file) {
+  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/" + file);
   std::string line, table;
   bool inside = false;
   while (std::getline(in, line)) {
@@ -41,9 +42,11 @@ std::string doc_table() {
 
 TEST(Docs, ErrorTableMatchesErrorsHpp) {
   std::string expected = generated_table();
-  EXPECT_EQ(expected, doc_table())
-      << "docs/observability.md is out of date; paste this between the errc-table markers:\n"
-      << expected;
+  for (const char* file : {"docs/observability.md", "README.md"}) {
+    EXPECT_EQ(expected, doc_table(file))
+        << file << " is out of date; paste this between the errc-table markers:\n"
+        << expected;
+  }
   EXPECT_NE(std::string::npos, expected.find("`invalid_argument`"));  // every code is listed
 }
 
