@@ -491,6 +491,7 @@ class IdempotencyGuard {
       CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
                   call.degraded,  call.fast_claim, call.durable, call.handler,
                   detail::since(call.start)};
+      e.fast_claimed = call.fast_claimed;
       o->on_call(e);
     }
   }

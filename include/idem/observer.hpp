@@ -75,6 +75,8 @@ struct CallEvent {
   std::chrono::nanoseconds durable{0};     ///< time in the durable store, handler excluded
   std::chrono::nanoseconds handler{0};     ///< time in the handler
   std::chrono::nanoseconds total{0};
+  /// True when the fast store granted this call's claim (for a fast-store claim counter).
+  bool fast_claimed = false;
 };
 
 /// Receives the guard's events. Every method has an empty default; override what you need.

@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: MIT
+// PostgreSQL side by side, one thread, interleaved rounds (A B B A ...), medians:
+//   1. first execution: the guard (fast store + PostgresStore, transactional, one business
+//      INSERT) vs hand-written libpqxx issuing the minimum statements for the same guarantee
+//      (BEGIN; INSERT record ON CONFLICT DO NOTHING; business INSERT; UPDATE record; COMMIT);
+//   2. duplicate with the fast store down (replay from PostgreSQL) vs a raw SELECT by key.
+// Prints per-call latencies, statements and round trips per guarded call (from a libpq trace),
+// fsync/synchronous_commit, and `ratio <name> = <ours over baseline, higher is better>`.
+//
+// Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS
+// (per round and side, default 200). The fast store is a factory so the Redis adapter can be
+// swapped in (make_fast_store below).
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/postgres/postgres_store.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The fast store in front of PostgreSQL. The Redis adapter plugs in here once merged.
+std::unique_ptr<idem::FastStore> make_fast_store() { return std::make_unique<idem::MemoryStore>(); }
+
+// A fast store that is down: every call fails as a refused Redis connection would.
+class DownFastStore final : public idem::FastStore {
+ public:
+  idem::ClaimResult claim(const idem::Key&, std::string_view, const idem::OwnerToken&,
+                          std::chrono::milliseconds) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
+  bool complete(const idem::Key&, const idem::OwnerToken&, std::string_view,
+                std::chrono::seconds) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
+  bool release(const idem::Key&, const idem::OwnerToken&) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
+  void fill(const idem::Key&, std::string_view, std::string_view, std::chrono::seconds) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
+  std::optional<idem::Record> lookup(const idem::Key&) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
+  std::string_view name() const noexcept override { return "down"; }
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? fallback : std::atoi(v);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double cpu_now_us() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
+// Per-call microseconds of `calls` runs of fn(i); adds the driver's own CPU time per call
+// (client-side cost, excluding the server) to `cpu`.
+double timed(int calls, const std::function<void(int)>& fn, std::vector<double>* cpu = nullptr) {
+  const double c0 = cpu_now_us();
+  auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) fn(i);
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (cpu != nullptr) cpu->push_back((cpu_now_us() - c0) / calls);
+  return static_cast<double>(ns) / 1000.0 / calls;
+}
+
+struct Trace {
+  int statements = 0;   // Query + Execute messages sent
+  int round_trips = 0;  // ReadyForQuery messages received (one per Sync / simple Query)
+  std::vector<std::string> sent;
+};
+
+// Runs fn() with libpq tracing on `conn` and counts what went over the wire.
+Trace trace(pqxx::connection& conn, const std::function<void()>& fn) {
+  char path[] = "/tmp/idem_bench_trace_XXXXXX";
+  int fd = ::mkstemp(path);
+  std::FILE* f = ::fdopen(fd, "w");
+  conn.trace(f);
+  fn();
+  conn.trace(nullptr);
+  std::fclose(f);
+  Trace t;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    // PostgreSQL 14+ libpq trace lines: "<time>\tF\t<len>\tQuery\t..." /
+    // "...\tB\t5\tReadyForQuery\tI"
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; std::getline(words, x, '\t');) w.push_back(x);
+    if (w.size() < 4) continue;
+    const std::string& dir = w[1];
+    const std::string& msg = w[3];
+    if (dir == "F" && (msg == "Query" || msg == "Execute")) {
+      ++t.statements;
+      if (msg == "Query" && w.size() > 4) t.sent.push_back(w[4]);
+    }
+    if (dir == "F" && msg == "Bind" && w.size() > 4) {
+      // ' "" "idem_claim" 6 ...': the portal, then the prepared statement's name.
+      std::istringstream fields(w[4]);
+      std::string portal, name;
+      fields >> portal >> name;
+      t.sent.push_back("execute " + name);
+    }
+    if (dir == "B" && msg == "ReadyForQuery") ++t.round_trips;
+  }
+  ::unlink(path);
+  return t;
+}
+
+}  // namespace
+
+int main() {
+  const char* dsn_env = std::getenv("IDEM_TEST_POSTGRES_DSN");
+  if (dsn_env == nullptr) {
+    std::cerr << "IDEM_TEST_POSTGRES_DSN is not set\n";
+    return 2;
+  }
+  // IDEM_BENCH_ASYNC_COMMIT=1: both sides' sessions commit without waiting for the WAL flush,
+  // which isolates the per-call overhead from the disk (first execution only).
+  const bool async_commit = env_int("IDEM_BENCH_ASYNC_COMMIT", 0) == 1;
+  const std::string dsn =
+      std::string(dsn_env) + (async_commit ? " options='-c synchronous_commit=off'" : "");
+  const int rounds = env_int("IDEM_BENCH_ROUNDS", 21);
+  const int calls = env_int("IDEM_BENCH_CALLS", 200);
+  const std::string schema = "idem_bench_" + std::to_string(::getpid());
+
+  pqxx::connection admin(dsn);
+  {
+    pqxx::nontransaction nt(admin);
+    std::cout << "postgres: " << nt.exec("SHOW server_version")[0][0].as<std::string>()
+              << ", fsync=" << nt.exec("SHOW fsync")[0][0].as<std::string>()
+              << ", synchronous_commit="
+              << nt.exec("SHOW synchronous_commit")[0][0].as<std::string>() << "\n";
+    nt.exec("CREATE SCHEMA " + schema);
+    nt.exec("CREATE TABLE " + schema +
+            ".payment (id bigserial PRIMARY KEY, order_no text NOT NULL, amount bigint NOT NULL)");
+  }
+
+  idem::postgres::PostgresStoreOptions o;
+  o.conninfo = dsn;
+  o.schema = schema;
+  o.pool_size = 1;  // one thread; and every guarded call uses the traced connection
+  idem::postgres::PostgresStore store(o);
+  auto read_first_options = o;
+  read_first_options.read_first = true;
+  read_first_options.migrate = false;
+  idem::postgres::PostgresStore store_read_first(read_first_options);
+  // The baseline's record table: the same DDL, another name.
+  auto raw_options = o;
+  raw_options.table = "raw_idempotency";
+  { idem::postgres::PostgresStore raw_table(raw_options); }
+
+  const std::string pay_sql =
+      "INSERT INTO " + schema + ".payment (order_no, amount) VALUES ($1, $2)";
+  {
+    auto c = store.pool().acquire();  // the guard's connection: prepare the business statement
+    c.get().prepare("bench_pay", pay_sql);
+  }
+  auto fast = make_fast_store();
+  idem::IdempotencyGuard guard{*fast, store};
+  DownFastStore down;
+  idem::IdempotencyGuard replay_guard{static_cast<idem::FastStore&>(down), store};
+  idem::IdempotencyGuard replay_guard_read_first{static_cast<idem::FastStore&>(down),
+                                                 store_read_first};
+
+  // Hand-written baseline: the minimum statements for the same guarantee.
+  pqxx::connection raw(dsn);
+  const std::string rt = schema + ".raw_idempotency";
+  raw.prepare("raw_claim", "INSERT INTO " + rt +
+                               " (idem_key, biz_type, status, fingerprint, owner, lease_until)"
+                               " VALUES ($1, $2, 'in_progress', $3, $4, now())"
+                               " ON CONFLICT (idem_key, biz_type) DO NOTHING RETURNING id");
+  raw.prepare("raw_pay", pay_sql);
+  raw.prepare("raw_complete", "UPDATE " + rt +
+                                  " SET status = 'completed', response_body = $3,"
+                                  " expires_at = now() + interval '1 day', updated_at = now()"
+                                  " WHERE idem_key = $1 AND biz_type = $2 AND owner = $4"
+                                  " AND status = 'in_progress'");
+  raw.prepare("raw_select", "SELECT status, fingerprint, response_body FROM " + rt +
+                                " WHERE idem_key = $1 AND biz_type = $2");
+
+  int seq = 0;
+  std::vector<std::string> ours_keys, raw_keys;
+  auto ours_first = [&](int) {
+    auto key = idem::Key::make("payment", "o" + std::to_string(++seq));
+    auto r = guard.run(key, "fp", [&](pqxx::work& tx) {
+      tx.exec_prepared("bench_pay", key.id(), 100);
+      return "pay_" + key.id();
+    });
+    if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
+    ours_keys.push_back(key.id());
+  };
+  auto raw_first = [&](int) {
+    const std::string id = "r" + std::to_string(++seq);
+    const std::string owner = idem::OwnerToken::generate().str();
+    pqxx::work tx(raw);
+    if (tx.exec_prepared("raw_claim", id, "payment", "fp", owner).empty()) {
+      throw std::runtime_error("duplicate");
+    }
+    tx.exec_prepared("raw_pay", id, 100);
+    tx.exec_prepared("raw_complete", id, "payment", pqxx::binarystring("pay_" + id), owner);
+    tx.commit();
+    raw_keys.push_back(id);
+  };
+
+  // Warm up both (connections, prepared statements, caches).
+  for (int i = 0; i < 50; ++i) {
+    ours_first(i);
+    raw_first(i);
+  }
+  // What one guarded first execution sends.
+  // The pool has one connection; it stays open between calls, so it can be traced.
+  auto pooled = [](idem::postgres::PostgresStore& s) -> pqxx::connection& {
+    auto c = s.pool().acquire();
+    return c.get();
+  };
+  Trace t = trace(pooled(store), [&] { ours_first(0); });
+  Trace traw = trace(raw, [&] { raw_first(0); });
+
+  std::vector<double> ours_us, raw_us, ours_cpu, raw_cpu;
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      ours_us.push_back(timed(calls, ours_first, &ours_cpu));
+      raw_us.push_back(timed(calls, raw_first, &raw_cpu));
+    } else {
+      raw_us.push_back(timed(calls, raw_first, &raw_cpu));
+      ours_us.push_back(timed(calls, ours_first, &ours_cpu));
+    }
+  }
+  const double ours_first_us = median(ours_us), raw_first_us = median(raw_us);
+
+  if (async_commit || env_int("IDEM_BENCH_ONLY_FIRST", 0) == 1) {
+    std::printf(
+        "first execution, synchronous_commit=%s: guard %.1f us/call, hand-written %.1f"
+        " us/call; driver CPU %.1f vs %.1f us\n",
+        async_commit ? "off" : "on", median(ours_us), median(raw_us), median(ours_cpu),
+        median(raw_cpu));
+    std::printf("ratio postgres_first_execution%s = %.3f\n", async_commit ? "_async_commit" : "",
+                median(raw_us) / median(ours_us));
+    pqxx::nontransaction nt(admin);
+    nt.exec("DROP SCHEMA " + schema + " CASCADE");
+    return 0;
+  }
+  // Replays: the fast store is down, every call goes to PostgreSQL for a completed key.
+  auto ours_replay = [&](auto& g) {
+    return [&g, &ours_keys](int i) {
+      auto key =
+          idem::Key::make("payment", ours_keys[static_cast<std::size_t>(i) % ours_keys.size()]);
+      auto r =
+          g.run(key, "fp", [](pqxx::work&) -> std::string { throw std::runtime_error("ran"); });
+      if (r.outcome != idem::Outcome::kReplayed) throw std::runtime_error("not replayed");
+    };
+  };
+  auto raw_replay = [&](int i) {
+    pqxx::nontransaction nt(raw);
+    auto res = nt.exec_prepared("raw_select",
+                                raw_keys[static_cast<std::size_t>(i) % raw_keys.size()], "payment");
+    if (res.empty()) throw std::runtime_error("missing");
+  };
+  auto replay_default = ours_replay(replay_guard);
+  auto replay_read_first = ours_replay(replay_guard_read_first);
+  replay_default(0);  // first use of the read statement on this connection (lazy prepare)
+  Trace treplay = trace(pooled(store), [&] { replay_default(0); });
+  replay_read_first(0);  // opens store_read_first's connection
+  Trace treplay_rf = trace(pooled(store_read_first), [&] { replay_read_first(0); });
+  std::vector<double> rep_us, rep_rf_us, sel_us;
+  for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      rep_us.push_back(timed(calls, replay_default));
+      rep_rf_us.push_back(timed(calls, replay_read_first));
+      sel_us.push_back(timed(calls, raw_replay));
+    } else {
+      sel_us.push_back(timed(calls, raw_replay));
+      rep_rf_us.push_back(timed(calls, replay_read_first));
+      rep_us.push_back(timed(calls, replay_default));
+    }
+  }
+  const double rep = median(rep_us), rep_rf = median(rep_rf_us), sel = median(sel_us);
+
+  std::printf("rounds=%d calls/round/side=%d (medians of per-round means)\n", rounds, calls);
+  std::printf("first execution, one business INSERT, fast store '%s' in front:\n",
+              std::string(fast->name()).c_str());
+  std::printf("  guard (transactional)     %8.1f us/call  %7.0f calls/s\n", ours_first_us,
+              1e6 / ours_first_us);
+  std::printf("  hand-written libpqxx      %8.1f us/call  %7.0f calls/s\n", raw_first_us,
+              1e6 / raw_first_us);
+  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(ours_cpu),
+              median(raw_cpu));
+  std::printf("  guarded call on the wire: %d statements, %d round trips (baseline: %d, %d)\n",
+              t.statements, t.round_trips, traw.statements, traw.round_trips);
+  for (const auto& s : t.sent) std::printf("    %s\n", s.c_str());
+  std::printf("duplicate, fast store down (replay from PostgreSQL):\n");
+  std::printf("  guard replay (default)    %8.1f us/call  (%d statements, %d round trips)\n", rep,
+              treplay.statements, treplay.round_trips);
+  std::printf("  guard replay (read_first) %8.1f us/call  (%d statements, %d round trips)\n",
+              rep_rf, treplay_rf.statements, treplay_rf.round_trips);
+  std::printf("  raw SELECT by key         %8.1f us/call  (1 statement, 1 round trip)\n", sel);
+  std::printf("ratio postgres_first_execution = %.3f\n", raw_first_us / ours_first_us);
+  std::printf("ratio postgres_replay_vs_select = %.3f\n", sel / rep);
+  std::printf("ratio postgres_replay_read_first_vs_select = %.3f\n", sel / rep_rf);
+
+  pqxx::nontransaction nt(admin);
+  nt.exec("DROP SCHEMA " + schema + " CASCADE");
+  return 0;
+}

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MIT
+// The order service of examples/order_http: POST /orders through idem::http, GET /orders/{no},
+// GET /metrics. The business tables live behind an `Orders` repository and the guard's durable
+// store is a template parameter, so another database plugs in with its own repository.
+#pragma once
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "idem/guard.hpp"
+#include "idem/http/httplib.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+
+namespace order_http {
+
+/// One order as the API shows it.
+struct Order {
+  std::string order_no;
+  std::string sku;
+  long long qty = 0;
+  std::string status;
+
+  nlohmann::json to_json() const {
+    return {{"order_no", order_no}, {"sku", sku}, {"qty", qty}, {"status", status}};
+  }
+};
+
+/// The orders table on SQLite (the embedded default). A PostgreSQL repository offers the same
+/// two calls on pqxx::work.
+class SqliteOrders {
+ public:
+  using Transaction = idem::sqlite::Transaction;
+
+  explicit SqliteOrders(idem::sqlite::Database& db) : db_(db) {
+    db_.write([](Transaction& tx) {
+      tx.exec_script(
+          "CREATE TABLE IF NOT EXISTS orders ("
+          " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+          " order_no TEXT NOT NULL UNIQUE,"
+          " principal TEXT NOT NULL,"
+          " sku TEXT NOT NULL,"
+          " qty INTEGER NOT NULL,"
+          " status TEXT NOT NULL,"
+          " paid_at INTEGER,"
+          " created_at INTEGER NOT NULL)");
+    });
+  }
+
+  /// Inserts an order in `tx` (the guard's transaction) and returns it.
+  Order create(Transaction& tx, const std::string& principal, const std::string& sku,
+               long long qty) {
+    tx.exec("INSERT INTO orders (order_no, principal, sku, qty, status, created_at) "
+            "VALUES ('pending-' || hex(randomblob(8)), ?, ?, ?, 'WAIT_PAY', ?)",
+            principal, sku, qty, idem::to_millis(idem::system_now()));
+    auto id = tx.query_int64("SELECT last_insert_rowid()").value_or(0);
+    char no[32];
+    std::snprintf(no, sizeof no, "ORD-%06lld", static_cast<long long>(id));
+    tx.exec("UPDATE orders SET order_no = ? WHERE id = ?", std::string(no), id);
+    return Order{no, sku, qty, "WAIT_PAY"};
+  }
+
+  /// Reads an order by number.
+  std::optional<Order> find(const std::string& order_no) {
+    return db_.read([&](idem::sqlite::Session& s) -> std::optional<Order> {
+      auto st = s.prepare("SELECT order_no, sku, qty, status FROM orders WHERE order_no = ?");
+      st.bind_all(order_no);
+      if (!st.step()) return std::nullopt;
+      return Order{st.column_bytes(0), st.column_bytes(1), st.column_int64(2),
+                   st.column_bytes(3)};
+    });
+  }
+
+  /// Number of orders (for tests and the demo).
+  long long count() {
+    return db_.read([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM orders").value_or(0);
+    });
+  }
+
+ private:
+  idem::sqlite::Database& db_;
+};
+
+/// Options of the server.
+struct ServerOptions {
+  /// Address to bind.
+  std::string host = "127.0.0.1";
+  /// Port; 0 picks a free one (see OrderServer::port()).
+  int port = 0;
+  /// Worker threads of the HTTP server.
+  std::size_t threads = 32;
+  /// Test hook called inside the transaction of each order creation, before it commits (to
+  /// hold a request in flight). Empty: none.
+  std::function<void()> before_commit;
+};
+
+/// The HTTP server. `Durable` is the guard's durable store, `Orders` the repository whose
+/// `create(Durable::Transaction&, principal, sku, qty)` runs inside the guard's transaction.
+template <class Durable, class Orders>
+class OrderServer {
+ public:
+  OrderServer(idem::IdempotencyGuard<Durable>& guard, Orders& orders,
+              prometheus::Registry& registry, ServerOptions options)
+      : orders_(orders),
+        registry_(registry),
+        options_(std::move(options)),
+        create_(guard, endpoint_options()) {
+    server_.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(n); };
+    server_.set_tcp_nodelay(true);  // small responses: do not wait for delayed ACKs
+    server_.Post("/orders", idem::http::httplib_handler(
+                                create_, "/orders", principal_of,
+                                [this](const httplib::Request& req,
+                                       typename Durable::Transaction& tx) {
+                                  return create_order(req, tx);
+                                }));
+    server_.Get(R"(/orders/([A-Za-z0-9_-]+))",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  auto order = orders_.find(req.matches[1]);
+                  if (!order) {
+                    idem::http::write_response(
+                        idem::http::Response{404, {{"Content-Type", "application/json"}},
+                                             R"({"error":"no such order"})"},
+                        res);
+                    return;
+                  }
+                  res.set_content(order->to_json().dump(), "application/json");
+                });
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(prometheus::TextSerializer().Serialize(registry_.Collect()),
+                      "text/plain; version=0.0.4");
+    });
+  }
+
+  ~OrderServer() { stop(); }
+
+  /// Binds and serves on a background thread. @throws std::runtime_error if the port is taken.
+  void start() {
+    // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian
+    // compiled the library): a burst of 20 connections then overflows the accept queue and
+    // some clients see resets. Capture the socket and listen() again with a deep backlog
+    // (Linux updates the backlog of a listening socket).
+    server_.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;
+    });
+    if (options_.port == 0) {
+      port_ = server_.bind_to_any_port(options_.host);
+    } else {
+      port_ = server_.bind_to_port(options_.host, options_.port) ? options_.port : -1;
+    }
+    if (port_ <= 0) {
+      throw std::runtime_error("cannot bind " + options_.host + ":" +
+                               std::to_string(options_.port));
+    }
+    if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+
+  /// Stops serving and joins the thread.
+  void stop() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// The bound port.
+  int port() const noexcept { return port_; }
+  /// "http://host:port".
+  std::string url() const { return "http://" + options_.host + ":" + std::to_string(port_); }
+
+ private:
+  static idem::http::EndpointOptions endpoint_options() {
+    idem::http::EndpointOptions o;
+    o.scope = "http.orders.create";
+    o.fingerprint_headers = {"Content-Type"};
+    return o;
+  }
+
+  // Demo authentication: the bearer token is the principal. A real service puts its
+  // authenticated user or tenant id here.
+  static std::string principal_of(const httplib::Request& req) {
+    auto auth = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (auth.compare(0, bearer.size(), bearer) == 0) return auth.substr(bearer.size());
+    return "anonymous";
+  }
+
+  idem::http::Response create_order(const httplib::Request& req,
+                                    typename Durable::Transaction& tx) {
+    auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object() || !body.contains("sku") ||
+        !body["sku"].is_string() || !body.contains("qty") || !body["qty"].is_number_integer() ||
+        body["qty"].get<long long>() <= 0) {
+      return idem::http::Response{
+          400,
+          {{"Content-Type", "application/problem+json"}},
+          R"({"type":"urn:order:bad-request","title":"invalid order","status":400,)"
+          R"("detail":"expected {\"sku\": string, \"qty\": positive integer}"})"};
+    }
+    Order order = orders_.create(tx, principal_of(req), body["sku"].get<std::string>(),
+                                 body["qty"].get<long long>());
+    if (options_.before_commit) options_.before_commit();
+    return idem::http::Response{201,
+                                {{"Content-Type", "application/json"},
+                                 {"Location", "/orders/" + order.order_no}},
+                                order.to_json().dump()};
+  }
+
+  Orders& orders_;
+  prometheus::Registry& registry_;
+  ServerOptions options_;
+  idem::http::Endpoint<Durable> create_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = -1;
+  socket_t listen_socket_ = -1;
+};
+
+}  // namespace order_http

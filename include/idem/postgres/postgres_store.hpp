@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: MIT
+// idem::postgres: the PostgreSQL durable backstop (libpqxx), transactional and two-phase.
+//
+// File: postgres/postgres_store.hpp
+//
+// `PostgresStore` keeps idempotency records in a table with a unique key on (key, scope) — by
+// default `api_idempotency (idem_key, biz_type)`, or `mq_consume_record (message_id,
+// consumer_group)` for MQ consumers — created by a versioned migration that runs under a
+// transaction-scoped advisory lock (twice is a no-op; concurrent processes are safe). The same
+// DDL ships as `share/idem/schema.sql` for DBAs (`psql -v schema=payments -f schema.sql`).
+//
+// Transactional mode (`run_transactional`, what `IdempotencyGuard` uses for
+// `handler(pqxx::work&)`): one `pqxx::work` holds the claim, the handler's business writes and
+// the completion. The claim is the transaction's first statement:
+//
+//     INSERT ... ON CONFLICT (key, scope) DO NOTHING RETURNING id   (then, if nothing was
+//                                                                  inserted, a read of the row)
+//
+// so a unique violation never aborts the caller's transaction. A duplicate that reaches
+// PostgreSQL while the first transaction is in flight waits on the unique index for at most
+// `lock_timeout` (the pooled connections' session setting); if the first commits it replays
+// the stored response, if the wait times out (SQLSTATE 55P03) the attempt is rolled back —
+// nothing else ran in it yet, so no savepoint is needed — and answers kBusy.
+// Round trips of a first execution: BEGIN, claim, <handler's statements>, complete, COMMIT —
+// the same as hand-written code giving the same guarantee.
+//
+// Two-phase mode (`begin` / `complete` / `release` / `fail`): each call is one autocommit
+// statement (usually one round trip); `complete` applies only `WHERE owner = <token> AND
+// status = 'in_progress'`, so an attempt whose lease was taken over completes nothing.
+//
+// Time: leases, retention and `created_at` use the *database* clock (`clock_timestamp()`,
+// `now()`), so processes on hosts with skewed clocks agree on when a lease ends.
+//
+// Failures: every libpqxx error raised by idem's own statements becomes an idem exception
+// (SQLSTATE and server message kept in `what()`): a lost connection is StorageUnavailable,
+// statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking the
+// server (`txid_status`) and re-reading the record on a fresh connection — success, a retryable
+// StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
+// Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
+// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
+// connection failed under it (then StorageUnavailable: nothing was committed).
+//
+// @code
+//   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
+//   idem::IdempotencyGuard guard{fast, durable};
+//   auto r = guard.run(key, idem::fingerprint(body), [&](pqxx::work& tx) {
+//     tx.exec_params("UPDATE account SET balance = balance - $1 WHERE id = $2", amount, acct);
+//     tx.exec_params("INSERT INTO payment (order_no, amount) VALUES ($1, $2)", order_no, amount);
+//     return "pay_" + order_no;          // stored; every duplicate gets it back
+//   });
+// @endcode
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "idem/errors.hpp"
+#include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
+#include "idem/store.hpp"
+
+namespace idem::postgres {
+
+namespace detail {
+struct PoolSlot;  // one pooled connection (src/postgres/connection_pool.cpp)
+}  // namespace detail
+
+/// Options of a PostgresStore.
+struct PostgresStoreOptions {
+  /// libpq conninfo ("host=... dbname=...") or a postgresql:// URI. Empty means libpq's
+  /// defaults (PG* environment variables).
+  std::string conninfo;
+  /// Most connections the pool opens (opened lazily). 0 means 16.
+  std::size_t pool_size = 16;
+  /// How long a call waits for a free connection when all are in use, then throws
+  /// StorageUnavailable. 0 means 5 s.
+  std::chrono::milliseconds pool_wait{5'000};
+  /// How long a claim waits for a concurrent transaction holding the same key (on the unique
+  /// index or the row) before answering kBusy. Set as the session's lock_timeout of every
+  /// pooled connection, so it also bounds lock waits of the handler's own statements (a
+  /// handler may `SET LOCAL lock_timeout` to change that). 0 means 2 s.
+  std::chrono::milliseconds lock_timeout{2'000};
+  /// statement_timeout set on every pooled connection (StorageTimeout when it fires).
+  /// 0 means the server's setting (usually none).
+  std::chrono::milliseconds statement_timeout{0};
+  /// Schema of the record table and of idem_schema_version (a validated identifier; created
+  /// by the migration if missing).
+  std::string schema = "public";
+  /// Table holding the records (a validated identifier).
+  std::string table = "api_idempotency";
+  /// Column holding Key::id() (varchar(128)).
+  std::string key_column = "idem_key";
+  /// Column holding Key::scope() (varchar(64)).
+  std::string scope_column = "biz_type";
+  /// Times a transaction is re-run after a serialization failure or deadlock (40001, 40P01).
+  /// 0 means never.
+  unsigned max_retries = 3;
+  /// Called before each such re-run with the key and the SQLSTATE ("40001", "40P01"), e.g. to
+  /// forward to Observer::on_durable_retry. Called on the calling thread, possibly from several
+  /// threads at once; must not throw. Empty means none.
+  std::function<void(const Key&, std::string_view)> on_retry;
+  /// Transactional mode: read the record with one autocommit SELECT before opening the
+  /// transaction, so a completed duplicate is replayed in 1 round trip instead of 4 (BEGIN,
+  /// claim, read, ROLLBACK); a first execution pays 1 more. Worth it when no fast store is in
+  /// front, or it is often down. false: claim first (fewest round trips for first executions).
+  bool read_first = false;
+  /// Run the migration on construction (create schema, table, index). false: the table must
+  /// exist (e.g. applied from schema.sql by a DBA).
+  bool migrate = true;
+  /// Fault injection for tests and drills: called in transactional mode right before COMMIT,
+  /// with the transaction's connection. Empty in production.
+  std::function<void(pqxx::connection&)> before_commit;
+
+  /// The MQ consume record: `mq_consume_record (message_id, consumer_group)`.
+  static PostgresStoreOptions mq_consume_record(std::string conninfo = {}) {
+    PostgresStoreOptions o;
+    o.conninfo = std::move(conninfo);
+    o.table = "mq_consume_record";
+    o.key_column = "message_id";
+    o.scope_column = "consumer_group";
+    return o;
+  }
+};
+
+/// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
+class PooledConnection {
+ public:
+  /// Takes over `other`'s loan (`other` then returns nothing).
+  PooledConnection(PooledConnection&& other) noexcept;
+  PooledConnection& operator=(PooledConnection&&) = delete;
+  PooledConnection(const PooledConnection&) = delete;
+  /// Returns the connection to the pool, or closes it if it broke.
+  ~PooledConnection();
+  /// The libpqxx connection (valid while this object lives).
+  pqxx::connection& get() const noexcept;
+  /// Marks the connection unusable: it is closed instead of returned.
+  void mark_broken() noexcept { broken_ = true; }
+
+ private:
+  friend class ConnectionPool;
+  PooledConnection(class ConnectionPool* pool, detail::PoolSlot* slot) noexcept
+      : pool_(pool), slot_(slot) {}
+  ConnectionPool* pool_;
+  detail::PoolSlot* slot_;
+  bool broken_ = false;
+};
+
+/// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
+/// store's prepared statements and session settings, and are replaced when they break.
+class ConnectionPool {
+ public:
+  /// Connection setup run once per new connection (prepare statements, SET ...).
+  using Setup = std::function<void(pqxx::connection&)>;
+  /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
+  /// long `acquire` waits when all are in use.
+  ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
+                 Setup setup);
+  /// Closes the idle connections. Every PooledConnection must have been returned.
+  ~ConnectionPool();
+  ConnectionPool(const ConnectionPool&) = delete;
+  ConnectionPool& operator=(const ConnectionPool&) = delete;
+
+  /// Lends a connection. @throws idem::StorageUnavailable when none is free within the wait,
+  /// or a new connection cannot be opened.
+  PooledConnection acquire();
+  /// Connections currently open (idle + lent).
+  std::size_t open_connections() const;
+
+ private:
+  friend class PooledConnection;
+  void give_back(detail::PoolSlot* slot, bool broken) noexcept;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Counters of a PostgresStore (always on).
+struct PostgresStoreStats {
+  /// Transactions re-run after 40001/40P01.
+  std::uint64_t retries = 0;
+  /// Claims that waited past lock_timeout and answered kBusy.
+  std::uint64_t lock_timeouts = 0;
+  /// Connections lost at COMMIT and resolved by re-reading (committed or not).
+  std::uint64_t commits_resolved = 0;
+  /// Connections lost at COMMIT whose outcome could not be established (OutcomeUnknown).
+  std::uint64_t commits_unknown = 0;
+};
+
+/// The PostgreSQL durable store (see the file comment). Thread-safe; share one per process.
+class PostgresStore {
+ public:
+  /// What transactional handlers receive.
+  using Transaction = pqxx::work;
+
+  /// Connects lazily with `conninfo` (libpq conninfo or postgresql:// URI), default options.
+  /// Runs the migration. @throws idem::StorageUnavailable when the database cannot be reached.
+  explicit PostgresStore(std::string conninfo);
+  /// @throws idem::UsageError for a bad schema/table/column name or option;
+  ///         idem::StorageError subclasses when the migration fails.
+  explicit PostgresStore(PostgresStoreOptions options);
+  /// Closes the pool's connections.
+  ~PostgresStore();
+  PostgresStore(const PostgresStore&) = delete;
+  PostgresStore& operator=(const PostgresStore&) = delete;
+
+  /// Transactional mode (see store.hpp's DurableStore contract and the file comment).
+  /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
+  ///        failure or deadlock (the earlier transaction was rolled back).
+  /// @return kClaimed (handler ran and committed; `response` holds its bytes), kDone (replay),
+  ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
+  ///         lease), kMismatch.
+  /// @throws whatever the handler throws (after rollback), except a lost connection, which is
+  ///         idem::StorageUnavailable; idem::StorageError subclasses.
+  template <class Handler>
+  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
+                                const OwnerToken& owner, std::chrono::seconds retention,
+                                Handler&& handler) {
+    auto call = [](void* h, pqxx::work& tx) -> std::string {
+      return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
+    };
+    return run_transactional_impl(key, fingerprint, owner, retention,
+                                  HandlerRef{call, static_cast<void*>(std::addressof(handler))});
+  }
+
+  /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).
+  ClaimResult begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
+                    std::chrono::milliseconds lease);
+  /// Two-phase complete: only while `owner` holds the in-progress record. false: lease lost.
+  /// @throws idem::OutcomeUnknown if the connection broke and the record cannot be re-read.
+  bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
+                std::chrono::seconds retention);
+  /// Deletes the in-progress record of `owner`. false when it did not hold it.
+  bool release(const Key& key, const OwnerToken& owner);
+  /// Marks `owner`'s in-progress record failed (kept for `retention`, replayed as kDone with
+  /// ClaimResult::failed and `reason` as response). false: lease lost.
+  bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+            std::chrono::seconds retention);
+  /// Reads a record. nullopt when absent.
+  std::optional<Record> lookup(const Key& key);
+  /// Deletes completed and failed records whose retention ended, `batch_size` rows per short
+  /// transaction (`FOR UPDATE SKIP LOCKED`, never waits on a busy row), until none is left.
+  /// Never touches in-progress rows. @return rows deleted.
+  std::size_t purge_expired(std::size_t batch_size = 1000);
+  /// "postgres".
+  std::string_view name() const noexcept { return "postgres"; }
+
+  /// Inside the caller's open transaction: claim or find the record, under a SAVEPOINT so a
+  /// lock timeout answers kBusy without aborting `tx`. `lease` 0 means the transaction is the
+  /// lease (transactional mode). For composing idem with a transaction the caller manages.
+  ClaimResult claim_in(pqxx::work& tx, const Key& key, std::string_view fingerprint,
+                       const OwnerToken& owner, std::chrono::milliseconds lease);
+  /// Inside the caller's open transaction: complete `owner`'s record.
+  /// @throws idem::LeaseLost if `owner` does not hold it.
+  void complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
+                   std::string_view response, std::chrono::seconds retention);
+
+  /// Runs `fn(pqxx::work&)` in a transaction on a pooled connection and commits (business
+  /// setup, tests). libpqxx errors are translated to idem errors; fn's own exceptions propagate.
+  template <class Fn>
+  auto with_transaction(Fn&& fn) {
+    using R = std::invoke_result_t<Fn&, pqxx::work&>;
+    if constexpr (std::is_void_v<R>) {
+      run_in_transaction([&](pqxx::work& tx) { fn(tx); });
+    } else {
+      std::optional<R> out;
+      run_in_transaction([&](pqxx::work& tx) { out.emplace(fn(tx)); });
+      return std::move(*out);
+    }
+  }
+
+  /// The connection pool (business code may share it).
+  ConnectionPool& pool() noexcept { return *pool_; }
+  /// The options in force (defaults applied).
+  const PostgresStoreOptions& options() const noexcept { return options_; }
+  /// `schema.table` as used in statements.
+  const std::string& qualified_table() const noexcept { return qualified_table_; }
+  /// A snapshot of the store's counters.
+  PostgresStoreStats stats() const noexcept;
+
+  /// Runs the migration (what the constructor does unless options.migrate is false).
+  void migrate();
+
+ private:
+  struct HandlerRef {
+    std::string (*call)(void*, pqxx::work&);
+    void* self;
+    std::string operator()(pqxx::work& tx) const { return call(self, tx); }
+  };
+  ClaimResult run_transactional_impl(const Key& key, std::string_view fingerprint,
+                                     const OwnerToken& owner, std::chrono::seconds retention,
+                                     HandlerRef handler);
+  void run_in_transaction(const std::function<void(pqxx::work&)>& fn);
+
+  struct Impl;
+  PostgresStoreOptions options_;
+  std::string qualified_table_;
+  std::unique_ptr<ConnectionPool> pool_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem::postgres

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: MIT
+// The one place libpqxx exceptions become idem exceptions (SQLSTATE and message kept).
+#include "errors.hpp"
+
+#include <pqxx/pqxx>
+
+#include "idem/errors.hpp"
+
+namespace idem::postgres::detail {
+
+std::string sqlstate_of(const std::exception& e) {
+  // libpqxx 6 derives transaction_rollback from failure, without a SQLSTATE; 7 from sql_error.
+  if (dynamic_cast<const pqxx::serialization_failure*>(&e) != nullptr) return "40001";
+  if (dynamic_cast<const pqxx::deadlock_detected*>(&e) != nullptr) return "40P01";
+  if (dynamic_cast<const pqxx::statement_completion_unknown*>(&e) != nullptr) return "40003";
+  if (const auto* s = dynamic_cast<const pqxx::sql_error*>(&e)) return s->sqlstate();
+  return {};
+}
+
+bool is_pqxx_exception(const std::exception& e) noexcept {
+  return dynamic_cast<const pqxx::failure*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::usage_error*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::internal_error*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::conversion_error*>(&e) != nullptr ||
+         dynamic_cast<const pqxx::range_error*>(&e) != nullptr;
+}
+
+namespace {
+std::string trimmed(const char* what) {
+  std::string s = what == nullptr ? std::string() : std::string(what);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string describe(std::string_view context, const std::exception& e) {
+  std::string what = "postgres: ";
+  what.append(context);
+  what.append(": ");
+  auto state = sqlstate_of(e);
+  if (!state.empty()) {
+    what.append("[SQLSTATE ");
+    what.append(state);
+    what.append("] ");
+  }
+  what.append(trimmed(e.what()));
+  return what;
+}
+
+[[noreturn]] void throw_for_sqlstate(const std::string& state, const std::string& what) {
+  // Class 08: connection exception; 57P01-3: shutdown / cannot connect now; 53: insufficient
+  // resources (too many connections, disk full, out of memory); 25006: read-only transaction
+  // (a standby after failover): all transient, the store is unavailable for now.
+  if (state.rfind("08", 0) == 0 || state == "57P01" || state == "57P02" || state == "57P03" ||
+      state.rfind("53", 0) == 0 || state == "25006") {
+    throw StorageUnavailable(what);
+  }
+  // 57014: statement_timeout (query_canceled); 55P03: lock_timeout.
+  if (state == "57014" || state == "55P03") throw StorageTimeout(what);
+  // 40001/40P01 reach here only once the retries are spent: transient contention.
+  if (state == "40001" || state == "40P01") throw StorageUnavailable(what);
+  // 40003: the server cannot tell whether the statement completed.
+  if (state == "40003") throw OutcomeUnknown(what);
+  throw StorageError(what);
+}
+}  // namespace
+
+void rethrow_translated(std::string_view context) {
+  try {
+    throw;
+  } catch (const idem::Error&) {
+    throw;
+  } catch (const pqxx::in_doubt_error& e) {
+    throw OutcomeUnknown(describe(context, e));
+  } catch (const pqxx::broken_connection& e) {
+    throw StorageUnavailable(describe(context, e));
+  } catch (const pqxx::transaction_rollback& e) {
+    throw_for_sqlstate(sqlstate_of(e), describe(context, e));
+  } catch (const pqxx::sql_error& e) {
+    throw_for_sqlstate(e.sqlstate(), describe(context, e));
+  } catch (const std::exception& e) {
+    throw StorageError(describe(context, e));
+  } catch (...) {
+    throw StorageError("postgres: " + std::string(context) + ": unknown exception");
+  }
+}
+
+}  // namespace idem::postgres::detail

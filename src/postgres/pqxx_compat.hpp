@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: MIT
+// The one place libpqxx version differences live (6.4 on Debian 12, 7.x elsewhere).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <pqxx/pqxx>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace idem::postgres::detail {
+
+#if PQXX_VERSION_MAJOR >= 7
+/// A bytea parameter (7.x: binary std::byte views).
+inline std::basic_string_view<std::byte> bytea(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+/// A bytea column as raw bytes ("" for NULL).
+inline std::string read_bytea(const pqxx::field& f) {
+  if (f.is_null()) return {};
+  auto b = f.as<std::basic_string<std::byte>>();
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+/// Runs a prepared statement.
+template <class... Args>
+pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {
+  return t.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
+}
+/// Runs a parameterised statement.
+template <class... Args>
+pqxx::result exec_params(pqxx::transaction_base& t, const std::string& sql, Args&&... args) {
+  return t.exec(sql, pqxx::params{std::forward<Args>(args)...});
+}
+/// Runs a statement with a run-time list of text parameters (nullopt binds NULL).
+inline pqxx::result exec_dynamic(pqxx::transaction_base& t, const std::string& sql,
+                                 const std::vector<std::optional<std::string>>& values) {
+  pqxx::params p;
+  for (const auto& v : values) {
+    if (v) {
+      p.append(*v);
+    } else {
+      p.append();
+    }
+  }
+  return t.exec(sql, p);
+}
+/// Registers a prepared statement on a connection.
+inline void prepare(pqxx::connection& c, const std::string& name, const std::string& sql) {
+  c.prepare(name, sql);
+}
+#else
+/// A bytea parameter (6.x: pqxx::binarystring travels in binary format).
+inline pqxx::binarystring bytea(std::string_view s) {
+  return pqxx::binarystring(s.data(), s.size());
+}
+/// A bytea column as raw bytes ("" for NULL).
+inline std::string read_bytea(const pqxx::field& f) {
+  if (f.is_null()) return {};
+  return pqxx::binarystring(f).str();
+}
+/// Runs a prepared statement.
+template <class... Args>
+pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {
+  return t.exec_prepared(name, std::forward<Args>(args)...);
+}
+/// Runs a parameterised statement.
+template <class... Args>
+pqxx::result exec_params(pqxx::transaction_base& t, const std::string& sql, Args&&... args) {
+  return t.exec_params(sql, std::forward<Args>(args)...);
+}
+/// Runs a statement with a run-time list of text parameters (nullopt binds NULL).
+inline pqxx::result exec_dynamic(pqxx::transaction_base& t, const std::string& sql,
+                                 const std::vector<std::optional<std::string>>& values) {
+  std::vector<const char*> raw;
+  raw.reserve(values.size());
+  for (const auto& v : values) raw.push_back(v ? v->c_str() : nullptr);
+  return t.exec_params(sql, pqxx::prepare::make_dynamic_params(raw));
+}
+/// Registers a prepared statement on a connection (6.x prepares lazily, at first use).
+inline void prepare(pqxx::connection& c, const std::string& name, const std::string& sql) {
+  c.prepare(name, sql);
+}
+#endif
+
+}  // namespace idem::postgres::detail

@@ -1,0 +1,67 @@
+-- SPDX-License-Identifier: MIT
+-- idem's PostgreSQL tables, for DBAs who apply DDL by hand (PostgresStoreOptions::migrate =
+-- false). Same DDL as PostgresStore::migrate(), schema version 1. Safe to run twice.
+--
+--   psql -v schema=payments -f schema.sql      (default schema: public)
+--
+-- Requires psql 10+ (\if). Every statement runs under one advisory lock, in one transaction.
+\if :{?schema}
+\else
+  \set schema public
+\endif
+\set ON_ERROR_STOP on
+
+BEGIN;
+SELECT pg_advisory_xact_lock(7306086965236950125);
+
+CREATE SCHEMA IF NOT EXISTS :"schema";
+
+CREATE TABLE IF NOT EXISTS :"schema".idem_schema_version (
+  name       text PRIMARY KEY,
+  version    integer NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- HTTP/API idempotency records: one row per (idempotency key, business type).
+CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
+  id            bigserial PRIMARY KEY,
+  idem_key      varchar(128) NOT NULL,
+  biz_type      varchar(64) NOT NULL,
+  status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
+  fingerprint   text NOT NULL DEFAULT '',
+  owner         varchar(64) NOT NULL,          -- owner token of the attempt (fencing)
+  response_body bytea,                         -- replayed to duplicates
+  lease_until   timestamptz NOT NULL,          -- in_progress: honoured until then
+  expires_at    timestamptz,                   -- completed/failed: purgeable after
+  attempts      integer NOT NULL DEFAULT 1,    -- 1 + lease takeovers
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type)
+);
+CREATE INDEX IF NOT EXISTS api_idempotency_expires_idx
+  ON :"schema".api_idempotency (expires_at) WHERE status <> 'in_progress';
+INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempotency', 1)
+  ON CONFLICT (name) DO NOTHING;
+
+-- MQ consume records: one row per (message id, consumer group).
+CREATE TABLE IF NOT EXISTS :"schema".mq_consume_record (
+  id             bigserial PRIMARY KEY,
+  message_id     varchar(128) NOT NULL,
+  consumer_group varchar(64) NOT NULL,
+  status         varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
+  fingerprint    text NOT NULL DEFAULT '',
+  owner          varchar(64) NOT NULL,
+  response_body  bytea,
+  lease_until    timestamptz NOT NULL,
+  expires_at     timestamptz,
+  attempts       integer NOT NULL DEFAULT 1,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  updated_at     timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT mq_consume_record_key_uq UNIQUE (message_id, consumer_group)
+);
+CREATE INDEX IF NOT EXISTS mq_consume_record_expires_idx
+  ON :"schema".mq_consume_record (expires_at) WHERE status <> 'in_progress';
+INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('mq_consume_record', 1)
+  ON CONFLICT (name) DO NOTHING;
+
+COMMIT;

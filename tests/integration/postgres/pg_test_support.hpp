@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// PostgreSQL test helpers: a throwaway schema per test process (dropped at exit), stores and
+// business tables in it, and a direct connection for counting rows.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "idem/postgres/postgres_store.hpp"
+#include "support/test_env.hpp"
+
+namespace idem::test::pg {
+
+/// IDEM_TEST_POSTGRES_DSN or "".
+inline std::string dsn() { return server_env("IDEM_TEST_POSTGRES_DSN"); }
+
+/// Runs SQL on a fresh connection, outside idem (setup, counting, cleanup).
+inline pqxx::result exec(const std::string& sql) {
+  pqxx::connection c(dsn());
+  pqxx::work tx(c);
+  pqxx::result r = tx.exec(sql);
+  tx.commit();
+  return r;
+}
+
+/// First column of the first row as a number.
+inline long scalar(const std::string& sql) { return exec(sql)[0][0].as<long>(); }
+
+/// The schema of this test process: created on first use, dropped when the process ends.
+class Schema final : public ::testing::Environment {
+ public:
+  static const std::string& name() {
+    static const std::string n = [] {
+      std::string s = unique_name("idem_test");
+      ::testing::AddGlobalTestEnvironment(new Schema(s));  // gtest owns it
+      exec("CREATE SCHEMA IF NOT EXISTS " + s);
+      exec("CREATE TABLE IF NOT EXISTS " + s +
+           ".idem_test_effects (id bigserial PRIMARY KEY, key_id text NOT NULL)");
+      exec("CREATE TABLE IF NOT EXISTS " + s +
+           ".payment (id bigserial PRIMARY KEY, order_no text NOT NULL, amount bigint NOT NULL)");
+      exec("CREATE TABLE IF NOT EXISTS " + s +
+           ".account (id text PRIMARY KEY, balance bigint NOT NULL)");
+      return s;
+    }();
+    return n;
+  }
+  void TearDown() override {
+    try {
+      exec("DROP SCHEMA IF EXISTS " + name_ + " CASCADE");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "could not drop schema %s: %s\n", name_.c_str(), e.what());
+    }
+  }
+
+ private:
+  explicit Schema(std::string n) : name_(std::move(n)) {}
+  std::string name_;
+};
+
+/// `<schema>.<table>`.
+inline std::string table(const std::string& t) { return Schema::name() + "." + t; }
+
+/// Options for a store in this process's schema.
+inline postgres::PostgresStoreOptions options() {
+  postgres::PostgresStoreOptions o;
+  o.conninfo = dsn();
+  o.schema = Schema::name();
+  o.pool_size = 40;
+  return o;
+}
+
+/// The business effect of a test handler.
+inline void insert_effect(pqxx::work& tx, const std::string& key_id) {
+  tx.exec_params("INSERT INTO " + table("idem_test_effects") + " (key_id) VALUES ($1)", key_id);
+}
+
+/// Rows of `table` whose `column` equals `value` (bound).
+inline long count_where(const std::string& t, const std::string& column, const std::string& value) {
+  pqxx::connection c(dsn());
+  pqxx::work tx(c);
+  return tx
+      .exec_params("SELECT count(*) FROM " + table(t) + " WHERE " + column + " = $1", value)[0][0]
+      .as<long>();
+}
+
+}  // namespace idem::test::pg
+
+/// Skips (or fails under scripts/test.sh) without IDEM_TEST_POSTGRES_DSN.
+#define IDEM_REQUIRE_POSTGRES()                            \
+  do {                                                     \
+    std::string idem_dsn_;                                 \
+    IDEM_REQUIRE_ENV(idem_dsn_, "IDEM_TEST_POSTGRES_DSN"); \
+  } while (0)

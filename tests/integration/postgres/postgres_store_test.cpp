@@ -1,0 +1,625 @@
+// SPDX-License-Identifier: MIT
+// PostgresStore specifics against a real server: payments under contention (with and without
+// a fast store), fast-store failure after commit, a two-phase process killed between the
+// phases, lock_timeout, a COMMIT lost with its connection, deadlock retries, migrations
+// racing, the pool. Every test counts business rows in the database.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "pg_test_support.hpp"
+#include "support/failing_store.hpp"
+#include "tcp_proxy.hpp"
+
+namespace {
+
+using idem::ClaimStatus;
+using idem::Key;
+using idem::Outcome;
+using idem::OwnerToken;
+using idem::postgres::PostgresStore;
+namespace pg = idem::test::pg;
+
+Key unique_key(const std::string& scope = "payment") {
+  return Key::make(scope, idem::test::unique_name(
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payments: 32 threads, one key. The fast store in front is a factory so more can be added
+// (the Redis adapter: {"redis", [] { return std::make_unique<idem::redis::RedisStore>(...); }}).
+
+struct FastStoreFactory {
+  std::string name;
+  std::function<std::unique_ptr<idem::FastStore>()> make;  // null: durable only
+};
+
+void PrintTo(const FastStoreFactory& f, std::ostream* os) { *os << f.name; }
+
+class PaymentStorm : public ::testing::TestWithParam<FastStoreFactory> {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_POSTGRES();
+    store_ = std::make_unique<PostgresStore>(pg::options());
+    if (GetParam().make) fast_ = GetParam().make();
+  }
+  std::unique_ptr<PostgresStore> store_;
+  std::unique_ptr<idem::FastStore> fast_;
+};
+
+TEST_P(PaymentStorm, ThirtyTwoThreadsOneKeyOnePaymentOneDebit) {
+  auto key = unique_key();
+  const std::string account = key.id();
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + account + "', 1000)");
+  auto run = [&](auto& guard) {
+    constexpr int kThreads = 32;
+    std::atomic<int> handler_runs{0}, executed{0}, replayed{0}, in_progress{0}, errors{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        while (!go.load()) std::this_thread::yield();
+        try {
+          auto r = guard.run(key, "amount=100", [&](pqxx::work& tx) {
+            ++handler_runs;
+            tx.exec_params(
+                "UPDATE " + pg::table("account") + " SET balance = balance - 100 WHERE id = $1",
+                account);
+            auto row = tx.exec_params1("INSERT INTO " + pg::table("payment") +
+                                           " (order_no, amount) VALUES ($1, 100) RETURNING id",
+                                       key.id());
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            return "pay_" + row[0].as<std::string>();
+          });
+          if (r.outcome == Outcome::kExecuted) ++executed;
+          if (r.outcome == Outcome::kReplayed) ++replayed;
+          if (r.outcome == Outcome::kInProgress) ++in_progress;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();
+          ++errors;
+        }
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(1, executed.load());
+    EXPECT_EQ(kThreads - 1, replayed.load() + in_progress.load());
+    EXPECT_EQ(0, errors.load());
+    EXPECT_EQ(1, handler_runs.load());
+  };
+  if (fast_) {
+    idem::IdempotencyGuard guard{*fast_, *store_};
+    run(guard);
+  } else {
+    idem::IdempotencyGuard guard{*store_};
+    run(guard);
+  }
+  EXPECT_EQ(1, pg::count_where("payment", "order_no", key.id()));
+  EXPECT_EQ(900, pg::scalar("SELECT balance FROM " + pg::table("account") + " WHERE id = '" +
+                            account + "'"));
+  auto rec = store_->lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FastStores, PaymentStorm,
+    ::testing::Values(FastStoreFactory{"none", nullptr},
+                      FastStoreFactory{"memory",
+                                       [] { return std::make_unique<idem::MemoryStore>(); }}),
+    [](const ::testing::TestParamInfo<FastStoreFactory>& p) { return p.param.name; });
+
+// ---------------------------------------------------------------------------------------------
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_POSTGRES();
+    store_ = std::make_unique<PostgresStore>(pg::options());
+  }
+  std::unique_ptr<PostgresStore> store_;
+};
+
+TEST_F(PostgresStoreTest, FastStoreCompleteFailingAfterCommitReplaysFromPostgresAndRefills) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast(memory);
+  idem::GuardOptions o;
+  o.lease = std::chrono::milliseconds(300);
+  idem::IdempotencyGuard guard{static_cast<idem::FastStore&>(fast), *store_, o};
+  auto key = unique_key();
+  int runs = 0;
+  auto first = guard.run(key, "fp", [&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+    fast.failing = true;  // the fast store goes down while the transaction commits
+    return std::string("first");
+  });
+  EXPECT_EQ(Outcome::kExecuted, first.outcome);
+  EXPECT_EQ(1u, guard.stats().snapshot().degraded);
+  fast.failing = false;
+  // The fast store still holds the first call's in-progress claim until its lease ends.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto second = guard.run(key, "fp", [&](pqxx::work&) {
+    ++runs;
+    return std::string("second");
+  });
+  EXPECT_EQ(Outcome::kReplayed, second.outcome);
+  EXPECT_EQ(idem::Source::kDurableStore, second.source);
+  EXPECT_EQ("first", second.value.value_or(""));
+  auto refilled = memory.lookup(key);
+  ASSERT_TRUE(refilled.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, refilled->status);
+  EXPECT_EQ("first", refilled->response);
+  auto third = guard.run(key, "fp", [&](pqxx::work&) {
+    ++runs;
+    return std::string("third");
+  });
+  EXPECT_EQ(idem::Source::kFastStore, third.source);
+  EXPECT_EQ("first", third.value.value_or(""));
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
+TEST_F(PostgresStoreTest, TwoPhaseProcessKilledBetweenPhasesIsTakenOverAfterTheLease) {
+  auto key = unique_key();
+  int fds[2];
+  ASSERT_EQ(0, ::pipe(fds));
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child: its own store (never the parent's connections), begin, then die.
+    ::close(fds[0]);
+    try {
+      auto o = pg::options();
+      o.migrate = false;
+      o.pool_size = 1;
+      PostgresStore s(o);
+      auto owner = OwnerToken::generate();
+      if (s.begin(key, "fp", owner, std::chrono::milliseconds(1000)).status ==
+          ClaimStatus::kClaimed) {
+        ssize_t n = ::write(fds[1], owner.str().data(), owner.str().size());
+        (void)n;
+      }
+    } catch (...) {
+    }
+    ::_exit(0);  // between the phases: no complete, no release, no destructors
+  }
+  ::close(fds[1]);
+  char buf[64] = {};
+  ssize_t n = ::read(fds[0], buf, sizeof buf);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_EQ(32, n) << "the child did not claim";
+  auto stale = OwnerToken::from_string(std::string(buf, 32));
+
+  idem::GuardOptions o;
+  o.lease = std::chrono::seconds(30);
+  idem::IdempotencyGuard guard{*store_, o};
+  int runs = 0;
+  auto handler = [&] {
+    ++runs;
+    return std::string("charged");
+  };
+  auto during = guard.run(key, "fp", handler);
+  EXPECT_EQ(Outcome::kInProgress, during.outcome);
+  EXPECT_EQ(stale.str(), during.holder);
+  auto rec = store_->lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, rec->status);
+
+  // Retry until the lease (database clock) is over: in progress until then, then taken over.
+  idem::GuardResult<std::string> after;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    after = guard.run(key, "fp", handler);
+  } while (after.outcome == Outcome::kInProgress && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(Outcome::kExecuted, after.outcome);
+  EXPECT_EQ(1u, guard.stats().snapshot().takeovers);
+  EXPECT_FALSE(store_->complete(key, stale, "stale", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->release(key, stale));
+  rec = store_->lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("charged", rec->response);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(2, pg::scalar("SELECT attempts FROM " + pg::table("api_idempotency") +
+                          " WHERE idem_key = '" + key.id() + "'"));
+}
+
+TEST_F(PostgresStoreTest, DuplicateWaitsAtMostLockTimeoutThenAnswersInProgress) {
+  auto o = pg::options();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  o.migrate = false;
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  std::mutex m;
+  std::condition_variable cv;
+  bool holding = false, duplicate_done = false;
+  std::thread first([&] {
+    auto r = guard.run(key, "fp", [&](pqxx::work& tx) {
+      pg::insert_effect(tx, key.id());
+      std::unique_lock<std::mutex> lock(m);
+      holding = true;
+      cv.notify_all();
+      // Hold the key until the duplicate has answered (bounded so a bug cannot hang the test).
+      cv.wait_for(lock, std::chrono::seconds(20), [&] { return duplicate_done; });
+      return std::string("first");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return holding; });
+  }
+  int runs = 0;
+  auto dup = guard.run(key, "fp", [&](pqxx::work&) {
+    ++runs;
+    return std::string("dup");
+  });
+  bool first_still_holding;
+  {
+    std::lock_guard<std::mutex> lock(m);
+    first_still_holding = !duplicate_done;
+    duplicate_done = true;
+  }
+  cv.notify_all();
+  first.join();
+  EXPECT_TRUE(first_still_holding);  // the duplicate answered while the key was held
+  EXPECT_EQ(Outcome::kInProgress, dup.outcome);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(1u, store.stats().lock_timeouts);
+  auto after = guard.run(key, "fp", [&](pqxx::work&) {
+    ++runs;
+    return std::string("dup");
+  });
+  EXPECT_EQ(Outcome::kReplayed, after.outcome);
+  EXPECT_EQ("first", after.value.value_or(""));
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
+TEST_F(PostgresStoreTest, ClaimInUsesASavepointSoALockTimeoutKeepsTheCallersTransaction) {
+  auto o = pg::options();
+  o.lock_timeout = std::chrono::milliseconds(200);
+  o.migrate = false;
+  PostgresStore store(o);
+  auto key = unique_key();
+  pqxx::connection holder_conn(pg::dsn());
+  pqxx::work holder(holder_conn);
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.claim_in(holder, key, "fp", OwnerToken::generate(), {}).status);
+  store.with_transaction([&](pqxx::work& tx) {
+    pg::insert_effect(tx, key.id());
+    auto c = store.claim_in(tx, key, "fp", OwnerToken::generate(), {});
+    EXPECT_EQ(ClaimStatus::kBusy, c.status);
+    pg::insert_effect(tx, key.id());  // still usable: the savepoint absorbed the timeout
+  });
+  holder.abort();
+  EXPECT_EQ(2, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
+TEST_F(PostgresStoreTest, CommitLostWithItsConnectionIsResolvedNotRerun) {
+  auto o = pg::options();
+  o.migrate = false;
+  std::atomic<bool> kill{true};
+  o.before_commit = [&](pqxx::connection& c) {
+    if (!kill.load()) return;
+    // Terminate this transaction's backend (waiting until it is gone) right before COMMIT.
+    pqxx::connection killer(pg::dsn());
+    pqxx::nontransaction nt(killer);
+    nt.exec("SELECT pg_terminate_backend(" + std::to_string(c.backendpid()) + ", 10000)");
+  };
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  int runs = 0;
+  auto handler = [&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+    return std::string("ok");
+  };
+  try {
+    (void)guard.run(key, "fp", handler);
+    ADD_FAILURE() << "the lost commit was not reported";
+  } catch (const idem::StorageUnavailable& e) {
+    // The server says the transaction did not commit: retryable, nothing applied.
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("did not commit")) << e.what();
+  }
+  EXPECT_EQ(1, runs);  // never re-run blindly
+  EXPECT_EQ(1u, store.stats().commits_resolved);
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", key.id()));
+  EXPECT_FALSE(store.lookup(key).has_value());
+  kill = false;
+  auto retry = guard.run(key, "fp", handler);
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
+// The DSN with its port replaced (the proxy's).
+std::string dsn_with_port(int port) {
+  std::string dsn = pg::dsn();
+  auto at = dsn.find("port=");
+  if (at == std::string::npos) return dsn + " port=" + std::to_string(port);
+  auto end = dsn.find(' ', at);
+  return dsn.substr(0, at) + "port=" + std::to_string(port) +
+         (end == std::string::npos ? "" : dsn.substr(end));
+}
+
+int dsn_port() {
+  std::string dsn = pg::dsn();
+  auto at = dsn.find("port=");
+  return at == std::string::npos ? 5432 : std::atoi(dsn.c_str() + at + 5);
+}
+
+TEST_F(PostgresStoreTest, CommitWhoseAnswerWasLostIsResolvedAsCommittedNotRerun) {
+  idem::test::CommitDroppingProxy proxy(dsn_port());
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo = dsn_with_port(proxy.port());
+  std::atomic<bool> arm{true};
+  o.before_commit = [&](pqxx::connection&) {
+    if (arm.exchange(false)) proxy.drop_next_commit = true;
+  };
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  int runs = 0;
+  auto handler = [&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+    return std::string("paid");
+  };
+  auto r = guard.run(key, "fp", handler);
+  EXPECT_EQ(1, proxy.dropped.load());
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);  // the server committed: the call succeeded
+  EXPECT_EQ("paid", r.value.value_or(""));
+  EXPECT_EQ(1u, store.stats().commits_resolved);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+  auto again = guard.run(key, "fp", handler);
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ(1, runs);
+}
+
+TEST_F(PostgresStoreTest, DeadlockedTransactionIsRetriedAndEachEffectHappensOnce) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.max_retries = 10;
+  std::atomic<int> retry_calls{0};
+  o.on_retry = [&](const Key&, std::string_view state) {
+    EXPECT_EQ("40P01", std::string(state));
+    ++retry_calls;
+  };
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto base = unique_key();
+  const std::string a = base.id() + "_a", b = base.id() + "_b";
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + a + "', 0), ('" + b + "', 0)");
+  std::atomic<int> at_barrier{0};
+  auto transfer = [&](const std::string& id, const std::string& first, const std::string& second) {
+    std::atomic<bool> first_run{true};
+    auto r = guard.run(Key::make("transfer", id), "", [&](pqxx::work& tx) {
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     first);
+      if (first_run.exchange(false)) {
+        ++at_barrier;  // both hold their first row, then each asks for the other's
+        while (at_barrier.load() < 2) std::this_thread::yield();
+      }
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     second);
+      pg::insert_effect(tx, id);
+      return std::string("done");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  };
+  std::thread t1([&] { transfer(base.id() + "_t1", a, b); });
+  std::thread t2([&] { transfer(base.id() + "_t2", b, a); });
+  t1.join();
+  t2.join();
+  // At least one re-run; more if a re-run raced the survivor and deadlocked again (load).
+  EXPECT_GE(retry_calls.load(), 1);
+  EXPECT_EQ(static_cast<std::uint64_t>(retry_calls.load()), store.stats().retries);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", base.id() + "_t1"));
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", base.id() + "_t2"));
+  EXPECT_EQ(4, pg::scalar("SELECT sum(balance) FROM " + pg::table("account") + " WHERE id IN ('" +
+                          a + "', '" + b + "')"));
+}
+
+TEST_F(PostgresStoreTest, HostileIdsAreBoundNeverInterpolated) {
+  idem::IdempotencyGuard guard{*store_};
+  for (std::string id : {"';DROP_TABLE_payment;--", "o'brien\\\"x", "\\x00\\'", "$1$2", "%s%n",
+                         "--", "/*", "E'\\\\'"}) {
+    id += idem::test::unique_name("_");
+    auto key = Key::make("payment", id);
+    auto r = guard.run(key, "", [&](pqxx::work& tx) {
+      tx.exec_params("INSERT INTO " + pg::table("payment") + " (order_no, amount) VALUES ($1, 1)",
+                     id);
+      return id;
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+    EXPECT_EQ(1, pg::count_where("payment", "order_no", id)) << id;
+    EXPECT_EQ(1, pg::count_where("api_idempotency", "idem_key", id)) << id;
+    auto again = guard.run(key, "", [&](pqxx::work&) { return std::string("never"); });
+    EXPECT_EQ(id, again.value.value_or("")) << id;
+  }
+}
+
+TEST_F(PostgresStoreTest, MigrationTwiceIsANoOpAndConcurrentMigrationsAreSafe) {
+  // A second store on the migrated schema: nothing changes, the version stays 1.
+  { PostgresStore again(pg::options()); }
+  EXPECT_EQ(1, pg::scalar("SELECT version FROM " + pg::table("idem_schema_version") +
+                          " WHERE name = 'api_idempotency'"));
+  // Fresh schemas migrated by two connections at once, several times.
+  for (int round = 0; round < 5; ++round) {
+    const std::string schema = idem::test::unique_name("idem_mig");
+    std::atomic<int> ok{0};
+    std::atomic<bool> go{false};
+    auto migrate = [&] {
+      while (!go.load()) std::this_thread::yield();
+      try {
+        auto o = pg::options();
+        o.schema = schema;
+        o.pool_size = 1;
+        PostgresStore s(o);
+        ++ok;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    };
+    std::thread t1(migrate), t2(migrate);
+    go = true;
+    t1.join();
+    t2.join();
+    EXPECT_EQ(2, ok.load());
+    EXPECT_EQ(1, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
+    EXPECT_EQ(0, pg::scalar("SELECT count(*) FROM " + schema + ".api_idempotency"));
+    pg::exec("DROP SCHEMA " + schema + " CASCADE");
+  }
+}
+
+TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
+  const std::string schema = idem::test::unique_name("idem_sql");
+  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" + pg::dsn() +
+                          "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
+                          " -f " IDEM_SOURCE_DIR "/src/postgres/schema.sql >/dev/null";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+  ASSERT_EQ(0, std::system(cmd.c_str())) << "second run: " << cmd;  // a no-op
+  EXPECT_EQ(2, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
+  for (auto o : {pg::options(), idem::postgres::PostgresStoreOptions::mq_consume_record()}) {
+    o.conninfo = pg::dsn();
+    o.schema = schema;
+    o.migrate = false;
+    PostgresStore store(o);
+    idem::IdempotencyGuard guard{store};
+    auto key = unique_key();
+    EXPECT_EQ(Outcome::kExecuted,
+              guard.run(key, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+    EXPECT_EQ(Outcome::kReplayed,
+              guard.run(key, "", [](pqxx::work&) { return std::string("no"); }).outcome);
+  }
+  {
+    PostgresStore migrating([&] {  // the built-in migration sees version 1: nothing to do
+      auto o = pg::options();
+      o.schema = schema;
+      return o;
+    }());
+  }
+  EXPECT_EQ(2, pg::scalar("SELECT count(*) FROM " + schema + ".idem_schema_version"));
+  pg::exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+TEST_F(PostgresStoreTest, PurgeSkipsRowsLockedByOthersInsteadOfWaiting) {
+  std::vector<Key> keys;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back(unique_key());
+    (void)store_->run_transactional(keys.back(), "", OwnerToken::generate(),
+                                    std::chrono::seconds(1),
+                                    [](pqxx::work&) { return std::string(); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  pqxx::connection other(pg::dsn());
+  pqxx::work locker(other);
+  locker.exec_params(
+      "SELECT 1 FROM " + pg::table("api_idempotency") + " WHERE idem_key = $1 FOR UPDATE",
+      keys[0].id());
+  store_->purge_expired(100);  // returns although keys[0] is locked
+  EXPECT_TRUE(store_->lookup(keys[0]).has_value());
+  EXPECT_FALSE(store_->lookup(keys[1]).has_value());
+  EXPECT_FALSE(store_->lookup(keys[2]).has_value());
+  locker.abort();
+  store_->purge_expired(100);
+  EXPECT_FALSE(store_->lookup(keys[0]).has_value());
+}
+
+TEST_F(PostgresStoreTest, MqConsumeRecordPresetUsesItsOwnTable) {
+  auto o = idem::postgres::PostgresStoreOptions::mq_consume_record(pg::dsn());
+  o.schema = pg::Schema::name();
+  PostgresStore mq(o);
+  auto key = Key::make("billing-consumer", idem::test::unique_name("msg"));
+  auto owner = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, mq.begin(key, "", owner, std::chrono::seconds(30)).status);
+  EXPECT_TRUE(mq.fail(key, owner, "poison", std::chrono::seconds(60)));
+  auto r = mq.begin(key, "", OwnerToken::generate(), std::chrono::seconds(30));
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_TRUE(r.failed);
+  EXPECT_EQ("poison", r.response);
+  EXPECT_EQ(1, pg::count_where("mq_consume_record", "message_id", key.id()));
+}
+
+TEST_F(PostgresStoreTest, RejectsBadIdentifiersBeforeConnecting) {
+  auto o = pg::options();
+  o.schema = "public; DROP SCHEMA x";
+  EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  o = pg::options();
+  o.table = "1table";
+  EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+}
+
+TEST_F(PostgresStoreTest, UnreachableServerIsUnavailable) {
+  auto o = pg::options();
+  o.conninfo = "host=127.0.0.1 port=1 user=postgres dbname=idem_test connect_timeout=2";
+  EXPECT_THROW(PostgresStore{o}, idem::StorageUnavailable);
+  o.migrate = false;
+  PostgresStore lazy(o);  // connects lazily
+  EXPECT_THROW((void)lazy.lookup(unique_key()), idem::StorageUnavailable);
+  idem::IdempotencyGuard guard{lazy};
+  EXPECT_THROW((void)guard.run(unique_key(), "", [](pqxx::work&) { return std::string(); }),
+               idem::StorageUnavailable);
+}
+
+TEST_F(PostgresStoreTest, PoolIsBoundedAndReplacesBrokenConnections) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.pool_size = 1;
+  o.pool_wait = std::chrono::milliseconds(100);
+  PostgresStore store(o);
+  auto key = unique_key();
+  int pid = 0;
+  {
+    auto held = store.pool().acquire();
+    pid = held.get().backendpid();
+    EXPECT_THROW((void)store.lookup(key), idem::StorageUnavailable);  // exhausted
+  }
+  EXPECT_FALSE(store.lookup(key).has_value());
+  // Kill the idle pooled connection's backend: the next call replaces it and succeeds.
+  pg::exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ", 10000)");
+  EXPECT_FALSE(store.lookup(key).has_value());
+  idem::IdempotencyGuard guard{store};
+  pid = 0;
+  {
+    auto held = store.pool().acquire();
+    pid = held.get().backendpid();
+  }
+  pg::exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ", 10000)");
+  auto r = guard.run(key, "", [&](pqxx::work& tx) {
+    pg::insert_effect(tx, key.id());
+    return std::string("ok");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+  EXPECT_EQ(1u, store.pool().open_connections());
+}
+
+TEST_F(PostgresStoreTest, StatementTimeoutIsAStorageTimeout) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.statement_timeout = std::chrono::milliseconds(100);
+  PostgresStore store(o);
+  EXPECT_THROW(store.with_transaction([](pqxx::work& tx) { tx.exec("SELECT pg_sleep(1)"); }),
+               idem::StorageTimeout);
+}
+
+}  // namespace

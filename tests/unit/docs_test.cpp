@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: MIT
+// The error tables of README.md and docs/observability.md are generated from errors.hpp: this
+// test fails (and prints the table to paste) when a code, name, message, status or retryability
+// changes.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "idem/errors.hpp"
+
+namespace {
+
+std::string generated_table() {
+  std::ostringstream out;
+  out << "| code | name | message | HTTP | retryable |\n";
+  out << "|-----:|------|---------|-----:|-----------|\n";
+  for (int v = 1;; ++v) {
+    auto e = static_cast<idem::errc>(v);
+    if (idem::errc_name(e) == "unknown") break;
+    out << "| " << v << " | `" << idem::errc_name(e) << "` | " << idem::errc_message(e) << " | "
+        << idem::http_status(e) << " | " << (idem::is_retryable(e) ? "yes" : "no") << " |\n";
+  }
+  return out.str();
+}
+
+std::string doc_table(const std::string& file) {
+  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/" + file);
+  std::string line, table;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("<!-- errc-table:begin", 0) == 0) {
+      inside = true;
+      continue;
+    }
+    if (line.rfind("<!-- errc-table:end", 0) == 0) break;
+    if (inside) table += line + "\n";
+  }
+  return table;
+}
+
+TEST(Docs, ErrorTableMatchesErrorsHpp) {
+  std::string expected = generated_table();
+  for (const char* file : {"docs/observability.md", "README.md"}) {
+    EXPECT_EQ(expected, doc_table(file))
+        << file << " is out of date; paste this between the errc-table markers:\n"
+        << expected;
+  }
+  EXPECT_NE(std::string::npos, expected.find("`invalid_argument`"));  // every code is listed
+}
+
+}  // namespace
