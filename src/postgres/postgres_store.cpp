@@ -289,6 +289,12 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   if (options_.statement_timeout.count() < 0) {
     throw UsageError("idem::postgres: statement_timeout must not be negative");
   }
+  if (options_.partitions > 1024) {
+    throw UsageError("idem::postgres: at most 1024 partitions");
+  }
+  if (options_.partitions > 1) {  // the last partition's name must be a valid identifier too
+    check_sql_identifier("partition", t + "_p" + std::to_string(options_.partitions - 1));
+  }
   qualified_table_ = schema + "." + t;
   impl_ = std::make_unique<Impl>(options_);
   impl_->lock_timeout = millis_setting(options_.lock_timeout);
@@ -369,9 +375,12 @@ void PostgresStore::migrate() {
                          std::to_string(kSchemaVersion) + ")");
     }
     if (version < 1) {
-      // Keep in step with src/postgres/schema.sql.
-      tx.exec("CREATE TABLE IF NOT EXISTS " + t +
-              " (id bigserial PRIMARY KEY,"
+      // Keep in step with src/postgres/schema.sql. A partitioned table cannot have a primary
+      // key without the partition columns: there `id` is a plain column, and the unique key
+      // (which contains them) is what identifies a record.
+      const bool partitioned = options_.partitions > 1;
+      tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (id bigserial " +
+              (partitioned ? "NOT NULL," : "PRIMARY KEY,") +
               " " +
               k +
               " varchar(128) NOT NULL,"
@@ -389,7 +398,14 @@ void PostgresStore::migrate() {
               " created_at timestamptz NOT NULL DEFAULT now(),"
               " updated_at timestamptz NOT NULL DEFAULT now(),"
               " CONSTRAINT " +
-              options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))");
+              options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))" +
+              (partitioned ? " PARTITION BY HASH (" + s + ", " + k + ")" : std::string()));
+      for (std::size_t i = 0; partitioned && i < options_.partitions; ++i) {
+        const std::string modulus = std::to_string(options_.partitions);
+        const std::string remainder = std::to_string(i);
+        tx.exec("CREATE TABLE IF NOT EXISTS " + t + "_p" + remainder + " PARTITION OF " + t +
+                " FOR VALUES WITH (MODULUS " + modulus + ", REMAINDER " + remainder + ")");
+      }
       tx.exec("CREATE INDEX IF NOT EXISTS " + options_.table + "_expires_idx ON " + t +
               " (expires_at) WHERE status <> 'in_progress'");
       detail::exec_params(tx,
@@ -656,9 +672,42 @@ std::optional<Record> PostgresStore::lookup(const Key& key) {
   });
 }
 
+std::vector<std::string> PostgresStore::partitions() {
+  return autocommit(*pool_, "partitions", true, [&](pqxx::nontransaction& nt) {
+    std::vector<std::string> out;
+    // regclass::text quotes as needed; qualify with the schema whatever the search_path.
+    pqxx::result r = detail::exec_params(
+        nt,
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+        " FROM pg_partition_tree($1::regclass) p JOIN pg_class c ON c.oid = p.relid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE p.isleaf AND p.level > 0 ORDER BY p.relid",
+        qualified_table_);
+    for (const auto& row : r) out.push_back(row[0].as<std::string>());
+    return out;
+  });
+}
+
 std::size_t PostgresStore::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw UsageError("idem::postgres: purge batch size must be positive");
   std::size_t total = 0;
+  // A partitioned table: one leaf at a time, each batch a short statement on that leaf alone
+  // (rows found by ctid: a partition is a plain table, and `id` has no index there).
+  const std::vector<std::string> leaves = partitions();
+  for (const std::string& leaf : leaves) {
+    const std::string sql = "DELETE FROM " + leaf + " WHERE ctid = ANY (ARRAY(SELECT ctid FROM " +
+                            leaf +
+                            " WHERE status <> 'in_progress' AND expires_at <= clock_timestamp()"
+                            " LIMIT $1 FOR UPDATE SKIP LOCKED))";
+    for (;;) {
+      auto n = autocommit(*pool_, "purge", true, [&](pqxx::nontransaction& nt) {
+        return detail::exec_params(nt, sql, static_cast<long long>(batch_size)).affected_rows();
+      });
+      total += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < batch_size) break;
+    }
+  }
+  if (!leaves.empty()) return total;
   for (;;) {
     // Each batch is its own short autocommit statement: no lock is held between batches.
     auto n = autocommit(*pool_, "purge", true, [&](pqxx::nontransaction& nt) {

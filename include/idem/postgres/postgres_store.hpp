@@ -63,6 +63,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
@@ -117,6 +118,14 @@ struct PostgresStoreOptions {
   /// Run the migration on construction (create schema, table, index). false: the table must
   /// exist (e.g. applied from schema.sql by a DBA).
   bool migrate = true;
+  /// Migration only: N >= 2 creates the table hash-partitioned by (scope, key) — e.g.
+  /// `PARTITION BY HASH (biz_type, idem_key)` — into N partitions `<table>_p0` ..
+  /// `<table>_p<N-1>` (declarative partitioning, PostgreSQL 12+). The unique key (key, scope)
+  /// stays one constraint across partitions, because it contains the partition key; every
+  /// statement is the same, and a key's statements touch one partition. purge_expired() works
+  /// partition by partition. 0 or 1 means one plain table. An existing table is never changed
+  /// (re-partitioning is a DBA's job). At most 1024.
+  std::size_t partitions = 0;
   /// Fault injection for tests and drills: called in transactional mode right before COMMIT,
   /// with the transaction's connection. Empty in production.
   std::function<void(pqxx::connection&)> before_commit;
@@ -248,8 +257,12 @@ class PostgresStore {
   std::optional<Record> lookup(const Key& key);
   /// Deletes completed and failed records whose retention ended, `batch_size` rows per short
   /// transaction (`FOR UPDATE SKIP LOCKED`, never waits on a busy row), until none is left.
-  /// Never touches in-progress rows. @return rows deleted.
+  /// Never touches in-progress rows. A partitioned table is purged one leaf partition at a
+  /// time (each batch scans and locks one partition). @return rows deleted.
   std::size_t purge_expired(std::size_t batch_size = 1000);
+  /// Leaf partitions of the table (as `schema.name`, in creation order); empty for a plain
+  /// table. Whoever partitioned it (this migration, a DBA), by whatever method.
+  std::vector<std::string> partitions();
   /// "postgres".
   std::string_view name() const noexcept { return "postgres"; }
 
