@@ -16,8 +16,8 @@
 //   absent key or returns the existing record unchanged, which the client decodes: busy / done
 //   / mismatch, the fingerprint check winning over busy and done. (On Redis < 7.0, or with
 //   `claim_script`, the same is one EVALSHA of a Lua script.) complete and release are Lua
-//   scripts (EVALSHA, reloaded once on NOSCRIPT) that act only while the owner token matches
-//   (false: the lease was lost). fill is one SET; lookup one script.
+//   scripts (EVALSHA; on NOSCRIPT, one EVAL, which reloads them) that act only while the owner
+//   token matches (false: the lease was lost). fill is one SET; lookup one script.
 // * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
 //   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for complete, release and
 //   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are
