@@ -63,8 +63,8 @@ Phase run_phase(int threads, int ops, const std::function<void(int, int)>& body)
   go = true;
   for (auto& th : pool) th.join();
   Phase p;
-  p.ops_per_s =
-      static_cast<double>(threads) * ops / std::chrono::duration<double>(Clock::now() - start).count();
+  p.ops_per_s = static_cast<double>(threads) * ops /
+                std::chrono::duration<double>(Clock::now() - start).count();
   for (auto& v : lat) p.lat_us.insert(p.lat_us.end(), v.begin(), v.end());
   return p;
 }
@@ -83,8 +83,12 @@ void compare(const Args& a, const std::string& name, const char* a_label, const 
              const std::function<void(int, int, int)>& fb) {
   std::vector<double> a_ops, b_ops, ratios, a_lat, b_lat;
   for (int round = 0; round < a.rounds; ++round) {
-    auto run_a = [&] { return run_phase(a.threads, a.ops, [&](int t, int i) { fa(round, t, i); }); };
-    auto run_b = [&] { return run_phase(a.threads, a.ops, [&](int t, int i) { fb(round, t, i); }); };
+    auto run_a = [&] {
+      return run_phase(a.threads, a.ops, [&](int t, int i) { fa(round, t, i); });
+    };
+    auto run_b = [&] {
+      return run_phase(a.threads, a.ops, [&](int t, int i) { fb(round, t, i); });
+    };
     Phase pa, pb;
     if (round % 2 == 0) {
       pa = run_a();
@@ -160,9 +164,9 @@ void throughput(const Args& a) {
   std::atomic<long> bad{0};
   auto first = [&](idem::IdempotencyGuard<>& g, const char* side) {
     return [&, side](int round, int t, int i) {
-      auto k = idem::Key::make("bench.cluster", id + "_" + side + "_" + std::to_string(round) +
-                                                    "_" + std::to_string(t) + "_" +
-                                                    std::to_string(i));
+      auto k =
+          idem::Key::make("bench.cluster", id + "_" + side + "_" + std::to_string(round) + "_" +
+                                               std::to_string(t) + "_" + std::to_string(i));
       if (g.run(k, fp, [&] { return response; }).outcome != idem::Outcome::kExecuted) ++bad;
     };
   };
@@ -183,8 +187,8 @@ void throughput(const Args& a) {
       }
     };
   };
-  compare(a, "cluster_guard_replay_vs_single_redis_" + tag, "3-master cluster",
-          "one redis-server", replay(gc), replay(gs));
+  compare(a, "cluster_guard_replay_vs_single_redis_" + tag, "3-master cluster", "one redis-server",
+          replay(gc), replay(gs));
   const auto rs = cluster.route_stats();
   std::printf("cluster nodes known %zu, MOVED %llu, ASK %llu, map reads %llu\n", rs.nodes,
               static_cast<unsigned long long>(rs.moved), static_cast<unsigned long long>(rs.ask),
@@ -259,15 +263,16 @@ void routing(const Args& a) {
           "cluster path claim", "same store, node direct", via(cluster), via(direct));
   compare(a, "cluster_claim_vs_raw_set_nx_t" + std::to_string(a.threads), "cluster path claim",
           "raw hiredis SET NX EX", via(cluster), [&](int, int, int i) {
-            freeReplyObject(raw.run(
-                {"SET", raw_keys[static_cast<std::size_t>(i % kKeys)], response, "NX", "EX", "300"}));
+            freeReplyObject(raw.run({"SET", raw_keys[static_cast<std::size_t>(i % kKeys)], response,
+                                     "NX", "EX", "300"}));
           });
   // The routing step alone, in-process: CRC16 of the hash tag + slot-table read.
   constexpr int kN = 2000000;
   const std::string sample = cluster.redis_key(keys.front());
   std::size_t sink = 0;
   auto t0 = Clock::now();
-  for (int i = 0; i < kN; ++i) sink += idem::redis::detail::key_slot(sample) + static_cast<std::size_t>(i & 1);
+  for (int i = 0; i < kN; ++i)
+    sink += idem::redis::detail::key_slot(sample) + static_cast<std::size_t>(i & 1);
   const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kN;
   std::printf("key_slot(\"%s\") (CRC16 of the tag): %.1f ns per key (%zu)\n", sample.c_str(), ns,
               sink % 7);
@@ -280,12 +285,18 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--cluster") a.cluster = v;
-    else if (k == "--single") a.single = v;
-    else if (k == "--mode") a.mode = v;
-    else if (k == "--threads") a.threads = std::atoi(v.c_str());
-    else if (k == "--ops") a.ops = std::atoi(v.c_str());
-    else if (k == "--rounds") a.rounds = std::atoi(v.c_str());
+    if (k == "--cluster")
+      a.cluster = v;
+    else if (k == "--single")
+      a.single = v;
+    else if (k == "--mode")
+      a.mode = v;
+    else if (k == "--threads")
+      a.threads = std::atoi(v.c_str());
+    else if (k == "--ops")
+      a.ops = std::atoi(v.c_str());
+    else if (k == "--rounds")
+      a.rounds = std::atoi(v.c_str());
   }
   if (a.cluster.empty() || (a.mode == "throughput" && a.single.empty()) ||
       (a.mode != "throughput" && a.mode != "routing")) {

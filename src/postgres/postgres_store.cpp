@@ -380,9 +380,7 @@ void PostgresStore::migrate() {
       // (which contains them) is what identifies a record.
       const bool partitioned = options_.partitions > 1;
       tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (id bigserial " +
-              (partitioned ? "NOT NULL," : "PRIMARY KEY,") +
-              " " +
-              k +
+              (partitioned ? "NOT NULL," : "PRIMARY KEY,") + " " + k +
               " varchar(128) NOT NULL,"
               " " +
               s +
@@ -400,7 +398,13 @@ void PostgresStore::migrate() {
               " CONSTRAINT " +
               options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))" +
               (partitioned ? " PARTITION BY HASH (" + s + ", " + k + ")" : std::string()));
-      for (std::size_t i = 0; partitioned && i < options_.partitions; ++i) {
+      // A table that existed already (made by hand, without a version row) stays as it is.
+      const bool now_partitioned =
+          partitioned &&
+          !detail::exec_params(
+               tx, "SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1::regclass", t)
+               .empty();
+      for (std::size_t i = 0; now_partitioned && i < options_.partitions; ++i) {
         const std::string modulus = std::to_string(options_.partitions);
         const std::string remainder = std::to_string(i);
         tx.exec("CREATE TABLE IF NOT EXISTS " + t + "_p" + remainder + " PARTITION OF " + t +

@@ -3,11 +3,18 @@
 -- false). Same DDL as PostgresStore::migrate(), schema version 1. Safe to run twice.
 --
 --   psql -v schema=payments -f schema.sql      (default schema: public)
+--   psql -v schema=payments -v partitions=16 -f schema.sql
+--        api_idempotency hash-partitioned by (biz_type, idem_key) into 16 partitions
+--        api_idempotency_p0..p15 (PostgresStoreOptions::partitions; PostgreSQL 12+)
 --
 -- Requires psql 10+ (\if). Every statement runs under one advisory lock, in one transaction.
 \if :{?schema}
 \else
   \set schema public
+\endif
+\if :{?partitions}
+\else
+  \set partitions 0
 \endif
 \set ON_ERROR_STOP on
 
@@ -23,6 +30,32 @@ CREATE TABLE IF NOT EXISTS :"schema".idem_schema_version (
 );
 
 -- HTTP/API idempotency records: one row per (idempotency key, business type).
+SELECT (:partitions)::int > 1 AS idem_partitioned \gset
+\if :idem_partitioned
+-- Partitioned: no primary key (it would have to contain the partition columns); the unique key
+-- contains them, so it stays one constraint across partitions.
+CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
+  id            bigserial NOT NULL,
+  idem_key      varchar(128) NOT NULL,
+  biz_type      varchar(64) NOT NULL,
+  status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
+  fingerprint   text NOT NULL DEFAULT '',
+  owner         varchar(64) NOT NULL,
+  response_body bytea,
+  lease_until   timestamptz NOT NULL,
+  expires_at    timestamptz,
+  attempts      integer NOT NULL DEFAULT 1,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type)
+) PARTITION BY HASH (biz_type, idem_key);
+SELECT format('CREATE TABLE IF NOT EXISTS %I.api_idempotency_p%s PARTITION OF'
+              ' %I.api_idempotency FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
+              :'schema', i, :'schema', :partitions, i)
+  FROM generate_series(0, (:partitions)::int - 1) AS i
+ WHERE EXISTS (SELECT 1 FROM pg_partitioned_table  -- an existing plain table stays as it is
+                WHERE partrelid = format('%I.api_idempotency', :'schema')::regclass) \gexec
+\else
 CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
   id            bigserial PRIMARY KEY,
   idem_key      varchar(128) NOT NULL,
@@ -38,6 +71,7 @@ CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
   updated_at    timestamptz NOT NULL DEFAULT now(),
   CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type)
 );
+\endif
 CREATE INDEX IF NOT EXISTS api_idempotency_expires_idx
   ON :"schema".api_idempotency (expires_at) WHERE status <> 'in_progress';
 INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempotency', 1)

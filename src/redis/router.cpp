@@ -49,7 +49,8 @@ Topology parse_topology(std::string_view uri) {
   }
   auto slash = rest.find('/');
   std::string_view hosts = rest.substr(0, slash);
-  std::string_view path = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
+  std::string_view path =
+      slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
   std::string db;
   if (sentinel) {
     auto s2 = path.find('/');
@@ -66,8 +67,8 @@ Topology parse_topology(std::string_view uri) {
     if (one.empty()) bad(shown, "empty address in the list");
     try {
       // Sentinels are asked without the master's credentials; cluster nodes with them.
-      t.endpoints.push_back(parse_uri("redis://" + (cluster ? userinfo : std::string()) +
-                                      std::string(one)));
+      t.endpoints.push_back(
+          parse_uri("redis://" + (cluster ? userinfo : std::string()) + std::string(one)));
     } catch (const UsageError&) {
       bad(shown, "bad address '" + std::string(one) + "'");
     }
@@ -229,7 +230,8 @@ Pool& Router::pool_for(std::string_view key) {
   }
   if (p == nullptr) {
     throw StorageUnavailable("redis: cluster: no known node serves hash slot " +
-                             std::to_string(slot) + " (no seed answered CLUSTER SLOTS, or the "
+                             std::to_string(slot) +
+                             " (no seed answered CLUSTER SLOTS, or the "
                              "slot is not assigned)");
   }
   return *p;

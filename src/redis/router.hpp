@@ -33,10 +33,10 @@ std::uint16_t key_slot(std::string_view key) noexcept;
 
 /// A `-MOVED <slot> <host>:<port>` or `-ASK <slot> <host>:<port>` error reply, parsed.
 struct Redirect {
-  bool ask = false;   ///< ASK (one command, after ASKING) rather than MOVED (the slot moved)
-  int slot = 0;       ///< the hash slot
-  std::string host;   ///< may be empty: the server does not know its own address
-  int port = 0;       ///< TCP port
+  bool ask = false;  ///< ASK (one command, after ASKING) rather than MOVED (the slot moved)
+  int slot = 0;      ///< the hash slot
+  std::string host;  ///< may be empty: the server does not know its own address
+  int port = 0;      ///< TCP port
 };
 
 /// Parses a MOVED or ASK error text; nullopt for any other text.
@@ -107,8 +107,8 @@ class Router {
  private:
   Pool& add_node(const std::string& host, int port);
   void maybe_refresh(bool block);
-  bool refresh_slots();       // cluster.cpp
-  bool discover_master();     // router.cpp
+  bool refresh_slots();    // cluster.cpp
+  bool discover_master();  // router.cpp
 
   const Topology::Kind kind_;
   const Topology topology_;
@@ -116,11 +116,11 @@ class Router {
   const std::chrono::milliseconds refresh_interval_;
   const std::chrono::milliseconds sentinel_check_;
 
-  mutable std::mutex nodes_mutex_;               // guards nodes_ (append-only)
-  std::vector<std::unique_ptr<Pool>> nodes_;     // data nodes
+  mutable std::mutex nodes_mutex_;            // guards nodes_ (append-only)
+  std::vector<std::unique_ptr<Pool>> nodes_;  // data nodes
   std::vector<std::unique_ptr<Pool>> sentinels_;
-  Pool* single_ = nullptr;                       // kSingle
-  std::atomic<Pool*> master_{nullptr};           // kSentinel
+  Pool* single_ = nullptr;                                             // kSingle
+  std::atomic<Pool*> master_{nullptr};                                 // kSentinel
   std::unique_ptr<std::array<std::atomic<Pool*>, kSlotCount>> slots_;  // kCluster
 
   std::mutex refresh_mutex_;  // one re-discovery at a time

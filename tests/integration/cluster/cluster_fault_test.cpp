@@ -176,13 +176,12 @@ TEST_F(ClusterFaultTest, SlotMigratedDuringARunFollowsAskAndMovedWithoutErrors) 
   for (const Key& k : keys) traffic.call(k);  // every key, once more: all replay
 
   const auto routes = fast.route_stats();
-  std::printf("slot %d from %d to %d: %d calls, ask %llu (%llu before the last keys moved), "
-              "moved %llu, refreshes %llu\n",
-              slot, source, target, traffic.calls.load(),
-              static_cast<unsigned long long>(routes.ask),
-              static_cast<unsigned long long>(ask_seen),
-              static_cast<unsigned long long>(routes.moved),
-              static_cast<unsigned long long>(routes.refreshes));
+  std::printf(
+      "slot %d from %d to %d: %d calls, ask %llu (%llu before the last keys moved), "
+      "moved %llu, refreshes %llu\n",
+      slot, source, target, traffic.calls.load(), static_cast<unsigned long long>(routes.ask),
+      static_cast<unsigned long long>(ask_seen), static_cast<unsigned long long>(routes.moved),
+      static_cast<unsigned long long>(routes.refreshes));
   EXPECT_EQ(0, traffic.errors.load()) << traffic.first_error;
   EXPECT_EQ(0, traffic.wrong.load());
   EXPECT_EQ(0, observer->downs.load()) << "a fast-store error reached the guard";
@@ -271,15 +270,15 @@ TEST_F(ClusterFaultTest, MasterKilledReplicaPromotedDegradesThenUsesTheNewMaster
   const auto end = guard.stats().snapshot();
   servers("cluster-node-start " + std::to_string(victim));
 
-  std::printf("killed %d, %d promoted; degraded calls %llu (%llu by promotion); fast path on the "
-              "new master after %lld ms (%d fresh keys); refreshes %llu, failures %llu\n",
-              victim, heir, static_cast<unsigned long long>(end.degraded),
-              static_cast<unsigned long long>(at_promotion.degraded),
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(fast_again_after).count()),
-              fresh_in_victim_slots,
-              static_cast<unsigned long long>(fast.route_stats().refreshes),
-              static_cast<unsigned long long>(fast.route_stats().refresh_failures));
+  std::printf(
+      "killed %d, %d promoted; degraded calls %llu (%llu by promotion); fast path on the "
+      "new master after %lld ms (%d fresh keys); refreshes %llu, failures %llu\n",
+      victim, heir, static_cast<unsigned long long>(end.degraded),
+      static_cast<unsigned long long>(at_promotion.degraded),
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(fast_again_after).count()),
+      fresh_in_victim_slots, static_cast<unsigned long long>(fast.route_stats().refreshes),
+      static_cast<unsigned long long>(fast.route_stats().refresh_failures));
   EXPECT_TRUE(on_new_master) << "the store never wrote to the promoted master";
   EXPECT_GT(at_promotion.degraded, 0u) << "no call degraded while the master was down";
   EXPECT_GT(end.fast_claims, at_promotion.fast_claims);

@@ -36,12 +36,10 @@ std::unique_ptr<idem::FastStore> make_cluster_script_claim(const std::string& ur
 
 }  // namespace
 
-IDEM_FAST_STORE_CONFORMANCE(RedisCluster,
-                            (FastStoreFactory{"redis_cluster", "IDEM_TEST_REDIS_CLUSTER_URL",
-                                              make_cluster}),
-                            (FastStoreFactory{"redis_cluster_script_claim",
-                                              "IDEM_TEST_REDIS_CLUSTER_URL",
-                                              make_cluster_script_claim}))
+IDEM_FAST_STORE_CONFORMANCE(
+    RedisCluster, (FastStoreFactory{"redis_cluster", "IDEM_TEST_REDIS_CLUSTER_URL", make_cluster}),
+    (FastStoreFactory{"redis_cluster_script_claim", "IDEM_TEST_REDIS_CLUSTER_URL",
+                      make_cluster_script_claim}))
 
 namespace {
 
@@ -56,11 +54,11 @@ class ClusterTest : public ::testing::Test {
 TEST_F(ClusterTest, SlotsAgreeWithTheServer) {
   idem::test::ClusterAdmin admin(url_);
   RedisStore store(url_);
-  std::vector<std::string> keys = {"", "{", "}", "{}", "a{}b", "{{x}}", "foo{bar}{zap}",
-                                   "\xff\x00\x80", "idem:{payment|x}"};
+  std::vector<std::string> keys = {
+      "", "{", "}", "{}", "a{}b", "{{x}}", "foo{bar}{zap}", "\xff\x00\x80", "idem:{payment|x}"};
   for (int i = 0; i < 300; ++i) {
-    keys.push_back(store.redis_key(Key::make("scope" + std::to_string(i % 7),
-                                             "order_" + std::to_string(i * 7919))));
+    keys.push_back(store.redis_key(
+        Key::make("scope" + std::to_string(i % 7), "order_" + std::to_string(i * 7919))));
   }
   for (const std::string& k : keys) {
     auto r = admin.cmd(admin.ports().front(), {"CLUSTER", "KEYSLOT", k});

@@ -31,8 +31,8 @@ TEST(ClusterSlotTest, KeySlotFollowsTheHashTagRules) {
   EXPECT_EQ(key_slot("user1000"), key_slot("{user1000}.followers"));
   EXPECT_EQ(key_slot("bar"), key_slot("foo{bar}{zap}"));
   EXPECT_EQ(crc16("foo{}{bar}") % 16384, key_slot("foo{}{bar}"));  // empty tag: whole key
-  EXPECT_EQ(key_slot("{bar"), key_slot("foo{{bar}}zap"));           // from the first '{'
-  EXPECT_EQ(crc16("foo{bar") % 16384, key_slot("foo{bar"));         // unclosed: whole key
+  EXPECT_EQ(key_slot("{bar"), key_slot("foo{{bar}}zap"));          // from the first '{'
+  EXPECT_EQ(crc16("foo{bar") % 16384, key_slot("foo{bar"));        // unclosed: whole key
   // idem's layout: the prefix is outside the tag, so it never moves a record.
   EXPECT_EQ(key_slot("payment|o1"), key_slot("idem:{payment|o1}"));
   EXPECT_EQ(key_slot("payment|o1"), key_slot("other:{payment|o1}"));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -96,9 +97,7 @@ class PartitionedTest : public ::testing::Test {
     IDEM_REQUIRE_POSTGRES();
     store_ = std::make_unique<PostgresStore>(partitioned_options());
   }
-  Key key(const std::string& tag) {
-    return Key::make("part.test", idem::test::unique_name(tag));
-  }
+  Key key(const std::string& tag) { return Key::make("part.test", idem::test::unique_name(tag)); }
   std::unique_ptr<PostgresStore> store_;
 };
 
@@ -109,14 +108,16 @@ TEST_F(PartitionedTest, HashPartitionedByScopeAndKeyWithOneUniqueKey) {
   // Strategy 'h' (hash) on (biz_type, idem_key), in that order.
   auto r = idem::test::pg::exec(
       "SELECT p.partstrat, pg_get_partkeydef(p.partrelid) FROM pg_partitioned_table p"
-      " WHERE p.partrelid = '" + partitioned_table() + "'::regclass");
+      " WHERE p.partrelid = '" +
+      partitioned_table() + "'::regclass");
   ASSERT_EQ(1u, r.size());
   EXPECT_EQ("h", r[0][0].as<std::string>());
   EXPECT_EQ("HASH (biz_type, idem_key)", r[0][1].as<std::string>());
   // The unique key is one constraint of the parent, enforced whatever the partition.
   EXPECT_EQ(1, idem::test::pg::scalar(
                    "SELECT count(*) FROM pg_constraint WHERE conname = 'api_idempotency_key_uq'"
-                   " AND contype = 'u' AND conrelid = '" + partitioned_table() + "'::regclass"));
+                   " AND contype = 'u' AND conrelid = '" +
+                   partitioned_table() + "'::regclass"));
   const std::string insert = "INSERT INTO " + partitioned_table() +
                              " (idem_key, biz_type, status, owner, lease_until)"
                              " VALUES ('dup', 'part.raw', 'in_progress', 'o', now())";
@@ -133,14 +134,15 @@ TEST_F(PartitionedTest, RecordsSpreadOverEveryPartition) {
   for (int i = 0; i < 200; ++i) {
     Key k = Key::make(scope, "k" + std::to_string(i));
     ASSERT_EQ(ClaimStatus::kClaimed,
-              store_->run_transactional(k, "fp", OwnerToken::generate(), std::chrono::seconds(60),
-                                        [](pqxx::work&) { return std::string("r"); })
+              store_
+                  ->run_transactional(k, "fp", OwnerToken::generate(), std::chrono::seconds(60),
+                                      [](pqxx::work&) { return std::string("r"); })
                   .status);
   }
   std::set<std::string> used;
   for (const std::string& leaf : store_->partitions()) {
-    const long n = idem::test::pg::scalar("SELECT count(*) FROM " + leaf +
-                                          " WHERE biz_type = '" + scope + "'");
+    const long n = idem::test::pg::scalar("SELECT count(*) FROM " + leaf + " WHERE biz_type = '" +
+                                          scope + "'");
     EXPECT_GT(n, 0) << leaf;
     if (n > 0) used.insert(leaf);
   }
@@ -199,6 +201,54 @@ TEST_F(PartitionedTest, PlainTableHasNoPartitionsAndOptionsAreChecked) {
   o.table = std::string(61, 't');  // "<61 t>_p9" is longer than 63 bytes
   o.migrate = false;
   EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+}
+
+// schema.sql with -v partitions=4 gives the same layout, which the store then uses as it is
+// (migrate = false); run twice it is a no-op.
+TEST_F(PartitionedTest, ShippedSchemaSqlCreatesThePartitionedLayout) {
+  const std::string schema = idem::test::unique_name("idem_sql_part");
+  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" +
+                          idem::test::pg::dsn() + "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
+                          " -v partitions=4 -f " IDEM_SOURCE_DIR
+                          "/src/postgres/schema.sql >/dev/null";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+  ASSERT_EQ(0, std::system(cmd.c_str())) << "second run: " << cmd;
+  {
+    auto o = idem::test::pg::options();
+    o.schema = schema;
+    o.migrate = false;
+    PostgresStore store(o);
+    EXPECT_EQ(4u, store.partitions().size());
+    EXPECT_EQ("HASH (biz_type, idem_key)",
+              idem::test::pg::exec("SELECT pg_get_partkeydef('" + schema +
+                                   ".api_idempotency'::regclass)")[0][0]
+                  .as<std::string>());
+    idem::IdempotencyGuard guard{store};
+    auto k = key("sql");
+    EXPECT_EQ(idem::Outcome::kExecuted,
+              guard.run(k, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+    EXPECT_EQ(idem::Outcome::kReplayed,
+              guard.run(k, "", [](pqxx::work&) { return std::string("no"); }).outcome);
+  }
+  idem::test::pg::exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+// A plain table made by hand (no version row): the partitions option leaves it alone.
+TEST_F(PartitionedTest, PlainTableMadeByHandIsLeftAlone) {
+  const std::string schema = idem::test::unique_name("idem_sql_plain");
+  const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" +
+                          idem::test::pg::dsn() + "\" -q -v ON_ERROR_STOP=1 -v schema=" + schema +
+                          " -f " IDEM_SOURCE_DIR "/src/postgres/schema.sql >/dev/null";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+  idem::test::pg::exec("DELETE FROM " + schema + ".idem_schema_version");
+  {
+    auto o = idem::test::pg::options();
+    o.schema = schema;
+    o.partitions = 4;
+    PostgresStore store(o);
+    EXPECT_TRUE(store.partitions().empty());
+  }
+  idem::test::pg::exec("DROP SCHEMA " + schema + " CASCADE");
 }
 
 }  // namespace

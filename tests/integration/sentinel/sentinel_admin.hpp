@@ -22,9 +22,7 @@ class SentinelAdmin {
     for (const auto& ep : t.endpoints) sentinels_.emplace_back(ep.host, ep.port);
   }
   const std::string& service() const noexcept { return service_; }
-  const std::vector<std::pair<std::string, int>>& sentinels() const noexcept {
-    return sentinels_;
-  }
+  const std::vector<std::pair<std::string, int>>& sentinels() const noexcept { return sentinels_; }
   /// The master port one sentinel reports (0 if it does not answer).
   int master_port(std::size_t sentinel) const {
     const auto& [host, port] = sentinels_.at(sentinel);

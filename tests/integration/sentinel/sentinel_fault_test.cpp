@@ -119,14 +119,15 @@ TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   for (const Key& k : keys) call(k);  // every key at least once
   const auto end = guard.stats().snapshot();
   const auto routes = fast.route_stats();
-  std::printf("failover %d -> %d: followed after %lld ms; %d calls, degraded %llu; master "
-              "changes %llu, refreshes %llu\n",
-              old_master, new_master,
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(followed_after).count()),
-              calls.load(), static_cast<unsigned long long>(end.degraded),
-              static_cast<unsigned long long>(routes.master_changes),
-              static_cast<unsigned long long>(routes.refreshes));
+  std::printf(
+      "failover %d -> %d: followed after %lld ms; %d calls, degraded %llu; master "
+      "changes %llu, refreshes %llu\n",
+      old_master, new_master,
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(followed_after).count()),
+      calls.load(), static_cast<unsigned long long>(end.degraded),
+      static_cast<unsigned long long>(routes.master_changes),
+      static_cast<unsigned long long>(routes.refreshes));
   EXPECT_TRUE(on_new_master) << "the store never wrote to the new master";
   EXPECT_GE(routes.master_changes, 1u);
   EXPECT_EQ(0, errors.load()) << first_error;
