@@ -87,7 +87,10 @@ void throw_error(const Failure& f) {
     case Kind::kServer: {
       const std::string_view m = f.message;
       if (has_code(m, "LOADING") || has_code(m, "BUSY") || has_code(m, "MASTERDOWN") ||
-          has_code(m, "READONLY") || has_code(m, "TRYAGAIN") || has_code(m, "CLUSTERDOWN")) {
+          has_code(m, "READONLY") || has_code(m, "TRYAGAIN") || has_code(m, "CLUSTERDOWN") ||
+          has_code(m, "MOVED") || has_code(m, "ASK")) {
+        // MOVED / ASK reach here only past the redirect limit (a cluster in flux), or from a
+        // cluster node addressed with redis:// instead of redis-cluster://.
         throw StorageUnavailable(compose(f, "server unavailable"));
       }
       if (has_code(m, "OOM")) throw StorageError(compose(f, "server out of memory"));

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "errors.hpp"
 #include "idem/errors.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "router.hpp"
@@ -61,6 +62,21 @@ TEST(ClusterRedirectTest, ParsesMovedAndAsk) {
   EXPECT_FALSE(parse_redirect("ASK 1 h").has_value());
   EXPECT_FALSE(parse_redirect("MOVED 1 h:0").has_value());
   EXPECT_FALSE(parse_redirect("CLUSTERDOWN The cluster is down").has_value());
+}
+
+// Past the redirect limit, MOVED / ASK are StorageUnavailable (the durable store decides);
+// CLUSTERDOWN and TRYAGAIN always are.
+TEST(ClusterRedirectTest, UnfollowedRedirectsAndClusterStatesAreUnavailable) {
+  using idem::redis::detail::Failure;
+  for (const char* reply : {"MOVED 1 127.0.0.1:7000", "ASK 1 127.0.0.1:7000",
+                            "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request"}) {
+    try {
+      idem::redis::detail::throw_error(Failure{Failure::Kind::kServer, "claim k", reply});
+      ADD_FAILURE() << reply << " did not throw";
+    } catch (const idem::StorageUnavailable& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(reply)) << e.what();
+    }
+  }
 }
 
 TEST(ClusterUriTest, ParsesClusterAndSentinelAddresses) {
