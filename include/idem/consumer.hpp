@@ -53,6 +53,7 @@
 // @endcode
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -64,6 +65,7 @@
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -231,6 +233,21 @@ struct has_composable_record<
                        std::declval<const OwnerToken&>(), std::string_view{},
                        std::chrono::seconds{}))>> : std::true_type {};
 
+// A durable store that checks a record inside a caller-held transaction without writing, and
+// writes it already completed after the handler (SqliteStore::find_in / insert_completed_in).
+template <class D, class = void>
+struct has_record_in : std::false_type {};
+template <class D>
+struct has_record_in<
+    D, std::void_t<decltype(std::declval<D&>().find_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::string_view{})),
+                   decltype(std::declval<D&>().insert_completed_in(
+                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+                       std::string_view{}, std::declval<const OwnerToken&>(),
+                       std::string_view{}, std::chrono::seconds{}, false))>>
+    : std::true_type {};
+
 template <class D, class = void>
 struct has_fail : std::false_type {};
 template <class D>
@@ -324,81 +341,149 @@ class IdempotentConsumer {
     return consume(Delivery{message_id, fingerprint}, std::forward<Fn>(handler));
   }
 
-  /// Consumes a whole batch in ONE durable transaction (one commit instead of one per
-  /// message): for each delivery, a savepoint, the record claim, `handler(tx, index)`, the
-  /// record completion. A handler that throws rolls back to its savepoint only (its record and
-  /// writes vanish; the others commit) and counts as a failed attempt, exactly as in
-  /// `consume`; dead-lettering and attempt counting run after the commit. Duplicates inside
-  /// the batch (a producer retry in the same read) run once.
+  /// Consumes a whole batch with one fast-store round trip for all claims, ONE durable
+  /// transaction (one commit instead of one per message), and one fast-store round trip for
+  /// all completions:
   ///
-  /// The fast store is not consulted: the batch holds the database's write lock, which already
-  /// serialises every consumer of the file, so there is no in-flight duplicate to stop early.
-  /// (The guard's counters and observer do not see batch calls; the consumer's do.)
+  ///   1. `FastStore::claim_batch` for the batch's distinct message ids (Redis pipelines
+  ///      them). A message the fast store answers as done, busy or mismatched is decided there
+  ///      (kAckDuplicate / kRetryLater / kMismatch) and never reaches the database. If the
+  ///      fast store fails, every message goes on to the durable store (degraded, as in
+  ///      `consume`); a guard without a fast store sends them all there.
+  ///   2. One durable transaction: for each remaining delivery, a savepoint, the record check,
+  ///      `handler(tx, index)`, the completed record. A handler that throws rolls back to its
+  ///      savepoint only (its record and writes vanish; the others commit) and counts as a
+  ///      failed attempt, exactly as in `consume`. Duplicates inside the batch (a producer
+  ///      retry in the same read) run once: the second is decided by the durable record the
+  ///      first wrote.
+  ///   3. After the commit, `FastStore::complete_batch` for the claims that committed (or
+  ///      found a committed record); claims that did not are released. A fast-store failure
+  ///      here changes no verdict (the durable store replays and refills). Dead-lettering and
+  ///      attempt counting run last, in their own transactions.
+  ///
+  /// The durable store decides every effect, so a lost or failed fast store never doubles
+  /// one. (The guard's counters and observer do not see batch calls; the consumer's do.)
   ///
   /// Requires a durable store whose record steps compose in a caller-held transaction
   /// (idem::sqlite::SqliteStore: `database().begin()`, `claim_in`, `complete_in`).
   /// @return one verdict per delivery, in order.
-  /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack),
-  ///         a retryable idem error thrown by a handler (the whole batch rolls back), whatever
-  ///         the dead-letter sink throws.
+  /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack; the
+  ///         batch's fast claims are released), a retryable idem error thrown by a handler
+  ///         (the whole batch rolls back), whatever the dead-letter sink throws.
   template <class Fn>
   std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
     static_assert(detail::has_composable_record<Durable>::value,
                   "consume_batch needs a durable store with database(), claim_in and "
                   "complete_in (idem::sqlite::SqliteStore)");
     Durable& durable = *guard_->durable_store();
-    const auto retention = guard_->options().retention;
-    std::vector<Verdict> verdicts(batch.size(), Verdict::kRetryLater);
+    FastStore* fast = guard_->fast_store();
+    const auto& go = guard_->options();
+    const std::size_t n = batch.size();
+    std::vector<Verdict> verdicts(n, Verdict::kRetryLater);
     std::vector<std::optional<Key>> keys;
-    keys.reserve(batch.size());
+    keys.reserve(n);
+    std::vector<OwnerToken> owners;
+    owners.reserve(n);
     std::vector<std::pair<std::size_t, std::exception_ptr>> failures;
     for (const auto& d : batch) {
       stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
       if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
       keys.push_back(make_key(d));
+      owners.push_back(OwnerToken::generate());
     }
-    {
-      auto tx = durable.database().begin();
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (!keys[i]) {
-          verdicts[i] = Verdict::kDeadLetter;
-          continue;
-        }
-        const Key& key = *keys[i];
-        const auto owner = OwnerToken::generate();
-        tx.exec("SAVEPOINT idem_consume");
-        ClaimResult c =
-            durable.claim_in(tx, key, batch[i].fingerprint, owner, std::chrono::milliseconds(0));
-        if (c.status != ClaimStatus::kClaimed) {
-          tx.exec("RELEASE idem_consume");
-          verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
-                        : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
-                                                             : Verdict::kRetryLater;
-          continue;
-        }
-        try {
-          handler(tx, i);
-        } catch (const Error& e) {
-          if (e.retryable()) throw;  // rolls the whole batch back (~Transaction)
-          tx.exec("ROLLBACK TO idem_consume");
-          tx.exec("RELEASE idem_consume");
-          failures.emplace_back(i, std::current_exception());
-          continue;
-        } catch (...) {
-          tx.exec("ROLLBACK TO idem_consume");
-          tx.exec("RELEASE idem_consume");
-          failures.emplace_back(i, std::current_exception());
-          continue;
-        }
-        durable.complete_in(tx, key, owner, detail::kConsumedMarker, retention);
-        tx.exec("RELEASE idem_consume");
-        verdicts[i] = Verdict::kAck;
+
+    // 1. Fast store: one claim_batch for the first delivery of each message id.
+    std::vector<char> fast_claimed(n, 0), to_durable(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!keys[i]) verdicts[i] = Verdict::kDeadLetter;
+      else to_durable[i] = 1;
+    }
+    if (fast != nullptr) {
+      std::vector<ClaimRequest> requests;
+      std::vector<std::size_t> index;
+      requests.reserve(n);
+      index.reserve(n);
+      std::unordered_set<std::string_view> seen;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!keys[i] || !seen.insert(keys[i]->id()).second) continue;  // later copies: durable
+        requests.push_back(ClaimRequest{&*keys[i], batch[i].fingerprint, &owners[i]});
+        index.push_back(i);
       }
-      tx.commit();
+      try {
+        std::vector<ClaimResult> answers = fast->claim_batch(requests, go.lease);
+        for (std::size_t j = 0; j < index.size(); ++j) {
+          const std::size_t i = index[j];
+          switch (answers[j].status) {
+            case ClaimStatus::kClaimed: fast_claimed[i] = 1; break;
+            case ClaimStatus::kDone: verdicts[i] = Verdict::kAckDuplicate; to_durable[i] = 0; break;
+            case ClaimStatus::kBusy: verdicts[i] = Verdict::kRetryLater; to_durable[i] = 0; break;
+            case ClaimStatus::kMismatch: verdicts[i] = Verdict::kMismatch; to_durable[i] = 0; break;
+          }
+        }
+      } catch (const StorageError&) {
+        // Degraded: the durable store decides every message (claims the failed round trip
+        // may have made end with their lease).
+      }
     }
-    std::vector<char> failed_at(batch.size(), 0);
+
+    // 2. One durable transaction for the rest.
+    std::vector<std::string> durable_done(n);  // a committed record found: its response
+    std::vector<char> durable_found(n, 0);
+    try {
+      if (std::find(to_durable.begin(), to_durable.end(), 1) != to_durable.end()) {
+        auto tx = durable.database().begin();
+        for (std::size_t i = 0; i < n; ++i) {
+          if (to_durable[i] == 0) continue;
+          const Key& key = *keys[i];
+          tx.exec("SAVEPOINT idem_consume");
+          ClaimResult c = decide_in(durable, tx, key, batch[i].fingerprint, owners[i]);
+          if (c.status != ClaimStatus::kClaimed) {
+            tx.exec("RELEASE idem_consume");
+            if (c.status == ClaimStatus::kDone) {
+              durable_found[i] = 1;
+              durable_done[i] = std::move(c.response);
+            }
+            verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                          : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                               : Verdict::kRetryLater;
+            continue;
+          }
+          try {
+            handler(tx, i);
+          } catch (const Error& e) {
+            if (e.retryable()) throw;  // rolls the whole batch back (~Transaction)
+            tx.exec("ROLLBACK TO idem_consume");
+            tx.exec("RELEASE idem_consume");
+            failures.emplace_back(i, std::current_exception());
+            continue;
+          } catch (...) {
+            tx.exec("ROLLBACK TO idem_consume");
+            tx.exec("RELEASE idem_consume");
+            failures.emplace_back(i, std::current_exception());
+            continue;
+          }
+          record_in(durable, tx, key, batch[i].fingerprint, owners[i], c, go.retention);
+          tx.exec("RELEASE idem_consume");
+          verdicts[i] = Verdict::kAck;
+        }
+        tx.commit();
+      }
+    } catch (...) {
+      if (fast != nullptr) {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (fast_claimed[i] != 0) release_fast(*fast, *keys[i], owners[i]);
+        }
+      }
+      throw;
+    }
+
+    // 3. Fast store: one complete_batch; release the claims that did not commit.
+    if (fast != nullptr) finish_fast(*fast, batch, keys, owners, fast_claimed, verdicts,
+                                     durable_found, durable_done);
+
+    std::vector<char> failed_at(n, 0);
     for (const auto& f : failures) failed_at[f.first] = 1;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
+    for (std::size_t i = 0; i < n; ++i) {
       if (failed_at[i] != 0) continue;
       if (verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) forget_failures(*keys[i]);
       count(verdicts[i]);
@@ -437,6 +522,79 @@ class IdempotentConsumer {
         break;
     }
     return v;
+  }
+
+  // The durable record check of consume_batch, inside its transaction. With a store that can
+  // write the record already completed after the handler (SqliteStore::find_in), nothing is
+  // written here; otherwise an in-progress record is inserted (claim_in).
+  template <class Tx>
+  static ClaimResult decide_in(Durable& durable, Tx& tx,
+                               const Key& key, std::string_view fingerprint,
+                               const OwnerToken& owner) {
+    if constexpr (detail::has_record_in<Durable>::value) {
+      (void)owner;
+      return durable.find_in(tx, key, fingerprint);
+    } else {
+      return durable.claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
+    }
+  }
+
+  template <class Tx>
+  static void record_in(Durable& durable, Tx& tx, const Key& key,
+                        std::string_view fingerprint, const OwnerToken& owner,
+                        const ClaimResult& decided, std::chrono::seconds retention) {
+    if constexpr (detail::has_record_in<Durable>::value) {
+      durable.insert_completed_in(tx, key, fingerprint, owner, detail::kConsumedMarker,
+                                  retention, decided.took_over);
+    } else {
+      (void)fingerprint;
+      (void)decided;
+      durable.complete_in(tx, key, owner, detail::kConsumedMarker, retention);
+    }
+  }
+
+  static void release_fast(FastStore& fast, const Key& key, const OwnerToken& owner) noexcept {
+    try {
+      fast.release(key, owner);
+    } catch (...) {
+      // The claim ends with its lease.
+    }
+  }
+
+  // Step 3 of consume_batch.
+  void finish_fast(FastStore& fast, const std::vector<Delivery>& batch,
+                   const std::vector<std::optional<Key>>& keys,
+                   const std::vector<OwnerToken>& owners, const std::vector<char>& fast_claimed,
+                   const std::vector<Verdict>& verdicts, const std::vector<char>& durable_found,
+                   const std::vector<std::string>& durable_done) {
+    const auto retention = guard_->options().retention;
+    std::vector<CompleteRequest> requests;
+    std::vector<std::size_t> index;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (fast_claimed[i] == 0) continue;
+      if (verdicts[i] == Verdict::kAck) {
+        requests.push_back(CompleteRequest{&*keys[i], &owners[i], detail::kConsumedMarker});
+        index.push_back(i);
+      } else if (durable_found[i] != 0) {
+        // The fast store had lost a completed record: put the durable answer back.
+        requests.push_back(CompleteRequest{&*keys[i], &owners[i], durable_done[i]});
+        index.push_back(i);
+      } else {
+        release_fast(fast, *keys[i], owners[i]);  // busy, mismatch or a failed handler
+      }
+    }
+    if (requests.empty()) return;
+    try {
+      std::vector<bool> ok = fast.complete_batch(requests, retention);
+      for (std::size_t j = 0; j < index.size(); ++j) {
+        if (ok[j]) continue;
+        // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
+        fast.fill(*requests[j].key, batch[index[j]].fingerprint, requests[j].response,
+                  retention);
+      }
+    } catch (const StorageError&) {
+      // The durable store replays from now on; a later duplicate refills the fast store.
+    }
   }
 
   // A message id that is not a valid key id cannot be recorded: it goes straight to the sink

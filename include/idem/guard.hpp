@@ -71,8 +71,10 @@ namespace idem {
 /// the process at each to prove that a crash there loses nothing and doubles nothing.
 enum class Step {
   kFastClaimed,       ///< the fast store granted the claim
-  kDurableClaimed,    ///< the durable record exists (two-phase: committed; transactional:
-                      ///< inserted in the open transaction, before the handler)
+  kDurableClaimed,    ///< the durable store granted the claim (two-phase: the in-progress
+                      ///< record is committed; transactional: the record was found absent in
+                      ///< the open transaction, before the handler; it is written completed
+                      ///< after the handler)
   kHandlerReturned,   ///< the handler returned (transactional: before COMMIT)
   kDurableCommitted,  ///< the durable store committed the completed record
   kFastCompleted,     ///< the fast store holds the completed record
@@ -144,6 +146,29 @@ R invoke_stored(Fn& fn, Args&... args) {
     return std::invoke(fn, args...);
   }
 }
+
+// Whether a durable store accepts a DurableHint as the last argument (SqliteStore does; a
+// store without it is called without the hint).
+template <class D, class Body, class = void>
+struct transactional_takes_hint : std::false_type {};
+template <class D, class Body>
+struct transactional_takes_hint<
+    D, Body,
+    std::void_t<decltype(std::declval<D&>().run_transactional(
+        std::declval<const Key&>(), std::string_view{}, std::declval<const OwnerToken&>(),
+        std::chrono::seconds{}, std::declval<Body&>(), DurableHint{}))>> : std::true_type {};
+template <class D, class Body>
+inline constexpr bool kTransactionalTakesHint = transactional_takes_hint<D, Body>::value;
+
+template <class D, class = void>
+struct begin_takes_hint : std::false_type {};
+template <class D>
+struct begin_takes_hint<
+    D, std::void_t<decltype(std::declval<D&>().begin(
+           std::declval<const Key&>(), std::string_view{}, std::declval<const OwnerToken&>(),
+           std::chrono::milliseconds{}, DurableHint{}))>> : std::true_type {};
+template <class D>
+inline constexpr bool kBeginTakesHint = begin_takes_hint<D>::value;
 
 using SteadyClock = std::chrono::steady_clock;
 inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
@@ -284,6 +309,13 @@ class IdempotencyGuard {
     std::chrono::nanoseconds handler{0};
   };
 
+  template <class R>
+  static DurableHint hint(const Call<R>& call) noexcept {
+    DurableHint h;
+    h.fast_claimed = call.fast_claimed;
+    return h;
+  }
+
   void check_options() const {
     if (options_.lease.count() <= 0) {
       throw UsageError("idem::IdempotencyGuard: GuardOptions::lease must be positive");
@@ -324,23 +356,28 @@ class IdempotencyGuard {
     auto t0 = detail::SteadyClock::now();
     ClaimResult d;
     try {
-      d = durable_->run_transactional(
-          call.key, call.fingerprint, call.owner, options_.retention,
-          [&](Transaction& tx) -> std::string {
-            auto h0 = detail::SteadyClock::now();
-            value.reset();  // the store may retry the transaction (serialization failure)
-            try {
-              step(Step::kDurableClaimed, call.key);
-              value.emplace(detail::invoke_stored<R>(handler, tx));
-              step(Step::kHandlerReturned, call.key);
-            } catch (...) {
-              handler_time += detail::since(h0);
-              handler_threw = true;
-              throw;
-            }
-            handler_time += detail::since(h0);
-            return Codec<R>::encode(*value);
-          });
+      auto body = [&](Transaction& tx) -> std::string {
+        auto h0 = detail::SteadyClock::now();
+        value.reset();  // the store may retry the transaction (serialization failure)
+        try {
+          step(Step::kDurableClaimed, call.key);
+          value.emplace(detail::invoke_stored<R>(handler, tx));
+          step(Step::kHandlerReturned, call.key);
+        } catch (...) {
+          handler_time += detail::since(h0);
+          handler_threw = true;
+          throw;
+        }
+        handler_time += detail::since(h0);
+        return Codec<R>::encode(*value);
+      };
+      if constexpr (detail::kTransactionalTakesHint<Durable, decltype(body)>) {
+        d = durable_->run_transactional(call.key, call.fingerprint, call.owner,
+                                        options_.retention, body, hint(call));
+      } else {
+        d = durable_->run_transactional(call.key, call.fingerprint, call.owner,
+                                        options_.retention, body);
+      }
     } catch (...) {
       // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
       // durable record replays it to the retry). Either way the fast claim must not block the
@@ -365,7 +402,11 @@ class IdempotencyGuard {
     auto t0 = detail::SteadyClock::now();
     ClaimResult d;
     try {
-      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease);
+      if constexpr (detail::kBeginTakesHint<Durable>) {
+        d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
+      } else {
+        d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease);
+      }
     } catch (...) {
       call.durable = detail::since(t0);
       release_fast(call);

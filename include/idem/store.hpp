@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/clock.hpp"
 #include "idem/fingerprint.hpp"
@@ -103,6 +104,27 @@ constexpr std::string_view record_status_name(Record::Status s) noexcept {
   return "unknown";
 }
 
+/// One claim of a batch (FastStore::claim_batch). The pointed-to key and owner must outlive the
+/// call.
+struct ClaimRequest {
+  /// The key to claim.
+  const Key* key = nullptr;
+  /// Compared exactly with the record's (a difference answers kMismatch).
+  std::string_view fingerprint;
+  /// The attempt's owner token.
+  const OwnerToken* owner = nullptr;
+};
+
+/// One completion of a batch (FastStore::complete_batch). Pointers must outlive the call.
+struct CompleteRequest {
+  /// The key to complete.
+  const Key* key = nullptr;
+  /// The owner token its claim was made with.
+  const OwnerToken* owner = nullptr;
+  /// The response bytes to keep.
+  std::string_view response;
+};
+
 /// Fast store: the claim at the entrance (one round trip where the backend allows).
 /// Implementations must be thread-safe.
 ///
@@ -136,6 +158,34 @@ class FastStore {
 
   /// A short name for logs and metrics labels ("memory", "redis").
   virtual std::string_view name() const noexcept = 0;
+
+  /// Claims several keys: answer `i` is exactly what `claim(*requests[i].key, ...)` would have
+  /// answered had the claims been made one after the other in order (a key twice in one batch:
+  /// the second sees the first's claim). Stores that can, send them in one round trip (Redis
+  /// pipelines them); this default calls claim() in a loop.
+  /// @throws as claim; when it throws, some claims of the batch may have been granted (they
+  ///         end with their lease).
+  virtual std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests,
+                                               std::chrono::milliseconds lease) {
+    std::vector<ClaimResult> out;
+    out.reserve(requests.size());
+    for (const auto& r : requests) out.push_back(claim(*r.key, r.fingerprint, *r.owner, lease));
+    return out;
+  }
+
+  /// Completes several claims: answer `i` is what `complete(*requests[i].key, ...)` would
+  /// answer (false: that lease was lost). One round trip where the store can (Redis
+  /// pipelines); this default calls complete() in a loop.
+  /// @throws as complete; when it throws, some completions may have been applied.
+  virtual std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
+                                           std::chrono::seconds retention) {
+    std::vector<bool> out;
+    out.reserve(requests.size());
+    for (const auto& r : requests) {
+      out.push_back(complete(*r.key, *r.owner, r.response, retention));
+    }
+    return out;
+  }
 };
 
 /// The durable store contract, satisfied by idem::sqlite::SqliteStore and
@@ -168,6 +218,16 @@ class FastStore {
 ///     std::string_view name() const noexcept;
 ///   };
 /// @endcode
+
+/// What the guard knows when it turns to the durable store, passed as an optional last
+/// argument to `run_transactional` and `begin` of durable stores that accept it (detected at
+/// compile time; stores without it are called as before). A hint may only make a store
+/// faster, never change an answer.
+struct DurableHint {
+  /// The fast store granted this attempt's claim: the record is very likely absent, so a
+  /// read-only precheck for a completed duplicate would almost always be wasted.
+  bool fast_claimed = false;
+};
 
 /// Marker for a guard without a durable store (fast store only; best effort).
 struct NoDurableStore {

@@ -10,8 +10,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "errors.hpp"
 #include "hiredis_handles.hpp"
@@ -88,19 +90,33 @@ class ClaimPrefix : public SmallBuf {
   }
 };
 
-// The in-progress record this thread's last successful claim wrote. The guard completes on the
-// thread that claimed, so complete() usually knows the exact record it expects and can replace
-// it with one write (kCompleteFastScript). Keyed by store, Redis key and owner token (random), so
-// a stale entry never matches another claim.
-struct LastClaim {
-  const void* store = nullptr;
+// An in-progress record a claim of this thread wrote, and when the claim was sent. The guard
+// completes on the thread that claimed, so complete() usually knows the exact record it
+// expects: within the lease margin it replaces it with one native SET ... XX, past it with one
+// write in kCompleteFastScript. Matched by store, Redis key and owner token (random), so a
+// stale entry never matches another claim.
+struct HeldClaim {
   std::string owner;
   std::string redis_key;
   std::string record;          // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
   std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
   std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
+  std::chrono::steady_clock::time_point sent_at{};  // just before the claim was sent
+  std::chrono::milliseconds lease{0};
+  bool used = false;
+};
+// This thread's last single claim.
+struct LastClaim {
+  const void* store = nullptr;
+  HeldClaim claim;
 };
 thread_local LastClaim last_claim;
+// This thread's last claim_batch (its granted claims).
+struct LastBatch {
+  const void* store = nullptr;
+  std::vector<HeldClaim> claims;
+};
+thread_local LastBatch last_batch;
 
 struct Script {
   explicit Script(const char* source) : text(source) {
@@ -240,6 +256,10 @@ class RedisStore::Impl {
     if (o.sentinel_check_interval.count() < 0) {
       throw UsageError(
           "idem::redis: RedisStoreOptions::sentinel_check_interval must not be negative");
+    }
+    if (!(o.native_complete_fraction >= 0.0 && o.native_complete_fraction <= 0.9)) {
+      throw UsageError(
+          "idem::redis: RedisStoreOptions::native_complete_fraction must be in [0, 0.9]");
     }
     if (o.key_prefix.find_first_of("{}") != std::string::npos) {
       throw UsageError(
@@ -382,14 +402,9 @@ class RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num lease_ms(lease.count());
     SmallBuf record;  // the in-progress record this claim writes if the key is absent
-    const long long now = to_millis(system_now());
-    record.append(ClaimPrefix(owner).view());
-    record.append(Num(now).view());
-    const std::size_t head_end = record.view().size();
-    record.append(':').append(Num(now + lease.count()).view()).append(':');
-    const std::size_t tail_begin = record.view().size();
-    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
-    record.append(fingerprint);
+    std::size_t head_end = 0, tail_begin = 0;
+    build_claim_record(record, owner, fingerprint, lease, head_end, tail_begin);
+    const auto sent_at = std::chrono::steady_clock::now();
     ReplyUPtr r;
     if (native_claim_.load(std::memory_order_relaxed)) {
       const char* argv[] = {
@@ -417,18 +432,47 @@ class RedisStore::Impl {
       result.status = ClaimStatus::kClaimed;
       LastClaim& lc = last_claim;
       lc.store = this;
-      lc.owner.assign(owner.str());
-      lc.redis_key.assign(rk.view().data(), rk.view().size());
-      lc.record.assign(record.view().data(), record.view().size());
-      lc.head_end = head_end;
-      lc.tail_begin = tail_begin;
+      hold(lc.claim, owner, rk.view(), record.view(), head_end, tail_begin, sent_at, lease);
       return result;
     }
     if (r->type != REDIS_REPLY_STRING) {
       protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
     }
+    answer(text_of(r.get()), fingerprint, rk.view(), result);
+    return result;
+  }
+
+  static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
+                                 std::string_view fingerprint, std::chrono::milliseconds lease,
+                                 std::size_t& head_end, std::size_t& tail_begin) {
+    const long long now = to_millis(system_now());
+    record.append(ClaimPrefix(owner).view());
+    record.append(Num(now).view());
+    head_end = record.view().size();
+    record.append(':').append(Num(now + lease.count()).view()).append(':');
+    tail_begin = record.view().size();
+    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
+    record.append(fingerprint);
+  }
+
+  static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
+                   std::string_view record, std::size_t head_end, std::size_t tail_begin,
+                   std::chrono::steady_clock::time_point sent_at, std::chrono::milliseconds lease) {
+    h.owner.assign(owner.str());
+    h.redis_key.assign(rk.data(), rk.size());
+    h.record.assign(record.data(), record.size());
+    h.head_end = head_end;
+    h.tail_begin = tail_begin;
+    h.sent_at = sent_at;
+    h.lease = lease;
+    h.used = false;
+  }
+
+  // Decodes the existing record a claim found: mismatch / done / busy.
+  static void answer(std::string_view existing, std::string_view fingerprint,
+                     std::string_view rk, ClaimResult& result) {
     Decoded d;
-    if (!decode(text_of(r.get()), d)) corrupt(Op::kClaim, rk.view(), "not an idem record");
+    if (!decode(existing, d)) corrupt(Op::kClaim, rk, "not an idem record");
     result.holder.assign(d.owner.data(), d.owner.size());
     result.first_seen = from_millis(d.created);
     if (d.fingerprint != fingerprint) {
@@ -439,7 +483,249 @@ class RedisStore::Impl {
     } else {
       result.status = ClaimStatus::kBusy;
     }
-    return result;
+  }
+
+  // The claim of `owner` on `rk` this thread made last (single or in its last batch), not yet
+  // completed or released; null when unknown (another thread claimed, or it is too old).
+  HeldClaim* find_held(const OwnerToken& owner, std::string_view rk) {
+    LastClaim& lc = last_claim;
+    if (lc.store == this && !lc.claim.used && lc.claim.owner == owner.str() &&
+        lc.claim.redis_key == rk) {
+      return &lc.claim;
+    }
+    LastBatch& lb = last_batch;
+    if (lb.store == this) {
+      for (HeldClaim& h : lb.claims) {
+        if (!h.used && h.owner == owner.str() && h.redis_key == rk) return &h;
+      }
+    }
+    return nullptr;
+  }
+
+  // Whether a native SET ... XX may complete `h` now (see RedisStoreOptions).
+  bool within_margin(const HeldClaim& h) const noexcept {
+    if (options_.native_complete_fraction <= 0.0) return false;
+    const auto age = std::chrono::steady_clock::now() - h.sent_at;
+    const auto margin = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double, std::milli>(static_cast<double>(h.lease.count()) *
+                                                  options_.native_complete_fraction));
+    return age < margin;
+  }
+
+  // "I1C<#owner>:<owner><created>:<deadline>:<#fp>:<fp><response>" from the held claim.
+  static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view deadline,
+                               std::string_view response) {
+    std::string_view rec = h.record;
+    out.append("I1C").append(rec.substr(3, h.head_end - 3)).append(':');
+    out.append(deadline).append(':').append(rec.substr(h.tail_begin));
+    out.append(response);
+  }
+
+  // Reads one pipelined reply. A connection-level failure drops the connection and throws.
+  ReplyUPtr read_reply(detail::Pool::Lease& conn, Op op, std::string_view key) {
+    redisContext* c = conn.get();
+    errno = 0;
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+      const int saved_errno = errno;
+      const int err = c->err;
+      const std::string errstr = c->errstr;
+      conn.discard(detail::server_gone(err, saved_errno));
+      const std::string what = describe(op, key);
+      detail::throw_error(
+          Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
+    }
+    return ReplyUPtr(static_cast<redisReply*>(raw));
+  }
+
+  // A connection to the one server of a single-node or Sentinel store, for pipelines and the
+  // native complete (never used in a cluster, where every command is routed by command()).
+  // A failure makes the router re-discover the master, as in command().
+  detail::Pool::Lease acquire_unrouted(Op op, std::string_view key) {
+    try {
+      return router_.pool_for(key).acquire(op_name(op));
+    } catch (const StorageError&) {
+      router_.failed();
+      throw;
+    }
+  }
+
+  void append(detail::Pool::Lease& conn, int argc, const char** argv, const std::size_t* lens,
+              Op op, std::string_view key) {
+    if (redisAppendCommandArgv(conn.get(), argc, argv, lens) != REDIS_OK) {
+      const std::string what = describe(op, key);
+      conn.discard(false);
+      detail::throw_error(Failure{Failure::Kind::kProtocol, what, "cannot buffer a command"});
+    }
+  }
+
+  // nullopt: the caller claims one by one (server without SET NX GET).
+  std::optional<std::vector<ClaimResult>> claim_batch(const std::vector<ClaimRequest>& requests,
+                                                      std::chrono::milliseconds lease) {
+    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    // A cluster spreads a batch over nodes: claim one by one there (each call routed).
+    if (!native_claim_.load(std::memory_order_relaxed) || router_.clustered()) return std::nullopt;
+    std::vector<ClaimResult> out(requests.size());
+    if (requests.empty()) return out;
+    struct Pending {
+      std::string key, record;
+      std::size_t head_end = 0, tail_begin = 0;
+    };
+    std::vector<Pending> pending(requests.size());
+    Num lease_ms(lease.count());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      RedisKey rk(options_.key_prefix, *requests[i].key);
+      SmallBuf record;
+      build_claim_record(record, *requests[i].owner, requests[i].fingerprint, lease,
+                         pending[i].head_end, pending[i].tail_begin);
+      pending[i].key.assign(rk.view());
+      pending[i].record.assign(record.view());
+    }
+    LastBatch& lb = last_batch;
+    lb.store = this;
+    lb.claims.clear();
+    std::vector<ReplyUPtr> replies;
+    replies.reserve(pending.size());
+    std::chrono::steady_clock::time_point sent_at;
+    {
+      detail::Pool::Lease conn = acquire_unrouted(Op::kClaim, pending.front().key);
+      sent_at = std::chrono::steady_clock::now();
+      for (const Pending& p : pending) {
+        const char* argv[] = {"SET", p.key.data(), p.record.data(), "NX", "PX",
+                              lease_ms.view().data(), "GET"};
+        const std::size_t lens[] = {3, p.key.size(), p.record.size(), 2, 2,
+                                    lease_ms.view().size(), 3};
+        append(conn, 7, argv, lens, Op::kClaim, p.key);
+      }
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        replies.push_back(read_reply(conn, Op::kClaim, pending[i].key));
+      }
+    }
+    pipelined_claims_.fetch_add(1, std::memory_order_relaxed);
+    std::vector<std::size_t> redo;  // answered "syntax error" (Redis < 7.0) or -OOM
+    std::optional<std::size_t> failed;
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const redisReply* r = replies[i].get();
+      if (r->type == REDIS_REPLY_NIL) {
+        out[i].status = ClaimStatus::kClaimed;
+        lb.claims.emplace_back();
+        hold(lb.claims.back(), *requests[i].owner, pending[i].key, pending[i].record,
+             pending[i].head_end, pending[i].tail_begin, sent_at, lease);
+      } else if (r->type == REDIS_REPLY_STRING) {
+        answer(text_of(r), requests[i].fingerprint, pending[i].key, out[i]);
+      } else if (r->type == REDIS_REPLY_ERROR &&
+                 text_of(r).substr(0, 16) == "ERR syntax error") {
+        native_claim_.store(false, std::memory_order_relaxed);
+        redo.push_back(i);
+      } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 4) == "OOM ") {
+        redo.push_back(i);
+      } else if (!failed) {
+        failed = i;
+      }
+    }
+    if (failed) {
+      const redisReply* r = replies[*failed].get();
+      if (r->type == REDIS_REPLY_ERROR) server_error(r, Op::kClaim, pending[*failed].key);
+      protocol_error(Op::kClaim, pending[*failed].key, "expected nil or the existing record");
+    }
+    // Rare: claim() takes the script (older server, or -OOM, where a read still answers).
+    for (std::size_t i : redo) {
+      out[i] = claim(*requests[i].key, requests[i].fingerprint, *requests[i].owner, lease);
+    }
+    return out;
+  }
+
+  std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
+                                   std::chrono::seconds retention) {
+    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    std::vector<bool> out(requests.size(), false);
+    const long long ret_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
+    Num ms(ret_ms);
+    Num deadline(to_millis(system_now()) + ret_ms);
+    std::vector<std::size_t> native, scripted;
+    std::vector<std::string> keys(requests.size()), values(requests.size()),
+        expected(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      RedisKey rk(options_.key_prefix, *requests[i].key);
+      HeldClaim* h = find_held(*requests[i].owner, rk.view());
+      if (h != nullptr && native_claim_.load(std::memory_order_relaxed) && within_margin(*h) &&
+          !router_.clustered()) {
+        h->used = true;
+        SmallBuf completed;
+        completed_record(completed, *h, deadline.view(), requests[i].response);
+        keys[i].assign(rk.view());
+        values[i].assign(completed.view());
+        expected[i] = h->record;
+        native.push_back(i);
+      } else {
+        scripted.push_back(i);
+      }
+    }
+    if (!native.empty()) {
+      std::vector<ReplyUPtr> replies;
+      replies.reserve(native.size());
+      detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, keys[native.front()]);
+      for (std::size_t i : native) {
+        const char* argv[] = {"SET", keys[i].data(), values[i].data(), "XX", "PX",
+                              ms.view().data(), "GET"};
+        const std::size_t lens[] = {3, keys[i].size(), values[i].size(), 2, 2,
+                                    ms.view().size(), 3};
+        append(conn, 7, argv, lens, Op::kComplete, keys[i]);
+      }
+      for (std::size_t i : native) replies.push_back(read_reply(conn, Op::kComplete, keys[i]));
+      pipelined_completes_.fetch_add(1, std::memory_order_relaxed);
+      native_completes_.fetch_add(native.size(), std::memory_order_relaxed);
+      // Every reply is settled (values put back where needed) before a foreign value is
+      // reported; a connection failure stops at once (the connection is gone).
+      std::exception_ptr first_error;
+      for (std::size_t j = 0; j < native.size(); ++j) {
+        const std::size_t i = native[j];
+        try {
+          out[i] = settle_native(conn, replies[j].get(), expected[i], keys[i]);
+        } catch (const CorruptRecord&) {
+          if (!first_error) first_error = std::current_exception();
+        }
+      }
+      if (first_error) std::rethrow_exception(first_error);
+    }
+    for (std::size_t i : scripted) {
+      out[i] = complete(*requests[i].key, *requests[i].owner, requests[i].response, retention);
+    }
+    return out;
+  }
+
+  // The reply of a native complete, `SET key <completed> XX PX <retention> GET`: nil (the key
+  // is gone: lease lost, nothing written), our own in-progress record (completed), or anything
+  // else: the margin's assumption failed (a pause longer than the margin, a foreign writer),
+  // so the previous value is put back at once (an idem record with its own deadline) and the
+  // lease counts as lost, or the value is reported as foreign.
+  bool settle_native(detail::Pool::Lease& conn, const redisReply* r, std::string_view expected,
+                     std::string_view key) {
+    if (r->type == REDIS_REPLY_NIL) return false;
+    if (r->type == REDIS_REPLY_STRING && text_of(r) == expected) return true;
+    if (r->type == REDIS_REPLY_ERROR) {
+      if (text_of(r).substr(0, 9) == "WRONGTYPE") corrupt(Op::kComplete, key, text_of(r));
+      server_error(r, Op::kComplete, key);
+    }
+    if (r->type != REDIS_REPLY_STRING) protocol_error(Op::kComplete, key, "expected a record");
+    const std::string_view old = text_of(r);
+    Decoded d;
+    const bool ours = decode(old, d);
+    ReplyUPtr back;
+    if (ours && d.deadline > 0) {
+      Num at(d.deadline);
+      const char* argv[] = {"SET", key.data(), old.data(), "PXAT", at.view().data()};
+      const std::size_t lens[] = {3, key.size(), old.size(), 4, at.view().size()};
+      back = exec(conn, 5, argv, lens, Op::kComplete, key);
+    } else {
+      const char* argv[] = {"SET", key.data(), old.data()};
+      const std::size_t lens[] = {3, key.size(), old.size()};
+      back = exec(conn, 3, argv, lens, Op::kComplete, key);
+    }
+    if (back->type == REDIS_REPLY_ERROR) server_error(back.get(), Op::kComplete, key);
+    if (!ours) corrupt(Op::kComplete, key, "not an idem record");
+    return false;
   }
 
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
@@ -450,21 +736,31 @@ class RedisStore::Impl {
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
     Num deadline(to_millis(system_now()) + ret_ms);
-    LastClaim& lc = last_claim;
     // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
     // on servers older than 7.0 (and with claim_script), which then take the general script.
-    if (lc.store == this && lc.owner == owner.str() && lc.redis_key == rk.view() &&
-        native_claim_.load(std::memory_order_relaxed)) {
-      lc.store = nullptr;  // one use
-      std::string_view rec = lc.record;
+    HeldClaim* h = find_held(owner, rk.view());
+    if (h != nullptr && native_claim_.load(std::memory_order_relaxed)) {
+      h->used = true;  // one use
       SmallBuf completed;
-      completed.append("I1C").append(rec.substr(3, lc.head_end - 3)).append(':');
-      completed.append(deadline.view()).append(':').append(rec.substr(lc.tail_begin));
-      completed.append(response);
-      ReplyUPtr r =
-          eval(complete_fast_, Op::kComplete, rk.view(), {rec, completed.view(), ms.view()});
+      completed_record(completed, *h, deadline.view(), response);
+      if (within_margin(*h) && !router_.clustered()) {
+        // Nobody else can hold the key yet (see RedisStoreOptions::native_complete_fraction):
+        // one native SET, no script. (In a cluster the routed script path follows redirects.)
+        const char* argv[] = {"SET", rk.view().data(), completed.view().data(), "XX", "PX",
+                              ms.view().data(), "GET"};
+        const std::size_t lens[] = {3, rk.view().size(), completed.view().size(), 2, 2,
+                                    ms.view().size(), 3};
+        detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, rk.view());
+        ReplyUPtr r = exec(conn, 7, argv, lens, Op::kComplete, rk.view());
+        native_completes_.fetch_add(1, std::memory_order_relaxed);
+        return settle_native(conn, r.get(), h->record, rk.view());
+      }
+      script_completes_.fetch_add(1, std::memory_order_relaxed);
+      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
+                         {h->record, completed.view(), ms.view()});
       return flag(r, Op::kComplete, rk.view());
     }
+    script_completes_.fetch_add(1, std::memory_order_relaxed);
     ClaimPrefix mine(owner);
     ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
                        {mine.view(), response, ms.view(), deadline.view()});
@@ -473,7 +769,7 @@ class RedisStore::Impl {
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
-    if (last_claim.store == this && last_claim.owner == owner.str()) last_claim.store = nullptr;
+    if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
     ClaimPrefix mine(owner);
     ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
     return flag(r, Op::kRelease, rk.view());
@@ -543,6 +839,14 @@ class RedisStore::Impl {
   RedisPoolStats stats() const { return router_.pool_stats(); }
   RedisRouteStats route_stats() const { return router_.route_stats(); }
   std::string_view name() const noexcept { return router_.name(); }
+  RedisCommandStats command_stats() const {
+    RedisCommandStats s;
+    s.native_completes = native_completes_.load(std::memory_order_relaxed);
+    s.script_completes = script_completes_.load(std::memory_order_relaxed);
+    s.pipelined_claim_batches = pipelined_claims_.load(std::memory_order_relaxed);
+    s.pipelined_complete_batches = pipelined_completes_.load(std::memory_order_relaxed);
+    return s;
+  }
 
  private:
   const RedisStoreOptions options_;
@@ -551,6 +855,8 @@ class RedisStore::Impl {
   const Script claim_, complete_, complete_fast_, release_, lookup_;
   // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
   std::atomic<bool> native_claim_;
+  std::atomic<std::uint64_t> native_completes_{0}, script_completes_{0}, pipelined_claims_{0},
+      pipelined_completes_{0};
 };
 
 RedisStore::RedisStore(RedisStoreOptions options)
@@ -593,6 +899,19 @@ RedisPoolStats RedisStore::pool_stats() const { return impl_->stats(); }
 RedisRouteStats RedisStore::route_stats() const { return impl_->route_stats(); }
 
 std::string_view RedisStore::name() const noexcept { return impl_->name(); }
+
+RedisCommandStats RedisStore::command_stats() const { return impl_->command_stats(); }
+
+std::vector<ClaimResult> RedisStore::claim_batch(const std::vector<ClaimRequest>& requests,
+                                                 std::chrono::milliseconds lease) {
+  if (auto out = impl_->claim_batch(requests, lease)) return std::move(*out);
+  return FastStore::claim_batch(requests, lease);
+}
+
+std::vector<bool> RedisStore::complete_batch(const std::vector<CompleteRequest>& requests,
+                                             std::chrono::seconds retention) {
+  return impl_->complete_batch(requests, retention);
+}
 
 const RedisStoreOptions& RedisStore::options() const noexcept { return impl_->options(); }
 

@@ -331,7 +331,8 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 
 // The store's statements, built once from the validated table and column names.
 struct SqliteStore::Sql {
-  std::string select, insert, takeover, remove_expired, complete, fail, release, purge;
+  std::string select, insert, insert_completed, takeover, takeover_completed, remove_expired,
+      complete, fail, release, purge;
 };
 
 namespace {
@@ -413,6 +414,15 @@ void SqliteStore::init() {
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
                  "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
+  sql_->insert_completed = "INSERT INTO " + t + " (" + k + ", " + s +
+                           ", status, fingerprint, owner, response_body, lease_until, "
+                           "expires_at, created_at, updated_at) "
+                           "VALUES (?1, ?2, 'completed', ?3, ?4, ?5, ?6, ?7, ?6, ?6)";
+  sql_->takeover_completed =
+      "UPDATE " + t +
+      " SET status = 'completed', owner = ?3, response_body = ?4, lease_until = ?6, "
+      "expires_at = ?5, updated_at = ?6, attempts = attempts + 1" +
+      where + " AND status = 'in_progress'";
   sql_->takeover = "UPDATE " + t +
                    " SET owner = ?3, lease_until = ?4, updated_at = ?5, attempts = attempts + 1" +
                    where + " AND status = 'in_progress'";
@@ -448,7 +458,7 @@ void SqliteStore::migrate() {
     }
     if (version < 1) {
       tx.exec_script("CREATE TABLE IF NOT EXISTS " + t + " (" +
-                     " id INTEGER PRIMARY KEY AUTOINCREMENT," +
+                     " id INTEGER PRIMARY KEY," +
                      " " + k + " VARCHAR(128) NOT NULL," +
                      " " + s + " VARCHAR(64) NOT NULL," +
                      " status VARCHAR(16) NOT NULL"
@@ -511,6 +521,39 @@ ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_v
   return c;
 }
 
+ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_view fingerprint) {
+  auto t = now();
+  std::optional<Record> found;
+  {
+    Statement st = tx.prepare(sql_->select);
+    st.bind_all(key.id(), key.scope());
+    if (st.step()) found = read_record(st);
+  }
+  if (found && retention_over(*found, t)) {
+    tx.exec(sql_->remove_expired, key.id(), key.scope());
+    found.reset();
+  }
+  if (!found) return ClaimResult{};
+  return classify(*found, fingerprint, t);
+}
+
+void SqliteStore::insert_completed_in(Transaction& tx, const Key& key,
+                                      std::string_view fingerprint, const OwnerToken& owner,
+                                      std::string_view response, std::chrono::seconds retention,
+                                      bool took_over) {
+  auto t = now();
+  if (!took_over) {
+    tx.exec(sql_->insert_completed, key.id(), key.scope(), fingerprint, owner.str(),
+            Blob{response}, to_millis(t), to_millis(t + retention));
+    return;
+  }
+  int n = tx.exec(sql_->takeover_completed, key.id(), key.scope(), owner.str(), Blob{response},
+                  to_millis(t + retention), to_millis(t));
+  if (n != 1) {
+    throw LeaseLost("sqlite: record '" + key.str() + "' changed before it could be completed");
+  }
+}
+
 void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
                               std::string_view response, std::chrono::seconds retention) {
   auto t = now();
@@ -522,9 +565,12 @@ void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken&
 }
 
 ClaimResult SqliteStore::begin(const Key& key, std::string_view fingerprint,
-                               const OwnerToken& owner, std::chrono::milliseconds lease) {
+                               const OwnerToken& owner, std::chrono::milliseconds lease,
+                               DurableHint hint) {
   if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
-  if (auto early = precheck(key, fingerprint)) return std::move(*early);
+  if (!hint.fast_claimed) {
+    if (auto early = precheck(key, fingerprint)) return std::move(*early);
+  }
   return database_->write(
       [&](Transaction& tx) { return claim_in(tx, key, fingerprint, owner, lease); });
 }

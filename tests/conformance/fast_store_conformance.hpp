@@ -191,6 +191,104 @@ TEST_P(FastStoreConformance, ConcurrentClaimsHaveOneWinner) {
   EXPECT_EQ(0, other.load());
 }
 
+// claim_batch answers exactly what single claims made in the same order answer: the same
+// scenario is played once with claim() on one set of keys and once with claim_batch() on
+// another, and every answer (status, response, holder) must match, and match the expectation.
+TEST_P(FastStoreConformance, BatchClaimAnswersLikeSingleClaims) {
+  auto a = OwnerToken::generate();
+  auto b = OwnerToken::generate();
+  auto c = OwnerToken::generate();
+  struct Scenario {
+    Key fresh, done, busy, twice;
+  };
+  auto prepare = [&](const std::string& tag) {
+    Scenario s{Key::make("conformance", unique_name("batch_fresh_" + tag)),
+               Key::make("conformance", unique_name("batch_done_" + tag)),
+               Key::make("conformance", unique_name("batch_busy_" + tag)),
+               Key::make("conformance", unique_name("batch_twice_" + tag))};
+    EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(s.done, "fp", a, lease_).status);
+    EXPECT_TRUE(store_->complete(s.done, a, "order_7", retention_));
+    EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(s.busy, "fp", a, lease_).status);
+    return s;
+  };
+  Scenario one = prepare("single");
+  Scenario many = prepare("batch");
+  auto requests = [&](const Scenario& s) {
+    return std::vector<ClaimRequest>{
+        {&s.fresh, "fp", &b}, {&s.done, "fp", &b},  {&s.busy, "fp", &b},
+        {&s.done, "no", &b},  {&s.busy, "no", &b},  {&s.twice, "fp", &b},
+        {&s.twice, "fp", &c}, {&s.twice, "no", &c},
+    };
+  };
+  std::vector<ClaimResult> singles;
+  for (const auto& r : requests(one)) {
+    singles.push_back(store_->claim(*r.key, r.fingerprint, *r.owner, lease_));
+  }
+  std::vector<ClaimResult> batch = store_->claim_batch(requests(many), lease_);
+  const std::vector<ClaimStatus> want{ClaimStatus::kClaimed,  ClaimStatus::kDone,
+                                      ClaimStatus::kBusy,     ClaimStatus::kMismatch,
+                                      ClaimStatus::kMismatch, ClaimStatus::kClaimed,
+                                      ClaimStatus::kBusy,     ClaimStatus::kMismatch};
+  ASSERT_EQ(want.size(), batch.size());
+  ASSERT_EQ(want.size(), singles.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i], singles[i].status) << "single " << i;
+    EXPECT_EQ(want[i], batch[i].status) << "batch " << i;
+    EXPECT_EQ(singles[i].response, batch[i].response) << i;
+    EXPECT_EQ(singles[i].holder, batch[i].holder) << i;
+  }
+  EXPECT_EQ("order_7", batch[1].response);
+  EXPECT_EQ(a.str(), batch[2].holder);
+  EXPECT_EQ(b.str(), batch[6].holder);  // the batch's own earlier claim of the same key
+}
+
+// complete_batch answers what complete() would: true for the owner's live claims, false for
+// another owner's claim and an absent key; the completed records then replay.
+TEST_P(FastStoreConformance, BatchCompleteAnswersLikeSingleCompletes) {
+  auto a = OwnerToken::generate();
+  auto stranger = OwnerToken::generate();
+  auto k1 = key();
+  auto k2 = Key::make("conformance", unique_name("batch_complete_2"));
+  auto held = Key::make("conformance", unique_name("batch_complete_held"));
+  auto absent = Key::make("conformance", unique_name("batch_complete_absent"));
+  auto claims = store_->claim_batch({{&k1, "fp", &a}, {&k2, "fp", &a}}, lease_);
+  ASSERT_EQ(ClaimStatus::kClaimed, claims[0].status);
+  ASSERT_EQ(ClaimStatus::kClaimed, claims[1].status);
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(held, "fp", stranger, lease_).status);
+  std::vector<bool> ok = store_->complete_batch(
+      {{&k1, &a, "r1"}, {&held, &a, "not mine"}, {&k2, &a, "r2"}, {&absent, &a, "none"}},
+      retention_);
+  EXPECT_EQ((std::vector<bool>{true, false, true, false}), ok);
+  auto r1 = store_->claim(k1, "fp", stranger, lease_);
+  EXPECT_EQ(ClaimStatus::kDone, r1.status);
+  EXPECT_EQ("r1", r1.response);
+  EXPECT_EQ("r2", store_->claim(k2, "fp", stranger, lease_).response);
+  EXPECT_EQ(ClaimStatus::kBusy, store_->claim(held, "fp", a, lease_).status);
+  EXPECT_FALSE(store_->lookup(absent).has_value());
+  // Completing again is refused: the claims are completed now.
+  EXPECT_EQ((std::vector<bool>{false}), store_->complete_batch({{&k1, &a, "again"}}, retention_));
+}
+
+// A batch claim whose lease expired and was taken over cannot be completed by the stale owner.
+TEST_P(FastStoreConformance, BatchCompleteAfterTakeoverIsRefused) {
+  auto stale = OwnerToken::generate();
+  auto fresh = OwnerToken::generate();
+  auto k = key();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store_->claim_batch({{&k, "fp", &stale}}, std::chrono::milliseconds(150))[0].status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  std::thread other([&] {
+    EXPECT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, lease_).status);
+  });
+  other.join();
+  EXPECT_EQ((std::vector<bool>{false}),
+            store_->complete_batch({{&k, &stale, "stale"}}, retention_));
+  auto rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kInProgress, rec->status);
+  EXPECT_EQ(fresh.str(), rec->owner);
+}
+
 }  // namespace idem::test
 
 #define IDEM_FAST_STORE_CONFORMANCE(prefix, ...)                                      \

@@ -18,6 +18,7 @@
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/attempt_ledger.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "support/failing_store.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -398,6 +399,86 @@ TEST_F(ConsumerTest, BatchMismatchAndRetryableFailureRollsEverythingBack) {
                idem::StorageTimeout);
   EXPECT_EQ(0, n.effects("m3"));
   EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "m3")));
+  // The batch's fast claims were released: a redelivery runs at once.
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck}), apply_batch(n, {"m3", "m4"}));
+  EXPECT_EQ(1, n.effects("m3"));
+}
+
+// The fast store decides what it can before the database: a completed message is acked as a
+// duplicate, a message claimed elsewhere is retried later, another body is a mismatch, and
+// none of them touches the record table (shown by deleting the durable record first: the
+// answer still comes from the fast store).
+TEST_F(ConsumerTest, BatchAnswersFastStoreDuplicatesWithoutTheDatabase) {
+  Node n{db()};
+  ASSERT_EQ(Verdict::kAck, n.apply("done", "body of done"));
+  n.durable.database().write([](Transaction& tx) { tx.exec("DELETE FROM mq_consume_record"); });
+  auto elsewhere = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            n.fast.claim(idem::Key::make("billing", "busy"), idem::fingerprint("body of busy"),
+                         elsewhere, std::chrono::seconds(30)).status);
+  n.fast.fill(idem::Key::make("billing", "other"), idem::fingerprint("another body"), "x",
+              std::chrono::seconds(60));
+  auto v = apply_batch(n, {"done", "busy", "other", "new"});
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate, Verdict::kRetryLater,
+                                  Verdict::kMismatch, Verdict::kAck}),
+            v);
+  EXPECT_EQ(1, n.effects("done"));
+  EXPECT_EQ(0, n.effects("busy"));
+  EXPECT_EQ(0, n.effects("other"));
+  EXPECT_EQ(1, n.effects("new"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "done")));
+  // The executed message's fast record is completed, so its duplicates stop at the entrance.
+  auto rec = n.fast.lookup(idem::Key::make("billing", "new"));
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+}
+
+// A fast store that lost a completed record is refilled from the durable record the batch
+// found, and a failed handler's fast claim is released.
+TEST_F(ConsumerTest, BatchRefillsTheFastStoreAndReleasesFailedClaims) {
+  Node n{db()};
+  ASSERT_EQ(Verdict::kAck, n.apply("m1", "body of m1"));
+  n.fast.clear();  // the fast store forgot everything (a Redis flush)
+  auto v = apply_batch(n, {"m1", "bad"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate, Verdict::kRetryLater}), v);
+  auto rec = n.fast.lookup(idem::Key::make("billing", "m1"));
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_FALSE(n.fast.lookup(idem::Key::make("billing", "bad")).has_value());
+  EXPECT_EQ(1, n.effects("m1"));
+}
+
+// With the fast store failing every call, batches still apply each message exactly once (the
+// durable record decides), and verdicts are the same as with it.
+TEST_F(ConsumerTest, BatchWithTheFastStoreDownStillAppliesOnce) {
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast{inner};
+  fast.failing = true;
+  SqliteStore durable{db(), idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+  durable.database().write([](Transaction& tx) {
+    tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL)");
+  });
+  idem::IdempotencyGuard<SqliteStore> guard{fast, durable, mq_guard_options()};
+  idem::IdempotentConsumer<SqliteStore> consumer{guard, "billing"};
+  auto run = [&](const std::vector<std::string>& ids) {
+    std::vector<std::string> fps;
+    for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+    std::vector<Delivery> batch;
+    for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
+    return consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+    });
+  };
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate}),
+            run({"a", "b", "a"}));
+  fast.failing = false;
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate, Verdict::kAck}), run({"b", "c"}));
+  for (const char* id : {"a", "b", "c"}) {
+    auto count = durable.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE message_id = ?", std::string(id));
+    });
+    EXPECT_EQ(1, count.value_or(-1)) << id;
+  }
 }
 
 TEST_F(ConsumerTest, ConcurrentOverlappingBatchesOneEffectEach) {

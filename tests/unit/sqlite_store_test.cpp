@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
 #include "conformance/durable_store_conformance.hpp"
 
 namespace {
@@ -36,10 +41,62 @@ struct SqliteTraits {
   }
 };
 
+// The same store, called as if the fast store had granted every claim: run_transactional and
+// begin always pass DurableHint{fast_claimed = true} (so the read-snapshot precheck is always
+// skipped, even for completed and mismatched duplicates). The suite must pass unchanged: a hint
+// only makes a store faster, it never changes an answer. (The guard does not see a hint-taking
+// overload here, so it calls these.)
+class AlwaysHintedSqliteStore : public idem::sqlite::SqliteStore {
+ public:
+  using SqliteStore::SqliteStore;
+  template <class Handler>
+  idem::ClaimResult run_transactional(const idem::Key& key, std::string_view fingerprint,
+                                      const idem::OwnerToken& owner,
+                                      std::chrono::seconds retention, Handler&& handler) {
+    return SqliteStore::run_transactional(key, fingerprint, owner, retention,
+                                          std::forward<Handler>(handler), hint());
+  }
+  idem::ClaimResult begin(const idem::Key& key, std::string_view fingerprint,
+                          const idem::OwnerToken& owner, std::chrono::milliseconds lease) {
+    return SqliteStore::begin(key, fingerprint, owner, lease, hint());
+  }
+
+ private:
+  static idem::DurableHint hint() {
+    idem::DurableHint h;
+    h.fast_claimed = true;
+    return h;
+  }
+};
+
+struct HintedSqliteTraits : SqliteTraits {
+  using Store = AlwaysHintedSqliteStore;
+  static std::unique_ptr<Store> make(const std::string&) {
+    static idem::test::TempDir dir;
+    auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
+    store->database().write([](idem::sqlite::Transaction& tx) {
+      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
+              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+    });
+    return store;
+  }
+  static long count_effects(Store& store, const std::string& key_id) {
+    return SqliteTraits::count_effects(store, key_id);
+  }
+  static long count_records(Store& store) { return SqliteTraits::count_records(store); }
+};
+
+static_assert(idem::detail::kBeginTakesHint<idem::sqlite::SqliteStore>,
+              "the guard passes its hint to SqliteStore::begin");
+static_assert(!idem::detail::kBeginTakesHint<AlwaysHintedSqliteStore>,
+              "a store without the hint overload is called without it");
+
 }  // namespace
 
 namespace idem::test {
 using SqliteTypes = ::testing::Types<SqliteTraits>;
+INSTANTIATE_TYPED_TEST_SUITE_P(SqliteAlwaysHinted, DurableStoreConformance,
+                               ::testing::Types<HintedSqliteTraits>);
 INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, DurableStoreConformance, SqliteTypes);
 }  // namespace idem::test
 
@@ -96,6 +153,64 @@ TEST(SqliteStore, FailedRecordReplaysItsReason) {
   EXPECT_EQ(idem::ClaimStatus::kDone, r.status);
   EXPECT_TRUE(r.failed);
   EXPECT_EQ("too many attempts", r.response);
+}
+
+// Transactional mode writes the record once, completed, after the handler: inside the
+// handler there is no row yet; afterwards one completed row. No AUTOINCREMENT bookkeeping.
+TEST(SqliteStore, TransactionalRecordIsWrittenOnceAlreadyCompleted) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("once.sqlite"));
+  auto key = idem::Key::make("pay", "k1");
+  long long rows_inside = -1;
+  auto r = store.run_transactional(
+      key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(60),
+      [&](idem::sqlite::Transaction& tx) {
+        rows_inside = tx.query_int64("SELECT count(*) FROM api_idempotency").value_or(-1);
+        return std::string("v");
+      });
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(0, rows_inside);
+  auto rec = store.lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("v", rec->response);
+  EXPECT_EQ("fp", rec->fingerprint);
+  EXPECT_GT(rec->expires_at, idem::system_now());
+  auto sequences = store.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'");
+  });
+  EXPECT_EQ(0, sequences.value_or(-1));
+}
+
+// An in-progress row left by a crashed two-phase attempt is taken over by a transactional run
+// once its lease ended: completed for the new owner, attempts counted.
+TEST(SqliteStore, TransactionalRunTakesOverAnExpiredTwoPhaseRecord) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("takeover.sqlite"));
+  auto key = idem::Key::make("pay", "k2");
+  auto crashed = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(key, "fp", crashed, std::chrono::milliseconds(100)).status);
+  auto busy = store.run_transactional(key, "fp", idem::OwnerToken::generate(),
+                                      std::chrono::seconds(60),
+                                      [](idem::sqlite::Transaction&) { return std::string("x"); });
+  EXPECT_EQ(idem::ClaimStatus::kBusy, busy.status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  auto fresh = idem::OwnerToken::generate();
+  auto r = store.run_transactional(key, "fp", fresh, std::chrono::seconds(60),
+                                   [](idem::sqlite::Transaction&) { return std::string("y"); });
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_TRUE(r.took_over);
+  auto rec = store.lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("y", rec->response);
+  EXPECT_EQ(fresh.str(), rec->owner);
+  EXPECT_FALSE(store.complete(key, crashed, "late", std::chrono::seconds(60)));
+  auto attempts = store.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT attempts FROM api_idempotency");
+  });
+  EXPECT_EQ(2, attempts.value_or(0));
 }
 
 TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {

@@ -52,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/store.hpp"
 
@@ -93,6 +94,14 @@ struct RedisStoreOptions {
   /// Sentinel: the master is re-checked this often even when nothing failed. 0 means only after
   /// failures.
   std::chrono::milliseconds sentinel_check_interval{1000};
+  /// Fraction of the lease, counted on the client's monotonic clock from just before the claim
+  /// was sent, within which `complete` of that claim (on the claiming thread) is one native
+  /// `SET key <completed record> XX PX <retention>` instead of the owner-checked script: the
+  /// key cannot have changed owner before its lease ran out on the server, and that lease
+  /// started after the claim was sent (docs/redis.md states the argument and its residual
+  /// risk, a client pause longer than the margin). Past it, complete takes the script. 0 means
+  /// always the script. Must be in [0, 0.9].
+  double native_complete_fraction = 0.5;
 };
 
 /// Routing counters of a RedisStore (Sentinel and Cluster; zero for one server).
@@ -109,6 +118,18 @@ struct RedisRouteStats {
   std::uint64_t master_changes = 0;
   /// Data nodes known (pools created).
   std::size_t nodes = 0;
+};
+
+/// Counters of how a RedisStore completed records (for metrics and tests).
+struct RedisCommandStats {
+  /// complete calls (single or batched) sent as one native SET ... XX within the lease margin.
+  std::uint64_t native_completes = 0;
+  /// complete calls sent as an owner-checked Lua script (EVALSHA).
+  std::uint64_t script_completes = 0;
+  /// claim_batch calls sent as one pipeline.
+  std::uint64_t pipelined_claim_batches = 0;
+  /// complete_batch calls that sent a pipeline.
+  std::uint64_t pipelined_complete_batches = 0;
 };
 
 /// Counters of a RedisStore's pool (for metrics and tests).
@@ -163,6 +184,18 @@ class RedisStore final : public FastStore {
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override;
 
+  /// Claims every request in ONE round trip (a pipeline of `SET ... NX PX ... GET` on one
+  /// connection); answers as claim, in order (see FastStore::claim_batch). On servers without
+  /// SET NX GET (or with claim_script) it claims one by one.
+  std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests,
+                                       std::chrono::milliseconds lease) override;
+
+  /// Completes every request in one round trip: claims of this thread's last claim_batch (or
+  /// last claim) still within the lease margin are pipelined as native SET ... XX; the others
+  /// take the owner-checked script one by one. Answers as complete, in order.
+  std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
+                                   std::chrono::seconds retention) override;
+
   /// Reads a record. `lease_until` (in progress) or `expires_at` (completed) come from the
   /// key's TTL; `updated_at` equals `created_at` (not stored). nullopt when absent.
   std::optional<Record> lookup(const Key& key) override;
@@ -178,6 +211,9 @@ class RedisStore final : public FastStore {
 
   /// Routing counters: redirects followed, re-discoveries, failovers seen.
   RedisRouteStats route_stats() const;
+
+  /// How completes were sent (native SET or script).
+  RedisCommandStats command_stats() const;
 
   /// The options in force (zeros replaced by their defaults, password not hidden).
   const RedisStoreOptions& options() const noexcept;

@@ -277,26 +277,35 @@ class SqliteStore {
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
 
-  /// Transactional mode (see store.hpp's DurableStore contract).
+  /// Transactional mode (see store.hpp's DurableStore contract). In the write transaction the
+  /// record is looked up first; when absent (or an expired in-progress record of a crashed
+  /// two-phase attempt), the handler runs and the record is then written once, already
+  /// completed (no in-progress row, no second write). Unless `hint.fast_claimed`, a completed
+  /// duplicate or a mismatch is answered from a read snapshot without the write lock.
   template <class Handler>
   ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
                                 const OwnerToken& owner, std::chrono::seconds retention,
-                                Handler&& handler) {
-    // A completed duplicate or a mismatch needs no write lock: answer it from a read snapshot.
-    if (auto early = precheck(key, fingerprint)) return std::move(*early);
+                                Handler&& handler, DurableHint hint = {}) {
+    // A completed duplicate or a mismatch needs no write lock: answer it from a read snapshot
+    // (skipped when the fast store just granted the claim: the record is then almost surely
+    // absent; the write transaction checks anyway).
+    if (!hint.fast_claimed) {
+      if (auto early = precheck(key, fingerprint)) return std::move(*early);
+    }
     Transaction tx = database_->begin();
-    ClaimResult claim = claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
+    ClaimResult claim = find_in(tx, key, fingerprint);
     if (claim.status != ClaimStatus::kClaimed) return claim;  // rolled back by ~Transaction
     std::string response = handler(tx);
-    complete_in(tx, key, owner, response, retention);
+    insert_completed_in(tx, key, fingerprint, owner, response, retention, claim.took_over);
     tx.commit();
     claim.response = std::move(response);
     return claim;
   }
 
-  /// Two-phase begin: claims in its own committed transaction.
+  /// Two-phase begin: claims in its own committed transaction. Unless `hint.fast_claimed`, a
+  /// completed duplicate or a mismatch is answered from a read snapshot first.
   ClaimResult begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
-                    std::chrono::milliseconds lease);
+                    std::chrono::milliseconds lease, DurableHint hint = {});
   /// Two-phase complete: only while `owner` holds the in-progress record. false: lease lost.
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention);
@@ -327,6 +336,16 @@ class SqliteStore {
   /// Inside an open write transaction: complete `owner`'s record. @throws LeaseLost if not held.
   void complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
                    std::string_view response, std::chrono::seconds retention);
+  /// Inside an open write transaction: what a claim would find, writing nothing (except
+  /// deleting a record whose retention ended). kClaimed when the record is absent, or
+  /// in progress with an expired lease (`took_over`); else kDone / kBusy / kMismatch.
+  ClaimResult find_in(Transaction& tx, const Key& key, std::string_view fingerprint);
+  /// Inside an open write transaction, after find_in answered kClaimed: writes the record
+  /// completed with `response` (INSERT; with `took_over`, completes the expired in-progress
+  /// record for `owner` instead). @throws LeaseLost if that record changed meanwhile.
+  void insert_completed_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                           const OwnerToken& owner, std::string_view response,
+                           std::chrono::seconds retention, bool took_over);
 
  private:
   std::optional<ClaimResult> precheck(const Key& key, std::string_view fingerprint);

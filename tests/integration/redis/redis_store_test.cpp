@@ -176,6 +176,134 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   EXPECT_EQ(fresh.str(), r.holder);
 }
 
+// Within the lease margin (native_complete_fraction of the lease since the claim was sent),
+// complete is one native SET ... XX (no script): the store's counter and the server's
+// commandstats both show it.
+TEST_F(RedisStoreTest, CompleteWithinTheLeaseMarginIsOneNativeSet) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  const auto before = store_->command_stats();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  EXPECT_TRUE(store_->complete(k, a, "paid", std::chrono::seconds(600)));
+  const auto after = store_->command_stats();
+  EXPECT_EQ(before.native_completes + 1, after.native_completes);
+  EXPECT_EQ(before.script_completes, after.script_completes);
+  // The record written is the full completed record, with the retention as its TTL.
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("paid", r.response);
+  EXPECT_EQ(a.str(), r.holder);
+  long long ttl = raw_->integer({"PTTL", store_->redis_key(k)});
+  EXPECT_GT(ttl, 500'000);
+  EXPECT_LE(ttl, 600'000);
+}
+
+// Past the margin (here: fraction 0.5 of a 2 s lease, completed after 1.2 s, the lease still
+// live), complete takes the owner-checked script, and still succeeds.
+TEST_F(RedisStoreTest, CompletePastTheLeaseMarginTakesTheScript) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  const auto before = store_->command_stats();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 2'000ms).status);
+  std::this_thread::sleep_for(1'200ms);
+  EXPECT_TRUE(store_->complete(k, a, "late but live", std::chrono::seconds(60)));
+  const auto after = store_->command_stats();
+  EXPECT_EQ(before.native_completes, after.native_completes);
+  EXPECT_EQ(before.script_completes + 1, after.script_completes);
+  EXPECT_EQ("late but live", store_->claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
+}
+
+// native_complete_fraction = 0 turns the native path off: every complete is a script.
+TEST_F(RedisStoreTest, NativeCompleteCanBeTurnedOff) {
+  RedisStoreOptions o{url_};
+  o.native_complete_fraction = 0;
+  RedisStore scripted(o);
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, scripted.claim(k, "fp", a, 30'000ms).status);
+  EXPECT_TRUE(scripted.complete(k, a, "r", std::chrono::seconds(60)));
+  EXPECT_EQ(0u, scripted.command_stats().native_completes);
+  EXPECT_EQ(1u, scripted.command_stats().script_completes);
+  o.native_complete_fraction = 0.95;
+  EXPECT_THROW(RedisStore{o}, idem::UsageError);
+  o.native_complete_fraction = -0.1;
+  EXPECT_THROW(RedisStore{o}, idem::UsageError);
+}
+
+// The stale owner's complete runs past its lease, so it takes the script (and is refused).
+TEST_F(RedisStoreTest, StaleOwnersCompleteTakesTheScriptAndIsRefused) {
+  auto k = key();
+  auto stale = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stale, 150ms).status);
+  std::this_thread::sleep_for(400ms);
+  auto fresh = OwnerToken::generate();
+  std::thread other(
+      [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status); });
+  other.join();
+  const auto before = store_->command_stats();
+  EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(60)));
+  EXPECT_EQ(before.script_completes + 1, store_->command_stats().script_completes);
+  EXPECT_EQ(before.native_completes, store_->command_stats().native_completes);
+  auto rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(fresh.str(), rec->owner);
+}
+
+// If the margin's assumption fails (here: a foreign writer replaces the claim within the
+// margin), the native complete notices from the value SET ... GET returns, puts that value
+// back with its own deadline, and answers "lease lost".
+TEST_F(RedisStoreTest, NativeCompleteThatFindsAnotherRecordPutsItBack) {
+  auto k = key();
+  auto rk = store_->redis_key(k);
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  auto b = OwnerToken::generate();
+  raw_->cmd({"DEL", rk});
+  std::thread other(
+      [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", b, 20'000ms).status); });
+  other.join();
+  const std::string b_record = raw_->text({"GET", rk});
+  const auto before = store_->command_stats();
+  EXPECT_FALSE(store_->complete(k, a, "mine", std::chrono::seconds(600)));
+  EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
+  EXPECT_EQ(b_record, raw_->text({"GET", rk}));
+  long long ttl = raw_->integer({"PTTL", rk});
+  EXPECT_GT(ttl, 10'000);
+  EXPECT_LE(ttl, 20'000);
+}
+
+// claim_batch and complete_batch are one pipeline each, and completes within the margin are
+// native.
+TEST_F(RedisStoreTest, BatchesArePipelinedAndCompletedNatively) {
+  std::vector<Key> keys;
+  std::vector<OwnerToken> owners;
+  for (int i = 0; i < 20; ++i) {
+    keys.push_back(Key::make("redis.test", idem::test::unique_name("pipelined")));
+    owners.push_back(OwnerToken::generate());
+  }
+  std::vector<idem::ClaimRequest> claims;
+  std::vector<idem::CompleteRequest> completes;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    claims.push_back({&keys[i], "fp", &owners[i]});
+    completes.push_back({&keys[i], &owners[i], "done"});
+  }
+  const auto before = store_->command_stats();
+  auto answers = store_->claim_batch(claims, 30'000ms);
+  for (const auto& c : answers) EXPECT_EQ(ClaimStatus::kClaimed, c.status);
+  auto ok = store_->complete_batch(completes, std::chrono::seconds(60));
+  EXPECT_EQ(std::vector<bool>(keys.size(), true), ok);
+  const auto after = store_->command_stats();
+  EXPECT_EQ(before.pipelined_claim_batches + 1, after.pipelined_claim_batches);
+  EXPECT_EQ(before.pipelined_complete_batches + 1, after.pipelined_complete_batches);
+  EXPECT_EQ(before.native_completes + keys.size(), after.native_completes);
+  EXPECT_EQ(before.script_completes, after.script_completes);
+  answers = store_->claim_batch(claims, 30'000ms);
+  for (const auto& c : answers) {
+    EXPECT_EQ(ClaimStatus::kDone, c.status);
+    EXPECT_EQ("done", c.response);
+  }
+}
+
 TEST_F(RedisStoreTest, SecondCompleteIsRefusedAndChangesNothing) {
   auto k = key();
   auto rk = store_->redis_key(k);
