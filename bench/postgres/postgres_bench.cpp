@@ -380,9 +380,10 @@ int main() {
         a_us.push_back(timed(calls, ours_redis, &a_cpu));
       }
     }
-    std::printf("first execution with Redis + PostgreSQL (synchronous_commit=%s, rounds=%d, "
-                "calls/round/side=%d):\n",
-                async_commit ? "off" : "on", rounds, calls);
+    std::printf(
+        "first execution with Redis + PostgreSQL (synchronous_commit=%s, rounds=%d, "
+        "calls/round/side=%d):\n",
+        async_commit ? "off" : "on", rounds, calls);
     std::printf("  guard (RedisStore + PostgresStore)  %8.1f us/call  %7.0f calls/s\n",
                 median(a_us), 1e6 / median(a_us));
     std::printf("  hand-written hiredis + libpqxx      %8.1f us/call  %7.0f calls/s\n",
@@ -391,12 +392,12 @@ int main() {
                 median(b_cpu));
     // Redis's counter includes the commands a script runs: RedisStore's complete is one
     // EVALSHA round trip that runs one SET inside, so guard round trips = commands - 1.
-    std::printf("  per call: guard %lld Redis commands executed (2 round trips: SET NX GET, "
-                "EVALSHA running SET XX) + %d PostgreSQL round trips (%d statements); "
-                "hand-written %lld Redis round trips (SET NX, SET) + %d PostgreSQL round trips "
-                "(%d statements)\n",
-                ours_cmds, tr.round_trips, tr.statements, raw_cmds, trr.round_trips,
-                trr.statements);
+    std::printf(
+        "  per call: guard %lld Redis commands executed (2 round trips: SET NX GET, "
+        "EVALSHA running SET XX) + %d PostgreSQL round trips (%d statements); "
+        "hand-written %lld Redis round trips (SET NX, SET) + %d PostgreSQL round trips "
+        "(%d statements)\n",
+        ours_cmds, tr.round_trips, tr.statements, raw_cmds, trr.round_trips, trr.statements);
     std::printf("ratio postgres_redis_first_execution%s = %.3f\n",
                 async_commit ? "_async_commit" : "", median(b_us) / median(a_us));
   }
