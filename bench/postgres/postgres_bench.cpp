@@ -4,12 +4,16 @@
 //      INSERT) vs hand-written libpqxx issuing the minimum statements for the same guarantee
 //      (BEGIN; INSERT record ON CONFLICT DO NOTHING; business INSERT; UPDATE record; COMMIT);
 //   2. duplicate with the fast store down (replay from PostgreSQL) vs a raw SELECT by key.
-// Prints per-call latencies, statements and round trips per guarded call (from a libpq trace),
-// fsync/synchronous_commit, and `ratio <name> = <ours over baseline, higher is better>`.
+//   3. (with IDEM_TEST_REDIS_URL) first execution with Redis + PostgreSQL: the guard
+//      (RedisStore claim, the same PostgreSQL transaction, RedisStore complete) vs hand-written
+//      hiredis + libpqxx (SET key owner NX PX; BEGIN; INSERT record ON CONFLICT DO NOTHING;
+//      business INSERT; UPDATE record; COMMIT; SET key response PX).
+// Prints per-call latencies, statements and round trips per guarded call (from a libpq trace,
+// and Redis's command counter), fsync/synchronous_commit, and
+// `ratio <name> = <ours over baseline, higher is better>`.
 //
-// Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS
-// (per round and side, default 200). The fast store is a factory so the Redis adapter can be
-// swapped in (make_fast_store below).
+// Env: IDEM_TEST_POSTGRES_DSN (required), IDEM_TEST_REDIS_URL (optional: part 3),
+// IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS (per round and side, default 200).
 #include <time.h>
 #include <unistd.h>
 
@@ -28,13 +32,29 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/postgres/postgres_store.hpp"
+#ifdef IDEM_BENCH_WITH_REDIS
+#include <hiredis/hiredis.h>
+
+#include "idem/redis/redis_store.hpp"
+#endif
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The fast store in front of PostgreSQL. The Redis adapter plugs in here once merged.
-std::unique_ptr<idem::FastStore> make_fast_store() { return std::make_unique<idem::MemoryStore>(); }
+// The fast store in front of PostgreSQL: the in-process one, or RedisStore at `redis_url`
+// (under a key prefix of this run).
+std::unique_ptr<idem::FastStore> make_fast_store(const std::string& redis_url = {}) {
+#ifdef IDEM_BENCH_WITH_REDIS
+  if (!redis_url.empty()) {
+    idem::redis::RedisStoreOptions o{redis_url};
+    o.key_prefix = "idem_bench_" + std::to_string(::getpid()) + ":";
+    return std::make_unique<idem::redis::RedisStore>(o);
+  }
+#endif
+  (void)redis_url;
+  return std::make_unique<idem::MemoryStore>();
+}
 
 // A fast store that is down: every call fails as a refused Redis connection would.
 class DownFastStore final : public idem::FastStore {
@@ -130,6 +150,55 @@ Trace trace(pqxx::connection& conn, const std::function<void()>& fn) {
   return t;
 }
 
+#ifdef IDEM_BENCH_WITH_REDIS
+// A plain hiredis connection for the hand-written baseline (redis://host[:port] only).
+struct RawRedis {
+  redisContext* c = nullptr;
+  explicit RawRedis(const std::string& url) {
+    std::string rest = url.substr(url.find("://") == std::string::npos ? 0 : url.find("://") + 3);
+    rest = rest.substr(0, rest.find('/'));
+    std::string host = rest;
+    int port = 6379;
+    if (auto colon = rest.rfind(':'); colon != std::string::npos) {
+      host = rest.substr(0, colon);
+      port = std::atoi(rest.c_str() + colon + 1);
+    }
+    c = redisConnect(host.c_str(), port);
+    if (c == nullptr || c->err != 0) throw std::runtime_error("bench: cannot connect to Redis");
+    redisEnableKeepAlive(c);
+  }
+  ~RawRedis() {
+    if (c != nullptr) redisFree(c);
+  }
+  RawRedis(const RawRedis&) = delete;
+  RawRedis& operator=(const RawRedis&) = delete;
+  // One command; @return true for a non-nil, non-error reply.
+  bool command(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+    if (r == nullptr) throw std::runtime_error("bench: Redis connection lost");
+    bool ok = r->type != REDIS_REPLY_NIL && r->type != REDIS_REPLY_ERROR;
+    freeReplyObject(r);
+    return ok;
+  }
+  // INFO stats' total_commands_processed.
+  long long commands_processed() {
+    auto* r = static_cast<redisReply*>(redisCommand(c, "INFO stats"));
+    if (r == nullptr || r->type != REDIS_REPLY_STRING) throw std::runtime_error("bench: INFO");
+    std::string text(r->str, r->len);
+    freeReplyObject(r);
+    auto at = text.find("total_commands_processed:");
+    return std::atoll(text.c_str() + at + std::string("total_commands_processed:").size());
+  }
+};
+#endif
+
 }  // namespace
 
 int main() {
@@ -180,6 +249,8 @@ int main() {
     c.get().prepare("bench_pay", pay_sql);
   }
   auto fast = make_fast_store();
+  const char* redis_env = std::getenv("IDEM_TEST_REDIS_URL");
+  const std::string redis_url = redis_env != nullptr ? redis_env : "";
   idem::IdempotencyGuard guard{*fast, store};
   DownFastStore down;
   idem::IdempotencyGuard replay_guard{static_cast<idem::FastStore&>(down), store};
@@ -251,6 +322,88 @@ int main() {
     }
   }
   const double ours_first_us = median(ours_us), raw_first_us = median(raw_us);
+
+#ifdef IDEM_BENCH_WITH_REDIS
+  // --- 3. first execution with Redis + PostgreSQL ---------------------------------------------
+  if (!redis_url.empty()) {
+    auto redis_fast = make_fast_store(redis_url);
+    idem::IdempotencyGuard redis_guard{*redis_fast, store};
+    RawRedis rr(redis_url), counter(redis_url);
+    const std::string raw_prefix = "idem_bench_raw_" + std::to_string(::getpid()) + ":";
+    auto ours_redis = [&](int) {
+      auto key = idem::Key::make("payment", "q" + std::to_string(++seq));
+      auto r = redis_guard.run(key, "fp", [&](pqxx::work& tx) {
+        tx.exec_prepared("bench_pay", key.id(), 100);
+        return "pay_" + key.id();
+      });
+      if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
+    };
+    auto raw_redis = [&](int) {
+      const std::string id = "s" + std::to_string(++seq);
+      const std::string owner = idem::OwnerToken::generate().str();
+      const std::string rkey = raw_prefix + "{payment|" + id + "}";
+      // Claim in Redis (an in-flight or completed duplicate stops here) ...
+      if (!rr.command({"SET", rkey, "p:" + owner, "NX", "PX", "30000"})) {
+        throw std::runtime_error("duplicate");
+      }
+      // ... the durable record and the business row in one transaction ...
+      pqxx::work tx(raw);
+      if (tx.exec_prepared("raw_claim", id, "payment", "fp", owner).empty()) {
+        throw std::runtime_error("duplicate");
+      }
+      tx.exec_prepared("raw_pay", id, 100);
+      tx.exec_prepared("raw_complete", id, "payment", pqxx::binarystring("pay_" + id), owner);
+      tx.commit();
+      // ... and the response in Redis for the duplicates (unconditional: PostgreSQL fences).
+      rr.command({"SET", rkey, "d:pay_" + id, "PX", "86400000"});
+    };
+    for (int i = 0; i < 50; ++i) {
+      ours_redis(i);
+      raw_redis(i);
+    }
+    auto redis_commands = [&](const std::function<void(int)>& fn) {
+      long long before = counter.commands_processed();
+      fn(0);
+      // The second INFO counts the first one: subtract it.
+      return counter.commands_processed() - before - 1;
+    };
+    long long ours_cmds = redis_commands(ours_redis), raw_cmds = redis_commands(raw_redis);
+    Trace tr = trace(pooled(store), [&] { ours_redis(0); });
+    Trace trr = trace(raw, [&] { raw_redis(0); });
+    std::vector<double> a_us, b_us, a_cpu, b_cpu;
+    for (int r = 0; r < rounds; ++r) {
+      if (r % 2 == 0) {
+        a_us.push_back(timed(calls, ours_redis, &a_cpu));
+        b_us.push_back(timed(calls, raw_redis, &b_cpu));
+      } else {
+        b_us.push_back(timed(calls, raw_redis, &b_cpu));
+        a_us.push_back(timed(calls, ours_redis, &a_cpu));
+      }
+    }
+    std::printf(
+        "first execution with Redis + PostgreSQL (synchronous_commit=%s, rounds=%d, "
+        "calls/round/side=%d):\n",
+        async_commit ? "off" : "on", rounds, calls);
+    std::printf("  guard (RedisStore + PostgresStore)  %8.1f us/call  %7.0f calls/s\n",
+                median(a_us), 1e6 / median(a_us));
+    std::printf("  hand-written hiredis + libpqxx      %8.1f us/call  %7.0f calls/s\n",
+                median(b_us), 1e6 / median(b_us));
+    std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(a_cpu),
+                median(b_cpu));
+    // Redis's counter includes the commands a script runs: RedisStore's complete is one
+    // EVALSHA round trip that runs one SET inside, so guard round trips = commands - 1.
+    std::printf(
+        "  per call: guard %lld Redis commands executed (2 round trips: SET NX GET, "
+        "EVALSHA running SET XX) + %d PostgreSQL round trips (%d statements); "
+        "hand-written %lld Redis round trips (SET NX, SET) + %d PostgreSQL round trips "
+        "(%d statements)\n",
+        ours_cmds, tr.round_trips, tr.statements, raw_cmds, trr.round_trips, trr.statements);
+    std::printf("ratio postgres_redis_first_execution%s = %.3f\n",
+                async_commit ? "_async_commit" : "", median(b_us) / median(a_us));
+  }
+#else
+  if (!redis_url.empty()) std::printf("(Redis comparison skipped: built without idem::redis)\n");
+#endif
 
   if (async_commit || env_int("IDEM_BENCH_ONLY_FIRST", 0) == 1) {
     std::printf(

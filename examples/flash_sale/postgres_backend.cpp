@@ -23,8 +23,8 @@ namespace {
 std::string with_search_path(const std::string& dsn, const std::string& schema) {
   if (schema.empty()) return dsn;
   if (dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0) {
-    return dsn + (dsn.find('?') == std::string::npos ? "?" : "&") +
-           "options=-csearch_path%3D" + schema;
+    return dsn + (dsn.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
+           schema;
   }
   return dsn + " options='-csearch_path=" + schema + "'";
 }
@@ -56,33 +56,35 @@ PostgresBackend::PostgresBackend(const PostgresSaleOptions& options)
       tx.exec("CREATE SCHEMA IF NOT EXISTS " + options.schema);
       tx.commit();
     } catch (const pqxx::failure& e) {
-      throw idem::StorageUnavailable(std::string("flash_sale: cannot create schema: ") +
-                                     e.what());
+      throw idem::StorageUnavailable(std::string("flash_sale: cannot create schema: ") + e.what());
     }
   }
   store_ = std::make_unique<Durable>(store_options(options));
   store_->with_transaction([](pqxx::work& tx) {
     tx.exec("SELECT pg_advisory_xact_lock(hashtext('flash_sale tables'))");
     // CHECK (qty >= 0) is defence in depth: the conditional UPDATE never needs it.
-    tx.exec("CREATE TABLE IF NOT EXISTS flash_stock ("
-            " sku text PRIMARY KEY,"
-            " qty bigint NOT NULL CHECK (qty >= 0))");
-    tx.exec("CREATE TABLE IF NOT EXISTS flash_order ("
-            " id bigserial PRIMARY KEY,"
-            " user_id bigint NOT NULL,"
-            " sku text NOT NULL,"
-            " request_id text NOT NULL,"
-            " created_at timestamptz NOT NULL DEFAULT now(),"
-            " UNIQUE (user_id, sku))");
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS flash_stock ("
+        " sku text PRIMARY KEY,"
+        " qty bigint NOT NULL CHECK (qty >= 0))");
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS flash_order ("
+        " id bigserial PRIMARY KEY,"
+        " user_id bigint NOT NULL,"
+        " sku text NOT NULL,"
+        " request_id text NOT NULL,"
+        " created_at timestamptz NOT NULL DEFAULT now(),"
+        " UNIQUE (user_id, sku))");
   });
 }
 
 void PostgresBackend::reset(const Config& cfg) {
   store_->with_transaction([&](pqxx::work& tx) {
     tx.exec_params("DELETE FROM flash_order WHERE sku = $1", cfg.sku);
-    tx.exec_params("INSERT INTO flash_stock (sku, qty) VALUES ($1, $2)"
-                   " ON CONFLICT (sku) DO UPDATE SET qty = excluded.qty",
-                   cfg.sku, cfg.stock);
+    tx.exec_params(
+        "INSERT INTO flash_stock (sku, qty) VALUES ($1, $2)"
+        " ON CONFLICT (sku) DO UPDATE SET qty = excluded.qty",
+        cfg.sku, cfg.stock);
     tx.exec_params("DELETE FROM " + store_->qualified_table() + " WHERE biz_type = $1",
                    std::string(kScope));
   });
@@ -91,8 +93,8 @@ void PostgresBackend::reset(const Config& cfg) {
 DbState PostgresBackend::read_state(const Config& cfg) {
   return store_->with_transaction([&](pqxx::work& tx) {
     DbState st;
-    for (const auto& row :
-         tx.exec_params("SELECT user_id, id FROM flash_order WHERE sku = $1 ORDER BY id", cfg.sku)) {
+    for (const auto& row : tx.exec_params(
+             "SELECT user_id, id FROM flash_order WHERE sku = $1 ORDER BY id", cfg.sku)) {
       st.orders[row[0].as<std::int64_t>()].push_back(row[1].as<std::int64_t>());
       ++st.order_rows;
     }
@@ -101,7 +103,8 @@ DbState PostgresBackend::read_state(const Config& cfg) {
     auto counts = tx.exec_params1(
         "SELECT count(*) FILTER (WHERE status = 'completed'),"
         " count(*) FILTER (WHERE status = 'in_progress')"
-        " FROM " + store_->qualified_table() + " WHERE biz_type = $1",
+        " FROM " +
+            store_->qualified_table() + " WHERE biz_type = $1",
         std::string(kScope));
     st.records_completed = counts[0].as<std::int64_t>();
     st.records_in_progress = counts[1].as<std::int64_t>();
@@ -153,8 +156,8 @@ void clear_redis(const std::string& url, const std::string& prefix, bool flushal
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    RedisReply r{static_cast<redisReply*>(redisCommandArgv(
-        c.get(), static_cast<int>(argv.size()), argv.data(), lens.data()))};
+    RedisReply r{static_cast<redisReply*>(
+        redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data()))};
     if (r.r == nullptr || r.r->type == REDIS_REPLY_ERROR) {
       throw std::runtime_error("flash_sale: Redis command failed: " +
                                std::string(r.r != nullptr ? r.r->str : c->errstr));
@@ -200,9 +203,8 @@ Report run_postgres_sale(const Config& cfg, const PostgresSaleOptions& options) 
   idem::redis::RedisStoreOptions ro{options.redis_url};
   ro.key_prefix = options.redis_prefix;
   idem::redis::RedisStore fast{ro};
-  return run_sale(backend, fast, cfg, [&] {
-    clear_redis(options.redis_url, options.redis_prefix, options.flushall);
-  });
+  return run_sale(backend, fast, cfg,
+                  [&] { clear_redis(options.redis_url, options.redis_prefix, options.flushall); });
 }
 
 }  // namespace flash_sale

@@ -4,10 +4,9 @@
 // simulated failover empties Redis mid-sale (FLUSHALL, or only this run's keys).
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstdint>
 #include <memory>
+#include <pqxx/pqxx>
 #include <string>
 
 #include "flash_sale.hpp"

@@ -4,20 +4,19 @@
 // idempotency record.
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <utility>
 
-#include "idem/sql.hpp"
 #include "idem/postgres/postgres_store.hpp"
+#include "idem/sql.hpp"
 #include "order_server.hpp"
 
 namespace order_http {
 
-/// The orders table on PostgreSQL (default `http_orders`). Connections come from the store's pool; the table name is
-/// a validated identifier (tests use a private table per run).
+/// The orders table on PostgreSQL (default `http_orders`). Connections come from the store's pool;
+/// the table name is a validated identifier (tests use a private table per run).
 class PostgresOrders {
  public:
   /// What `create` receives: the guard's transaction.
@@ -46,25 +45,24 @@ class PostgresOrders {
   /// order number is derived from the row's id inside the INSERT.
   Order create(pqxx::work& tx, const std::string& principal, const std::string& sku,
                long long qty) {
-    auto row = tx.exec_params1(
-        "INSERT INTO " + table_ +
-            " (id, order_no, principal, sku, qty, status)"
-            " SELECT n, 'ORD-' || lpad(n::text, 6, '0'), $1, $2, $3, 'WAIT_PAY'"
-            " FROM (SELECT nextval(pg_get_serial_sequence(" +
-            tx.quote(table_) + ", 'id')) AS n) s RETURNING order_no",
-        principal, sku, qty);
+    auto row =
+        tx.exec_params1("INSERT INTO " + table_ +
+                            " (id, order_no, principal, sku, qty, status)"
+                            " SELECT n, 'ORD-' || lpad(n::text, 6, '0'), $1, $2, $3, 'WAIT_PAY'"
+                            " FROM (SELECT nextval(pg_get_serial_sequence(" +
+                            tx.quote(table_) + ", 'id')) AS n) s RETURNING order_no",
+                        principal, sku, qty);
     return Order{row[0].as<std::string>(), sku, qty, "WAIT_PAY"};
   }
 
   /// Reads an order by number.
   std::optional<Order> find(const std::string& order_no) {
     return store_.with_transaction([&](pqxx::work& tx) -> std::optional<Order> {
-      auto r = tx.exec_params("SELECT order_no, sku, qty, status FROM " + table_ +
-                                  " WHERE order_no = $1",
-                              order_no);
+      auto r = tx.exec_params(
+          "SELECT order_no, sku, qty, status FROM " + table_ + " WHERE order_no = $1", order_no);
       if (r.empty()) return std::nullopt;
-      return Order{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
-                   r[0][2].as<long long>(), r[0][3].as<std::string>()};
+      return Order{r[0][0].as<std::string>(), r[0][1].as<std::string>(), r[0][2].as<long long>(),
+                   r[0][3].as<std::string>()};
     });
   }
 

@@ -8,11 +8,10 @@
 // state machine reads PAID: a duplicate. No serialization failure, no second payment row.
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <utility>
 

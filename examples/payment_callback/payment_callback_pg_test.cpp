@@ -2,6 +2,8 @@
 // The payment callback on PostgreSQL (real server: IDEM_TEST_POSTGRES_DSN): paid once however
 // often, however concurrently and however late the callback arrives; every callback answered
 // "success"; a cancelled order refunded once. Each test uses private tables.
+#include "payment_callback_pg.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include "payment_callback_pg.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -26,13 +27,13 @@ class PaymentCallbackPgTest : public ::testing::Test {
     tables_.orders = idem::test::unique_name("cb_orders");
     tables_.payments = idem::test::unique_name("cb_payments");
     tables_.refunds = idem::test::unique_name("cb_refunds");
-    logger_ = std::make_shared<idem::LoggingObserver>(
-        [this](idem::LogLevel, std::string_view line) {
+    logger_ =
+        std::make_shared<idem::LoggingObserver>([this](idem::LogLevel, std::string_view line) {
           std::lock_guard<std::mutex> lock(mutex_);
           lines_.emplace_back(line);
         });
-    handler_ = std::make_unique<payment_callback::PostgresPaymentCallbackHandler>(
-        *store_, logger_, tables_);
+    handler_ = std::make_unique<payment_callback::PostgresPaymentCallbackHandler>(*store_, logger_,
+                                                                                  tables_);
     set_order("ORD-1", "WAIT_PAY");
   }
   void TearDown() override {

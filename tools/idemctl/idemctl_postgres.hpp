@@ -4,10 +4,9 @@
 // batched deletes that skip locked rows).
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <memory>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,7 +82,8 @@ class PostgresSource final : public RecordSource, public Admin {
             " count(*) FILTER (WHERE status = 'failed'),"
             " count(*) FILTER (WHERE status = 'in_progress' AND lease_until <= clock_timestamp()),"
             " count(*) FILTER (WHERE status <> 'in_progress' AND expires_at <= now())"
-            " FROM " + store_->qualified_table());
+            " FROM " +
+            store_->qualified_table());
         Stats st;
         st.in_progress = r[0].as<std::int64_t>();
         st.completed = r[1].as<std::int64_t>();

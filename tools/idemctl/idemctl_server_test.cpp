@@ -124,8 +124,8 @@ TEST_F(IdemctlServerTest, ShowPrintsPostgresAndRedisSideBySide) {
   EXPECT_TRUE(contains(r.out, "attempts     1")) << r.out;
 
   // Only in PostgreSQL (two-phase begin never touched Redis): the Redis column says absent.
-  auto running = idemctl(db_ + "--fast " + quote(redis_url_) + " --fast-prefix " +
-                         quote(prefix_) + " show payment running");
+  auto running = idemctl(db_ + "--fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_) +
+                         " show payment running");
   EXPECT_EQ(0, running.status) << running.out;
   EXPECT_TRUE(contains(running.out, "in_progress")) << running.out;
   EXPECT_TRUE(contains(running.out, "(absent)")) << running.out;

@@ -24,9 +24,8 @@
 // @endcode
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstdint>
+#include <pqxx/pqxx>
 #include <string>
 #include <string_view>
 #include <utility>

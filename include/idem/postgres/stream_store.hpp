@@ -29,9 +29,8 @@
 // @endcode
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstdint>
+#include <pqxx/pqxx>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -77,8 +76,8 @@ class ChunkStore {
     insert_ = "INSERT INTO " + table_ +
               " (request_id, chunk_offset, body) VALUES ($1, $2, $3)"
               " ON CONFLICT (request_id, chunk_offset) DO NOTHING";
-    select_ = "SELECT chunk_offset, body FROM " + table_ +
-              " WHERE request_id = $1 ORDER BY chunk_offset";
+    select_ =
+        "SELECT chunk_offset, body FROM " + table_ + " WHERE request_id = $1 ORDER BY chunk_offset";
     count_ = "SELECT count(*) FROM " + table_ + " WHERE request_id = $1";
     erase_ = "DELETE FROM " + table_ + " WHERE request_id = $1";
     if (options_.migrate) {
@@ -134,8 +133,7 @@ class ChunkStore {
         if (offset > r.next_offset) {
           r.has_gap = true;
         } else if (end > r.next_offset) {
-          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset),
-                        std::string::npos);
+          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset), std::string::npos);
           r.next_offset = end;
         }
       }

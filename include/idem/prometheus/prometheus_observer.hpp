@@ -18,7 +18,7 @@
 //                                            fast store down, or none configured)
 //   idem_duplicates_total{source}            every duplicate detection by source (fast_store,
 //                                            unique_index, state_machine, mq_record)
-//   idem_mq_redeliveries_total               redeliveries requested by MQ consumers
+//   idem_mq_redeliveries_total               MQ redeliveries reported by consumer loops
 //                                            (mq_redelivered())
 //   idem_degraded_calls_total                calls decided without the fast store (it failed)
 //   idem_fast_store_outages_total            bursts of fast-store failures (down events)
@@ -98,8 +98,9 @@ class PrometheusObserver final : public Observer {
   /// idem_durable_retries_total.
   void on_durable_retry(const Key& key, std::string_view reason) noexcept override;
 
-  /// Counts `n` MQ redeliveries (an MQ consumer calls it when it leaves a message for the
-  /// broker to redeliver because another worker holds it): idem_mq_redeliveries_total.
+  /// Counts `n` MQ redeliveries: idem_mq_redeliveries_total. An MQ consumer loop calls it for
+  /// each delivery whose broker delivery count is above 1 (examples/mq_consumer), which makes
+  /// the counter equal ConsumerStats::redeliveries.
   void mq_redelivered(std::uint64_t n = 1) noexcept;
 
  private:

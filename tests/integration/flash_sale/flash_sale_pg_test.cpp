@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <pqxx/pqxx>
-
 #include <sstream>
 #include <string>
 

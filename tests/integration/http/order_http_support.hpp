@@ -39,7 +39,7 @@ struct Answer {
 };
 
 inline Answer post(int port, const std::string& body, const std::vector<std::string>& keys,
-            const std::string& token = "alice") {
+                   const std::string& token = "alice") {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(30, 0);
   httplib::Headers headers{{"Authorization", "Bearer " + token}};
@@ -65,7 +65,7 @@ inline std::string order_no_of(const std::string& body) {
 }
 
 inline double metric(const std::string& text, const std::string& name,
-              const std::map<std::string, std::string>& labels = {}) {
+                     const std::map<std::string, std::string>& labels = {}) {
   return metric_value(text, name, labels).value_or(0.0);
 }
 
@@ -185,9 +185,8 @@ void duplicate_storm(idem::IdempotencyGuard<Durable>& guard, Orders& orders,
   EXPECT_EQ(kSequential, metric(text, "idem_calls_total", {{"outcome", "replayed"}}));
   EXPECT_EQ(1, metric(text, "idem_calls_total", {{"outcome", "fingerprint_mismatch"}}));
   EXPECT_EQ(kConcurrent + kSequential + 2, metric(text, "idem_calls_total"));
-  EXPECT_EQ(kConcurrent - 1 + kSequential + 1,
-            metric(text, "idem_fast_store_hits_total") +
-                metric(text, "idem_unique_conflicts_total"));
+  EXPECT_EQ(kConcurrent - 1 + kSequential + 1, metric(text, "idem_fast_store_hits_total") +
+                                                   metric(text, "idem_unique_conflicts_total"));
   EXPECT_EQ(2, metric(text, "idem_fast_store_claims_total"));
   EXPECT_EQ(0, metric(text, "idem_degraded_calls_total"));
   EXPECT_EQ(kConcurrent + kSequential + 2,

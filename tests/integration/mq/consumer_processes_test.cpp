@@ -10,7 +10,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -242,5 +245,82 @@ TEST(MqConsumerProcesses, KillNineMidBatchStillOneEffectPerMessage) { run_kill_s
 TEST(MqConsumerProcesses, KillNineInsideTheTransactionStillOneEffectPerMessage) {
   run_kill_scenario(true);
 }
+
+#if defined(MQ_CONSUMER_WITH_PROMETHEUS) && defined(MQ_CONSUMER_WITH_HTTP)
+// GET http://127.0.0.1:<port><path> over a plain socket; the whole response, or "".
+std::string http_get(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// The consumer's /metrics: a poison message is retried (taken back with XAUTOCLAIM) until it
+// is dead-lettered; idem_mq_redeliveries_total, scraped over HTTP, equals the redeliveries the
+// consumer reports at exit, and the guard's counters are there too.
+TEST(MqConsumerProcesses, MetricsEndpointCountsRedeliveries) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+  idem::test::TempDir dir;
+  const std::string stream = idem::test::unique_name("idem-test:mq:metrics");
+  const std::string group = idem::test::unique_name("billing");
+  idem::mq::RedisStreams redis{{url}};
+  ASSERT_TRUE(redis.create_group(stream, group));
+  redis.add_many(stream, {{{"message_id", "m1:paid:v1"}, {"body", "{}"}},
+                          {{"message_id", "m2:paid:v1"}, {"body", "poison"}},
+                          {{"message_id", "m3:paid:v1"}, {"body", "{}"}}});
+  pid_t pid = spawn({IDEM_MQ_CONSUMER_BIN, "--redis", url, "--stream", stream, "--group", group,
+                     "--consumer", "cm", "--db", dir.file("m.db"), "--fast-store", "memory",
+                     "--max-attempts", "3", "--claim-idle-ms", "50", "--claim-every-ms", "50",
+                     "--metrics-port", "0"},
+                    dir.file("cm.out"));
+  ASSERT_GT(pid, 0);
+  // The port, from "cm: metrics on http://127.0.0.1:<port>/metrics".
+  int port = 0;
+  std::smatch m;
+  const std::regex port_re("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics");
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (port == 0 && Clock::now() < deadline) {
+    std::string out = slurp(dir.file("cm.out"));
+    if (std::regex_search(out, m, port_re)) port = std::stoi(m[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << slurp(dir.file("cm.out"));
+  // Wait until the poison message is dead-lettered (attempt 3 = 2 redeliveries).
+  deadline = Clock::now() + std::chrono::seconds(30);
+  while (redis.length(stream + ".dead") == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(1u, redis.length(stream + ".dead")) << slurp(dir.file("cm.out"));
+  std::string metrics = http_get(port, "/metrics");
+  ASSERT_NE(std::string::npos, metrics.find("200 OK")) << metrics;
+  std::regex value_re("\\nidem_mq_redeliveries_total(\\{[^}]*\\})? ([0-9.e+]+)");
+  ASSERT_TRUE(std::regex_search(metrics, m, value_re)) << metrics;
+  const auto scraped = static_cast<std::uint64_t>(std::stod(m[2]));
+  EXPECT_NE(std::string::npos, metrics.find("idem_calls_total")) << metrics;
+
+  ASSERT_EQ(0, ::kill(pid, SIGTERM));
+  ASSERT_EQ(0, wait_for(pid, std::chrono::seconds(30))) << slurp(dir.file("cm.out"));
+  std::string out = slurp(dir.file("cm.out"));
+  EXPECT_EQ(2u, summary_value(out, "redeliveries")) << out;
+  EXPECT_EQ(2u, scraped) << metrics;
+  EXPECT_EQ(1u, summary_value(out, "dead_lettered")) << out;
+  redis.del(stream);
+  redis.del(stream + ".dead");
+}
+#endif
 
 }  // namespace

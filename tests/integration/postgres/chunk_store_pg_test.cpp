@@ -47,8 +47,10 @@ TEST_F(ChunkStorePg, ResumeStopsAtTheFirstHoleAndUsesOverlapsSuffixOnly) {
   const std::string rid = idem::test::unique_name("chat");
   const std::string bin("a\0b\xff", 4);  // bodies are bytes (BYTEA), not text
   ASSERT_TRUE(chunks_->append(rid, 0, bin));
-  ASSERT_TRUE(chunks_->append(rid, 2, "b\xff" "cd"));  // overlaps [2, 4): adds "cd"
-  ASSERT_TRUE(chunks_->append(rid, 10, "later"));     // beyond a hole at [6, 10)
+  ASSERT_TRUE(chunks_->append(rid, 2,
+                              "b\xff"
+                              "cd"));              // overlaps [2, 4): adds "cd"
+  ASSERT_TRUE(chunks_->append(rid, 10, "later"));  // beyond a hole at [6, 10)
   auto r = chunks_->resume(rid);
   EXPECT_EQ(6u, r.next_offset);
   EXPECT_EQ(bin + "cd", r.text);
@@ -84,7 +86,8 @@ TEST_F(ChunkStorePg, SixteenWritersOfTheSameChunksStoreEachOnce) {
       // Each writer goes through the chunks in its own order.
       for (int i = 0; i < kChunks; ++i) {
         int k = (i * 7 + t) % kChunks;
-        if (chunks_->append(rid, static_cast<std::uint64_t>(k) * 4, "tok" + std::to_string(k % 10))) {
+        if (chunks_->append(rid, static_cast<std::uint64_t>(k) * 4,
+                            "tok" + std::to_string(k % 10))) {
           ++stored;
         }
       }

@@ -36,7 +36,9 @@ PostgresStoreOptions mq_options() {
   return o;
 }
 
-long effects_of(const std::string& id) { return pg::count_where("idem_test_effects", "key_id", id); }
+long effects_of(const std::string& id) {
+  return pg::count_where("idem_test_effects", "key_id", id);
+}
 
 TEST(PostgresAttemptLedger, SixteenThreadsLoseNoFailureAndTheCountSurvivesARestart) {
   IDEM_REQUIRE_POSTGRES();
@@ -162,8 +164,9 @@ TEST_P(ConsumerPg, PoisonMessageIsDeadLetteredAfterThreeAttemptsAcrossARestart) 
     idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
     EXPECT_EQ(Verdict::kRetryLater, consumer.consume(idem::Delivery{poison, "fp", "p", 1}, fail));
     // Other messages keep flowing.
-    EXPECT_EQ(Verdict::kAck, consumer.consume(idem::Delivery{good, "fp", "g", 1},
-                                              [&](pqxx::work& tx) { pg::insert_effect(tx, good); }));
+    EXPECT_EQ(Verdict::kAck,
+              consumer.consume(idem::Delivery{good, "fp", "g", 1},
+                               [&](pqxx::work& tx) { pg::insert_effect(tx, good); }));
     EXPECT_EQ(Verdict::kRetryLater, consumer.consume(idem::Delivery{poison, "fp", "p", 2}, fail));
   }
   // A restarted consumer (new objects) continues from the two stored failures.
@@ -176,8 +179,8 @@ TEST_P(ConsumerPg, PoisonMessageIsDeadLetteredAfterThreeAttemptsAcrossARestart) 
   EXPECT_NE(std::string::npos, dead[0].error.find("cannot apply"));
   // Later deliveries are acked as duplicates without running; the record is failed.
   bool ran = false;
-  EXPECT_EQ(Verdict::kAckDuplicate,
-            consumer.consume(idem::Delivery{poison, "fp", "p", 4}, [&](pqxx::work&) { ran = true; }));
+  EXPECT_EQ(Verdict::kAckDuplicate, consumer.consume(idem::Delivery{poison, "fp", "p", 4},
+                                                     [&](pqxx::work&) { ran = true; }));
   EXPECT_FALSE(ran);
   EXPECT_TRUE(consumer.dead_lettered(poison));
   auto rec = durable_->lookup(idem::Key::make(group_, poison));
@@ -192,9 +195,8 @@ TEST_P(ConsumerPg, SameIdWithAnotherBodyIsAMismatchAndRunsNothing) {
   std::vector<idem::DeadLetter> dead;
   idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
   const std::string id = idem::test::unique_name("msg");
-  EXPECT_EQ(Verdict::kAck,
-            consumer.consume(idem::Delivery{id, idem::fingerprint("a"), "a", 1},
-                             [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
+  EXPECT_EQ(Verdict::kAck, consumer.consume(idem::Delivery{id, idem::fingerprint("a"), "a", 1},
+                                            [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
   EXPECT_EQ(Verdict::kMismatch,
             consumer.consume(idem::Delivery{id, idem::fingerprint("b"), "b", 1},
                              [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
@@ -203,7 +205,8 @@ TEST_P(ConsumerPg, SameIdWithAnotherBodyIsAMismatchAndRunsNothing) {
 
 INSTANTIATE_TEST_SUITE_P(FastStore, ConsumerPg, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? std::string("RedisInFront") : std::string("DurableOnly");
+                           return p.param ? std::string("RedisInFront")
+                                          : std::string("DurableOnly");
                          });
 
 }  // namespace

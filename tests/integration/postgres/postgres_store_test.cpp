@@ -137,9 +137,10 @@ std::vector<FastStoreFactory> fast_store_factories() {
   return f;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    FastStores, PaymentStorm, ::testing::ValuesIn(fast_store_factories()),
-    [](const ::testing::TestParamInfo<FastStoreFactory>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(FastStores, PaymentStorm, ::testing::ValuesIn(fast_store_factories()),
+                         [](const ::testing::TestParamInfo<FastStoreFactory>& p) {
+                           return p.param.name;
+                         });
 
 // ---------------------------------------------------------------------------------------------
 
