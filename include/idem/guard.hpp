@@ -490,18 +490,22 @@ class IdempotencyGuard {
   }
 
   template <class R>
-  GuardResult<R> duplicate(Call<R>& call, const ClaimResult& c, Source source,
+  // Consumes `c` (its strings move into the result: no copies on the replay path).
+  GuardResult<R> duplicate(Call<R>& call, ClaimResult& c, Source source,
                            DuplicateSource dup_source) {
     GuardResult<R> r;
     r.source = source;
     r.degraded = call.degraded;
     r.first_seen = c.first_seen;
-    r.holder = c.holder;
     switch (c.status) {
       case ClaimStatus::kDone:
         r.outcome = Outcome::kReplayed;
         try {
-          r.value.emplace(Codec<R>::decode(c.response));
+          if constexpr (std::is_same_v<R, std::string>) {
+            r.value.emplace(std::move(c.response));  // Codec<std::string> is the identity
+          } else {
+            r.value.emplace(Codec<R>::decode(c.response));
+          }
         } catch (const std::exception& e) {
           throw CorruptRecord("idem: the stored response of '" + call.key.str() +
                               "' cannot be decoded: " + e.what());
@@ -522,6 +526,7 @@ class IdempotencyGuard {
     if (auto* o = options_.observer.get()) {
       o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
     }
+    r.holder = std::move(c.holder);
     emit_call(call, r);
     return r;
   }

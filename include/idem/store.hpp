@@ -213,6 +213,9 @@ class FastStore {
 ///                   std::chrono::seconds retention);
 ///     bool release(const Key&, const OwnerToken&);
 ///
+///     // Optional: run_transactional and begin may take a trailing `DurableHint` (see below);
+///     // the guard passes it only where such an overload exists.
+///
 ///     std::optional<Record> lookup(const Key&);
 ///     std::size_t purge_expired(std::size_t batch_size);   // deletes expired completed rows
 ///     std::string_view name() const noexcept;

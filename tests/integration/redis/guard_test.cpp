@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The guard over the real Redis store: many threads on one key (with SQLite behind, and Redis
-// alone), and a lease that expires under a slow handler.
+// alone), a lease that expires under a slow handler, and consume_batch's pipelines.
 #include "idem/guard.hpp"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "idem/consumer.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/test_env.hpp"
@@ -183,6 +184,82 @@ TEST_F(RedisGuardTest, HandlerFailureReleasesTheClaimForAnImmediateRetry) {
   EXPECT_FALSE(fast.lookup(k).has_value());
   auto r = guard.run(k, "fp", [] { return std::string("second try"); });
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
+}
+
+}  // namespace
+
+// IdempotentConsumer::consume_batch over RedisStore + SQLite: one pipelined claim and one
+// pipelined complete per batch, every message applied once (in-batch duplicates, duplicates
+// across batches, and 4 threads consuming overlapping batches).
+namespace {
+
+class RedisConsumeBatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override { IDEM_REQUIRE_ENV(url_, "IDEM_TEST_REDIS_URL"); }
+  std::string url_;
+  idem::test::TempDir dir_;
+};
+
+TEST_F(RedisConsumeBatchTest, PipelinedBatchesApplyEachMessageOnce) {
+  RedisStore fast{RedisStoreOptions{url_}};
+  idem::sqlite::SqliteStore durable{dir_.file("mq.sqlite"),
+                                    idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+  durable.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE effect (message_id TEXT NOT NULL)");
+  });
+  idem::GuardOptions go;
+  go.durable_source = idem::DuplicateSource::kMqRecord;
+  idem::IdempotencyGuard<idem::sqlite::SqliteStore> guard{fast, durable, go};
+  const std::string group = idem::test::unique_name("batch-group");
+  idem::IdempotentConsumer<idem::sqlite::SqliteStore> consumer{guard, group};
+  auto run = [&](const std::vector<std::string>& ids) {
+    std::vector<std::string> fps;
+    for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+    std::vector<idem::Delivery> batch;
+    for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(idem::Delivery{ids[i], fps[i]});
+    return consumer.consume_batch(batch, [&](idem::sqlite::Transaction& tx, std::size_t i) {
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+    });
+  };
+  auto effects = [&](const std::string& id) {
+    return durable.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE message_id = ?", id).value_or(-1);
+    });
+  };
+  using idem::Verdict;
+  const auto before = fast.command_stats();
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate}),
+            run({"a", "b", "a"}));
+  auto mid = fast.command_stats();
+  EXPECT_EQ(before.pipelined_claim_batches + 1, mid.pipelined_claim_batches);
+  EXPECT_EQ(before.pipelined_complete_batches + 1, mid.pipelined_complete_batches);
+  EXPECT_EQ(before.native_completes + 2, mid.native_completes);
+  // b is answered by Redis (no durable work), c runs.
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate, Verdict::kAck}), run({"b", "c"}));
+  for (const char* id : {"a", "b", "c"}) {
+    EXPECT_EQ(1, effects(id)) << id;
+    auto rec = fast.lookup(Key::make(group, id));
+    ASSERT_TRUE(rec.has_value()) << id;
+    EXPECT_EQ(idem::Record::Status::kCompleted, rec->status) << id;
+  }
+
+  constexpr int kThreads = 4, kMessages = 80;
+  std::atomic<int> acks{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int from = 0; from < kMessages; from += 16) {
+        std::vector<std::string> ids;
+        for (int m = from; m < from + 16; ++m) {
+          ids.push_back("m" + std::to_string((m + 16 * t) % kMessages));
+        }
+        for (Verdict v : run(ids)) acks += v == Verdict::kAck;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(kMessages, acks.load());
+  for (int m = 0; m < kMessages; ++m) EXPECT_EQ(1, effects("m" + std::to_string(m))) << m;
 }
 
 }  // namespace
