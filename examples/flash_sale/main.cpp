@@ -6,6 +6,11 @@
 //                   [--max-clicks N] [--timeout-ms N] [--slow-percent N]
 //                   [--slow-handler-percent N] [--slow-ms N] [--reload-percent N]
 //                   [--fast-loss-at-user N] [--seed N]
+//                   [--postgres DSN [--redis URL] [--redis-prefix P] [--schema S]]
+//
+// With --postgres the sale runs on PostgreSQL (records, orders and stock in one pqxx::work),
+// with Redis in front when --redis is given; the simulated failover is then a FLUSHALL of that
+// Redis (use one of your own), or, with --redis-keep-others, a delete of this run's keys only.
 //
 // Exit status: 0 when every check passed, 1 on any violation, 2 on bad flags, 3 on an error.
 #include <cstdlib>
@@ -14,6 +19,9 @@
 #include <string>
 
 #include "sqlite_backend.hpp"
+#ifdef FLASH_SALE_WITH_POSTGRES
+#include "postgres_backend.hpp"
+#endif
 
 namespace {
 
@@ -22,8 +30,11 @@ void usage(std::ostream& out) {
          "       [--server-threads N] [--max-clicks N] [--timeout-ms N] [--slow-percent N]\n"
          "       [--slow-handler-percent N] [--slow-ms N] [--reload-percent N]\n"
          "       [--fast-loss-at-user N] [--seed N]\n"
+         "       [--postgres DSN [--redis URL] [--redis-prefix P] [--redis-keep-others]\n"
+         "        [--schema S]]\n"
          "defaults: 2000 users, 100 units, 8 client threads, db flash_sale.sqlite;\n"
-         "the fast store loses its records when user stock/2 starts (-1: never)\n";
+         "the fast store loses its records when user stock/2 starts (-1: never);\n"
+         "with --redis that is a FLUSHALL (--redis-keep-others: only this run's keys)\n";
 }
 
 long long parse_number(const std::string& flag, const char* text, long long min) {
@@ -40,12 +51,18 @@ long long parse_number(const std::string& flag, const char* text, long long min)
 
 int main(int argc, char** argv) {
   flash_sale::Config cfg;
+  std::string dsn, redis, redis_prefix = "idem:", schema;
+  bool keep_others = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
       if (flag == "--help" || flag == "-h") {
         usage(std::cout);
         return 0;
+      }
+      if (flag == "--redis-keep-others") {
+        keep_others = true;
+        continue;
       }
       if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
       const char* v = argv[++i];
@@ -69,14 +86,40 @@ int main(int argc, char** argv) {
       else if (flag == "--fast-loss-at-user")
         cfg.fast_loss_at_user = static_cast<int>(parse_number(flag, v, -1));
       else if (flag == "--seed") cfg.seed = static_cast<std::uint64_t>(parse_number(flag, v, 0));
+      else if (flag == "--postgres") dsn = v;
+      else if (flag == "--redis") redis = v;
+      else if (flag == "--redis-prefix") redis_prefix = v;
+      else if (flag == "--schema") schema = v;
       else throw std::invalid_argument("unknown flag " + flag);
     }
+    if (dsn.empty() && (!redis.empty() || !schema.empty())) {
+      throw std::invalid_argument("--redis and --schema go with --postgres");
+    }
+#ifndef FLASH_SALE_WITH_POSTGRES
+    if (!dsn.empty()) {
+      throw std::invalid_argument("--postgres needs a build with idem::postgres and idem::redis");
+    }
+#endif
   } catch (const std::exception& e) {
     std::cerr << "idem_flash_sale: " << e.what() << "\n";
     usage(std::cerr);
     return 2;
   }
   try {
+#ifdef FLASH_SALE_WITH_POSTGRES
+    if (!dsn.empty()) {
+      flash_sale::PostgresSaleOptions po;
+      po.dsn = dsn;
+      po.schema = schema;
+      po.redis_url = redis;
+      po.redis_prefix = redis_prefix;
+      po.flushall = !keep_others;
+      cfg.db = "postgres" + (schema.empty() ? std::string() : " schema " + schema);
+      flash_sale::Report report = flash_sale::run_postgres_sale(cfg, po);
+      flash_sale::print_report(report, std::cout);
+      return report.ok() ? 0 : 1;
+    }
+#endif
     flash_sale::Report report = flash_sale::run_sqlite_sale(cfg);
     flash_sale::print_report(report, std::cout);
     return report.ok() ? 0 : 1;

@@ -17,8 +17,16 @@
 // Options: --stream --group --consumer --db --batch --block-ms --claim-idle-ms --claim-every-ms
 // (0: never claim) --max-attempts --dead-letter-stream --park-stream --delay-ms (slow consumer)
 // [--delay-inside] --fast-store redis|memory --lease-ms --log FILE (one line per delivery, written before
-// processing) --exit-when-drained.
-// The last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`.
+// processing) --exit-when-drained --metrics-port N (serve Prometheus /metrics on 127.0.0.1:N;
+// 0 picks a free port, printed on stderr).
+// The last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`
+// (plus `metric_redeliveries=...`, the idem_mq_redeliveries_total counter, in a build with
+// idem::prometheus).
+//
+// Metrics (idem::prometheus): the guard reports to a PrometheusObserver, and every delivery
+// whose broker delivery count is above 1 (an entry taken over with XAUTOCLAIM, or one left
+// pending after retry_later) is counted with PrometheusObserver::mq_redelivered(), so
+// idem_mq_redeliveries_total equals ConsumerStats::redeliveries.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -40,6 +48,15 @@
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/attempt_ledger.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#ifdef MQ_CONSUMER_WITH_PROMETHEUS
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "idem/prometheus/prometheus_observer.hpp"
+#endif
+#ifdef MQ_CONSUMER_WITH_HTTP
+#include <httplib.h>
+#endif
 
 namespace {
 
@@ -66,6 +83,7 @@ struct Config {
   std::string fast_store = "redis";  // redis | memory
   long lease_ms = 30000;
   bool delay_inside = false;  // sleep inside the handler's transaction (kill tests)
+  long metrics_port = -1;     // -1: no /metrics endpoint
 };
 
 Config parse(int argc, char** argv) {
@@ -81,7 +99,8 @@ Config parse(int argc, char** argv) {
                                        {"--claim-every-ms", &c.claim_every_ms},
                                        {"--delay-ms", &c.delay_ms},
                                        {"--publish", &c.publish},
-                                       {"--lease-ms", &c.lease_ms}};
+                                       {"--lease-ms", &c.lease_ms},
+                                       {"--metrics-port", &c.metrics_port}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--exit-when-drained") {
@@ -187,6 +206,43 @@ int main(int argc, char** argv) try {
   });
   idem::GuardOptions guard_options;
   guard_options.durable_source = idem::DuplicateSource::kMqRecord;
+#ifdef MQ_CONSUMER_WITH_PROMETHEUS
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<idem::PrometheusObserver>(registry);
+  guard_options.observer = metrics;
+#endif
+#ifdef MQ_CONSUMER_WITH_HTTP
+  httplib::Server metrics_server;
+  std::thread metrics_thread;
+  if (cfg.metrics_port >= 0) {
+    metrics_server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content(prometheus::TextSerializer().Serialize(registry.Collect()),
+                      "text/plain; version=0.0.4");
+    });
+    int port = cfg.metrics_port == 0
+                   ? metrics_server.bind_to_any_port("127.0.0.1")
+                   : (metrics_server.bind_to_port("127.0.0.1", static_cast<int>(cfg.metrics_port))
+                          ? static_cast<int>(cfg.metrics_port)
+                          : -1);
+    if (port <= 0) throw std::runtime_error("cannot bind metrics port " +
+                                            std::to_string(cfg.metrics_port));
+    std::fprintf(stderr, "%s: metrics on http://127.0.0.1:%d/metrics\n", cfg.consumer.c_str(),
+                 port);
+    metrics_thread = std::thread([&] { metrics_server.listen_after_bind(); });
+  }
+  struct StopMetrics {
+    httplib::Server& server;
+    std::thread& thread;
+    ~StopMetrics() {
+      server.stop();
+      if (thread.joinable()) thread.join();
+    }
+  } stop_metrics{metrics_server, metrics_thread};
+#else
+  if (cfg.metrics_port >= 0) {
+    throw std::invalid_argument("--metrics-port needs a build with idem::prometheus and idem::http");
+  }
+#endif
   // A consumer killed mid-message leaves its fast claim until the lease ends: longer than the
   // slowest handler, shorter than you want a crashed message to wait.
   guard_options.lease = std::chrono::milliseconds(cfg.lease_ms);
@@ -221,6 +277,10 @@ int main(int argc, char** argv) try {
         if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
       };
       if (!cfg.delay_inside) delay();
+#ifdef MQ_CONSUMER_WITH_PROMETHEUS
+      // A redelivery (taken over, or pending since a retry_later): idem_mq_redeliveries_total.
+      if (e.delivery_count > 1) metrics->mq_redelivered();
+#endif
       std::string id = message_id_of(e);
       const std::string* body_field = e.find("body");
       std::string body = body_field ? *body_field : std::string();
@@ -294,6 +354,15 @@ int main(int argc, char** argv) try {
       static_cast<unsigned long long>(s.dead_lettered),
       static_cast<unsigned long long>(s.failures),
       static_cast<unsigned long long>(s.redeliveries), static_cast<unsigned long long>(claimed));
+#ifdef MQ_CONSUMER_WITH_PROMETHEUS
+  double metric_redeliveries = 0;
+  for (const auto& family : registry.Collect()) {
+    if (family.name != "idem_mq_redeliveries_total") continue;
+    for (const auto& m : family.metric) metric_redeliveries += m.counter.value;
+  }
+  std::printf("summary-metrics consumer=%s metric_redeliveries=%llu\n", cfg.consumer.c_str(),
+              static_cast<unsigned long long>(metric_redeliveries));
+#endif
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "mq_consumer: %s\n", e.what());

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // examples/order_http: an order service whose POST /orders honours Idempotency-Key.
 //
-//   order_http [--port N] [--db PATH] [--log]       (env: IDEM_ORDER_PORT, IDEM_ORDER_DB)
+//   order_http [--port N] [--db PATH | --postgres DSN] [--redis URL] [--log]
+//   (env: IDEM_ORDER_PORT, IDEM_ORDER_DB, IDEM_ORDER_DSN, IDEM_ORDER_REDIS)
 //
 // Then:
 //   curl -i -X POST http://127.0.0.1:8080/orders -H 'Idempotency-Key: "abc"'
@@ -17,24 +18,49 @@
 #include "idem/memory_store.hpp"
 #include "idem/prometheus/prometheus_observer.hpp"
 #include "order_server.hpp"
+#ifdef ORDER_HTTP_WITH_POSTGRES
+#include "postgres_orders.hpp"
+#endif
+#ifdef ORDER_HTTP_WITH_REDIS
+#include "idem/redis/redis_store.hpp"
+#endif
 
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 
 void usage(std::ostream& out) {
-  out << "usage: order_http [--port N] [--db PATH] [--log]\n"
-         "  --port N   port to listen on (default 8080, env IDEM_ORDER_PORT; 0 = any free)\n"
-         "  --db PATH  SQLite file for orders and idempotency records (default orders.sqlite,\n"
-         "             env IDEM_ORDER_DB)\n"
-         "  --log      log duplicates and store events to stderr\n"
-         "  --postgres DSN / env IDEM_ORDER_DSN: PostgreSQL instead of SQLite (needs a build\n"
-         "             with idem::postgres)\n";
+  out << "usage: order_http [--port N] [--db PATH | --postgres DSN] [--redis URL] [--log]\n"
+         "  --port N        port to listen on (default 8080, env IDEM_ORDER_PORT; 0 = any free)\n"
+         "  --db PATH       SQLite file for orders and idempotency records (default\n"
+         "                  orders.sqlite, env IDEM_ORDER_DB)\n"
+         "  --postgres DSN  PostgreSQL (postgresql:// URI or libpq conninfo) instead of SQLite\n"
+         "                  (env IDEM_ORDER_DSN; needs a build with idem::postgres)\n"
+         "  --redis URL     Redis fast store in front of the database instead of the in-process\n"
+         "                  one (redis://host:port[/db], env IDEM_ORDER_REDIS; needs idem::redis)\n"
+         "  --log           log duplicates and store events to stderr\n";
 }
 
 const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+// Serves until SIGINT/SIGTERM.
+template <class Durable, class Orders>
+void serve(idem::FastStore& fast, Durable& durable, Orders& orders, idem::GuardOptions options,
+           prometheus::Registry& registry, int port, const std::string& what) {
+  idem::IdempotencyGuard<Durable> guard{fast, durable, std::move(options)};
+  order_http::ServerOptions server_options;
+  server_options.port = port;
+  order_http::OrderServer<Durable, Orders> server{guard, orders, registry, server_options};
+  server.start();
+  std::cout << "order_http listening on " << server.url() << " (" << what << ", fast store "
+            << fast.name() << ")" << std::endl;
+  std::signal(SIGINT, [](int) { g_stop = 1; });
+  std::signal(SIGTERM, [](int) { g_stop = 1; });
+  while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.stop();
 }
 
 }  // namespace
@@ -43,6 +69,7 @@ int main(int argc, char** argv) {
   int port = std::atoi(env_or("IDEM_ORDER_PORT", "8080"));
   std::string db = env_or("IDEM_ORDER_DB", "orders.sqlite");
   std::string dsn = env_or("IDEM_ORDER_DSN", "");
+  std::string redis = env_or("IDEM_ORDER_REDIS", "");
   bool log = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -67,6 +94,8 @@ int main(int argc, char** argv) {
       db = value();
     } else if (a == "--postgres") {
       dsn = value();
+    } else if (a == "--redis") {
+      redis = value();
     } else if (a == "--log") {
       log = true;
     } else if (a == "-h" || a == "--help") {
@@ -78,11 +107,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifndef ORDER_HTTP_WITH_POSTGRES
   if (!dsn.empty()) {
     std::cerr << "order_http: this build has no PostgreSQL backend (idem::postgres); "
                  "run without --postgres / IDEM_ORDER_DSN to use SQLite\n";
     return 2;
   }
+#endif
+#ifndef ORDER_HTTP_WITH_REDIS
+  if (!redis.empty()) {
+    std::cerr << "order_http: this build has no Redis fast store (idem::redis); "
+                 "run without --redis / IDEM_ORDER_REDIS\n";
+    return 2;
+  }
+#endif
 
   try {
     prometheus::Registry registry;
@@ -92,21 +130,23 @@ int main(int argc, char** argv) {
     idem::GuardOptions options;
     options.observer = observers;
 
-    idem::MemoryStore fast;
+    std::unique_ptr<idem::FastStore> fast;
+#ifdef ORDER_HTTP_WITH_REDIS
+    if (!redis.empty()) fast = std::make_unique<idem::redis::RedisStore>(redis);
+#endif
+    if (!fast) fast = std::make_unique<idem::MemoryStore>();
+
+#ifdef ORDER_HTTP_WITH_POSTGRES
+    if (!dsn.empty()) {
+      idem::postgres::PostgresStore durable{dsn};  // connects and migrates: fails fast
+      order_http::PostgresOrders orders{durable};
+      serve(*fast, durable, orders, options, registry, port, "postgres");
+      return 0;
+    }
+#endif
     idem::sqlite::SqliteStore durable{db};
     order_http::SqliteOrders orders{durable.database()};
-    idem::IdempotencyGuard guard{fast, durable, options};
-
-    order_http::ServerOptions server_options;
-    server_options.port = port;
-    order_http::OrderServer server{guard, orders, registry, server_options};
-    server.start();
-    std::cout << "order_http listening on " << server.url() << " (db " << db << ")" << std::endl;
-
-    std::signal(SIGINT, [](int) { g_stop = 1; });
-    std::signal(SIGTERM, [](int) { g_stop = 1; });
-    while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    server.stop();
+    serve(*fast, durable, orders, options, registry, port, "db " + db);
   } catch (const std::exception& e) {
     std::cerr << "order_http: " << e.what() << "\n";
     return 1;

@@ -2,7 +2,7 @@
 // examples/payment_callback: fires the same gateway callback 32 times concurrently, then once
 // more after the order shipped, and shows that the order was paid once.
 //
-//   payment_callback [--db PATH]
+//   payment_callback [--db PATH | --postgres DSN]
 #include <atomic>
 #include <iostream>
 #include <thread>
@@ -10,50 +10,107 @@
 
 #include "idem/log/fmt_sink.hpp"
 #include "payment_callback.hpp"
+#ifdef PAYMENT_CALLBACK_WITH_POSTGRES
+#include "payment_callback_pg.hpp"
+#endif
+
+namespace {
+
+// The demo on any handler: `reset(status)` puts ORD-20001 in `status` with no payment,
+// `payments()` counts its payment rows.
+template <class Handler, class Reset, class Payments>
+int demo(Handler& handler, Reset reset, Payments payments) {
+  reset("WAIT_PAY");
+  payment_callback::Callback cb{"ORD-20001", "T-30001", 1999, idem::to_millis(idem::system_now())};
+  std::atomic<int> success{0}, transitioned{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&] {
+      auto a = handler.handle(cb);
+      if (a.body == "success") ++success;
+      if (a.transition == payment_callback::Transition::kTransitioned) ++transitioned;
+    });
+  }
+  for (auto& t : threads) t.join();
+  reset("SHIPPED");
+  auto late = handler.handle(cb);
+  long long rows = payments();
+  std::cout << "32 concurrent callbacks: " << success << " answered success, " << transitioned
+            << " paid the order\nlate callback after SHIPPED: " << late.body << " (status "
+            << late.status << ")\npayment rows: " << rows << "\n";
+  return rows == 1 && transitioned == 1 ? 0 : 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string path = ":memory:";
+  std::string dsn;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--db" && i + 1 < argc) {
       path = argv[++i];
+    } else if (a == "--postgres" && i + 1 < argc) {
+      dsn = argv[++i];
     } else {
-      std::cerr << "usage: payment_callback [--db PATH]\n";
+      std::cerr << "usage: payment_callback [--db PATH | --postgres DSN]\n";
       return 2;
     }
   }
   try {
-    idem::sqlite::Database db{path};
     auto logger = std::make_shared<idem::LoggingObserver>(idem::log::stderr_sink());
-    payment_callback::PaymentCallbackHandler handler{db, logger};
-    db.write([](idem::sqlite::Transaction& tx) {
-      tx.exec("INSERT OR REPLACE INTO orders (order_no, amount, status) "
-              "VALUES ('ORD-20001', 1999, 'WAIT_PAY')");
-      tx.exec("DELETE FROM payments WHERE order_no = 'ORD-20001'");
-    });
-    payment_callback::Callback cb{"ORD-20001", "T-30001", 1999, idem::to_millis(idem::system_now())};
-    std::atomic<int> success{0}, transitioned{0};
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 32; ++i) {
-      threads.emplace_back([&] {
-        auto a = handler.handle(cb);
-        if (a.body == "success") ++success;
-        if (a.transition == payment_callback::Transition::kTransitioned) ++transitioned;
-      });
+    if (!dsn.empty()) {
+#ifdef PAYMENT_CALLBACK_WITH_POSTGRES
+      idem::postgres::PostgresStore store{dsn};
+      payment_callback::PostgresPaymentCallbackHandler handler{store, logger};
+      return demo(
+          handler,
+          [&](const char* status) {
+            store.with_transaction([&](pqxx::work& tx) {
+              tx.exec_params(
+                  "INSERT INTO orders (order_no, amount, status) VALUES ('ORD-20001', 1999, $1)"
+                  " ON CONFLICT (order_no) DO UPDATE SET status = EXCLUDED.status,"
+                  " paid_at = CASE WHEN EXCLUDED.status = 'WAIT_PAY' THEN NULL"
+                  " ELSE orders.paid_at END",
+                  std::string(status));
+              if (std::string(status) == "WAIT_PAY") {
+                tx.exec("DELETE FROM payments WHERE order_no = 'ORD-20001'");
+              }
+            });
+          },
+          [&] {
+            return store.with_transaction([](pqxx::work& tx) {
+              return tx.exec1("SELECT count(*) FROM payments WHERE order_no = 'ORD-20001'")[0]
+                  .as<long long>();
+            });
+          });
+#else
+      std::cerr << "payment_callback: this build has no PostgreSQL backend (idem::postgres)\n";
+      return 2;
+#endif
     }
-    for (auto& t : threads) t.join();
-    db.write([](idem::sqlite::Transaction& tx) {
-      tx.exec("UPDATE orders SET status = 'SHIPPED' WHERE order_no = 'ORD-20001'");
-    });
-    auto late = handler.handle(cb);
-    auto payments = db.read([](idem::sqlite::Session& s) {
-      return s.query_int64("SELECT count(*) FROM payments WHERE order_no = 'ORD-20001'");
-    });
-    std::cout << "32 concurrent callbacks: " << success << " answered success, " << transitioned
-              << " paid the order\nlate callback after SHIPPED: " << late.body
-              << " (status " << late.status << ")\npayment rows: " << payments.value_or(0)
-              << "\n";
-    return payments.value_or(0) == 1 && transitioned == 1 ? 0 : 1;
+    idem::sqlite::Database db{path};
+    payment_callback::PaymentCallbackHandler handler{db, logger};
+    return demo(
+        handler,
+        [&](const char* status) {
+          db.write([&](idem::sqlite::Transaction& tx) {
+            if (std::string(status) == "WAIT_PAY") {
+              tx.exec("INSERT OR REPLACE INTO orders (order_no, amount, status) "
+                      "VALUES ('ORD-20001', 1999, 'WAIT_PAY')");
+              tx.exec("DELETE FROM payments WHERE order_no = 'ORD-20001'");
+            } else {
+              tx.exec("UPDATE orders SET status = ? WHERE order_no = 'ORD-20001'",
+                      std::string(status));
+            }
+          });
+        },
+        [&] {
+          return static_cast<long long>(
+              db.read([](idem::sqlite::Session& s) {
+                  return s.query_int64("SELECT count(*) FROM payments WHERE order_no = 'ORD-20001'");
+                }).value_or(0));
+        });
   } catch (const std::exception& e) {
     std::cerr << "payment_callback: " << e.what() << "\n";
     return 1;

@@ -124,7 +124,7 @@ TEST_F(PaymentCallbackTest, CallbackForACancelledOrderIsAcknowledgedAndRefundedO
 TEST_F(PaymentCallbackTest, UnknownOrderAsksTheGatewayToRetry) {
   auto a = handler_->handle(Callback{"ORD-404", "T-9", 1, 1});
   EXPECT_EQ("fail", a.body);
-  EXPECT_EQ(Transition::kRejected, a.transition);
+  EXPECT_EQ(Transition::kNotFound, a.transition);
   EXPECT_FALSE(a.refund_needed);
 }
 

@@ -20,6 +20,9 @@
 #include "idem/key.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "idem/store.hpp"
+#ifdef IDEMCTL_WITH_REDIS
+#include "idem/redis/redis_store.hpp"
+#endif
 
 namespace idemctl {
 
@@ -240,11 +243,53 @@ class SqliteSource final : public RecordSource, public Admin {
   std::unique_ptr<idem::sqlite::SqliteStore> store_;
 };
 
-/// The fast store named by `url` as a RecordSource. This build knows no fast-store adapter
-/// reachable by URL (redis:// needs idem::redis): @throws StoreError saying so.
-inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url) {
-  throw StoreError("cannot open fast store '" + url +
+/// `dsn` with any password replaced by "***" (URI userinfo, `password=` of a conninfo string
+/// or URI query), so names printed in errors and headers never leak it.
+inline std::string redact_dsn(const std::string& dsn) {
+  std::string out = dsn;
+  auto scheme = out.find("://");
+  if (scheme != std::string::npos) {
+    auto at = out.find('@', scheme + 3);
+    auto colon = out.find(':', scheme + 3);
+    if (at != std::string::npos && colon != std::string::npos && colon < at) {
+      out.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  auto p = out.find("password=");
+  if (p != std::string::npos) {
+    auto end = out.find_first_of(scheme != std::string::npos ? "&" : " ", p);
+    out.replace(p + 9, (end == std::string::npos ? out.size() : end) - p - 9, "***");
+  }
+  return out;
+}
+
+/// The fast store named by `url` as a RecordSource: `redis://`, `tcp://` or `unix://` opens an
+/// idem::redis::RedisStore whose keys start with `key_prefix` (the service's
+/// RedisStoreOptions::key_prefix). Connects lazily: an unreachable server shows up as a
+/// StoreError from lookup(). @throws StoreError for an unknown scheme, a malformed URL, or a
+/// build without idem::redis.
+inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url,
+                                                      const std::string& key_prefix = "idem:") {
+#ifdef IDEMCTL_WITH_REDIS
+  const bool redis = url.rfind("redis://", 0) == 0 || url.rfind("tcp://", 0) == 0 ||
+                     url.rfind("unix://", 0) == 0;
+  if (!redis) {
+    throw StoreError("cannot open fast store '" + redact_dsn(url) +
+                     "': unknown scheme (expected redis://, tcp:// or unix://)");
+  }
+  try {
+    idem::redis::RedisStoreOptions options{url};
+    options.key_prefix = key_prefix;
+    return std::make_unique<FastStoreSource>(
+        "redis:" + redact_dsn(url), std::make_unique<idem::redis::RedisStore>(options));
+  } catch (const idem::Error& e) {
+    throw StoreError("cannot open fast store '" + redact_dsn(url) + "': " + e.what());
+  }
+#else
+  (void)key_prefix;
+  throw StoreError("cannot open fast store '" + redact_dsn(url) +
                    "': this idemctl was built without a Redis adapter (idem::redis)");
+#endif
 }
 
 }  // namespace idemctl

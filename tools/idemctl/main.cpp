@@ -12,6 +12,9 @@
 #include "idem/http/idempotency_key.hpp"
 #include "idem/log.hpp"
 #include "idemctl.hpp"
+#ifdef IDEMCTL_WITH_POSTGRES
+#include "idemctl_postgres.hpp"
+#endif
 
 namespace {
 
@@ -30,10 +33,12 @@ constexpr const char* kUsage =
     "                               print the idem key an HTTP request is stored under\n"
     "\n"
     "options:\n"
-    "  --db PATH        SQLite database (env IDEMCTL_DB)\n"
+    "  --db DB          SQLite file, or PostgreSQL: a postgresql:// URI or a libpq\n"
+    "                   conninfo string (\"host=... dbname=...\") (env IDEMCTL_DB)\n"
     "  --table NAME     record table (default api_idempotency)\n"
     "  --mq             the MQ consume record table (mq_consume_record)\n"
-    "  --fast URL       also read the fast store at URL in `show` (redis://host:port)\n"
+    "  --fast URL       also read the fast store at URL in `show` (redis://host:port[/db])\n"
+    "  --fast-prefix P  the fast store's key prefix (default idem:)\n"
     "  -h, --help       this text\n"
     "\n"
     "exit status: 0 ok, 1 record not found, 2 bad arguments, 3 store unreachable or failing\n";
@@ -43,6 +48,7 @@ struct Args {
   std::string table;
   bool mq = false;
   std::string fast_url;
+  std::string fast_prefix = "idem:";
   std::vector<std::string> rest;
 };
 
@@ -65,6 +71,8 @@ Args parse_global(const std::vector<std::string>& argv) {
       a.mq = true;
     } else if (s == "--fast" || s == "--redis") {
       a.fast_url = take_value(argv, i);
+    } else if (s == "--fast-prefix") {
+      a.fast_prefix = take_value(argv, i);
     } else if (!s.empty() && s[0] == '-' && s != "-h" && s != "--help") {
       throw idemctl::UsageError("unknown option '" + s + "'");
     } else {
@@ -82,6 +90,30 @@ idem::sqlite::SqliteStoreOptions store_options(const Args& a) {
   return o;
 }
 
+// The durable store named by --db: PostgreSQL for a URI or conninfo, else an SQLite file.
+// Both are a RecordSource and an Admin.
+std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
+#ifdef IDEMCTL_WITH_POSTGRES
+  if (idemctl::is_postgres_dsn(a.db)) {
+    auto o = a.mq ? idem::postgres::PostgresStoreOptions::mq_consume_record(a.db)
+                  : idem::postgres::PostgresStoreOptions{};
+    o.conninfo = a.db;
+    if (!a.table.empty()) o.table = a.table;
+    return std::make_unique<idemctl::PostgresSource>(std::move(o));
+  }
+#else
+  if (a.db.rfind("postgresql://", 0) == 0 || a.db.rfind("postgres://", 0) == 0) {
+    throw idemctl::StoreError("cannot open " + idemctl::redact_dsn(a.db) +
+                              ": this idemctl was built without PostgreSQL (idem::postgres)");
+  }
+#endif
+  return std::make_unique<idemctl::SqliteSource>(a.db, store_options(a));
+}
+
+idemctl::Admin& admin_of(idemctl::RecordSource& src) {
+  return dynamic_cast<idemctl::Admin&>(src);
+}
+
 std::string when(idem::TimePoint t) { return idem::log::format_time(t); }
 
 int cmd_show(const Args& a) {
@@ -94,8 +126,9 @@ int cmd_show(const Args& a) {
     }
   }();
   std::vector<std::unique_ptr<idemctl::RecordSource>> sources;
-  sources.push_back(std::make_unique<idemctl::SqliteSource>(a.db, store_options(a)));
-  if (!a.fast_url.empty()) sources.push_back(idemctl::open_fast_source(a.fast_url));
+  if (a.db.empty()) throw idemctl::UsageError("no database: pass --db DB (or set IDEMCTL_DB)");
+  sources.push_back(open_durable(a));
+  if (!a.fast_url.empty()) sources.push_back(idemctl::open_fast_source(a.fast_url, a.fast_prefix));
 
   std::vector<std::string> fields = {"status",     "owner",     "lease_until", "first_seen",
                                      "last_seen",  "expires_at", "fingerprint", "response"};
@@ -151,9 +184,10 @@ int cmd_show(const Args& a) {
 
 int cmd_stats(const Args& a) {
   if (a.rest.size() != 1) throw idemctl::UsageError("stats takes no arguments");
-  idemctl::SqliteSource src(a.db, store_options(a));
-  auto s = src.stats(idem::system_now());
-  std::cout << "store " << src.name() << " table " << store_options(a).table << "\n"
+  if (a.db.empty()) throw idemctl::UsageError("no database: pass --db DB (or set IDEMCTL_DB)");
+  auto src = open_durable(a);
+  auto s = admin_of(*src).stats(idem::system_now());
+  std::cout << "store " << src->name() << " table " << store_options(a).table << "\n"
             << "in_progress  " << s.in_progress << "  (" << s.stale_in_progress
             << " with an expired lease)\n"
             << "completed    " << s.completed << "\n"
@@ -182,17 +216,19 @@ int cmd_purge(const Args& a) {
     throw idemctl::UsageError("purge needs exactly one of --older-than <duration> or --expired");
   }
   if (expired && dry_run) throw idemctl::UsageError("--dry-run goes with --older-than");
-  idemctl::SqliteSource src(a.db, store_options(a));
+  if (a.db.empty()) throw idemctl::UsageError("no database: pass --db DB (or set IDEMCTL_DB)");
+  auto src = open_durable(a);
+  auto& admin = admin_of(*src);
   if (expired) {
-    std::cout << "purged " << src.purge_expired() << " records past retention from "
-              << src.name() << "\n";
+    std::cout << "purged " << admin.purge_expired() << " records past retention from "
+              << src->name() << "\n";
     return 0;
   }
   auto cutoff = idem::system_now() - *older;
-  auto n = src.purge_older_than(cutoff, dry_run);
+  auto n = admin.purge_older_than(cutoff, dry_run);
   std::cout << (dry_run ? "would purge " : "purged ") << n
             << " completed/failed records last updated before " << when(cutoff) << " from "
-            << src.name() << "\n";
+            << src->name() << "\n";
   return 0;
 }
 

@@ -208,6 +208,15 @@ void run_kill_scenario(bool kill_inside) {
   EXPECT_EQ(entries.size(), deliveries.size()) << "every entry was delivered";
   EXPECT_GE(observed, left_by_c1 + 2 * poison.size());
   EXPECT_EQ(observed, summary_value(out, "redeliveries")) << out;
+#ifdef MQ_CONSUMER_WITH_PROMETHEUS
+  // The same count as a Prometheus counter (idem_mq_redeliveries_total via mq_redelivered()).
+  {
+    std::smatch m;
+    std::regex re("summary-metrics .*\\bmetric_redeliveries=([0-9]+)");
+    ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+    EXPECT_EQ(observed, std::stoull(m[1])) << out;
+  }
+#endif
   EXPECT_GE(summary_value(out, "claimed"), left_by_c1) << out;
   EXPECT_EQ(poison.size(), summary_value(out, "dead_lettered")) << out;
   // Each poison message is retried twice (max_attempts 3). Killed inside a message, c1 also
@@ -222,7 +231,7 @@ void run_kill_scenario(bool kill_inside) {
               "redeliveries observed; c2: %s",
               published.size(), entries.size(), static_cast<unsigned long long>(left_by_c1),
               static_cast<unsigned long long>(observed),
-              out.substr(out.rfind("summary")).c_str());
+              out.substr(out.rfind("summary ")).c_str());
   redis.del(stream);
   redis.del(dead);
   redis.del(stream + ".parked");

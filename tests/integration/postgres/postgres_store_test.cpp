@@ -18,6 +18,9 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "pg_test_support.hpp"
+#ifdef IDEM_TEST_WITH_REDIS
+#include "idem/redis/redis_store.hpp"
+#endif
 #include "support/failing_store.hpp"
 #include "tcp_proxy.hpp"
 
@@ -36,12 +39,13 @@ Key unique_key(const std::string& scope = "payment") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Payments: 32 threads, one key. The fast store in front is a factory so more can be added
-// (the Redis adapter: {"redis", [] { return std::make_unique<idem::redis::RedisStore>(...); }}).
+// Payments: 32 threads, one key. The fast store in front is a factory: none, memory, and
+// RedisStore (a real server, IDEM_TEST_REDIS_URL, with a key prefix private to the test).
 
 struct FastStoreFactory {
   std::string name;
   std::function<std::unique_ptr<idem::FastStore>()> make;  // null: durable only
+  const char* server_env = nullptr;  // an environment variable the factory needs, if any
 };
 
 void PrintTo(const FastStoreFactory& f, std::ostream* os) { *os << f.name; }
@@ -50,6 +54,10 @@ class PaymentStorm : public ::testing::TestWithParam<FastStoreFactory> {
  protected:
   void SetUp() override {
     IDEM_REQUIRE_POSTGRES();
+    if (GetParam().server_env != nullptr) {
+      std::string value;
+      IDEM_REQUIRE_ENV(value, GetParam().server_env);
+    }
     store_ = std::make_unique<PostgresStore>(pg::options());
     if (GetParam().make) fast_ = GetParam().make();
   }
@@ -112,11 +120,25 @@ TEST_P(PaymentStorm, ThirtyTwoThreadsOneKeyOnePaymentOneDebit) {
   EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
 }
 
+std::vector<FastStoreFactory> fast_store_factories() {
+  std::vector<FastStoreFactory> f{
+      {"none", nullptr},
+      {"memory", [] { return std::make_unique<idem::MemoryStore>(); }},
+  };
+#ifdef IDEM_TEST_WITH_REDIS
+  f.push_back({"redis",
+               [] {
+                 idem::redis::RedisStoreOptions o{idem::test::server_env("IDEM_TEST_REDIS_URL")};
+                 o.key_prefix = idem::test::unique_name("pg_storm") + ":";
+                 return std::make_unique<idem::redis::RedisStore>(o);
+               },
+               "IDEM_TEST_REDIS_URL"});
+#endif
+  return f;
+}
+
 INSTANTIATE_TEST_SUITE_P(
-    FastStores, PaymentStorm,
-    ::testing::Values(FastStoreFactory{"none", nullptr},
-                      FastStoreFactory{"memory",
-                                       [] { return std::make_unique<idem::MemoryStore>(); }}),
+    FastStores, PaymentStorm, ::testing::ValuesIn(fast_store_factories()),
     [](const ::testing::TestParamInfo<FastStoreFactory>& p) { return p.param.name; });
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: MIT
+// IdempotentConsumer over PostgresStore (the mq_consume_record preset) and the PostgreSQL
+// attempt ledger, on the real server (Redis in front where IDEM_TEST_REDIS_URL is set): one
+// effect row per message id under concurrent redeliveries, poison messages dead-lettered after
+// max_attempts across a consumer restart, no failure count lost between threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/consumer.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/postgres/attempt_ledger.hpp"
+#include "idem/redis/redis_store.hpp"
+#include "pg_test_support.hpp"
+
+namespace {
+
+namespace pg = idem::test::pg;
+using idem::Verdict;
+using idem::postgres::PostgresAttemptLedger;
+using idem::postgres::PostgresStore;
+using idem::postgres::PostgresStoreOptions;
+
+PostgresStoreOptions mq_options() {
+  auto o = PostgresStoreOptions::mq_consume_record(pg::dsn());
+  o.schema = pg::Schema::name();
+  o.pool_size = 40;
+  return o;
+}
+
+long effects_of(const std::string& id) { return pg::count_where("idem_test_effects", "key_id", id); }
+
+TEST(PostgresAttemptLedger, SixteenThreadsLoseNoFailureAndTheCountSurvivesARestart) {
+  IDEM_REQUIRE_POSTGRES();
+  PostgresStore store{mq_options()};
+  PostgresAttemptLedger ledger{store};
+  EXPECT_EQ(pg::Schema::name() + ".mq_consume_attempt", ledger.table());
+  auto key = idem::Key::make("billing", idem::test::unique_name("msg"));
+  constexpr int kThreads = 16, kEach = 10;
+  std::mutex mutex;
+  std::set<std::uint32_t> answers;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        auto n = ledger.record_failure(key, "boom \xff\n");
+        std::lock_guard<std::mutex> lock(mutex);
+        answers.insert(n);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // Every upsert saw a distinct count: 1 .. 160.
+  EXPECT_EQ(static_cast<std::size_t>(kThreads * kEach), answers.size());
+  EXPECT_EQ(1u, *answers.begin());
+  EXPECT_EQ(static_cast<std::uint32_t>(kThreads * kEach), *answers.rbegin());
+
+  PostgresAttemptLedger restarted{store};
+  EXPECT_EQ(static_cast<std::uint32_t>(kThreads * kEach), restarted.failures(key));
+  restarted.clear(key);
+  EXPECT_EQ(0u, ledger.failures(key));
+  EXPECT_THROW(PostgresAttemptLedger(store, "bad name"), idem::UsageError);
+}
+
+// The consumer with or without Redis in front.
+class ConsumerPg : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_POSTGRES();
+    if (GetParam()) {
+      std::string url;
+      IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_URL");
+      idem::redis::RedisStoreOptions ro{url};
+      ro.key_prefix = idem::test::unique_name("consumer_pg") + ":";
+      fast_ = std::make_unique<idem::redis::RedisStore>(ro);
+    }
+    durable_ = std::make_unique<PostgresStore>(mq_options());
+    idem::GuardOptions go;
+    go.durable_source = idem::DuplicateSource::kMqRecord;
+    go.lease = std::chrono::seconds(10);
+    guard_ = fast_ ? std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*fast_, *durable_, go)
+                   : std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*durable_, go);
+    group_ = idem::test::unique_name("billing");
+  }
+
+  idem::ConsumerOptions options(std::vector<idem::DeadLetter>* dead) {
+    idem::ConsumerOptions co;
+    co.max_attempts = 3;
+    co.attempts = std::make_shared<PostgresAttemptLedger>(*durable_);
+    co.dead_letter = [this, dead](const idem::DeadLetter& d) {
+      std::lock_guard<std::mutex> lock(dead_mutex_);
+      dead->push_back(d);
+    };
+    return co;
+  }
+
+  std::unique_ptr<idem::redis::RedisStore> fast_;
+  std::unique_ptr<PostgresStore> durable_;
+  std::unique_ptr<idem::IdempotencyGuard<PostgresStore>> guard_;
+  std::string group_;
+  std::mutex dead_mutex_;
+};
+
+TEST_P(ConsumerPg, EightThreadsRedeliveringFortyIdsApplyEachOnce) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  std::vector<std::string> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(idem::test::unique_name("order") + ":paid:v1");
+  std::atomic<int> acked{0}, duplicates{0}, retries{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto order = ids;
+      std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
+      for (const auto& id : order) {
+        const std::string body = "{\"id\":\"" + id + "\"}";
+        const std::string fp = idem::fingerprint(body);
+        // Deliver until the verdict lets the loop ack, as a broker redelivers.
+        for (std::uint32_t count = 1;; ++count) {
+          auto v = consumer.consume(idem::Delivery{id, fp, body, count},
+                                    [&](pqxx::work& tx) { pg::insert_effect(tx, id); });
+          if (v == Verdict::kAck) ++acked;
+          if (v == Verdict::kAckDuplicate) ++duplicates;
+          if (v != Verdict::kRetryLater) {
+            EXPECT_TRUE(idem::should_ack(v)) << idem::verdict_name(v);
+            break;
+          }
+          ++retries;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(40, acked.load());
+  EXPECT_EQ(8 * 40 - 40, duplicates.load());
+  for (const auto& id : ids) EXPECT_EQ(1, effects_of(id)) << id;
+  auto s = consumer.stats().snapshot();
+  EXPECT_EQ(40u, s.acked);
+  EXPECT_EQ(static_cast<std::uint64_t>(retries.load()), s.retry_later);
+  EXPECT_EQ(static_cast<std::uint64_t>(retries.load()), s.redeliveries);
+  EXPECT_TRUE(dead.empty());
+  // The records are in mq_consume_record, keyed (message_id, consumer_group).
+  EXPECT_EQ(40, pg::scalar("SELECT count(*) FROM " + pg::table("mq_consume_record") +
+                           " WHERE consumer_group = '" + group_ + "' AND status = 'completed'"));
+}
+
+TEST_P(ConsumerPg, PoisonMessageIsDeadLetteredAfterThreeAttemptsAcrossARestart) {
+  std::vector<idem::DeadLetter> dead;
+  const std::string poison = idem::test::unique_name("poison");
+  const std::string good = idem::test::unique_name("good");
+  auto fail = [](pqxx::work&) { throw std::runtime_error("cannot apply"); };
+  {
+    idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+    EXPECT_EQ(Verdict::kRetryLater, consumer.consume(idem::Delivery{poison, "fp", "p", 1}, fail));
+    // Other messages keep flowing.
+    EXPECT_EQ(Verdict::kAck, consumer.consume(idem::Delivery{good, "fp", "g", 1},
+                                              [&](pqxx::work& tx) { pg::insert_effect(tx, good); }));
+    EXPECT_EQ(Verdict::kRetryLater, consumer.consume(idem::Delivery{poison, "fp", "p", 2}, fail));
+  }
+  // A restarted consumer (new objects) continues from the two stored failures.
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  EXPECT_EQ(Verdict::kDeadLetter, consumer.consume(idem::Delivery{poison, "fp", "p", 3}, fail));
+  ASSERT_EQ(1u, dead.size());
+  EXPECT_EQ(poison, dead[0].message_id);
+  EXPECT_EQ(3u, dead[0].attempts);
+  EXPECT_EQ("p", dead[0].payload);
+  EXPECT_NE(std::string::npos, dead[0].error.find("cannot apply"));
+  // Later deliveries are acked as duplicates without running; the record is failed.
+  bool ran = false;
+  EXPECT_EQ(Verdict::kAckDuplicate,
+            consumer.consume(idem::Delivery{poison, "fp", "p", 4}, [&](pqxx::work&) { ran = true; }));
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(consumer.dead_lettered(poison));
+  auto rec = durable_->lookup(idem::Key::make(group_, poison));
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kFailed, rec->status);
+  EXPECT_EQ(0u, PostgresAttemptLedger(*durable_).failures(idem::Key::make(group_, poison)));
+  EXPECT_EQ(1u, dead.size());
+  EXPECT_EQ(1, effects_of(good));
+}
+
+TEST_P(ConsumerPg, SameIdWithAnotherBodyIsAMismatchAndRunsNothing) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  const std::string id = idem::test::unique_name("msg");
+  EXPECT_EQ(Verdict::kAck,
+            consumer.consume(idem::Delivery{id, idem::fingerprint("a"), "a", 1},
+                             [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
+  EXPECT_EQ(Verdict::kMismatch,
+            consumer.consume(idem::Delivery{id, idem::fingerprint("b"), "b", 1},
+                             [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
+  EXPECT_EQ(1, effects_of(id));
+}
+
+INSTANTIATE_TEST_SUITE_P(FastStore, ConsumerPg, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("RedisInFront") : std::string("DurableOnly");
+                         });
+
+}  // namespace

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: MIT
+// idemctl, run as a binary against the real servers (IDEM_TEST_POSTGRES_DSN,
+// IDEM_TEST_REDIS_URL): show from PostgreSQL and Redis side by side, stats and purge on
+// PostgreSQL, and exit status 3 with a clear message when a server is unreachable.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "idem/guard.hpp"
+#include "idem/postgres/postgres_store.hpp"
+#include "idem/redis/redis_store.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout and stderr
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+Run idemctl(const std::string& args) {
+  std::string cmd = std::string("env -u IDEMCTL_DB ") + IDEMCTL_PATH + " " + args + " 2>&1";
+  Run r;
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int raw = pclose(p);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+std::size_t occurrences(const std::string& s, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A private record table in PostgreSQL and a private key prefix in Redis, filled through the
+// guard: order.create|abc (completed, 1234 bytes, in both stores), payment|p1 (completed),
+// payment|running (in progress), and three rows aged ten days in SQL: old_0, old_1 (completed,
+// retention over) and old_stuck (in progress, lease over).
+class IdemctlServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_ENV(dsn_, "IDEM_TEST_POSTGRES_DSN");
+    IDEM_REQUIRE_ENV(redis_url_, "IDEM_TEST_REDIS_URL");
+    idem::postgres::PostgresStoreOptions o;
+    o.conninfo = dsn_;
+    o.table = idem::test::unique_name("ctl_idem");
+    store_ = std::make_unique<idem::postgres::PostgresStore>(o);
+    idem::redis::RedisStoreOptions ro{redis_url_};
+    prefix_ = idem::test::unique_name("ctl") + ":";
+    ro.key_prefix = prefix_;
+    fast_ = std::make_unique<idem::redis::RedisStore>(ro);
+    idem::IdempotencyGuard guard{*fast_, *store_};
+    auto r = guard.run(idem::Key::make("order.create", "abc"), "fp1",
+                       [](pqxx::work&) { return std::string(1234, 'x'); });
+    ASSERT_TRUE(r.ok());
+    for (const char* id : {"old_0", "old_1"}) {
+      (void)guard.run(idem::Key::make("order.create", id), "fp",
+                      [](pqxx::work&) { return std::string("old"); });
+    }
+    (void)guard.run(idem::Key::make("payment", "p1"), "",
+                    [](pqxx::work&) { return std::string("paid"); });
+    (void)store_->begin(idem::Key::make("payment", "running"), "", idem::OwnerToken::generate(),
+                        std::chrono::seconds(60));
+    (void)store_->begin(idem::Key::make("order.create", "old_stuck"), "fp",
+                        idem::OwnerToken::generate(), std::chrono::seconds(30));
+    store_->with_transaction([&](pqxx::work& tx) {
+      const std::string t = store_->qualified_table();
+      tx.exec("UPDATE " + t +
+              " SET created_at = now() - interval '10 days', updated_at = now() - interval "
+              "'10 days', expires_at = now() - interval '9 days'"
+              " WHERE idem_key IN ('old_0', 'old_1')");
+      tx.exec("UPDATE " + t +
+              " SET created_at = now() - interval '10 days', updated_at = now() - interval "
+              "'10 days', lease_until = now() - interval '10 days' WHERE idem_key = 'old_stuck'");
+    });
+    db_ = " --db " + quote(dsn_) + " --table " + o.table + " ";
+  }
+  void TearDown() override {
+    if (!store_) return;
+    store_->with_transaction(
+        [&](pqxx::work& tx) { tx.exec("DROP TABLE IF EXISTS " + store_->qualified_table()); });
+  }
+
+  std::string dsn_, redis_url_, prefix_, db_;
+  std::unique_ptr<idem::postgres::PostgresStore> store_;
+  std::unique_ptr<idem::redis::RedisStore> fast_;
+};
+
+TEST_F(IdemctlServerTest, ShowPrintsPostgresAndRedisSideBySide) {
+  auto r = idemctl(db_ + "--fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_) +
+                   " show order.create abc");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "key order.create|abc")) << r.out;
+  EXPECT_TRUE(contains(r.out, "postgres:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "redis:" + redis_url_)) << r.out;
+  EXPECT_EQ(2u, occurrences(r.out, "completed")) << r.out;   // one per store
+  EXPECT_EQ(2u, occurrences(r.out, "1234 bytes")) << r.out;  // both hold the response
+  EXPECT_EQ(2u, occurrences(r.out, "fp1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "attempts     1")) << r.out;
+
+  // Only in PostgreSQL (two-phase begin never touched Redis): the Redis column says absent.
+  auto running = idemctl(db_ + "--fast " + quote(redis_url_) + " --fast-prefix " +
+                         quote(prefix_) + " show payment running");
+  EXPECT_EQ(0, running.status) << running.out;
+  EXPECT_TRUE(contains(running.out, "in_progress")) << running.out;
+  EXPECT_TRUE(contains(running.out, "(absent)")) << running.out;
+
+  auto absent = idemctl(db_ + "show order.create nothing");
+  EXPECT_EQ(1, absent.status) << absent.out;
+  EXPECT_TRUE(contains(absent.out, "(absent)"));
+}
+
+TEST_F(IdemctlServerTest, StatsCountsByStatusOnPostgres) {
+  auto r = idemctl(db_ + "stats");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "in_progress  2  (1 with an expired lease)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "completed    4\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "failed       0\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "total        6  (2 past retention")) << r.out;
+}
+
+TEST_F(IdemctlServerTest, PurgeOlderThanDeletesOnlyOldFinishedRecords) {
+  auto dry = idemctl(db_ + "purge --older-than 7d --dry-run");
+  EXPECT_EQ(0, dry.status) << dry.out;
+  EXPECT_TRUE(contains(dry.out, "would purge 2 ")) << dry.out;
+  EXPECT_TRUE(contains(idemctl(db_ + "stats").out, "completed    4\n"));
+
+  auto r = idemctl(db_ + "purge --older-than 7d");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "purged 2 ")) << r.out;
+  EXPECT_FALSE(store_->lookup(idem::Key::make("order.create", "old_0")));
+  EXPECT_FALSE(store_->lookup(idem::Key::make("order.create", "old_1")));
+  EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "old_stuck")));  // in progress
+  EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "abc")));
+  EXPECT_TRUE(store_->lookup(idem::Key::make("payment", "p1")));
+  EXPECT_TRUE(contains(idemctl(db_ + "purge --older-than 30d").out, "purged 0 "));
+}
+
+TEST_F(IdemctlServerTest, PurgeExpiredDeletesRecordsPastRetention) {
+  auto r = idemctl(db_ + "purge --expired");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "purged 2 records past retention")) << r.out;
+  EXPECT_FALSE(store_->lookup(idem::Key::make("order.create", "old_0")));
+  EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "old_stuck")));
+  EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "abc")));
+}
+
+TEST_F(IdemctlServerTest, UnreachableOrWrongStoresExit3WithAClearMessage) {
+  auto refused = idemctl("--db 'host=127.0.0.1 port=1 user=postgres dbname=x' stats");
+  EXPECT_EQ(3, refused.status) << refused.out;
+  EXPECT_TRUE(contains(refused.out, "cannot open postgres:host=127.0.0.1 port=1")) << refused.out;
+
+  // A URI with a password: the message never prints it.
+  auto uri = idemctl("--db postgresql://postgres:s3cret@127.0.0.1:1/x show order.create abc");
+  EXPECT_EQ(3, uri.status) << uri.out;
+  EXPECT_TRUE(contains(uri.out, "postgresql://postgres:***@127.0.0.1:1/x")) << uri.out;
+  EXPECT_FALSE(contains(uri.out, "s3cret")) << uri.out;
+
+  auto no_table = idemctl("--db " + quote(dsn_) + " --table no_such_idem_table stats");
+  EXPECT_EQ(3, no_table.status) << no_table.out;
+  EXPECT_TRUE(contains(no_table.out, "has no table")) << no_table.out;
+
+  auto redis_down = idemctl(db_ + "--fast redis://127.0.0.1:1 show order.create abc");
+  EXPECT_EQ(3, redis_down.status) << redis_down.out;
+  EXPECT_TRUE(contains(redis_down.out, "redis:redis://127.0.0.1:1")) << redis_down.out;
+
+  auto scheme = idemctl(db_ + "--fast memcached://127.0.0.1:1 show order.create abc");
+  EXPECT_EQ(3, scheme.status) << scheme.out;
+  EXPECT_TRUE(contains(scheme.out, "unknown scheme")) << scheme.out;
+}
+
+}  // namespace
