@@ -74,6 +74,9 @@ struct Settings {
   long duration_ms = 4000;  // pacing: the load phase lasts about this long
   long lease_ms = 1000;
   std::vector<std::string> scenarios;
+  std::vector<std::string> modes{"transactional", "two-phase"};
+  /// Two-phase scenarios to run (empty: all). --smoke keeps the ones that differ most.
+  std::vector<std::string> two_phase_only;
   bool verbose = false;
 };
 
@@ -331,18 +334,25 @@ class Runner {
         "CREATE TABLE IF NOT EXISTS rel_account (id bigint PRIMARY KEY, initial bigint NOT NULL,"
         " balance bigint NOT NULL)");
     // No unique constraint on idem_key: a duplicate effect must be visible, not prevented here.
+    // The two-phase service's "external party": remembers each key's payment.
+    tx.exec("CREATE TABLE IF NOT EXISTS rel_gateway (idem_key text PRIMARY KEY, payment_id bigint)");
     tx.exec(
         "CREATE TABLE IF NOT EXISTS rel_payment (id bigserial PRIMARY KEY, idem_key text NOT NULL,"
         " account bigint NOT NULL, amount bigint NOT NULL)");
     tx.commit();
   }
 
+  /// Empties both stores and the business tables, so a replay of the same seed (same keys)
+  /// starts from nothing: the service's Redis records (prefix idemrel:) too.
   void reset_tables() {
+    run_shell("redis-cli -h 127.0.0.1 -p " + s_.redis_port +
+              " EVAL \"for _, k in ipairs(redis.call('KEYS', 'idemrel:*')) do "
+              "redis.call('DEL', k) end\" 0 >/dev/null");
     for (int attempt = 0;; ++attempt) {
       try {
         pqxx::connection c(s_.pg_dsn);
         pqxx::work tx(c);
-        tx.exec("TRUNCATE rel_payment");
+        tx.exec("TRUNCATE rel_payment, rel_gateway");
         tx.exec("DELETE FROM rel_account");
         tx.exec("INSERT INTO rel_account SELECT g, " + std::to_string(kInitialBalance) + ", " +
                 std::to_string(kInitialBalance) + " FROM generate_series(0, " +
@@ -361,8 +371,11 @@ class Runner {
 
   std::vector<std::string> base_args() const {
     return {"--redis-url", s_.redis_url, "--pg-dsn", s_.pg_dsn, "--lease-ms",
-            std::to_string(s_.lease_ms)};
+            std::to_string(s_.lease_ms), "--mode", mode_};
   }
+
+  /// Selects the service's mode for the next runs: transactional or two-phase.
+  void set_mode(const std::string& m) { mode_ = m; }
 
   Row run(const std::string& name);
 
@@ -396,20 +409,21 @@ class Runner {
   }
 
   Settings s_;
+  std::string mode_ = "transactional";
 };
 
 Row Runner::run(const std::string& name) {
   auto t_start = Clock::now();
   Row row;
-  row.name = name;
-  std::mt19937_64 rng(s_.seed ^ std::hash<std::string>{}(name));
+  row.name = mode_ == "two-phase" ? "2p:" + name : name;
+  std::mt19937_64 rng(s_.seed ^ std::hash<std::string>{}(row.name));
   const bool hostile = name == "hostile_keys";
   const bool mismatch = name == "payload_mismatch";
   const bool slow = name == "slow_handler";
 
   // Keys --------------------------------------------------------------------------------------
   std::vector<KeyInfo> keys;
-  std::string prefix = "s" + std::to_string(s_.seed) + "-" + name + "-";
+  std::string prefix = "s" + std::to_string(s_.seed) + "-" + (mode_ == "two-phase" ? "2p-" : "") + name + "-";
   if (hostile) {
     std::vector<std::string> ids = {
         "",                            // id.empty
@@ -724,6 +738,8 @@ Row Runner::run(const std::string& name) {
     proof << "invalid_key=" << invalid_key_answers << "/" << row.requests
           << " guard_calls=" << delta("calls") << " records=" << idem_rows;
   }
+  if (delta("gateway_dedups") > 0) proof << " gateway_dedups=" << delta("gateway_dedups");
+  if (delta("leases_lost") > 0) proof << " leases_lost=" << delta("leases_lost");
   row.proof = proof.str();
   row.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   return row;
@@ -732,7 +748,8 @@ Row Runner::run(const std::string& name) {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "idem_rel_driver: " << why
             << "\nusage: idem_rel_driver --service <path> [--smoke|--full] [--seed N] [--keys N]"
-               " [--sends N] [--workers N] [--duration-ms N] [--scenarios a,b,...] [--verbose]\n";
+               " [--sends N] [--workers N] [--duration-ms N] [--scenarios a,b,...]"
+               " [--modes transactional,two-phase] [--verbose]\n";
   std::exit(2);
 }
 
@@ -755,8 +772,23 @@ int main(int argc, char** argv) {
     else if (a == "--duration-ms") s.duration_ms = std::stol(next());
     else if (a == "--scenarios") scenarios = next();
     else if (a == "--verbose") s.verbose = true;
-    else if (a == "--smoke") { s.keys = 40; s.sends = 3; s.workers = 6; s.duration_ms = 3000; }
-    else if (a == "--full") { s.keys = 400; s.sends = 4; s.workers = 8; s.duration_ms = 12000; }
+    else if (a == "--modes") {
+      s.modes.clear();
+      std::stringstream in(next());
+      std::string m;
+      while (std::getline(in, m, ',')) {
+        if (m != "transactional" && m != "two-phase") usage("unknown mode " + m);
+        s.modes.push_back(m);
+      }
+    }
+    else if (a == "--smoke") {
+      s.keys = 40; s.sends = 3; s.workers = 6; s.duration_ms = 2500;
+      s.two_phase_only = {"redis_kill", "crash_durable_claimed", "crash_handler_returned", "slow_handler"};
+    }
+    else if (a == "--full") {
+      s.keys = 400; s.sends = 4; s.workers = 8; s.duration_ms = 12000;
+      s.two_phase_only.clear();
+    }
     else usage("unknown flag " + a);
   }
   if (s.service_bin.empty()) usage("--service is required");
@@ -793,8 +825,20 @@ int main(int argc, char** argv) {
               "dup", "lost", "diverg", "stuck", "untyped", "fired", "secs", "proof");
   std::fflush(stdout);
   std::vector<Row> rows;
-  for (auto& name : s.scenarios) {
+  std::vector<std::pair<std::string, std::string>> plan;
+  for (auto& m : s.modes) {
+    for (auto& n : s.scenarios) {
+      if (m == "two-phase" && n == "hostile_keys") continue;  // rejected before any mode applies
+      if (m == "two-phase" && !s.two_phase_only.empty() &&
+          std::find(s.two_phase_only.begin(), s.two_phase_only.end(), n) == s.two_phase_only.end()) {
+        continue;
+      }
+      plan.emplace_back(m, n);
+    }
+  }
+  for (auto& [mode, name] : plan) {
     Row r;
+    runner.set_mode(mode);
     try {
       r = runner.run(name);
     } catch (const std::exception& e) {

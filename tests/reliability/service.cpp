@@ -10,6 +10,9 @@
 //   --handler-ms MS      the handler sleeps MS for every key (pool exhaustion)
 //   --pg-pool N --pg-pool-wait-ms MS --redis-pool N --redis-pool-wait-ms MS
 //   --lease-ms MS (1000) --redis-timeout-ms MS (300)
+//   --mode transactional|two-phase   two-phase: the handler runs outside idem's record, in its
+//        own transaction against a "gateway" that de-duplicates by key (rel_gateway), as
+//        guard.hpp asks of external side effects; gateway_dedups counts the re-runs it absorbed
 //
 // Prints "LISTENING <port>" on stdout once it accepts connections (port 0: any free port).
 // Protocol: wire.hpp. Every idem::Error is answered "ERR <errc_name>"; anything else thrown is
@@ -51,6 +54,7 @@ struct Config {
   int port = 0;
   long lease_ms = 1000;
   long redis_timeout_ms = 300;
+  bool two_phase = false;
   std::string crash_step;
   long crash_nth = 1;
   long slow_ms = 0;
@@ -62,7 +66,8 @@ struct Config {
 };
 
 struct Counters {
-  std::atomic<std::uint64_t> requests{0}, invalid_keys{0}, pg_pool_exhausted{0}, untyped{0};
+  std::atomic<std::uint64_t> requests{0}, invalid_keys{0}, pg_pool_exhausted{0}, untyped{0},
+      gateway_dedups{0};
   std::mutex mu;
   std::map<std::string, std::uint64_t> errors;  // errc_name -> count
 };
@@ -87,6 +92,11 @@ Config parse(int argc, char** argv) {
     else if (a == "--lease-ms") c.lease_ms = std::stol(next());
     else if (a == "--redis-timeout-ms") c.redis_timeout_ms = std::stol(next());
     else if (a == "--crash-step") c.crash_step = next();
+    else if (a == "--mode") {
+      std::string m = next();
+      if (m != "transactional" && m != "two-phase") usage("--mode transactional|two-phase");
+      c.two_phase = m == "two-phase";
+    }
     else if (a == "--crash-nth") c.crash_nth = std::stol(next());
     else if (a == "--slow-ms") c.slow_ms = std::stol(next());
     else if (a == "--handler-ms") c.handler_ms = std::stol(next());
@@ -120,16 +130,44 @@ class Service {
       auto key = idem::Key::make("payment", *id);
       auto fp = idem::fingerprint("account=" + std::to_string(account) +
                                   ";amount=" + std::to_string(amount));
-      auto r = guard_.run(key, fp, [&](pqxx::work& tx) -> std::string {
+      auto pause = [&] {
         if (cfg_.handler_ms > 0) sleep_ms(cfg_.handler_ms);
         if (cfg_.slow_ms > 0 && id->find("-slow-") != std::string::npos) sleep_ms(cfg_.slow_ms);
+      };
+      auto pay = [&](pqxx::work& tx) -> std::string {
         tx.exec_params("UPDATE rel_account SET balance = balance - $1 WHERE id = $2", amount,
                        account);
         auto row = tx.exec_params1(
             "INSERT INTO rel_payment (idem_key, account, amount) VALUES ($1, $2, $3) RETURNING id",
             *id, account, amount);
         return "pay_" + row[0].as<std::string>();
-      });
+      };
+      idem::GuardResult<std::string> r;
+      if (!cfg_.two_phase) {
+        r = guard_.run(key, fp, [&](pqxx::work& tx) -> std::string {
+          pause();
+          return pay(tx);
+        });
+      } else {
+        r = guard_.run(key, fp, [&]() -> std::string {
+          pause();
+          // The external party: one transaction of its own, de-duplicated by the key.
+          return durable_.with_transaction([&](pqxx::work& tx) -> std::string {
+            auto fresh = tx.exec_params(
+                "INSERT INTO rel_gateway (idem_key) VALUES ($1) ON CONFLICT DO NOTHING "
+                "RETURNING idem_key", *id);
+            if (fresh.empty()) {
+              counters_.gateway_dedups.fetch_add(1);
+              return "pay_" + tx.exec_params1("SELECT payment_id FROM rel_gateway WHERE idem_key = $1",
+                                              *id)[0].as<std::string>();
+            }
+            std::string no = pay(tx);
+            tx.exec_params("UPDATE rel_gateway SET payment_id = $1 WHERE idem_key = $2",
+                           std::stol(no.substr(4)), *id);
+            return no;
+          });
+        });
+      }
       switch (r.outcome) {
         case idem::Outcome::kExecuted: return "OK executed " + *r.value;
         case idem::Outcome::kReplayed: return "OK replayed " + *r.value;
@@ -215,7 +253,8 @@ class Service {
         << " requests=" << counters_.requests.load()
         << " invalid_keys=" << counters_.invalid_keys.load()
         << " pg_pool_exhausted=" << counters_.pg_pool_exhausted.load()
-        << " untyped=" << counters_.untyped.load();
+        << " untyped=" << counters_.untyped.load()
+        << " gateway_dedups=" << counters_.gateway_dedups.load();
     std::lock_guard<std::mutex> lock(counters_.mu);
     for (auto& [name, n] : counters_.errors) out << " err_" << name << "=" << n;
     return out.str();
