@@ -84,7 +84,7 @@ const std::vector<std::string> kAllScenarios = {
     "baseline",       "redis_kill",           "flushall",         "redis_pause",
     "pg_restart",     "crash_fast_claimed",   "crash_durable_claimed",
     "crash_handler_returned", "crash_durable_committed", "slow_handler",
-    "pool_exhaustion", "payload_mismatch",    "hostile_keys"};
+    "pool_exhaustion", "payload_mismatch",    "hostile_keys", "control_unguarded"};
 
 int run_shell(const std::string& cmd) {
   int rc = std::system(cmd.c_str());
@@ -315,9 +315,12 @@ struct Row {
   long stuck = 0;
   long untyped = 0;
   bool fired = false;
+  bool control = false;  // negative control: its violations are expected, not counted
   std::string proof;
   double seconds = 0;
-  bool bad() const { return duplicates || lost || divergent || stuck || untyped || !fired; }
+  bool bad() const {
+    return !fired || (!control && (duplicates || lost || divergent || stuck || untyped));
+  }
 };
 
 constexpr long kAccounts = 16;
@@ -478,6 +481,9 @@ Row Runner::run(const std::string& name) {
     extra_starts = 2;  // crash twice, then run plainly
   } else if (slow) {
     extra = {"--slow-ms", std::to_string(s_.lease_ms * 9 / 5)};
+    extra_starts = 1 << 20;
+  } else if (name == "control_unguarded") {
+    extra = {"--unguarded"};
     extra_starts = 1 << 20;
   } else if (name == "pool_exhaustion") {
     extra = {"--pg-pool", "2", "--pg-pool-wait-ms", "30", "--handler-ms", "60",
@@ -723,6 +729,13 @@ Row Runner::run(const std::string& name) {
     row.fired = delta("takeovers") > 0 || (delta("durable_conflicts") > 0 && delta("fast_refills") > 0);
     proof << "takeovers=" << delta("takeovers") << " durable_conflicts=" << delta("durable_conflicts")
           << " fast_refills=" << delta("fast_refills");
+  } else if (name == "control_unguarded") {
+    // The same load without idem: the checks must find duplicate effects, or they prove nothing.
+    row.control = true;
+    row.faults = static_cast<long>(keys.size());
+    row.fired = row.duplicates > 0;
+    proof << "negative control (no idem): checks caught " << row.duplicates
+          << " duplicate effects (expected > 0; not counted)";
   } else if (name == "pool_exhaustion") {
     row.faults = delta("pg_pool_exhausted") + delta("redis_exhausted");
     row.fired = delta("pg_pool_exhausted") > 0;
@@ -828,7 +841,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> plan;
   for (auto& m : s.modes) {
     for (auto& n : s.scenarios) {
-      if (m == "two-phase" && n == "hostile_keys") continue;  // rejected before any mode applies
+      // Keys are rejected before any mode applies; the control has no idem at all.
+      if (m == "two-phase" && (n == "hostile_keys" || n == "control_unguarded")) continue;
       if (m == "two-phase" && !s.two_phase_only.empty() &&
           std::find(s.two_phase_only.begin(), s.two_phase_only.end(), n) == s.two_phase_only.end()) {
         continue;
@@ -856,13 +870,14 @@ int main(int argc, char** argv) {
   int unfired = 0;
   for (auto& r : rows) {
     total.requests += r.requests;
+    if (!r.fired) ++unfired;
+    if (r.control) continue;
     total.faults += r.faults;
     total.duplicates += r.duplicates;
     total.lost += r.lost;
     total.divergent += r.divergent;
     total.stuck += r.stuck;
     total.untyped += r.untyped;
-    if (!r.fired) ++unfired;
   }
   bool ok = unfired == 0 && !total.duplicates && !total.lost && !total.divergent && !total.stuck &&
             !total.untyped;

@@ -10,6 +10,8 @@
 //   --handler-ms MS      the handler sleeps MS for every key (pool exhaustion)
 //   --pg-pool N --pg-pool-wait-ms MS --redis-pool N --redis-pool-wait-ms MS
 //   --lease-ms MS (1000) --redis-timeout-ms MS (300)
+//   --unguarded          no idem at all: every request pays (the driver's negative control,
+//                        which proves its checks catch duplicate effects)
 //   --mode transactional|two-phase   two-phase: the handler runs outside idem's record, in its
 //        own transaction against a "gateway" that de-duplicates by key (rel_gateway), as
 //        guard.hpp asks of external side effects; gateway_dedups counts the re-runs it absorbed
@@ -55,6 +57,7 @@ struct Config {
   long lease_ms = 1000;
   long redis_timeout_ms = 300;
   bool two_phase = false;
+  bool unguarded = false;
   std::string crash_step;
   long crash_nth = 1;
   long slow_ms = 0;
@@ -92,6 +95,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--lease-ms") c.lease_ms = std::stol(next());
     else if (a == "--redis-timeout-ms") c.redis_timeout_ms = std::stol(next());
     else if (a == "--crash-step") c.crash_step = next();
+    else if (a == "--unguarded") c.unguarded = true;
     else if (a == "--mode") {
       std::string m = next();
       if (m != "transactional" && m != "two-phase") usage("--mode transactional|two-phase");
@@ -143,6 +147,10 @@ class Service {
         return "pay_" + row[0].as<std::string>();
       };
       idem::GuardResult<std::string> r;
+      if (cfg_.unguarded) {
+        pause();
+        return "OK executed " + durable_.with_transaction(pay);
+      }
       if (!cfg_.two_phase) {
         r = guard_.run(key, fp, [&](pqxx::work& tx) -> std::string {
           pause();
