@@ -80,11 +80,20 @@ struct Settings {
   bool verbose = false;
 };
 
-const std::vector<std::string> kAllScenarios = {
-    "baseline",       "redis_kill",           "flushall",         "redis_pause",
-    "pg_restart",     "crash_fast_claimed",   "crash_durable_claimed",
-    "crash_handler_returned", "crash_durable_committed", "slow_handler",
-    "pool_exhaustion", "payload_mismatch",    "hostile_keys", "control_unguarded"};
+const std::vector<std::string> kAllScenarios = {"baseline",
+                                                "redis_kill",
+                                                "flushall",
+                                                "redis_pause",
+                                                "pg_restart",
+                                                "crash_fast_claimed",
+                                                "crash_durable_claimed",
+                                                "crash_handler_returned",
+                                                "crash_durable_committed",
+                                                "slow_handler",
+                                                "pool_exhaustion",
+                                                "payload_mismatch",
+                                                "hostile_keys",
+                                                "control_unguarded"};
 
 int run_shell(const std::string& cmd) {
   int rc = std::system(cmd.c_str());
@@ -168,7 +177,8 @@ class Supervisor {
       std::string line;
       char ch;
       while (::read(out[0], &ch, 1) == 1 && ch != '\n') line.push_back(ch);
-      if (line.rfind("LISTENING ", 0) == 0) port_ = static_cast<std::uint16_t>(std::stoi(line.substr(10)));
+      if (line.rfind("LISTENING ", 0) == 0)
+        port_ = static_cast<std::uint16_t>(std::stoi(line.substr(10)));
       int status = 0;
       ::waitpid(pid, &status, 0);
       ::close(out[0]);
@@ -338,7 +348,8 @@ class Runner {
         " balance bigint NOT NULL)");
     // No unique constraint on idem_key: a duplicate effect must be visible, not prevented here.
     // The two-phase service's "external party": remembers each key's payment.
-    tx.exec("CREATE TABLE IF NOT EXISTS rel_gateway (idem_key text PRIMARY KEY, payment_id bigint)");
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS rel_gateway (idem_key text PRIMARY KEY, payment_id bigint)");
     tx.exec(
         "CREATE TABLE IF NOT EXISTS rel_payment (id bigserial PRIMARY KEY, idem_key text NOT NULL,"
         " account bigint NOT NULL, amount bigint NOT NULL)");
@@ -373,8 +384,9 @@ class Runner {
   }
 
   std::vector<std::string> base_args() const {
-    return {"--redis-url", s_.redis_url, "--pg-dsn", s_.pg_dsn, "--lease-ms",
-            std::to_string(s_.lease_ms), "--mode", mode_};
+    return {"--redis-url", s_.redis_url, "--pg-dsn",
+            s_.pg_dsn,     "--lease-ms", std::to_string(s_.lease_ms),
+            "--mode",      mode_};
   }
 
   /// Selects the service's mode for the next runs: transactional or two-phase.
@@ -426,15 +438,19 @@ Row Runner::run(const std::string& name) {
 
   // Keys --------------------------------------------------------------------------------------
   std::vector<KeyInfo> keys;
-  std::string prefix = "s" + std::to_string(s_.seed) + "-" + (mode_ == "two-phase" ? "2p-" : "") + name + "-";
+  std::string prefix =
+      "s" + std::to_string(s_.seed) + "-" + (mode_ == "two-phase" ? "2p-" : "") + name + "-";
   if (hostile) {
-    std::vector<std::string> ids = {
-        "",                            // id.empty
-        std::string(129, 'a'),         // id.too_long
-        "has space",                   // id.charset
-        "tab\there",                   std::string("nul\0byte", 8),
-        "crlf\r\nSET idemrel:x 1",     "caf\xc3\xa9",  // non-ASCII
-        std::string(1, '\x7f'),        "\x1b[31mred",  std::string(4096, 'k')};
+    std::vector<std::string> ids = {"",                     // id.empty
+                                    std::string(129, 'a'),  // id.too_long
+                                    "has space",            // id.charset
+                                    "tab\there",
+                                    std::string("nul\0byte", 8),
+                                    "crlf\r\nSET idemrel:x 1",
+                                    "caf\xc3\xa9",  // non-ASCII
+                                    std::string(1, '\x7f'),
+                                    "\x1b[31mred",
+                                    std::string(4096, 'k')};
     for (auto& id : ids) keys.push_back({id, 0, 1, 0});
   } else {
     std::uniform_int_distribution<long> acct(0, kAccounts - 1), amt(1, 500);
@@ -486,7 +502,7 @@ Row Runner::run(const std::string& name) {
     extra = {"--unguarded"};
     extra_starts = 1 << 20;
   } else if (name == "pool_exhaustion") {
-    extra = {"--pg-pool", "2", "--pg-pool-wait-ms", "30", "--handler-ms", "60",
+    extra = {"--pg-pool",    "2", "--pg-pool-wait-ms",    "30", "--handler-ms", "60",
              "--redis-pool", "2", "--redis-pool-wait-ms", "0"};
     extra_starts = 1 << 20;
     workers = std::max(workers, 8);
@@ -505,7 +521,8 @@ Row Runner::run(const std::string& name) {
   std::vector<std::vector<Answer>> answers(keys.size());
   std::atomic<std::size_t> next{0}, done{0};
   std::atomic<long> requests{0};
-  const long pace_ms = std::max<long>(0, s_.duration_ms * workers / static_cast<long>(std::max<std::size_t>(1, tasks.size())) - 2);
+  const long pace_ms = std::max<long>(
+      0, s_.duration_ms * workers / static_cast<long>(std::max<std::size_t>(1, tasks.size())) - 2);
   auto worker = [&] {
     Client c(sup);
     for (;;) {
@@ -642,18 +659,25 @@ Row Runner::run(const std::string& name) {
   {
     pqxx::connection c(s_.pg_dsn);
     pqxx::work tx(c);
-    for (auto r : tx.exec("SELECT idem_key, count(*), min(id), min(amount) FROM rel_payment GROUP BY idem_key")) {
+    for (auto r : tx.exec("SELECT idem_key, count(*), min(id), min(amount) FROM rel_payment GROUP "
+                          "BY idem_key")) {
       effects[r[0].as<std::string>()] = {r[1].as<long>(), r[2].as<long>(), r[3].as<long>()};
     }
-    for (auto r : tx.exec("SELECT idem_key, status, convert_from(response_body, 'UTF8') FROM rel_idempotency")) {
+    for (auto r : tx.exec(
+             "SELECT idem_key, status, convert_from(response_body, 'UTF8') FROM rel_idempotency")) {
       ++idem_rows;
-      if (r[1].as<std::string>() == "completed") stored[r[0].as<std::string>()] = r[2].as<std::string>();
-      else if (r[1].as<std::string>() == "in_progress") ++in_progress_rows;
+      if (r[1].as<std::string>() == "completed")
+        stored[r[0].as<std::string>()] = r[2].as<std::string>();
+      else if (r[1].as<std::string>() == "in_progress")
+        ++in_progress_rows;
     }
-    bad_accounts = tx.exec(
-                         "SELECT count(*) FROM rel_account a WHERE a.initial - a.balance <> "
-                         "(SELECT coalesce(sum(p.amount), 0) FROM rel_payment p WHERE p.account = a.id)")
-                       .at(0).at(0).as<long>();
+    bad_accounts =
+        tx.exec(
+              "SELECT count(*) FROM rel_account a WHERE a.initial - a.balance <> "
+              "(SELECT coalesce(sum(p.amount), 0) FROM rel_payment p WHERE p.account = a.id)")
+            .at(0)
+            .at(0)
+            .as<long>();
   }
 
   // Checks -------------------------------------------------------------------------------------
@@ -671,23 +695,29 @@ Row Runner::run(const std::string& name) {
         case Kind::kOk: {
           acked = true;
           std::string truth = has_effect ? "pay_" + std::to_string(eff->second.first_id) : "";
-          bool same = has_effect && a.value == truth && st != stored.end() && st->second == a.value &&
-                      eff->second.amount == a.amount;
+          bool same = has_effect && a.value == truth && st != stored.end() &&
+                      st->second == a.value && eff->second.amount == a.amount;
           if (!same) ++row.divergent;
           break;
         }
-        case Kind::kMismatch: ++mismatches_seen; break;
+        case Kind::kMismatch:
+          ++mismatches_seen;
+          break;
         case Kind::kErr:
-          if (a.value == "invalid_key") ++invalid_key_answers;
-          else if (hostile) ++row.untyped;  // a hostile key must be refused as invalid_key
-          else ++typed_storage_errors;
+          if (a.value == "invalid_key")
+            ++invalid_key_answers;
+          else if (hostile)
+            ++row.untyped;  // a hostile key must be refused as invalid_key
+          else
+            ++typed_storage_errors;
           break;
         case Kind::kUntyped:
           ++row.untyped;
           std::cerr << "  untyped answer for " << k.id << ": " << a.value << "\n";
           break;
         case Kind::kBusy:
-        case Kind::kLost: break;
+        case Kind::kLost:
+          break;
       }
       if (hostile && a.kind != Kind::kErr && a.kind != Kind::kUntyped) ++row.untyped;
     }
@@ -726,8 +756,10 @@ Row Runner::run(const std::string& name) {
     // fresh fast claim (not a counted takeover); the unique index then catches it
     // (durable_conflicts) and the slow first attempt finds its fast claim gone and refills the
     // record from the durable answer (fast_refills). Two-phase mode counts durable takeovers.
-    row.fired = delta("takeovers") > 0 || (delta("durable_conflicts") > 0 && delta("fast_refills") > 0);
-    proof << "takeovers=" << delta("takeovers") << " durable_conflicts=" << delta("durable_conflicts")
+    row.fired =
+        delta("takeovers") > 0 || (delta("durable_conflicts") > 0 && delta("fast_refills") > 0);
+    proof << "takeovers=" << delta("takeovers")
+          << " durable_conflicts=" << delta("durable_conflicts")
           << " fast_refills=" << delta("fast_refills");
   } else if (name == "control_unguarded") {
     // The same load without idem: the checks must find duplicate effects, or they prove nothing.
@@ -777,14 +809,22 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--service") s.service_bin = next();
-    else if (a == "--seed") s.seed = std::stoull(next());
-    else if (a == "--keys") s.keys = std::stoi(next());
-    else if (a == "--sends") s.sends = std::stoi(next());
-    else if (a == "--workers") s.workers = std::stoi(next());
-    else if (a == "--duration-ms") s.duration_ms = std::stol(next());
-    else if (a == "--scenarios") scenarios = next();
-    else if (a == "--verbose") s.verbose = true;
+    if (a == "--service")
+      s.service_bin = next();
+    else if (a == "--seed")
+      s.seed = std::stoull(next());
+    else if (a == "--keys")
+      s.keys = std::stoi(next());
+    else if (a == "--sends")
+      s.sends = std::stoi(next());
+    else if (a == "--workers")
+      s.workers = std::stoi(next());
+    else if (a == "--duration-ms")
+      s.duration_ms = std::stol(next());
+    else if (a == "--scenarios")
+      scenarios = next();
+    else if (a == "--verbose")
+      s.verbose = true;
     else if (a == "--modes") {
       s.modes.clear();
       std::stringstream in(next());
@@ -793,16 +833,21 @@ int main(int argc, char** argv) {
         if (m != "transactional" && m != "two-phase") usage("unknown mode " + m);
         s.modes.push_back(m);
       }
-    }
-    else if (a == "--smoke") {
-      s.keys = 40; s.sends = 3; s.workers = 6; s.duration_ms = 2500;
-      s.two_phase_only = {"redis_kill", "crash_durable_claimed", "crash_handler_returned", "slow_handler"};
-    }
-    else if (a == "--full") {
-      s.keys = 400; s.sends = 4; s.workers = 8; s.duration_ms = 12000;
+    } else if (a == "--smoke") {
+      s.keys = 40;
+      s.sends = 3;
+      s.workers = 6;
+      s.duration_ms = 2500;
+      s.two_phase_only = {"redis_kill", "crash_durable_claimed", "crash_handler_returned",
+                          "slow_handler"};
+    } else if (a == "--full") {
+      s.keys = 400;
+      s.sends = 4;
+      s.workers = 8;
+      s.duration_ms = 12000;
       s.two_phase_only.clear();
-    }
-    else usage("unknown flag " + a);
+    } else
+      usage("unknown flag " + a);
   }
   if (s.service_bin.empty()) usage("--service is required");
   s.redis_url = env_or("IDEM_TEST_REDIS_URL");
@@ -821,7 +866,8 @@ int main(int argc, char** argv) {
     std::stringstream in(scenarios);
     std::string n;
     while (std::getline(in, n, ',')) {
-      if (std::find(kAllScenarios.begin(), kAllScenarios.end(), n) == kAllScenarios.end()) usage("unknown scenario " + n);
+      if (std::find(kAllScenarios.begin(), kAllScenarios.end(), n) == kAllScenarios.end())
+        usage("unknown scenario " + n);
       s.scenarios.push_back(n);
     }
   }
@@ -844,7 +890,8 @@ int main(int argc, char** argv) {
       // Keys are rejected before any mode applies; the control has no idem at all.
       if (m == "two-phase" && (n == "hostile_keys" || n == "control_unguarded")) continue;
       if (m == "two-phase" && !s.two_phase_only.empty() &&
-          std::find(s.two_phase_only.begin(), s.two_phase_only.end(), n) == s.two_phase_only.end()) {
+          std::find(s.two_phase_only.begin(), s.two_phase_only.end(), n) ==
+              s.two_phase_only.end()) {
         continue;
       }
       plan.emplace_back(m, n);
@@ -860,8 +907,8 @@ int main(int argc, char** argv) {
       r.untyped = 1;
       r.proof = std::string("driver error: ") + e.what();
     }
-    std::printf("%-24s %8ld %6ld %5ld %5ld %6ld %5ld %7ld %5s %6.1f  %s\n", r.name.c_str(), r.requests,
-                r.faults, r.duplicates, r.lost, r.divergent, r.stuck, r.untyped,
+    std::printf("%-24s %8ld %6ld %5ld %5ld %6ld %5ld %7ld %5s %6.1f  %s\n", r.name.c_str(),
+                r.requests, r.faults, r.duplicates, r.lost, r.divergent, r.stuck, r.untyped,
                 r.fired ? "yes" : "NO", r.seconds, r.proof.c_str());
     std::fflush(stdout);
     rows.push_back(r);

@@ -88,27 +88,42 @@ Config parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--redis-url") c.redis_url = next();
-    else if (a == "--pg-dsn") c.pg_dsn = next();
-    else if (a == "--table") c.table = next();
-    else if (a == "--port") c.port = std::stoi(next());
-    else if (a == "--lease-ms") c.lease_ms = std::stol(next());
-    else if (a == "--redis-timeout-ms") c.redis_timeout_ms = std::stol(next());
-    else if (a == "--crash-step") c.crash_step = next();
-    else if (a == "--unguarded") c.unguarded = true;
+    if (a == "--redis-url")
+      c.redis_url = next();
+    else if (a == "--pg-dsn")
+      c.pg_dsn = next();
+    else if (a == "--table")
+      c.table = next();
+    else if (a == "--port")
+      c.port = std::stoi(next());
+    else if (a == "--lease-ms")
+      c.lease_ms = std::stol(next());
+    else if (a == "--redis-timeout-ms")
+      c.redis_timeout_ms = std::stol(next());
+    else if (a == "--crash-step")
+      c.crash_step = next();
+    else if (a == "--unguarded")
+      c.unguarded = true;
     else if (a == "--mode") {
       std::string m = next();
       if (m != "transactional" && m != "two-phase") usage("--mode transactional|two-phase");
       c.two_phase = m == "two-phase";
-    }
-    else if (a == "--crash-nth") c.crash_nth = std::stol(next());
-    else if (a == "--slow-ms") c.slow_ms = std::stol(next());
-    else if (a == "--handler-ms") c.handler_ms = std::stol(next());
-    else if (a == "--pg-pool") c.pg_pool = std::stol(next());
-    else if (a == "--pg-pool-wait-ms") c.pg_pool_wait_ms = std::stol(next());
-    else if (a == "--redis-pool") c.redis_pool = std::stol(next());
-    else if (a == "--redis-pool-wait-ms") c.redis_pool_wait_ms = std::stol(next());
-    else usage("unknown flag " + a);
+    } else if (a == "--crash-nth")
+      c.crash_nth = std::stol(next());
+    else if (a == "--slow-ms")
+      c.slow_ms = std::stol(next());
+    else if (a == "--handler-ms")
+      c.handler_ms = std::stol(next());
+    else if (a == "--pg-pool")
+      c.pg_pool = std::stol(next());
+    else if (a == "--pg-pool-wait-ms")
+      c.pg_pool_wait_ms = std::stol(next());
+    else if (a == "--redis-pool")
+      c.redis_pool = std::stol(next());
+    else if (a == "--redis-pool-wait-ms")
+      c.redis_pool_wait_ms = std::stol(next());
+    else
+      usage("unknown flag " + a);
   }
   return c;
 }
@@ -116,7 +131,10 @@ Config parse(int argc, char** argv) {
 class Service {
  public:
   explicit Service(const Config& c)
-      : cfg_(c), fast_(redis_options(c)), durable_(pg_options(c)), guard_(fast_, durable_, guard_options(c)) {}
+      : cfg_(c),
+        fast_(redis_options(c)),
+        durable_(pg_options(c)),
+        guard_(fast_, durable_, guard_options(c)) {}
 
   std::string handle(const std::string& line) {
     std::istringstream in(line);
@@ -163,11 +181,14 @@ class Service {
           return durable_.with_transaction([&](pqxx::work& tx) -> std::string {
             auto fresh = tx.exec_params(
                 "INSERT INTO rel_gateway (idem_key) VALUES ($1) ON CONFLICT DO NOTHING "
-                "RETURNING idem_key", *id);
+                "RETURNING idem_key",
+                *id);
             if (fresh.empty()) {
               counters_.gateway_dedups.fetch_add(1);
-              return "pay_" + tx.exec_params1("SELECT payment_id FROM rel_gateway WHERE idem_key = $1",
-                                              *id)[0].as<std::string>();
+              return "pay_" +
+                     tx.exec_params1("SELECT payment_id FROM rel_gateway WHERE idem_key = $1",
+                                     *id)[0]
+                         .as<std::string>();
             }
             std::string no = pay(tx);
             tx.exec_params("UPDATE rel_gateway SET payment_id = $1 WHERE idem_key = $2",
@@ -177,16 +198,21 @@ class Service {
         });
       }
       switch (r.outcome) {
-        case idem::Outcome::kExecuted: return "OK executed " + *r.value;
-        case idem::Outcome::kReplayed: return "OK replayed " + *r.value;
-        case idem::Outcome::kInProgress: return "BUSY";
-        case idem::Outcome::kFingerprintMismatch: return "MISMATCH";
+        case idem::Outcome::kExecuted:
+          return "OK executed " + *r.value;
+        case idem::Outcome::kReplayed:
+          return "OK replayed " + *r.value;
+        case idem::Outcome::kInProgress:
+          return "BUSY";
+        case idem::Outcome::kFingerprintMismatch:
+          return "MISMATCH";
       }
       return "UNTYPED unknown_outcome";
     } catch (const idem::Error& e) {
       std::string name(idem::errc_name(e.code()));
       if (e.code() == idem::errc::kInvalidKey) counters_.invalid_keys.fetch_add(1);
-      if (std::strstr(e.what(), "pool exhausted") != nullptr) counters_.pg_pool_exhausted.fetch_add(1);
+      if (std::strstr(e.what(), "pool exhausted") != nullptr)
+        counters_.pg_pool_exhausted.fetch_add(1);
       {
         std::lock_guard<std::mutex> lock(counters_.mu);
         ++counters_.errors[name];
@@ -234,7 +260,8 @@ class Service {
       o.step_hook = [seen, step, nth](idem::Step s, const idem::Key& key) {
         if (idem::step_name(s) != step) return;
         if (seen->fetch_add(1) + 1 == nth) {
-          std::fprintf(stderr, "idem_rel_service: failpoint %s hit (call %ld, key %s): _exit(137)\n",
+          std::fprintf(stderr,
+                       "idem_rel_service: failpoint %s hit (call %ld, key %s): _exit(137)\n",
                        step.c_str(), nth, key.str().c_str());
           std::fflush(stderr);
           ::_exit(137);
@@ -300,7 +327,8 @@ int main(int argc, char** argv) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(cfg.port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, 128) != 0) {
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(lfd, 128) != 0) {
     std::perror("idem_rel_service: bind/listen");
     return 3;
   }
