@@ -176,9 +176,12 @@ class Service {
         });
       } else {
         r = guard_.run(key, fp, [&]() -> std::string {
-          pause();
-          // The external party: one transaction of its own, de-duplicated by the key.
+          if (cfg_.slow_ms > 0 && id->find("-slow-") != std::string::npos) sleep_ms(cfg_.slow_ms);
+          // The external party: one transaction of its own, de-duplicated by the key. Its
+          // connection comes from the store's pool, so --handler-ms holds one (as in
+          // transactional mode) and a tiny pool runs out.
           return durable_.with_transaction([&](pqxx::work& tx) -> std::string {
+            if (cfg_.handler_ms > 0) sleep_ms(cfg_.handler_ms);
             auto fresh = tx.exec_params(
                 "INSERT INTO rel_gateway (idem_key) VALUES ($1) ON CONFLICT DO NOTHING "
                 "RETURNING idem_key",
