@@ -7,7 +7,7 @@
 # Throughput (2 and 8 threads, unpinned): guarded calls on the cluster vs on one redis-server,
 # interleaved. Routing (1 thread): the cluster path against the same store talking to the node
 # directly, and against a raw hiredis loop on that node, with the bench and every cluster master
-# pinned to CPU 0 (taskset; see /work/shared/SERVERS.md for why per-call ratios are pinned); the
+# pinned to CPU 0 (taskset: an idle CPU halts and waking it costs ~100 us, so per-call ratios are pinned); the
 # masters' affinity is restored afterwards.
 set -euo pipefail
 BUILD="${IDEM_BENCH_BUILD:?IDEM_BENCH_BUILD is not set (scripts/bench.sh sets it)}"

@@ -4,7 +4,7 @@
 # PostgreSQL vs hand-written hiredis + libpqxx), interleaved in one process, medians.
 # Called by scripts/bench.sh (servers started, IDEM_BENCH_BUILD and IDEM_TEST_POSTGRES_DSN set).
 # Per-call cost ratios: the PostgreSQL server and the driver are pinned to CPU 0 (see
-# SERVERS.md: unpinned single-connection ping-pong swings several-fold from run to run).
+# unpinned single-connection ping-pong swings several-fold from run to run).
 set -euo pipefail
 : "${IDEM_BENCH_BUILD:?set by scripts/bench.sh}"
 : "${IDEM_TEST_POSTGRES_DSN:?set by scripts/bench.sh}"

@@ -6,7 +6,7 @@
 # Per-call ratios (1 thread) run against a private redis-server started here, with the server
 # and the client both pinned to CPU 0 (taskset -c 0): on these VMs an idle CPU halts and waking
 # it costs ~100 us, so an unpinned single-connection ping-pong swings 4-10x from run to run
-# (docs: /work/shared/SERVERS.md). Pinned, each call costs what the client and the server
+# (idle-CPU wake-ups). Pinned, each call costs what the client and the server
 # actually compute, which is what a per-call ratio should compare. The 8-thread throughput runs
 # are unpinned, against scripts/bench.sh's server.
 set -euo pipefail

@@ -3,7 +3,7 @@
 //
 // File: redis/redis_store.hpp
 //
-// `RedisStore` is the claim at the entrance of DESIGN.md's second layer: one Redis round trip
+// `RedisStore` is the claim at the entrance, the protocol's second layer (docs/design.md): one Redis round trip
 // per claim, over a bounded, thread-safe connection pool.
 //
 // * Key layout: `<key_prefix>{<scope>|<id>}`, e.g. `idem:{payment|order_20001}`. The braces are
