@@ -442,7 +442,7 @@ void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& f
 ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
                                                   const OwnerToken& owner,
                                                   std::chrono::seconds retention,
-                                                  HandlerRef handler) {
+                                                  HandlerRef handler, bool read_first) {
   unsigned retries = 0;
   bool reconnected = false;
   for (;;) {
@@ -451,7 +451,7 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
     std::optional<PooledConnection> conn;
     try {
       conn.emplace(pool_->acquire());
-      if (options_.read_first) {
+      if (options_.read_first || read_first) {
         // A completed duplicate or a mismatch needs no transaction: answer from one read.
         std::optional<ClaimResult> early;
         {

@@ -112,8 +112,10 @@ struct PostgresStoreOptions {
   std::function<void(const Key&, std::string_view)> on_retry;
   /// Transactional mode: read the record with one autocommit SELECT before opening the
   /// transaction, so a completed duplicate is replayed in 1 round trip instead of 4 (BEGIN,
-  /// claim, read, ROLLBACK); a first execution pays 1 more. Worth it when no fast store is in
-  /// front, or it is often down. false: claim first (fewest round trips for first executions).
+  /// claim, read, ROLLBACK); a first execution pays 1 more. true: always. false: only when the
+  /// guard's DurableHint says its fast store did not grant the claim (no fast store, or it is
+  /// down), which is when duplicates reach PostgreSQL; a granted fast claim claims first
+  /// (fewest round trips for first executions).
   bool read_first = false;
   /// Run the migration on construction (create schema, table, index). false: the table must
   /// exist (e.g. applied from schema.sql by a DBA).
@@ -237,7 +239,24 @@ class PostgresStore {
       return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
     };
     return run_transactional_impl(key, fingerprint, owner, retention,
-                                  HandlerRef{call, static_cast<void*>(std::addressof(handler))});
+                                  HandlerRef{call, static_cast<void*>(std::addressof(handler))},
+                                  false);
+  }
+
+  /// As above, with what the guard knows (idem::DurableHint, passed by IdempotencyGuard):
+  /// without a granted fast claim (no fast store, or it is down) the record is read first, so
+  /// a duplicate is answered in one round trip (see PostgresStoreOptions::read_first). A hint
+  /// never changes an answer.
+  template <class Handler>
+  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
+                                const OwnerToken& owner, std::chrono::seconds retention,
+                                Handler&& handler, DurableHint hint) {
+    auto call = [](void* h, pqxx::work& tx) -> std::string {
+      return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
+    };
+    return run_transactional_impl(key, fingerprint, owner, retention,
+                                  HandlerRef{call, static_cast<void*>(std::addressof(handler))},
+                                  !hint.fast_claimed);
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).
@@ -310,7 +329,7 @@ class PostgresStore {
   };
   ClaimResult run_transactional_impl(const Key& key, std::string_view fingerprint,
                                      const OwnerToken& owner, std::chrono::seconds retention,
-                                     HandlerRef handler);
+                                     HandlerRef handler, bool read_first);
   void run_in_transaction(const std::function<void(pqxx::work&)>& fn);
 
   struct Impl;
