@@ -13,43 +13,15 @@
 #include "idem/guard.hpp"
 #include "idem/postgres/postgres_store.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "idemctl_test_support.hpp"
 #include "support/test_env.hpp"
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout and stderr
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      q += "'\\''";
-    } else {
-      q += c;
-    }
-  }
-  return q + "'";
-}
-
-Run idemctl(const std::string& args) {
-  std::string cmd = std::string("env -u IDEMCTL_DB ") + IDEMCTL_PATH + " " + args + " 2>&1";
-  Run r;
-  std::FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int raw = pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return r;
-}
-
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using idemctl_test::contains;
+using idemctl_test::idemctl;
+using idemctl_test::quote;
+using idemctl_test::Run;
 
 std::size_t occurrences(const std::string& s, const std::string& needle) {
   std::size_t n = 0;
