@@ -29,9 +29,11 @@ struct Args {
   int messages = 3000;
   int rounds = 5;
   std::size_t batch = 64;
+  std::string only;  // comma-separated loop names to run (all when empty)
 };
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -99,7 +101,12 @@ int main(int argc, char** argv) {
     if (k == "--messages") a.messages = std::atoi(argv[i + 1]);
     if (k == "--rounds") a.rounds = std::atoi(argv[i + 1]);
     if (k == "--batch") a.batch = static_cast<std::size_t>(std::atoi(argv[i + 1]));
+    if (k == "--only") a.only = argv[i + 1];
   }
+  auto wanted = [&](const char* name) {
+    return a.only.empty() || ("," + a.only + ",").find("," + std::string(name) + ",") !=
+                                 std::string::npos;
+  };
   auto dir = std::filesystem::temp_directory_path() /
              ("idem-bench-mq-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -111,7 +118,7 @@ int main(int argc, char** argv) {
   std::vector<double> plain, dedup, dedup_redis, plain_batch, dedup_batch, dedup_batch_redis;
   for (int round = 0; round < a.rounds; ++round) {
     const std::string r = std::to_string(round);
-    {
+    if (wanted("plain")) {
       auto db = open_db(dir / ("plain" + r + ".db"));
       auto stream = publish(redis, round, "plain", a.messages);
       plain.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
@@ -146,15 +153,15 @@ int main(int argc, char** argv) {
         return acks;
       });
     };
-    {
+    if (wanted("dedup_memory")) {
       idem::MemoryStore fast;
       dedup.push_back(run_dedup(fast, "dedup_memory"));
     }
-    {
+    if (wanted("dedup_redis")) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
       dedup_redis.push_back(run_dedup(fast, "dedup_redis"));
     }
-    {
+    if (wanted("plain_batch")) {
       auto db = open_db(dir / ("plain_batch" + r + ".db"));
       auto stream = publish(redis, round, "plain_batch", a.messages);
       plain_batch.push_back(drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
@@ -194,11 +201,11 @@ int main(int argc, char** argv) {
         return acks;
       });
     };
-    {
+    if (wanted("dedup_batch_memory")) {
       idem::MemoryStore fast;
       dedup_batch.push_back(run_dedup_batch(fast, "dedup_batch_memory"));
     }
-    {
+    if (wanted("dedup_batch_redis")) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
       dedup_batch_redis.push_back(run_dedup_batch(fast, "dedup_batch_redis"));
     }

@@ -234,7 +234,8 @@ class IdempotencyGuard {
                                                     detail::transaction_t<Durable>>::type> {
     using Tx = detail::transaction_t<Durable>;
     using R = typename detail::response_type<std::decay_t<Fn>, Tx>::type;
-    Call<R> call{key, fingerprint, detail::SteadyClock::now()};
+    Call<R> call{key, fingerprint, options_.observer != nullptr};
+    call.start = call.now();
     stats_.calls.fetch_add(1, std::memory_order_relaxed);
     if constexpr (!kHasDurable) {
       call.mode = Mode::kFastOnly;
@@ -246,10 +247,10 @@ class IdempotencyGuard {
 
     // 2. Fast store claim.
     if (fast_ != nullptr) {
-      auto t0 = detail::SteadyClock::now();
+      auto t0 = call.now();
       try {
         ClaimResult c = fast_->claim(key, fingerprint, call.owner, options_.lease);
-        call.fast_claim = detail::since(t0);
+        call.fast_claim = call.since(t0);
         fast_ok();
         if (c.status == ClaimStatus::kClaimed) {
           call.fast_claimed = true;
@@ -261,7 +262,7 @@ class IdempotencyGuard {
           return duplicate(call, c, Source::kFastStore, DuplicateSource::kFastStore);
         }
       } catch (const StorageError& e) {
-        call.fast_claim = detail::since(t0);
+        call.fast_claim = call.since(t0);
         call.degraded = true;
         fast_failed(key, e);
         if constexpr (!kHasDurable) throw;
@@ -299,7 +300,9 @@ class IdempotencyGuard {
   struct Call {
     const Key& key;
     std::string_view fingerprint;
-    detail::SteadyClock::time_point start;
+    // Timings feed only the observer's CallEvent: without an observer the clock is not read.
+    bool timed = false;
+    detail::SteadyClock::time_point start{};
     OwnerToken owner = OwnerToken::generate();
     Mode mode = Mode::kFastOnly;
     bool fast_claimed = false;
@@ -307,6 +310,13 @@ class IdempotencyGuard {
     std::chrono::nanoseconds fast_claim{0};
     std::chrono::nanoseconds durable{0};
     std::chrono::nanoseconds handler{0};
+
+    detail::SteadyClock::time_point now() const noexcept {
+      return timed ? detail::SteadyClock::now() : detail::SteadyClock::time_point{};
+    }
+    std::chrono::nanoseconds since(detail::SteadyClock::time_point t) const noexcept {
+      return timed ? detail::since(t) : std::chrono::nanoseconds{0};
+    }
   };
 
   template <class R>
@@ -328,16 +338,24 @@ class IdempotencyGuard {
   template <class R, class Fn>
   GuardResult<R> run_fast_only(Call<R>& call, Fn& handler) {
     std::optional<R> value;
-    auto t0 = detail::SteadyClock::now();
+    auto t0 = call.now();
     try {
       value.emplace(detail::invoke_stored<R>(handler));
     } catch (...) {
-      call.handler = detail::since(t0);
+      call.handler = call.since(t0);
       handler_failed(call);
       throw;
     }
-    call.handler = detail::since(t0);
-    std::string bytes = Codec<R>::encode(*value);
+    call.handler = call.since(t0);
+    // Codec<std::string> is the identity: complete from the value itself, no copy.
+    std::string encoded;
+    std::string_view bytes;
+    if constexpr (std::is_same_v<R, std::string>) {
+      bytes = *value;
+    } else {
+      encoded = Codec<R>::encode(*value);
+      bytes = encoded;
+    }
     // In a fast-only guard the fast store is the only record: its failures propagate.
     if (!fast_->complete(call.key, call.owner, bytes, options_.retention)) {
       note_lease_lost(call.key, "fast");
@@ -353,22 +371,22 @@ class IdempotencyGuard {
     std::optional<R> value;
     std::chrono::nanoseconds handler_time{0};
     bool handler_threw = false;
-    auto t0 = detail::SteadyClock::now();
+    auto t0 = call.now();
     ClaimResult d;
     try {
       auto body = [&](Transaction& tx) -> std::string {
-        auto h0 = detail::SteadyClock::now();
+        auto h0 = call.now();
         value.reset();  // the store may retry the transaction (serialization failure)
         try {
           step(Step::kDurableClaimed, call.key);
           value.emplace(detail::invoke_stored<R>(handler, tx));
           step(Step::kHandlerReturned, call.key);
         } catch (...) {
-          handler_time += detail::since(h0);
+          handler_time += call.since(h0);
           handler_threw = true;
           throw;
         }
-        handler_time += detail::since(h0);
+        handler_time += call.since(h0);
         return Codec<R>::encode(*value);
       };
       if constexpr (detail::kTransactionalTakesHint<Durable, decltype(body)>) {
@@ -383,7 +401,7 @@ class IdempotencyGuard {
       // durable record replays it to the retry). Either way the fast claim must not block the
       // retry for a whole lease.
       call.handler = handler_time;
-      call.durable = detail::since(t0) - handler_time;
+      call.durable = call.since(t0) - handler_time;
       if (handler_threw) {
         handler_failed(call);
       } else {
@@ -392,14 +410,14 @@ class IdempotencyGuard {
       throw;
     }
     call.handler = handler_time;
-    call.durable = detail::since(t0) - handler_time;
+    call.durable = call.since(t0) - handler_time;
     if (d.status == ClaimStatus::kClaimed) step(Step::kDurableCommitted, call.key);
     return after_durable<R>(call, d, std::move(value));
   }
 
   template <class R, class Fn>
   GuardResult<R> run_two_phase(Call<R>& call, Fn& handler) {
-    auto t0 = detail::SteadyClock::now();
+    auto t0 = call.now();
     ClaimResult d;
     try {
       if constexpr (detail::kBeginTakesHint<Durable>) {
@@ -408,24 +426,24 @@ class IdempotencyGuard {
         d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease);
       }
     } catch (...) {
-      call.durable = detail::since(t0);
+      call.durable = call.since(t0);
       release_fast(call);
       throw;
     }
-    call.durable = detail::since(t0);
+    call.durable = call.since(t0);
     if (d.status != ClaimStatus::kClaimed) {
       return after_durable<R>(call, d, std::nullopt);
     }
     if (d.took_over) note_takeover(call.key, "durable");
 
     std::optional<R> value;
-    auto h0 = detail::SteadyClock::now();
+    auto h0 = call.now();
     try {
       step(Step::kDurableClaimed, call.key);
       value.emplace(detail::invoke_stored<R>(handler));
       step(Step::kHandlerReturned, call.key);
     } catch (...) {
-      call.handler = detail::since(h0);
+      call.handler = call.since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
       try {
         durable_->release(call.key, call.owner);
@@ -435,13 +453,13 @@ class IdempotencyGuard {
       handler_failed(call);
       throw;
     }
-    call.handler = detail::since(h0);
+    call.handler = call.since(h0);
     std::string bytes = Codec<R>::encode(*value);
-    auto c0 = detail::SteadyClock::now();
+    auto c0 = call.now();
     // If this throws, the durable record stays in progress (owned by us) until the lease ends,
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
     bool completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
-    call.durable += detail::since(c0);
+    call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
       note_lease_lost(call.key, "durable");
@@ -536,7 +554,7 @@ class IdempotencyGuard {
     if (auto* o = options_.observer.get()) {
       CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
                   call.degraded,  call.fast_claim, call.durable, call.handler,
-                  detail::since(call.start)};
+                  call.since(call.start)};
       e.fast_claimed = call.fast_claimed;
       o->on_call(e);
     }

@@ -223,3 +223,39 @@ TEST(GuardOptions, RejectsNonPositiveDurations) {
 }
 
 }  // namespace
+
+namespace {
+
+class TimingObserver : public idem::Observer {
+ public:
+  std::vector<idem::CallEvent> events;
+  void on_call(const idem::CallEvent& e) noexcept override { events.push_back(e); }
+};
+
+// The guard reads the clock only for an observer; with one, every phase is timed.
+TEST(GuardObserver, CallEventsCarryPhaseTimings) {
+  idem::MemoryStore fast;
+  auto observer = std::make_shared<TimingObserver>();
+  idem::GuardOptions options;
+  options.observer = observer;
+  idem::IdempotencyGuard guard{fast, options};
+  auto key = idem::Key::make("payment", "timed");
+  auto first = guard.run(key, "fp", [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return std::string("ok");
+  });
+  auto again = guard.run(key, "fp", [] { return std::string("never"); });
+  ASSERT_EQ(idem::Outcome::kExecuted, first.outcome);
+  ASSERT_EQ(idem::Outcome::kReplayed, again.outcome);
+  ASSERT_EQ(2u, observer->events.size());
+  const auto& run = observer->events[0];
+  EXPECT_GE(run.handler, std::chrono::milliseconds(5));
+  EXPECT_GT(run.fast_claim.count(), 0);
+  EXPECT_GE(run.total, run.handler + run.fast_claim);
+  const auto& replay = observer->events[1];
+  EXPECT_EQ(0, replay.handler.count());
+  EXPECT_GT(replay.fast_claim.count(), 0);
+  EXPECT_GE(replay.total, replay.fast_claim);
+}
+
+}  // namespace
