@@ -1,10 +1,18 @@
 // SPDX-License-Identifier: MIT
-// Consumer-loop throughput on Redis Streams: XREADGROUP batch -> handler -> XACK batch, where the
-// handler writes one effect row to SQLite. "plain" runs it in its own transaction; "dedup" runs
-// it through IdempotentConsumer (fast-store claim, then mq_consume_record in the same SQLite
-// transaction as the effect); the batch variants use one transaction per XREADGROUP batch
-// (consume_batch: one pipelined claim round trip, one transaction, one pipelined complete).
-// Same process, rounds interleaved (plain, dedup, ...), medians.
+// Consumer-loop throughput on Redis Streams: XREADGROUP batch -> handler -> XACK batch. The
+// handler writes one effect row. "plain" is the loop without idem; "dedup" runs the handler
+// through IdempotentConsumer (fast-store claim, the consume record in the same transaction as
+// the effect, fast-store complete). Like with like:
+//   * SQLite (embedded): one transaction per message (consume) and one per XREADGROUP batch
+//     (consume_batch: one pipelined claim round trip, one transaction, one pipelined complete),
+//     with MemoryStore or RedisStore in front;
+//   * PostgreSQL (--postgres, the production shape, RedisStore in front): one transaction per
+//     message (consume) and one per batch (consume_batch: the batch's records in ONE INSERT).
+// The effect table is the same on both sides: (message_id, body) in SQLite, plus a bigserial
+// primary key in PostgreSQL. Same process, rounds interleaved (plain, dedup, ...), medians;
+// `--only a,b` runs some loops. run.sh pins the servers and this driver to one CPU.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,13 +22,16 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "idem/consumer.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mq/redis_streams.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#ifdef IDEM_BENCH_WITH_POSTGRES
+#include <pqxx/pqxx>
+
+#include "idem/postgres/postgres_store.hpp"
+#endif
 
 namespace {
 
@@ -29,7 +40,9 @@ struct Args {
   int messages = 3000;
   int rounds = 5;
   std::size_t batch = 64;
-  std::string only;  // comma-separated loop names to run (all when empty)
+  std::string only;       // comma-separated loop names to run (all when empty)
+  std::string postgres;   // libpq conninfo: adds the PostgreSQL loops (--postgres)
+  int pg_messages = 300;  // per round in the PostgreSQL loops (a commit each: slower)
 };
 
 double median(std::vector<double> v) {
@@ -102,13 +115,15 @@ int main(int argc, char** argv) {
     if (k == "--rounds") a.rounds = std::atoi(argv[i + 1]);
     if (k == "--batch") a.batch = static_cast<std::size_t>(std::atoi(argv[i + 1]));
     if (k == "--only") a.only = argv[i + 1];
+    if (k == "--postgres") a.postgres = argv[i + 1];
+    if (k == "--pg-messages") a.pg_messages = std::atoi(argv[i + 1]);
   }
   auto wanted = [&](const char* name) {
-    return a.only.empty() || ("," + a.only + ",").find("," + std::string(name) + ",") !=
-                                 std::string::npos;
+    return a.only.empty() ||
+           ("," + a.only + ",").find("," + std::string(name) + ",") != std::string::npos;
   };
-  auto dir = std::filesystem::temp_directory_path() /
-             ("idem-bench-mq-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("idem-bench-mq-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   idem::mq::RedisStreams redis{{a.redis}};
 
@@ -116,6 +131,34 @@ int main(int argc, char** argv) {
   // it (fast store MemoryStore, then RedisStore), and one transaction per batch without and
   // with it.
   std::vector<double> plain, dedup, dedup_redis, plain_batch, dedup_batch, dedup_batch_redis;
+#ifdef IDEM_BENCH_WITH_POSTGRES
+  // The production shape: the effect row goes to PostgreSQL, one transaction per message;
+  // with de-duplication the consume record commits in that same transaction (PostgresStore)
+  // behind a RedisStore claim. Both sides run the same unprepared INSERT.
+  std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch;
+  std::unique_ptr<pqxx::connection> pg;
+  std::unique_ptr<idem::postgres::PostgresStore> pg_store;
+  std::string pg_fsync, pg_sync_commit;
+  const std::string pg_plain_table = "mq_bench_plain_" + std::to_string(::getpid());
+  const std::string pg_dedup_table = "mq_bench_dedup_" + std::to_string(::getpid());
+  const std::string pg_plain_insert =
+      "INSERT INTO " + pg_plain_table + " (message_id, body) VALUES ($1, $2)";
+  const std::string pg_dedup_insert =
+      "INSERT INTO " + pg_dedup_table + " (message_id, body) VALUES ($1, $2)";
+  if (!a.postgres.empty() && (wanted("plain_pg") || wanted("dedup_pg") ||
+                              wanted("plain_pg_batch") || wanted("dedup_pg_batch"))) {
+    pg = std::make_unique<pqxx::connection>(a.postgres);
+    pqxx::nontransaction nt(*pg);
+    for (const auto& t : {pg_plain_table, pg_dedup_table}) {
+      nt.exec("DROP TABLE IF EXISTS " + t);
+      nt.exec("CREATE TABLE " + t + " (id bigserial PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)");
+    }
+    pg_fsync = nt.exec("SHOW fsync")[0][0].as<std::string>();
+    pg_sync_commit = nt.exec("SHOW synchronous_commit")[0][0].as<std::string>();
+    pg_store = std::make_unique<idem::postgres::PostgresStore>(
+        idem::postgres::PostgresStoreOptions::mq_consume_record(a.postgres));
+  }
+#endif
   for (int round = 0; round < a.rounds; ++round) {
     const std::string r = std::to_string(round);
     if (wanted("plain")) {
@@ -144,10 +187,9 @@ int main(int argc, char** argv) {
         std::vector<std::string> acks;
         for (const auto& e : batch) {
           const std::string& body = *e.find("body");
-          auto v = consumer.consume(
-              idem::Delivery{*e.find("message_id"), idem::fingerprint(body), body,
-                             e.delivery_count},
-              [&](idem::sqlite::Transaction& tx) { insert_effect(tx, e); });
+          auto v = consumer.consume(idem::Delivery{*e.find("message_id"), idem::fingerprint(body),
+                                                   body, e.delivery_count},
+                                    [&](idem::sqlite::Transaction& tx) { insert_effect(tx, e); });
           if (idem::should_ack(v)) acks.push_back(e.id);
         }
         return acks;
@@ -209,29 +251,138 @@ int main(int argc, char** argv) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
       dedup_batch_redis.push_back(run_dedup_batch(fast, "dedup_batch_redis"));
     }
+#ifdef IDEM_BENCH_WITH_POSTGRES
+    if (pg && wanted("plain_pg")) {
+      auto stream = publish(redis, round, "plain_pg", a.pg_messages);
+      plain_pg.push_back(drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+        std::vector<std::string> acks;
+        for (const auto& e : batch) {
+          pqxx::work tx(*pg);
+          tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
+          tx.commit();
+          acks.push_back(e.id);
+        }
+        return acks;
+      }));
+    }
+    if (pg_store && wanted("dedup_pg")) {
+      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::GuardOptions go;
+      go.durable_source = idem::DuplicateSource::kMqRecord;
+      idem::IdempotencyGuard guard{fast, *pg_store, go};
+      idem::IdempotentConsumer consumer{guard, "dedup_pg-" + std::to_string(::getpid()) + "-" + r};
+      auto stream = publish(redis, round, "dedup_pg", a.pg_messages);
+      dedup_pg.push_back(drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+        std::vector<std::string> acks;
+        for (const auto& e : batch) {
+          const std::string& body = *e.find("body");
+          auto v = consumer.consume(idem::Delivery{*e.find("message_id"), idem::fingerprint(body),
+                                                   body, e.delivery_count},
+                                    [&](pqxx::work& tx) {
+                                      tx.exec_params(pg_dedup_insert, *e.find("message_id"), body);
+                                    });
+          if (idem::should_ack(v)) acks.push_back(e.id);
+        }
+        return acks;
+      }));
+    }
+    if (pg && wanted("plain_pg_batch")) {
+      auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
+      plain_pg_batch.push_back(
+          drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+            std::vector<std::string> acks;
+            pqxx::work tx(*pg);
+            for (const auto& e : batch) {
+              tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
+            }
+            tx.commit();
+            for (const auto& e : batch) acks.push_back(e.id);
+            return acks;
+          }));
+    }
+    if (pg_store && wanted("dedup_pg_batch")) {
+      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::GuardOptions go;
+      go.durable_source = idem::DuplicateSource::kMqRecord;
+      idem::IdempotencyGuard guard{fast, *pg_store, go};
+      idem::IdempotentConsumer consumer{guard,
+                                        "dedup_pg_batch-" + std::to_string(::getpid()) + "-" + r};
+      auto stream = publish(redis, round, "dedup_pg_batch", a.pg_messages);
+      dedup_pg_batch.push_back(
+          drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+            std::vector<std::string> fps;
+            std::vector<idem::Delivery> deliveries;
+            for (const auto& e : batch) fps.push_back(idem::fingerprint(*e.find("body")));
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+              deliveries.push_back(idem::Delivery{*batch[i].find("message_id"), fps[i],
+                                                  *batch[i].find("body"),
+                                                  batch[i].delivery_count});
+            }
+            auto verdicts =
+                consumer.consume_batch(deliveries, [&](pqxx::work& tx, std::size_t i) {
+                  tx.exec_params(pg_dedup_insert, *batch[i].find("message_id"),
+                                 *batch[i].find("body"));
+                });
+            std::vector<std::string> acks;
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+              if (idem::should_ack(verdicts[i])) acks.push_back(batch[i].id);
+            }
+            return acks;
+          }));
+    }
+#endif
   }
   std::filesystem::remove_all(dir);
-  std::printf("mq consumer loop: %d messages per round, XREADGROUP/XACK batches of %zu, %d "
-              "interleaved rounds, SQLite WAL synchronous=NORMAL\n",
-              a.messages, a.batch, a.rounds);
-  std::printf("plain, one transaction per message:            %8.0f msg/s (median)\n",
-              median(plain));
-  std::printf("dedup, consume(), fast store RedisStore:       %8.0f msg/s (median)\n",
-              median(dedup_redis));
-  std::printf("dedup, consume(), fast store MemoryStore:      %8.0f msg/s (median)\n",
-              median(dedup));
-  std::printf("plain, one transaction per batch:              %8.0f msg/s (median)\n",
-              median(plain_batch));
-  std::printf("dedup, consume_batch(), fast store RedisStore:  %8.0f msg/s (median)\n",
-              median(dedup_batch_redis));
-  std::printf("dedup, consume_batch(), fast store MemoryStore: %8.0f msg/s (median)\n",
-              median(dedup_batch));
-  // Like with like: per-message loops against each other, batch loops against each other.
-  std::printf("ratio mq_dedup_vs_plain = %.2f\n", median(dedup_redis) / median(plain));
-  std::printf("ratio mq_dedup_memory_vs_plain = %.2f\n", median(dedup) / median(plain));
-  std::printf("ratio mq_dedup_batch_redis_vs_plain_batch = %.2f\n",
-              median(dedup_batch_redis) / median(plain_batch));
-  std::printf("ratio mq_dedup_batch_memory_vs_plain_batch = %.2f\n",
-              median(dedup_batch) / median(plain_batch));
+#ifdef IDEM_BENCH_WITH_POSTGRES
+  if (pg) {
+    pqxx::nontransaction nt(*pg);
+    for (const auto& t : {pg_plain_table, pg_dedup_table}) nt.exec("DROP TABLE IF EXISTS " + t);
+  }
+#endif
+  // Figures and ratios of the loops that ran (--only), like with like: per-message loops
+  // against each other, batch loops against each other.
+  auto line = [](const char* label, const std::vector<double>& v) {
+    if (!v.empty()) std::printf("%-48s %8.0f msg/s (median)\n", label, median(v));
+  };
+  auto ratio = [](const char* name, const std::vector<double>& ours,
+                  const std::vector<double>& base) {
+    if (!ours.empty() && !base.empty()) {
+      std::printf("ratio %s = %.2f\n", name, median(ours) / median(base));
+    }
+  };
+  if (!plain.empty() || !dedup.empty() || !dedup_redis.empty() || !plain_batch.empty() ||
+      !dedup_batch.empty() || !dedup_batch_redis.empty()) {
+    std::printf(
+        "mq consumer loop, SQLite: %d messages per round, XREADGROUP/XACK batches of %zu, "
+        "%d interleaved rounds, SQLite WAL synchronous=NORMAL\n",
+        a.messages, a.batch, a.rounds);
+    line("plain, one transaction per message:", plain);
+    line("dedup, consume(), fast store RedisStore:", dedup_redis);
+    line("dedup, consume(), fast store MemoryStore:", dedup);
+    line("plain, one transaction per batch:", plain_batch);
+    line("dedup, consume_batch(), fast store RedisStore:", dedup_batch_redis);
+    line("dedup, consume_batch(), fast store MemoryStore:", dedup_batch);
+    ratio("mq_dedup_vs_plain", dedup_redis, plain);
+    ratio("mq_dedup_memory_vs_plain", dedup, plain);
+    ratio("mq_dedup_batch_redis_vs_plain_batch", dedup_batch_redis, plain_batch);
+    ratio("mq_dedup_batch_memory_vs_plain_batch", dedup_batch, plain_batch);
+  }
+#ifdef IDEM_BENCH_WITH_POSTGRES
+  if (!plain_pg.empty() || !dedup_pg.empty() || !plain_pg_batch.empty() ||
+      !dedup_pg_batch.empty()) {
+    std::printf(
+        "mq consumer loop, PostgreSQL: %d messages per round, XREADGROUP/XACK batches of "
+        "%zu, %d interleaved rounds, fsync=%s, synchronous_commit=%s\n",
+        a.pg_messages, a.batch, a.rounds, pg_fsync.c_str(), pg_sync_commit.c_str());
+    line("plain, one PostgreSQL transaction per message:", plain_pg);
+    line("dedup, consume(), RedisStore + PostgresStore:", dedup_pg);
+    line("plain, one PostgreSQL transaction per batch:", plain_pg_batch);
+    line("dedup, consume_batch(), RedisStore + PostgresStore:", dedup_pg_batch);
+    const std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
+    ratio(("mq_dedup_postgres_vs_plain_postgres" + suffix).c_str(), dedup_pg, plain_pg);
+    ratio(("mq_dedup_batch_postgres_vs_plain_batch_postgres" + suffix).c_str(), dedup_pg_batch,
+          plain_pg_batch);
+  }
+#endif
   return 0;
 }

@@ -1,8 +1,39 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Redis Streams consumer loop with idempotent consumption vs the same loop without it.
-# Needs IDEM_TEST_REDIS_URL (scripts/bench.sh starts the servers).
+# Redis Streams consumer loops with idempotent consumption vs the same loops without it (see
+# README.md). Run by scripts/bench.sh, which sets IDEM_BENCH_BUILD (Release build).
+#
+# The loops run against a private redis-server and PostgreSQL started here, with the servers
+# and the driver all pinned to CPU 0 (taskset -c 0): on these VMs an idle CPU halts and waking
+# it costs ~100 us, so unpinned ping-pong loops swing 2-3x from round to round (one side can
+# land on a warm CPU, the other on a halted one). Pinned, a loop costs what the driver and the
+# servers compute per message, which is what the ratios compare.
 set -euo pipefail
-BUILD="${IDEM_BENCH_BUILD:-$(dirname "$0")/../../build}"
-: "${IDEM_TEST_REDIS_URL:?start the servers (scripts/servers.sh) first}"
-exec "$BUILD/bench/mq/idem_bench_mq" --redis "$IDEM_TEST_REDIS_URL" "$@"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${IDEM_BENCH_BUILD:-$ROOT/build}"
+BIN="$BUILD/bench/mq/idem_bench_mq"
+[ -x "$BIN" ] || { echo "bench/mq: $BIN not built" >&2; exit 1; }
+
+export IDEM_SERVERS_DIR="$(mktemp -d /tmp/idem-bench-mq.XXXXXX)"
+export IDEM_REDIS_PORT=$(( ${IDEM_REDIS_PORT:-16379} + 1100 ))
+export IDEM_PG_PORT=$(( ${IDEM_PG_PORT:-15432} + 1100 ))
+stop_private() {
+  "$ROOT/scripts/servers.sh" stop >/dev/null 2>&1 || true
+  rm -rf "$IDEM_SERVERS_DIR"
+}
+trap stop_private EXIT
+taskset -c 0 "$ROOT/scripts/servers.sh" start >/dev/null
+eval "$("$ROOT/scripts/servers.sh" env)"
+echo "bench/mq: private redis-server :$IDEM_REDIS_PORT and PostgreSQL :$IDEM_PG_PORT, servers and driver on CPU 0"
+
+# SQLite loops, then the PostgreSQL loops (fsync and synchronous_commit on: every COMMIT waits
+# for the WAL flush, as in production), then the PostgreSQL loops again with
+# synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone).
+pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch
+taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
+  --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
+taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
+  --only "$pg_loops" --rounds 7 --pg-messages 640 "$@"
+taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
+  --postgres "$IDEM_TEST_POSTGRES_DSN options='-c synchronous_commit=off'" \
+  --only "$pg_loops" --rounds 7 --pg-messages 640 "$@"

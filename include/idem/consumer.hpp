@@ -190,6 +190,9 @@ struct ConsumerStatsSnapshot {
   std::uint64_t dead_lettered = 0;   ///< kDeadLetter
   std::uint64_t failures = 0;        ///< handler exceptions
   std::uint64_t redeliveries = 0;    ///< deliveries with delivery_count > 1
+  /// consume_batch transactions run a second time, with a savepoint per message, because a
+  /// handler failed (or a record was locked elsewhere) in the first, savepoint-free run
+  std::uint64_t batch_reruns = 0;
 };
 
 /// Always-on counters of a consumer.
@@ -197,7 +200,7 @@ class ConsumerStats {
  public:
   /// The counters, as in ConsumerStatsSnapshot.
   std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0},
-      mismatched{0}, dead_lettered{0}, failures{0}, redeliveries{0};
+      mismatched{0}, dead_lettered{0}, failures{0}, redeliveries{0}, batch_reruns{0};
   /// Each counter read once (relaxed).
   ConsumerStatsSnapshot snapshot() const noexcept {
     ConsumerStatsSnapshot s;
@@ -209,6 +212,7 @@ class ConsumerStats {
     s.dead_lettered = dead_lettered.load(std::memory_order_relaxed);
     s.failures = failures.load(std::memory_order_relaxed);
     s.redeliveries = redeliveries.load(std::memory_order_relaxed);
+    s.batch_reruns = batch_reruns.load(std::memory_order_relaxed);
     return s;
   }
 };
@@ -217,21 +221,6 @@ namespace detail {
 /// Response bytes the consumer stores in the record (the handler's own result is not kept).
 inline constexpr std::string_view kConsumedMarker = "idem-mq:consumed";
 inline constexpr std::string_view kDeadMarker = "idem-mq:dead:";
-
-// A durable store whose record steps compose inside one caller-held transaction (SqliteStore).
-template <class D, class = void>
-struct has_composable_record : std::false_type {};
-template <class D>
-struct has_composable_record<
-    D, std::void_t<decltype(std::declval<D&>().database().begin()),
-                   decltype(std::declval<D&>().claim_in(
-                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-                       std::string_view{}, std::declval<const OwnerToken&>(),
-                       std::chrono::milliseconds{})),
-                   decltype(std::declval<D&>().complete_in(
-                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-                       std::declval<const OwnerToken&>(), std::string_view{},
-                       std::chrono::seconds{}))>> : std::true_type {};
 
 // A durable store that checks a record inside a caller-held transaction without writing, and
 // writes it already completed after the handler (SqliteStore::find_in / insert_completed_in).
@@ -247,6 +236,32 @@ struct has_record_in<
                        std::string_view{}, std::declval<const OwnerToken&>(),
                        std::string_view{}, std::chrono::seconds{}, false))>>
     : std::true_type {};
+
+// A durable store that runs consume_batch: write transactions (with_transaction), records
+// written already completed for a whole batch (insert_completed_batch_in), and a record check
+// inside the transaction (find_in + insert_completed_in, or claim_in + complete_in).
+template <class D, class = void>
+struct has_batch_records : std::false_type {};
+template <class D>
+struct has_batch_records<
+    D, std::void_t<
+           decltype(std::declval<D&>().insert_completed_batch_in(
+               std::declval<typename D::Transaction&>(),
+               std::declval<const std::vector<ClaimRequest>&>(), std::string_view{},
+               std::chrono::seconds{})),
+           decltype(std::declval<D&>().with_transaction(
+               std::declval<void (&)(typename D::Transaction&)>())),
+           decltype(std::declval<D&>().claim_in(
+               std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+               std::string_view{}, std::declval<const OwnerToken&>(), std::chrono::milliseconds{})),
+           decltype(std::declval<D&>().complete_in(
+               std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
+               std::declval<const OwnerToken&>(), std::string_view{}, std::chrono::seconds{}))>>
+    : std::true_type {};
+
+// Thrown inside consume_batch's first transaction to roll it back and run the batch again with
+// a savepoint per message. Never escapes consume_batch.
+struct BatchRerun {};
 
 template <class D, class = void>
 struct has_fail : std::false_type {};
@@ -350,12 +365,20 @@ class IdempotentConsumer {
   ///      (kAckDuplicate / kRetryLater / kMismatch) and never reaches the database. If the
   ///      fast store fails, every message goes on to the durable store (degraded, as in
   ///      `consume`); a guard without a fast store sends them all there.
-  ///   2. One durable transaction: for each remaining delivery, a savepoint, the record check,
-  ///      `handler(tx, index)`, the completed record. A handler that throws rolls back to its
-  ///      savepoint only (its record and writes vanish; the others commit) and counts as a
-  ///      failed attempt, exactly as in `consume`. Duplicates inside the batch (a producer
-  ///      retry in the same read) run once: the second is decided by the durable record the
-  ///      first wrote.
+  ///   2. One durable transaction: the records of the remaining deliveries are written,
+  ///      already completed, where none exists, in one call (SqliteStore: one INSERT ... ON
+  ///      CONFLICT DO NOTHING per record; PostgresStore: ONE statement for the whole batch);
+  ///      then, in order, `handler(tx, index)` runs for each delivery whose record was
+  ///      written, and an existing record decides the others (done, mismatch, busy, or taken
+  ///      over when its lease or retention ended). This first run has no savepoints. If a
+  ///      handler throws (or, with PostgreSQL, a record is locked by another transaction past
+  ///      lock_timeout), the transaction rolls back and the batch runs again with a savepoint
+  ///      per delivery (ConsumerStats::batch_reruns): a failing handler then loses only its
+  ///      own writes and counts as a failed attempt, exactly as in `consume`; the others
+  ///      commit. So a transactional handler may run twice for one committed effect (its
+  ///      first writes rolled back): keep its side effects in the transaction. Duplicates
+  ///      inside the batch (a producer retry in the same read) run once: the record the first
+  ///      wrote decides the second.
   ///   3. After the commit, `FastStore::complete_batch` for the claims that committed (or
   ///      found a committed record); claims that did not are released. A fast-store failure
   ///      here changes no verdict (the durable store replays and refills). Dead-lettering and
@@ -364,17 +387,18 @@ class IdempotentConsumer {
   /// The durable store decides every effect, so a lost or failed fast store never doubles
   /// one. (The guard's counters and observer do not see batch calls; the consumer's do.)
   ///
-  /// Requires a durable store whose record steps compose in a caller-held transaction
-  /// (idem::sqlite::SqliteStore: `database().begin()`, `claim_in`, `complete_in`).
+  /// Requires a durable store with `with_transaction`, `insert_completed_batch_in`, `claim_in`
+  /// and `complete_in` (idem::sqlite::SqliteStore, idem::postgres::PostgresStore).
   /// @return one verdict per delivery, in order.
   /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack; the
   ///         batch's fast claims are released), a retryable idem error thrown by a handler
   ///         (the whole batch rolls back), whatever the dead-letter sink throws.
   template <class Fn>
   std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
-    static_assert(detail::has_composable_record<Durable>::value,
-                  "consume_batch needs a durable store with database(), claim_in and "
-                  "complete_in (idem::sqlite::SqliteStore)");
+    static_assert(detail::has_batch_records<Durable>::value,
+                  "consume_batch needs a durable store with with_transaction, "
+                  "insert_completed_batch_in, claim_in and complete_in "
+                  "(idem::sqlite::SqliteStore, idem::postgres::PostgresStore)");
     Durable& durable = *guard_->durable_store();
     FastStore* fast = guard_->fast_store();
     const auto& go = guard_->options();
@@ -426,47 +450,33 @@ class IdempotentConsumer {
       }
     }
 
-    // 2. One durable transaction for the rest.
+    // 2. One durable transaction for the rest: first without savepoints; if a handler fails,
+    //    that transaction rolls back and the batch runs again with a savepoint per message.
     std::vector<std::string> durable_done(n);  // a committed record found: its response
     std::vector<char> durable_found(n, 0);
     try {
       if (std::find(to_durable.begin(), to_durable.end(), 1) != to_durable.end()) {
-        auto tx = durable.database().begin();
-        for (std::size_t i = 0; i < n; ++i) {
-          if (to_durable[i] == 0) continue;
-          const Key& key = *keys[i];
-          tx.exec("SAVEPOINT idem_consume");
-          ClaimResult c = decide_in(durable, tx, key, batch[i].fingerprint, owners[i]);
-          if (c.status != ClaimStatus::kClaimed) {
-            tx.exec("RELEASE idem_consume");
-            if (c.status == ClaimStatus::kDone) {
-              durable_found[i] = 1;
-              durable_done[i] = std::move(c.response);
-            }
-            verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
-                          : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
-                                                               : Verdict::kRetryLater;
-            continue;
-          }
-          try {
-            handler(tx, i);
-          } catch (const Error& e) {
-            if (e.retryable()) throw;  // rolls the whole batch back (~Transaction)
-            tx.exec("ROLLBACK TO idem_consume");
-            tx.exec("RELEASE idem_consume");
-            failures.emplace_back(i, std::current_exception());
-            continue;
-          } catch (...) {
-            tx.exec("ROLLBACK TO idem_consume");
-            tx.exec("RELEASE idem_consume");
-            failures.emplace_back(i, std::current_exception());
-            continue;
-          }
-          record_in(durable, tx, key, batch[i].fingerprint, owners[i], c, go.retention);
-          tx.exec("RELEASE idem_consume");
-          verdicts[i] = Verdict::kAck;
+        const std::vector<Verdict> before = verdicts;
+        bool committed = false;
+        try {
+          durable.with_transaction([&](typename Durable::Transaction& tx) {
+            first_pass(durable, tx, batch, keys, owners, to_durable, handler, verdicts,
+                       durable_found, durable_done);
+          });
+          committed = true;
+        } catch (const detail::BatchRerun&) {
+          // Rolled back: a handler failed (or a record was locked by another transaction).
         }
-        tx.commit();
+        if (!committed) {
+          verdicts = before;
+          std::fill(durable_found.begin(), durable_found.end(), 0);
+          for (auto& d : durable_done) d.clear();
+          stats_.batch_reruns.fetch_add(1, std::memory_order_relaxed);
+          durable.with_transaction([&](typename Durable::Transaction& tx) {
+            careful_pass(durable, tx, batch, keys, owners, to_durable, handler, verdicts,
+                         durable_found, durable_done, failures);
+          });
+        }
       }
     } catch (...) {
       if (fast != nullptr) {
@@ -522,6 +532,112 @@ class IdempotentConsumer {
         break;
     }
     return v;
+  }
+
+  // Step 2 of consume_batch, first run, inside `tx`: the records of the first delivery of each
+  // message id, written completed in one batch call; then, in order, each delivery's handler
+  // (or, when a record existed, the record's answer). No savepoints: a failing handler (not
+  // retryable) or a record locked by another transaction throws BatchRerun, which rolls `tx`
+  // back. A retryable idem error thrown by a handler propagates (the batch rolls back).
+  template <class Tx, class Fn>
+  void first_pass(Durable& durable, Tx& tx, const std::vector<Delivery>& batch,
+                  const std::vector<std::optional<Key>>& keys,
+                  const std::vector<OwnerToken>& owners, const std::vector<char>& to_durable,
+                  Fn& handler, std::vector<Verdict>& verdicts, std::vector<char>& durable_found,
+                  std::vector<std::string>& durable_done) {
+    const auto retention = guard_->options().retention;
+    const std::size_t n = batch.size();
+    std::vector<ClaimRequest> requests;
+    std::vector<std::size_t> index;
+    std::unordered_set<std::string_view> seen;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (to_durable[i] == 0 || !seen.insert(keys[i]->id()).second) continue;
+      requests.push_back(ClaimRequest{&*keys[i], batch[i].fingerprint, &owners[i]});
+      index.push_back(i);
+    }
+    std::vector<bool> written;
+    try {
+      written = durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker, retention);
+    } catch (const StorageTimeout&) {
+      throw detail::BatchRerun{};  // a key locked by another transaction: decide one by one
+    }
+    std::vector<char> recorded(n, 0);
+    for (std::size_t j = 0; j < index.size(); ++j) recorded[index[j]] = written[j] ? 1 : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (to_durable[i] == 0) continue;
+      ClaimResult c;
+      if (recorded[i] == 0) {
+        c = decide_in(durable, tx, *keys[i], batch[i].fingerprint, owners[i]);
+        if (c.status != ClaimStatus::kClaimed) {
+          settle(i, c, verdicts, durable_found, durable_done);
+          continue;
+        }
+      }
+      try {
+        handler(tx, i);
+      } catch (const Error& e) {
+        if (e.retryable()) throw;
+        throw detail::BatchRerun{};
+      } catch (...) {
+        throw detail::BatchRerun{};
+      }
+      if (recorded[i] == 0) {
+        record_in(durable, tx, *keys[i], batch[i].fingerprint, owners[i], c, retention);
+      }
+      verdicts[i] = Verdict::kAck;
+    }
+  }
+
+  // Step 2 of consume_batch, after a first run rolled back: a savepoint per delivery, so a
+  // failing handler loses only its own writes (listed in `failures`) and the others commit.
+  template <class Tx, class Fn>
+  void careful_pass(Durable& durable, Tx& tx, const std::vector<Delivery>& batch,
+                    const std::vector<std::optional<Key>>& keys,
+                    const std::vector<OwnerToken>& owners, const std::vector<char>& to_durable,
+                    Fn& handler, std::vector<Verdict>& verdicts, std::vector<char>& durable_found,
+                    std::vector<std::string>& durable_done,
+                    std::vector<std::pair<std::size_t, std::exception_ptr>>& failures) {
+    const auto retention = guard_->options().retention;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (to_durable[i] == 0) continue;
+      const Key& key = *keys[i];
+      tx.exec("SAVEPOINT idem_consume");
+      ClaimResult c = decide_in(durable, tx, key, batch[i].fingerprint, owners[i]);
+      if (c.status != ClaimStatus::kClaimed) {
+        tx.exec("RELEASE SAVEPOINT idem_consume");
+        settle(i, c, verdicts, durable_found, durable_done);
+        continue;
+      }
+      try {
+        handler(tx, i);
+      } catch (const Error& e) {
+        if (e.retryable()) throw;  // rolls the whole batch back
+        tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
+        tx.exec("RELEASE SAVEPOINT idem_consume");
+        failures.emplace_back(i, std::current_exception());
+        continue;
+      } catch (...) {
+        tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
+        tx.exec("RELEASE SAVEPOINT idem_consume");
+        failures.emplace_back(i, std::current_exception());
+        continue;
+      }
+      record_in(durable, tx, key, batch[i].fingerprint, owners[i], c, retention);
+      tx.exec("RELEASE SAVEPOINT idem_consume");
+      verdicts[i] = Verdict::kAck;
+    }
+  }
+
+  // The verdict of a delivery whose record existed (done, mismatch or busy).
+  static void settle(std::size_t i, ClaimResult& c, std::vector<Verdict>& verdicts,
+                     std::vector<char>& durable_found, std::vector<std::string>& durable_done) {
+    if (c.status == ClaimStatus::kDone) {
+      durable_found[i] = 1;
+      durable_done[i] = std::move(c.response);
+    }
+    verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                  : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                       : Verdict::kRetryLater;
   }
 
   // The durable record check of consume_batch, inside its transaction. With a store that can

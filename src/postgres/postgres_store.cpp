@@ -3,7 +3,10 @@
 #include "idem/postgres/postgres_store.hpp"
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "errors.hpp"
 #include "idem/sql.hpp"
@@ -30,6 +33,7 @@ constexpr const char* kFail = "idem_fail";
 constexpr const char* kRelease = "idem_release";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kResolve = "idem_resolve";
+constexpr const char* kInsertCompletedBatch = "idem_insert_completed_batch";
 
 // Columns every record read returns, in this order (see parse_found).
 constexpr const char* kRecordColumns =
@@ -155,6 +159,19 @@ struct PostgresStore::Impl {
                                " ON CONFLICT (" +
                                k + ", " + s + ") DO NOTHING RETURNING id");
     v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
+    // Records written already completed, many in one statement (insert_completed_batch_in):
+    // $1..$4 are text[] of ids, scopes, fingerprints and owners. Rows go in key order, so two
+    // batches waiting on each other's uncommitted keys always wait in the same direction (no
+    // deadlock between batch inserts).
+    v.emplace_back(kInsertCompletedBatch,
+                   "INSERT INTO " + t + " (" + k + ", " + s +
+                       ", status, fingerprint, owner, response_body, lease_until, expires_at)"
+                       " SELECT u.k, u.s, 'completed', u.f, u.o, $5, now(),"
+                       " now() + $6::bigint * interval '1 second'"
+                       " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+                       " AS u(k, s, f, o) ORDER BY u.s, u.k"
+                       " ON CONFLICT (" +
+                       k + ", " + s + ") DO NOTHING RETURNING " + k + ", " + s);
     // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
     // the row after the first commits and updates nothing.
     v.emplace_back(kTakeover,
@@ -569,6 +586,64 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
   } catch (...) {
     detail::rethrow_translated("claim");
   }
+}
+
+namespace {
+// One element of a PostgreSQL text[] literal: quoted, with '"' and '\\' escaped.
+void append_array_element(std::string& out, std::string_view value) {
+  if (out.size() > 1) out.push_back(',');
+  out.push_back('"');
+  for (char c : value) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  out.push_back('"');
+}
+
+std::string composite(std::string_view id, std::string_view scope) {
+  std::string k(id);
+  k.push_back('\x1f');  // keys and scopes are printable ASCII: an unambiguous separator
+  k.append(scope);
+  return k;
+}
+}  // namespace
+
+std::vector<bool> PostgresStore::insert_completed_batch_in(
+    pqxx::work& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
+    std::chrono::seconds retention) {
+  std::vector<bool> out(requests.size(), false);
+  if (requests.empty()) return out;
+  if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
+  std::string ids = "{", scopes = "{", fingerprints = "{", owners = "{";
+  std::unordered_map<std::string, std::size_t> index;
+  index.reserve(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const ClaimRequest& r = requests[i];
+    if (r.key == nullptr || r.owner == nullptr) {
+      throw UsageError("idem::postgres: insert_completed_batch_in needs a key and an owner");
+    }
+    if (!index.emplace(composite(r.key->id(), r.key->scope()), i).second) {
+      throw UsageError("idem::postgres: insert_completed_batch_in got key '" + r.key->str() +
+                       "' twice");
+    }
+    append_array_element(ids, r.key->id());
+    append_array_element(scopes, r.key->scope());
+    append_array_element(fingerprints, r.fingerprint);
+    append_array_element(owners, r.owner->str());
+  }
+  for (std::string* a : {&ids, &scopes, &fingerprints, &owners}) a->push_back('}');
+  pqxx::result rows;
+  try {
+    rows = impl_->run(tx, false, kInsertCompletedBatch, ids, scopes, fingerprints, owners,
+                      detail::bytea(response), static_cast<long long>(retention.count()));
+  } catch (...) {
+    detail::rethrow_translated("insert records");
+  }
+  for (const auto& row : rows) {
+    auto it = index.find(composite(row[0].as<std::string>(), row[1].as<std::string>()));
+    if (it != index.end()) out[it->second] = true;
+  }
+  return out;
 }
 
 void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,

@@ -331,8 +331,8 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 
 // The store's statements, built once from the validated table and column names.
 struct SqliteStore::Sql {
-  std::string select, insert, insert_completed, takeover, takeover_completed, remove_expired,
-      complete, fail, release, purge;
+  std::string select, insert, insert_completed, insert_completed_if_absent, takeover,
+      takeover_completed, remove_expired, complete, fail, release, purge;
 };
 
 namespace {
@@ -418,6 +418,8 @@ void SqliteStore::init() {
                            ", status, fingerprint, owner, response_body, lease_until, "
                            "expires_at, created_at, updated_at) "
                            "VALUES (?1, ?2, 'completed', ?3, ?4, ?5, ?6, ?7, ?6, ?6)";
+  sql_->insert_completed_if_absent =
+      sql_->insert_completed + " ON CONFLICT (" + k + ", " + s + ") DO NOTHING";
   sql_->takeover_completed =
       "UPDATE " + t +
       " SET status = 'completed', owner = ?3, response_body = ?4, lease_until = ?6, "
@@ -552,6 +554,23 @@ void SqliteStore::insert_completed_in(Transaction& tx, const Key& key,
   if (n != 1) {
     throw LeaseLost("sqlite: record '" + key.str() + "' changed before it could be completed");
   }
+}
+
+std::vector<bool> SqliteStore::insert_completed_batch_in(Transaction& tx,
+                                                         const std::vector<ClaimRequest>& requests,
+                                                         std::string_view response,
+                                                         std::chrono::seconds retention) {
+  auto t = now();
+  std::vector<bool> out(requests.size(), false);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const ClaimRequest& r = requests[i];
+    if (r.key == nullptr || r.owner == nullptr) {
+      throw UsageError("idem::sqlite: insert_completed_batch_in needs a key and an owner");
+    }
+    out[i] = tx.exec(sql_->insert_completed_if_absent, r.key->id(), r.key->scope(), r.fingerprint,
+                     r.owner->str(), Blob{response}, to_millis(t), to_millis(t + retention)) == 1;
+  }
+  return out;
 }
 
 void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,

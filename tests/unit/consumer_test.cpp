@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -479,6 +480,77 @@ TEST_F(ConsumerTest, BatchWithTheFastStoreDownStillAppliesOnce) {
     });
     EXPECT_EQ(1, count.value_or(-1)) << id;
   }
+}
+
+// The first durable run of a batch has no savepoints; a failing handler makes the batch run
+// again with one per message. Effects stay once; handlers of a rerun batch ran twice.
+TEST_F(ConsumerTest, BatchRerunsWithSavepointsOnlyWhenAHandlerFails) {
+  Node n{db()};
+  std::map<std::string, int> calls;
+  auto run = [&](const std::vector<std::string>& ids, const std::string& poison) {
+    std::vector<std::string> fps;
+    for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+    std::vector<Delivery> batch;
+    for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
+    return n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+      ++calls[ids[i]];
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+      if (ids[i] == poison) throw std::runtime_error("poison");
+    });
+  };
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck}), run({"a", "b"}, ""));
+  EXPECT_EQ(0u, n.consumer.stats().snapshot().batch_reruns);
+  EXPECT_EQ(1, calls["a"]);
+  EXPECT_EQ(1, calls["b"]);
+
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater, Verdict::kAck}),
+            run({"c", "bad", "d"}, "bad"));
+  EXPECT_EQ(1u, n.consumer.stats().snapshot().batch_reruns);
+  EXPECT_EQ(2, calls["c"]);    // first run rolled back, then again with a savepoint
+  EXPECT_EQ(2, calls["bad"]);  // failed in both runs: one failed attempt counted
+  EXPECT_EQ(1, calls["d"]);    // not reached in the first run
+  EXPECT_EQ(1u, n.consumer.stats().snapshot().failures);
+  for (const char* id : {"a", "b", "c", "d"}) EXPECT_EQ(1, n.effects(id)) << id;
+  EXPECT_EQ(0, n.effects("bad"));
+  EXPECT_FALSE(n.durable.lookup(idem::Key::make("billing", "bad")));
+}
+
+// A record whose retention ended no longer counts: the batch removes it and runs the message
+// again (as consume does); a live record still answers the duplicate.
+TEST_F(ConsumerTest, BatchRunsAgainAfterTheRecordRetentionEnded) {
+  idem::ManualClock clock;
+  auto options = idem::sqlite::SqliteStoreOptions::mq_consume_record();
+  options.clock = clock.as_clock();
+  SqliteStore durable{db(), options};
+  durable.database().write([](Transaction& tx) {
+    tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL)");
+  });
+  idem::GuardOptions go = mq_guard_options();
+  go.retention = std::chrono::hours(1);
+  idem::IdempotencyGuard<SqliteStore> guard{durable, go};
+  idem::IdempotentConsumer<SqliteStore> consumer{guard, "billing"};
+  const std::string fp = idem::fingerprint("body");
+  auto run = [&] {
+    return consumer.consume_batch({Delivery{"m1", fp}}, [&](Transaction& tx, std::size_t) {
+      tx.exec("INSERT INTO effect (message_id) VALUES ('m1')");
+    });
+  };
+  auto effects = [&] {
+    return durable.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect").value_or(-1);
+    });
+  };
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), run());
+  clock.advance(std::chrono::minutes(59));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), run());
+  EXPECT_EQ(1, effects());
+  clock.advance(std::chrono::minutes(2));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), run());
+  EXPECT_EQ(2, effects());
+  auto rec = durable.lookup(idem::Key::make("billing", "m1"));
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_GT(rec->expires_at, clock.now());
 }
 
 TEST_F(ConsumerTest, ConcurrentOverlappingBatchesOneEffectEach) {

@@ -295,6 +295,22 @@ class PostgresStore {
   void complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
                    std::string_view response, std::chrono::seconds retention);
 
+  /// Inside the caller's open transaction: for each request, writes its record already
+  /// completed with `response` when no record of its key exists, in ONE statement for the
+  /// whole list (INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING). For
+  /// callers whose response is known before their handlers run (IdempotentConsumer's
+  /// consume_batch); the transaction makes records and handler writes atomic. A key held by
+  /// another uncommitted transaction is waited for up to the connection's lock_timeout (set
+  /// on the store's pooled connections, as with_transaction uses).
+  /// @return for each request, whether its record was written (false: a record exists; decide
+  ///         with claim_in).
+  /// @throws idem::StorageTimeout when a lock wait timed out (the transaction is aborted),
+  ///         other idem::StorageError subclasses.
+  std::vector<bool> insert_completed_batch_in(pqxx::work& tx,
+                                              const std::vector<ClaimRequest>& requests,
+                                              std::string_view response,
+                                              std::chrono::seconds retention);
+
   /// Runs `fn(pqxx::work&)` in a transaction on a pooled connection and commits (business
   /// setup, tests). libpqxx errors are translated to idem errors; fn's own exceptions propagate.
   template <class Fn>

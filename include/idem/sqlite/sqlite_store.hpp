@@ -39,6 +39,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/clock.hpp"
 #include "idem/errors.hpp"
@@ -346,6 +347,24 @@ class SqliteStore {
   void insert_completed_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                            const OwnerToken& owner, std::string_view response,
                            std::chrono::seconds retention, bool took_over);
+  /// Inside an open write transaction: for each request, writes its record already completed
+  /// with `response` when no record of its key exists (INSERT ... ON CONFLICT DO NOTHING: one
+  /// statement per record where find_in plus insert_completed_in take two). For callers
+  /// whose response is known before their handlers run (IdempotentConsumer's consume_batch);
+  /// the transaction makes records and handler writes atomic.
+  /// @return for each request, whether its record was written (false: a record exists and
+  ///         nothing was written; decide with find_in).
+  std::vector<bool> insert_completed_batch_in(Transaction& tx,
+                                              const std::vector<ClaimRequest>& requests,
+                                              std::string_view response,
+                                              std::chrono::seconds retention);
+
+  /// Runs `fn(Transaction&)` in a write transaction and commits it (rolled back if fn throws).
+  /// @return what fn returns.
+  template <class Fn>
+  auto with_transaction(Fn&& fn) {
+    return database_->write(std::forward<Fn>(fn));
+  }
 
  private:
   std::optional<ClaimResult> precheck(const Key& key, std::string_view fingerprint);

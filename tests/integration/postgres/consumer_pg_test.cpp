@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -201,6 +203,166 @@ TEST_P(ConsumerPg, SameIdWithAnotherBodyIsAMismatchAndRunsNothing) {
             consumer.consume(idem::Delivery{id, idem::fingerprint("b"), "b", 1},
                              [&](pqxx::work& tx) { pg::insert_effect(tx, id); }));
   EXPECT_EQ(1, effects_of(id));
+}
+
+// --- consume_batch: one statement writes a batch's records ---------------------------------
+
+std::vector<Verdict> pg_batch(idem::IdempotentConsumer<PostgresStore>& consumer,
+                              const std::vector<std::string>& ids, const std::string& poison = "",
+                              std::map<std::string, int>* calls = nullptr) {
+  std::vector<std::string> fps;
+  for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+  std::vector<idem::Delivery> batch;
+  for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(idem::Delivery{ids[i], fps[i]});
+  return consumer.consume_batch(batch, [&](pqxx::work& tx, std::size_t i) {
+    if (calls != nullptr) ++(*calls)[ids[i]];
+    pg::insert_effect(tx, ids[i]);
+    if (ids[i] == poison) throw std::runtime_error("poison " + ids[i]);
+  });
+}
+
+TEST_P(ConsumerPg, BatchAppliesEachIdOnceInsideAndAcrossBatches) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  const std::string u = idem::test::unique_name("b");
+  // Ids with the characters a text[] literal must escape.
+  const std::string a = u + "-a", b = u + "-\"b\\{x},y", c = u + "-c", d = u + "-d";
+  EXPECT_EQ(Verdict::kAck, consumer.consume(idem::Delivery{c, idem::fingerprint("body of " + c)},
+                                            [&](pqxx::work& tx) { pg::insert_effect(tx, c); }));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate,
+                                  Verdict::kAckDuplicate}),
+            pg_batch(consumer, {a, b, a, c}));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate, Verdict::kAck}),
+            pg_batch(consumer, {b, d}));
+  for (const auto& id : {a, b, c, d}) EXPECT_EQ(1, effects_of(id)) << id;
+  for (const auto& id : {a, b, d}) {
+    auto rec = durable_->lookup(idem::Key::make(group_, id));
+    ASSERT_TRUE(rec.has_value()) << id;
+    EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+    EXPECT_EQ(idem::fingerprint("body of " + id), rec->fingerprint);
+  }
+  // The single-message path sees what the batch wrote.
+  EXPECT_EQ(Verdict::kAckDuplicate,
+            consumer.consume(idem::Delivery{b, idem::fingerprint("body of " + b)},
+                             [&](pqxx::work& tx) { pg::insert_effect(tx, b); }));
+  EXPECT_EQ(Verdict::kMismatch,
+            consumer.consume(idem::Delivery{d, idem::fingerprint("another body")},
+                             [&](pqxx::work& tx) { pg::insert_effect(tx, d); }));
+  EXPECT_EQ(0u, consumer.stats().snapshot().batch_reruns);
+}
+
+TEST_P(ConsumerPg, BatchWithAFailingHandlerRerunsWithSavepoints) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  const std::string u = idem::test::unique_name("f");
+  const std::string x = u + "-x", bad = u + "-bad", y = u + "-y";
+  std::map<std::string, int> calls;
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater, Verdict::kAck}),
+            pg_batch(consumer, {x, bad, y}, bad, &calls));
+  EXPECT_EQ(1u, consumer.stats().snapshot().batch_reruns);
+  EXPECT_EQ(2, calls[x]);  // its first run was rolled back with the batch
+  EXPECT_EQ(1, effects_of(x));
+  EXPECT_EQ(1, effects_of(y));
+  EXPECT_EQ(0, effects_of(bad));
+  EXPECT_FALSE(durable_->lookup(idem::Key::make(group_, bad)).has_value());
+  EXPECT_EQ(1u, PostgresAttemptLedger(*durable_).failures(idem::Key::make(group_, bad)));
+  // The poison message ends in the dead-letter sink after max_attempts (3).
+  pg_batch(consumer, {bad}, bad);
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kDeadLetter}), pg_batch(consumer, {bad}, bad));
+  ASSERT_EQ(1u, dead.size());
+  EXPECT_EQ(bad, dead[0].message_id);
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), pg_batch(consumer, {bad}, bad));
+}
+
+TEST_P(ConsumerPg, EightThreadsOfOverlappingBatchesApplyEachIdOnce) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  std::vector<std::string> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(idem::test::unique_name("o") + ":paid:v1");
+  std::atomic<int> acked{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto order = ids;
+      std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(t)));
+      for (std::size_t from = 0; from < order.size(); from += 10) {
+        std::vector<std::string> pending(order.begin() + static_cast<std::ptrdiff_t>(from),
+                                         order.begin() + static_cast<std::ptrdiff_t>(from + 10));
+        // Redeliver what answered retry_later, as the broker would.
+        while (!pending.empty()) {
+          auto verdicts = pg_batch(consumer, pending);
+          std::vector<std::string> again;
+          for (std::size_t i = 0; i < pending.size(); ++i) {
+            if (verdicts[i] == Verdict::kAck) ++acked;
+            if (verdicts[i] == Verdict::kRetryLater) again.push_back(pending[i]);
+            EXPECT_TRUE(verdicts[i] == Verdict::kAck || verdicts[i] == Verdict::kAckDuplicate ||
+                        verdicts[i] == Verdict::kRetryLater)
+                << idem::verdict_name(verdicts[i]);
+          }
+          pending = std::move(again);
+          if (!pending.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(40, acked.load());
+  for (const auto& id : ids) EXPECT_EQ(1, effects_of(id)) << id;
+  EXPECT_TRUE(dead.empty());
+}
+
+// A record held by another open transaction: the batch's single INSERT would wait on it; past
+// lock_timeout the batch runs again one delivery at a time and only that delivery waits.
+TEST_P(ConsumerPg, BatchWithARecordLockedElsewhereAnswersRetryLaterForItAlone) {
+  auto o = mq_options();
+  o.lock_timeout = std::chrono::milliseconds(300);
+  PostgresStore store{o};
+  idem::GuardOptions go;
+  go.durable_source = idem::DuplicateSource::kMqRecord;
+  idem::IdempotencyGuard<PostgresStore> guard =
+      fast_ ? idem::IdempotencyGuard<PostgresStore>(*fast_, store, go)
+            : idem::IdempotencyGuard<PostgresStore>(store, go);
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{guard, group_, options(&dead)};
+  const std::string u = idem::test::unique_name("l");
+  const std::string held = u + "-held", free = u + "-free";
+  std::promise<void> holding, done;
+  std::atomic<bool> rolled_back{false};
+  std::thread holder([&] {
+    try {
+      store.with_transaction([&](pqxx::work& tx) {
+        auto owner = idem::OwnerToken::generate();
+        auto c =
+            store.claim_in(tx, idem::Key::make(group_, held), idem::fingerprint("body of " + held),
+                           owner, std::chrono::milliseconds(0));
+        EXPECT_EQ(idem::ClaimStatus::kClaimed, c.status);
+        holding.set_value();
+        done.get_future().wait();
+        throw std::runtime_error("roll back");  // the holder gives up
+      });
+    } catch (const std::runtime_error&) {
+      rolled_back = true;
+    }
+  });
+  holding.get_future().wait();
+  std::vector<Verdict> v;
+  try {
+    v = pg_batch(consumer, {free, held});
+  } catch (...) {
+    done.set_value();
+    holder.join();
+    throw;
+  }
+  done.set_value();
+  holder.join();
+  EXPECT_TRUE(rolled_back.load());
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater}), v);
+  EXPECT_EQ(1u, consumer.stats().snapshot().batch_reruns);
+  EXPECT_EQ(1, effects_of(free));
+  EXPECT_EQ(0, effects_of(held));
+  // Once the holder is gone, a redelivery applies it.
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), pg_batch(consumer, {held}));
+  EXPECT_EQ(1, effects_of(held));
 }
 
 INSTANTIATE_TEST_SUITE_P(FastStore, ConsumerPg, ::testing::Values(false, true),
