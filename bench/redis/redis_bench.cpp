@@ -4,7 +4,7 @@
 // `ratio <name> = <value>` (ours over raw, median of the per-round ratios; higher is better).
 //
 //   idem_redis_bench --url redis://127.0.0.1:6379 [--threads 1] [--ops 20000] [--rounds 7]
-//                    [--only replay|first|memory|token]
+//                    [--only replay|first|memory|token] [--name-suffix S]
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -36,6 +36,7 @@ struct Args {
   std::string only;
   std::string side;  // "ours" or "raw": run one side only (for profiling); "" both
   bool claim_script = false;
+  std::string name_suffix;  // appended to the ratio names (e.g. "_unpinned")
 };
 
 // A raw hiredis connection, as a service without idem would hold it.
@@ -199,6 +200,8 @@ int main(int argc, char** argv) {
       a.side = v;
     else if (k == "--claim-script")
       a.claim_script = v == "1";
+    else if (k == "--name-suffix")
+      a.name_suffix = v;
   }
   if (a.url.empty()) {
     std::fprintf(stderr,
@@ -212,7 +215,8 @@ int main(int argc, char** argv) {
   std::string host = hp.substr(0, hp.find(':'));
   int port = std::atoi(hp.substr(hp.find(':') + 1).c_str());
   const std::string tag =
-      std::string(a.claim_script ? "lua_claim_" : "") + "t" + std::to_string(a.threads);
+      std::string(a.claim_script ? "lua_claim_" : "") + "t" + std::to_string(a.threads) +
+      a.name_suffix;
   const std::string id = run_id();
 
   idem::redis::RedisStoreOptions options{a.url};
@@ -341,8 +345,8 @@ int main(int argc, char** argv) {
       long long bytes = raw.integer({"MEMORY", "USAGE", rk, "SAMPLES", "0"});
       std::printf(
           "MEMORY USAGE per completed record, %4zu-byte response: %lld bytes "
-          "(key %zu bytes, 64-char fingerprint, 32-char owner)\n",
-          size, bytes, rk.size());
+          "(key %zu bytes, 64-char fingerprint, %zu-char owner)\n",
+          size, bytes, rk.size(), idem::OwnerToken::kLength);
     }
   }
   return 0;

@@ -3,12 +3,12 @@
 # Redis fast store vs raw hiredis loops (see README.md). Run by scripts/bench.sh, which sets
 # IDEM_BENCH_BUILD (Release build) and IDEM_TEST_REDIS_URL (its throwaway redis-server).
 #
-# Per-call ratios (1 thread) run against a private redis-server started here, with the server
-# and the client both pinned to CPU 0 (taskset -c 0): on these VMs an idle CPU halts and waking
+# Ratios run against a private redis-server started here, with the server and the client both
+# pinned to CPU 0 (taskset -c 0): on these VMs an idle CPU halts and waking
 # it costs ~100 us, so an unpinned single-connection ping-pong swings 4-10x from run to run
 # (idle-CPU wake-ups). Pinned, each call costs what the client and the server
-# actually compute, which is what a per-call ratio should compare. The 8-thread throughput runs
-# are unpinned, against scripts/bench.sh's server.
+# actually compute, which is what a per-call ratio should compare. The 8-thread runs are made
+# pinned too, then unpinned against scripts/bench.sh's server for reference (`_unpinned`).
 set -euo pipefail
 BUILD="${IDEM_BENCH_BUILD:?IDEM_BENCH_BUILD is not set (scripts/bench.sh sets it)}"
 URL="${IDEM_TEST_REDIS_URL:?IDEM_TEST_REDIS_URL is not set (scripts/bench.sh sets it)}"
@@ -42,6 +42,11 @@ taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only fi
 # For reference: the Lua claim (used on Redis < 7.0) instead of SET NX PX GET.
 taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only replay --claim-script 1
 taskset -c 0 "$BIN" --url "$pinned" --threads 1 --only memory
-# 8 threads, unpinned: throughput with 8 pooled connections vs 8 raw connections.
-"$BIN" --url "$URL" --threads 8 --ops 500 --rounds 21 --only replay
-"$BIN" --url "$URL" --threads 8 --ops 500 --rounds 21 --only first
+# 8 threads, pinned like the 1-thread runs: 8 pooled connections vs 8 raw connections, all
+# threads and the server on CPU 0 (per-op cost with 8 connections in flight).
+taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only replay
+taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only first
+# For reference: the same unpinned, against scripts/bench.sh's server (per-round ratios swing
+# 0.6-1.5 on 2 vCPUs, so their medians move by +-0.05 from run to run).
+"$BIN" --url "$URL" --threads 8 --ops 2000 --rounds 21 --only replay --name-suffix _unpinned
+"$BIN" --url "$URL" --threads 8 --ops 2000 --rounds 21 --only first --name-suffix _unpinned

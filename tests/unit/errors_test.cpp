@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <set>
 #include <string>
 
@@ -53,13 +54,22 @@ TEST(Fingerprint, IsSha256Hex) {
   EXPECT_NE(idem::fingerprint(std::string("a\0b", 3)), idem::fingerprint("a"));
 }
 
-TEST(OwnerToken, IsRandom128Bit) {
+TEST(OwnerToken, IsFifteenRandomBase64UrlCharacters) {
   std::set<std::string> seen;
+  std::set<char> chars;
   for (int i = 0; i < 1000; ++i) {
     auto t = idem::OwnerToken::generate();
-    EXPECT_EQ(32u, t.str().size());
+    ASSERT_EQ(idem::OwnerToken::kLength, t.str().size());
+    for (char c : t.str()) {
+      EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') << t.str();
+      chars.insert(c);
+    }
     EXPECT_TRUE(seen.insert(t.str()).second);
   }
+  // 15,000 random characters use the whole 64-character alphabet.
+  EXPECT_EQ(64u, chars.size());
+  // Inline in std::string: no heap allocation per token.
+  EXPECT_LE(idem::OwnerToken::kLength, std::string().capacity());
 }
 
 TEST(Outcome, NamesAndStatuses) {

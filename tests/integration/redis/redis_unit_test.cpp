@@ -198,8 +198,8 @@ TEST(OwnerTokenBuffer, ForkedChildNeverRepeatsTheParentsTokens) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  ASSERT_EQ(32, n);
-  std::string child(buf, 32);
+  ASSERT_EQ(static_cast<ssize_t>(idem::OwnerToken::kLength), n);
+  std::string child(buf, static_cast<std::size_t>(n));
   std::set<std::string> parent;
   for (int i = 0; i < 300; ++i) parent.insert(idem::OwnerToken::generate().str());
   EXPECT_EQ(0u, parent.count(child));
