@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
     std::size_t sink = 0;
     for (int i = 0; i < kN; ++i) sink += idem::OwnerToken::generate().str().size();
     double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kN;
-    std::printf("OwnerToken::generate (RAND_bytes + hex): %.0f ns per token (%zu)\n", ns,
+    std::printf("OwnerToken::generate (RAND_bytes + base64url): %.0f ns per token (%zu)\n", ns,
                 sink / kN);
   }
 
