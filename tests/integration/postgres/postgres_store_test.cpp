@@ -223,8 +223,8 @@ TEST_F(PostgresStoreTest, TwoPhaseProcessKilledBetweenPhasesIsTakenOverAfterTheL
   ::close(fds[0]);
   int status = 0;
   ::waitpid(child, &status, 0);
-  ASSERT_EQ(32, n) << "the child did not claim";
-  auto stale = OwnerToken::from_string(std::string(buf, 32));
+  ASSERT_EQ(static_cast<ssize_t>(OwnerToken::kLength), n) << "the child did not claim";
+  auto stale = OwnerToken::from_string(std::string(buf, static_cast<std::size_t>(n)));
 
   idem::GuardOptions o;
   o.lease = std::chrono::seconds(30);
