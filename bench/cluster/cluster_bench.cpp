@@ -19,13 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "../common/side_by_side.hpp"
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "router.hpp"  // key_slot, parse_topology (white-box: which node owns a key)
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = idem::bench::Clock;
 using namespace std::chrono_literals;
 
 struct Args {
@@ -35,82 +36,13 @@ struct Args {
   int rounds = 11;
 };
 
-struct Phase {
-  double ops_per_s = 0;
-  std::vector<double> lat_us;
-};
-
-Phase run_phase(int threads, int ops, const std::function<void(int, int)>& body) {
-  std::vector<std::vector<double>> lat(static_cast<std::size_t>(threads));
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      auto& mine = lat[static_cast<std::size_t>(t)];
-      mine.reserve(static_cast<std::size_t>(ops));
-      ++ready;
-      while (!go.load()) std::this_thread::yield();
-      for (int i = 0; i < ops; ++i) {
-        auto t0 = Clock::now();
-        body(t, i);
-        mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      }
-    });
-  }
-  while (ready.load() < threads) std::this_thread::yield();
-  auto start = Clock::now();
-  go = true;
-  for (auto& th : pool) th.join();
-  Phase p;
-  p.ops_per_s = static_cast<double>(threads) * ops /
-                std::chrono::duration<double>(Clock::now() - start).count();
-  for (auto& v : lat) p.lat_us.insert(p.lat_us.end(), v.begin(), v.end());
-  return p;
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
 // Interleaves A and B `rounds` times, alternating which goes first; reports both and the median
-// of the per-round ratios A/B.
+// of the per-round ratios A/B (bench/common).
 void compare(const Args& a, const std::string& name, const char* a_label, const char* b_label,
              const std::function<void(int, int, int)>& fa,
              const std::function<void(int, int, int)>& fb) {
-  std::vector<double> a_ops, b_ops, ratios, a_lat, b_lat;
-  for (int round = 0; round < a.rounds; ++round) {
-    auto run_a = [&] {
-      return run_phase(a.threads, a.ops, [&](int t, int i) { fa(round, t, i); });
-    };
-    auto run_b = [&] {
-      return run_phase(a.threads, a.ops, [&](int t, int i) { fb(round, t, i); });
-    };
-    Phase pa, pb;
-    if (round % 2 == 0) {
-      pa = run_a();
-      pb = run_b();
-    } else {
-      pb = run_b();
-      pa = run_a();
-    }
-    a_ops.push_back(pa.ops_per_s);
-    b_ops.push_back(pb.ops_per_s);
-    ratios.push_back(pa.ops_per_s / pb.ops_per_s);
-    a_lat.insert(a_lat.end(), pa.lat_us.begin(), pa.lat_us.end());
-    b_lat.insert(b_lat.end(), pb.lat_us.begin(), pb.lat_us.end());
-  }
-  std::printf("%-46s %-26s %9.0f ops/s  p50 %7.1f us  p99 %7.1f us\n", name.c_str(), a_label,
-              percentile(a_ops, 0.5), percentile(a_lat, 0.5), percentile(a_lat, 0.99));
-  std::printf("%-46s %-26s %9.0f ops/s  p50 %7.1f us  p99 %7.1f us\n", "", b_label,
-              percentile(b_ops, 0.5), percentile(b_lat, 0.5), percentile(b_lat, 0.99));
-  std::printf("%-46s per-round ratios:", "");
-  for (double r : ratios) std::printf(" %.3f", r);
-  std::printf("\nratio %s = %.3f\n", name.c_str(), percentile(ratios, 0.5));
-  std::fflush(stdout);
+  idem::bench::report(name, a_label, b_label,
+                      idem::bench::interleave(a.rounds, a.threads, a.ops, fa, fb));
 }
 
 // A raw hiredis connection to one node, as a service without idem would hold it.

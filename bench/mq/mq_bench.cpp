@@ -104,6 +104,46 @@ void insert_effect(idem::sqlite::Transaction& tx, const idem::mq::StreamEntry& e
 
 using Entries = std::vector<idem::mq::StreamEntry>;
 
+idem::GuardOptions mq_guard_options() {
+  idem::GuardOptions go;
+  go.durable_source = idem::DuplicateSource::kMqRecord;
+  return go;
+}
+
+// A consumer group (record scope) per loop and round: Redis keeps the records of earlier runs.
+std::string group_of(const std::string& kind, const std::string& round) {
+  return kind + "-" + std::to_string(::getpid()) + "-" + round;
+}
+
+// The dedup side of a loop: `effect(tx, entry)` for each entry through consume() (one
+// transaction each) or, `batched`, through consume_batch(). @return the entry ids to ack.
+template <class Tx, class Consumer, class Effect>
+std::vector<std::string> consume_entries(Consumer& consumer, const Entries& batch, bool batched,
+                                         Effect&& effect) {
+  std::vector<std::string> fps;
+  std::vector<idem::Delivery> deliveries;
+  for (const auto& e : batch) fps.push_back(idem::fingerprint(*e.find("body")));
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    deliveries.push_back(idem::Delivery{*batch[i].find("message_id"), fps[i],
+                                        *batch[i].find("body"), batch[i].delivery_count});
+  }
+  std::vector<idem::Verdict> verdicts;
+  if (batched) {
+    verdicts = consumer.consume_batch(deliveries,
+                                      [&](Tx& tx, std::size_t i) { effect(tx, batch[i]); });
+  } else {
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      verdicts.push_back(
+          consumer.consume(deliveries[i], [&](Tx& tx) { effect(tx, batch[i]); }));
+    }
+  }
+  std::vector<std::string> acks;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (idem::should_ack(verdicts[i])) acks.push_back(batch[i].id);
+  }
+  return acks;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,35 +213,24 @@ int main(int argc, char** argv) {
         return acks;
       }));
     }
-    auto run_dedup = [&](idem::FastStore& fast, const char* kind) {
+    // The dedup loops over SQLite: `fast` in front, one transaction per message or per batch.
+    auto run_dedup = [&](idem::FastStore& fast, const char* kind, bool batched) {
       auto db = open_db(dir / (std::string(kind) + r + ".db"));
       idem::sqlite::SqliteStore durable{db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
-      idem::GuardOptions go;
-      go.durable_source = idem::DuplicateSource::kMqRecord;
-      idem::IdempotencyGuard guard{fast, durable, go};
-      // A group (record scope) of its own: Redis keeps the records of earlier runs.
-      idem::IdempotentConsumer consumer{
-          guard, std::string(kind) + "-" + std::to_string(::getpid()) + "-" + r};
+      idem::IdempotencyGuard guard{fast, durable, mq_guard_options()};
+      idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.messages);
       return drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
-        std::vector<std::string> acks;
-        for (const auto& e : batch) {
-          const std::string& body = *e.find("body");
-          auto v = consumer.consume(idem::Delivery{*e.find("message_id"), idem::fingerprint(body),
-                                                   body, e.delivery_count},
-                                    [&](idem::sqlite::Transaction& tx) { insert_effect(tx, e); });
-          if (idem::should_ack(v)) acks.push_back(e.id);
-        }
-        return acks;
+        return consume_entries<idem::sqlite::Transaction>(consumer, batch, batched, insert_effect);
       });
     };
     if (wanted("dedup_memory")) {
       idem::MemoryStore fast;
-      dedup.push_back(run_dedup(fast, "dedup_memory"));
+      dedup.push_back(run_dedup(fast, "dedup_memory", false));
     }
     if (wanted("dedup_redis")) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
-      dedup_redis.push_back(run_dedup(fast, "dedup_redis"));
+      dedup_redis.push_back(run_dedup(fast, "dedup_redis", false));
     }
     if (wanted("plain_batch")) {
       auto db = open_db(dir / ("plain_batch" + r + ".db"));
@@ -215,41 +244,13 @@ int main(int argc, char** argv) {
         return acks;
       }));
     }
-    auto run_dedup_batch = [&](idem::FastStore& fast, const char* kind) {
-      auto db = open_db(dir / (std::string(kind) + r + ".db"));
-      idem::sqlite::SqliteStore durable{db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
-      idem::GuardOptions go;
-      go.durable_source = idem::DuplicateSource::kMqRecord;
-      idem::IdempotencyGuard guard{fast, durable, go};
-      // A group (record scope) of its own: Redis keeps the records of earlier runs.
-      idem::IdempotentConsumer consumer{
-          guard, std::string(kind) + "-" + std::to_string(::getpid()) + "-" + r};
-      auto stream = publish(redis, round, kind, a.messages);
-      return drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
-        std::vector<std::string> fps;
-        std::vector<idem::Delivery> deliveries;
-        for (const auto& e : batch) fps.push_back(idem::fingerprint(*e.find("body")));
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-          deliveries.push_back(idem::Delivery{*batch[i].find("message_id"), fps[i],
-                                              *batch[i].find("body"), batch[i].delivery_count});
-        }
-        auto verdicts = consumer.consume_batch(
-            deliveries,
-            [&](idem::sqlite::Transaction& tx, std::size_t i) { insert_effect(tx, batch[i]); });
-        std::vector<std::string> acks;
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-          if (idem::should_ack(verdicts[i])) acks.push_back(batch[i].id);
-        }
-        return acks;
-      });
-    };
     if (wanted("dedup_batch_memory")) {
       idem::MemoryStore fast;
-      dedup_batch.push_back(run_dedup_batch(fast, "dedup_batch_memory"));
+      dedup_batch.push_back(run_dedup(fast, "dedup_batch_memory", true));
     }
     if (wanted("dedup_batch_redis")) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
-      dedup_batch_redis.push_back(run_dedup_batch(fast, "dedup_batch_redis"));
+      dedup_batch_redis.push_back(run_dedup(fast, "dedup_batch_redis", true));
     }
 #ifdef IDEM_BENCH_WITH_POSTGRES
     if (pg && wanted("plain_pg")) {
@@ -265,27 +266,20 @@ int main(int argc, char** argv) {
         return acks;
       }));
     }
-    if (pg_store && wanted("dedup_pg")) {
+    // The dedup loops over PostgreSQL, RedisStore in front.
+    auto run_dedup_pg = [&](const char* kind, bool batched) {
       idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
-      idem::GuardOptions go;
-      go.durable_source = idem::DuplicateSource::kMqRecord;
-      idem::IdempotencyGuard guard{fast, *pg_store, go};
-      idem::IdempotentConsumer consumer{guard, "dedup_pg-" + std::to_string(::getpid()) + "-" + r};
-      auto stream = publish(redis, round, "dedup_pg", a.pg_messages);
-      dedup_pg.push_back(drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
-        std::vector<std::string> acks;
-        for (const auto& e : batch) {
-          const std::string& body = *e.find("body");
-          auto v = consumer.consume(idem::Delivery{*e.find("message_id"), idem::fingerprint(body),
-                                                   body, e.delivery_count},
-                                    [&](pqxx::work& tx) {
-                                      tx.exec_params(pg_dedup_insert, *e.find("message_id"), body);
-                                    });
-          if (idem::should_ack(v)) acks.push_back(e.id);
-        }
-        return acks;
-      }));
-    }
+      idem::IdempotencyGuard guard{fast, *pg_store, mq_guard_options()};
+      idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
+      auto stream = publish(redis, round, kind, a.pg_messages);
+      return drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+        return consume_entries<pqxx::work>(
+            consumer, batch, batched, [&](pqxx::work& tx, const idem::mq::StreamEntry& e) {
+              tx.exec_params(pg_dedup_insert, *e.find("message_id"), *e.find("body"));
+            });
+      });
+    };
+    if (pg_store && wanted("dedup_pg")) dedup_pg.push_back(run_dedup_pg("dedup_pg", false));
     if (pg && wanted("plain_pg_batch")) {
       auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
       plain_pg_batch.push_back(
@@ -301,34 +295,7 @@ int main(int argc, char** argv) {
           }));
     }
     if (pg_store && wanted("dedup_pg_batch")) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
-      idem::GuardOptions go;
-      go.durable_source = idem::DuplicateSource::kMqRecord;
-      idem::IdempotencyGuard guard{fast, *pg_store, go};
-      idem::IdempotentConsumer consumer{guard,
-                                        "dedup_pg_batch-" + std::to_string(::getpid()) + "-" + r};
-      auto stream = publish(redis, round, "dedup_pg_batch", a.pg_messages);
-      dedup_pg_batch.push_back(
-          drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
-            std::vector<std::string> fps;
-            std::vector<idem::Delivery> deliveries;
-            for (const auto& e : batch) fps.push_back(idem::fingerprint(*e.find("body")));
-            for (std::size_t i = 0; i < batch.size(); ++i) {
-              deliveries.push_back(idem::Delivery{*batch[i].find("message_id"), fps[i],
-                                                  *batch[i].find("body"),
-                                                  batch[i].delivery_count});
-            }
-            auto verdicts =
-                consumer.consume_batch(deliveries, [&](pqxx::work& tx, std::size_t i) {
-                  tx.exec_params(pg_dedup_insert, *batch[i].find("message_id"),
-                                 *batch[i].find("body"));
-                });
-            std::vector<std::string> acks;
-            for (std::size_t i = 0; i < batch.size(); ++i) {
-              if (idem::should_ack(verdicts[i])) acks.push_back(batch[i].id);
-            }
-            return acks;
-          }));
+      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true));
     }
 #endif
   }

@@ -20,12 +20,13 @@
 #include <thread>
 #include <vector>
 
+#include "../common/side_by_side.hpp"
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = idem::bench::Clock;
 using namespace std::chrono_literals;
 
 struct Args {
@@ -79,99 +80,18 @@ class Raw {
   redisContext* c_;
 };
 
-struct Phase {
-  double ops_per_s = 0;
-  std::vector<double> lat_us;  // every call's latency
-};
+using idem::bench::median;
+using idem::bench::percentile;
 
-// Runs `body(thread, i)` ops times on each of `threads` threads, started together.
-Phase run_phase(int threads, int ops, const std::function<void(int, int)>& body) {
-  std::vector<std::vector<double>> lat(static_cast<std::size_t>(threads));
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      auto& mine = lat[static_cast<std::size_t>(t)];
-      mine.reserve(static_cast<std::size_t>(ops));
-      ++ready;
-      while (!go.load()) std::this_thread::yield();
-      for (int i = 0; i < ops; ++i) {
-        auto t0 = Clock::now();
-        body(t, i);
-        mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      }
-    });
-  }
-  while (ready.load() < threads) std::this_thread::yield();
-  auto start = Clock::now();
-  go = true;
-  for (auto& th : pool) th.join();
-  double secs = std::chrono::duration<double>(Clock::now() - start).count();
-  Phase p;
-  p.ops_per_s = static_cast<double>(threads) * ops / secs;
-  for (auto& v : lat) p.lat_us.insert(p.lat_us.end(), v.begin(), v.end());
-  return p;
+// Ours (side A) against raw (side B), interleaved round by round (bench/common).
+idem::bench::Comparison compare(const Args& a, const std::function<void(int, int, int)>& ours,
+                                const std::function<void(int, int, int)>& raw) {
+  const std::string only = a.side == "ours" ? "a" : a.side == "raw" ? "b" : "";
+  return idem::bench::interleave(a.rounds, a.threads, a.ops, ours, raw, only);
 }
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
-double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
-
-struct Comparison {
-  std::vector<double> ours_ops, raw_ops, ratios;
-  std::vector<double> ours_lat, raw_lat;
-};
-
-void report(const std::string& name, const Comparison& c) {
-  std::printf("%-44s ours: %9.0f ops/s  p50 %7.1f us  p99 %7.1f us\n", name.c_str(),
-              median(c.ours_ops), percentile(c.ours_lat, 0.5), percentile(c.ours_lat, 0.99));
-  std::printf("%-44s raw:  %9.0f ops/s  p50 %7.1f us  p99 %7.1f us\n", "", median(c.raw_ops),
-              percentile(c.raw_lat, 0.5), percentile(c.raw_lat, 0.99));
-  std::printf("%-44s per-round ratios:", "");
-  for (double r : c.ratios) std::printf(" %.3f", r);
-  std::printf("\n");
-  std::printf("ratio %s = %.3f\n", name.c_str(), median(c.ratios));
-  std::fflush(stdout);
-}
-
-// Interleaves ours and raw, `rounds` times each, alternating which goes first.
-Comparison compare(const Args& a, const std::function<void(int, int, int)>& ours,
-                   const std::function<void(int, int, int)>& raw) {
-  Comparison c;
-  for (int round = 0; round < a.rounds; ++round) {
-    auto run_ours = [&] {
-      return run_phase(a.threads, a.ops, [&](int t, int i) { ours(round, t, i); });
-    };
-    auto run_raw = [&] {
-      return run_phase(a.threads, a.ops, [&](int t, int i) { raw(round, t, i); });
-    };
-    Phase o, r;
-    if (a.side == "ours") {
-      o = run_ours();
-      r = o;
-    } else if (a.side == "raw") {
-      r = run_raw();
-      o = r;
-    } else if (round % 2 == 0) {
-      o = run_ours();
-      r = run_raw();
-    } else {
-      r = run_raw();
-      o = run_ours();
-    }
-    c.ours_ops.push_back(o.ops_per_s);
-    c.raw_ops.push_back(r.ops_per_s);
-    c.ratios.push_back(o.ops_per_s / r.ops_per_s);
-    c.ours_lat.insert(c.ours_lat.end(), o.lat_us.begin(), o.lat_us.end());
-    c.raw_lat.insert(c.raw_lat.end(), r.lat_us.begin(), r.lat_us.end());
-  }
-  return c;
+void report(const std::string& name, const idem::bench::Comparison& c) {
+  idem::bench::report(name, "ours:", "raw: ", c);
 }
 
 std::string run_id() {
@@ -265,6 +185,14 @@ int main(int argc, char** argv) {
         raws[static_cast<std::size_t>(t)]->run(5, av, lv);
       }
     }
+    // The raw side of both replay comparisons: SET NX EX 300 on an existing key.
+    auto raw_set_nx_ex = [&](int, int t, int i) {
+      const std::string& rk =
+          raw_keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)];
+      const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
+      const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
+      raws[static_cast<std::size_t>(t)]->run(6, av, lv);
+    };
     std::atomic<long> bad{0};
     auto c = compare(
         a,
@@ -273,13 +201,7 @@ int main(int argc, char** argv) {
                              fp, [&] { return std::string("never"); });
           if (r.outcome != idem::Outcome::kReplayed) ++bad;
         },
-        [&](int, int t, int i) {
-          const std::string& rk =
-              raw_keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)];
-          const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
-          const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
-          raws[static_cast<std::size_t>(t)]->run(6, av, lv);
-        });
+        raw_set_nx_ex);
     if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
     report("guard_replay_vs_set_nx_ex_" + tag, c);
     if (a.only == "replay") {
@@ -294,13 +216,7 @@ int main(int argc, char** argv) {
                 owner, 30s);
             if (r.status != idem::ClaimStatus::kDone) ++bad;
           },
-          [&](int, int t, int i) {
-            const std::string& rk =
-                raw_keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)];
-            const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
-            const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
-            raws[static_cast<std::size_t>(t)]->run(6, av, lv);
-          });
+          raw_set_nx_ex);
       report("store_claim_replay_vs_set_nx_ex_" + tag, d);
     }
   }

@@ -401,106 +401,76 @@ class IdempotentConsumer {
                   "(idem::sqlite::SqliteStore, idem::postgres::PostgresStore)");
     Durable& durable = *guard_->durable_store();
     FastStore* fast = guard_->fast_store();
-    const auto& go = guard_->options();
     const std::size_t n = batch.size();
-    std::vector<Verdict> verdicts(n, Verdict::kRetryLater);
-    std::vector<std::optional<Key>> keys;
-    keys.reserve(n);
-    std::vector<OwnerToken> owners;
-    owners.reserve(n);
-    std::vector<std::pair<std::size_t, std::exception_ptr>> failures;
-    for (const auto& d : batch) {
+    BatchState b{batch, n};
+    std::unordered_set<std::string_view> seen;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Delivery& d = batch[i];
       stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
       if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
-      keys.push_back(make_key(d));
-      owners.push_back(OwnerToken::generate());
+      b.keys.push_back(make_key(d));
+      b.owners.push_back(OwnerToken::generate());
+      if (!b.keys[i]) {
+        b.verdicts[i] = Verdict::kDeadLetter;
+        continue;
+      }
+      b.to_durable[i] = 1;
+      // Later copies of an id go neither to the fast store nor into the batch insert: the
+      // record the first copy wrote decides them.
+      b.first[i] = seen.insert(b.keys[i]->id()).second ? 1 : 0;
     }
 
     // 1. Fast store: one claim_batch for the first delivery of each message id.
-    std::vector<char> fast_claimed(n, 0), to_durable(n, 0);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!keys[i]) verdicts[i] = Verdict::kDeadLetter;
-      else to_durable[i] = 1;
-    }
-    if (fast != nullptr) {
-      std::vector<ClaimRequest> requests;
-      std::vector<std::size_t> index;
-      requests.reserve(n);
-      index.reserve(n);
-      std::unordered_set<std::string_view> seen;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (!keys[i] || !seen.insert(keys[i]->id()).second) continue;  // later copies: durable
-        requests.push_back(ClaimRequest{&*keys[i], batch[i].fingerprint, &owners[i]});
-        index.push_back(i);
-      }
-      try {
-        std::vector<ClaimResult> answers = fast->claim_batch(requests, go.lease);
-        for (std::size_t j = 0; j < index.size(); ++j) {
-          const std::size_t i = index[j];
-          switch (answers[j].status) {
-            case ClaimStatus::kClaimed: fast_claimed[i] = 1; break;
-            case ClaimStatus::kDone: verdicts[i] = Verdict::kAckDuplicate; to_durable[i] = 0; break;
-            case ClaimStatus::kBusy: verdicts[i] = Verdict::kRetryLater; to_durable[i] = 0; break;
-            case ClaimStatus::kMismatch: verdicts[i] = Verdict::kMismatch; to_durable[i] = 0; break;
-          }
-        }
-      } catch (const StorageError&) {
-        // Degraded: the durable store decides every message (claims the failed round trip
-        // may have made end with their lease).
-      }
-    }
+    if (fast != nullptr) claim_fast(*fast, b);
 
     // 2. One durable transaction for the rest: first without savepoints; if a handler fails,
     //    that transaction rolls back and the batch runs again with a savepoint per message.
-    std::vector<std::string> durable_done(n);  // a committed record found: its response
-    std::vector<char> durable_found(n, 0);
     try {
-      if (std::find(to_durable.begin(), to_durable.end(), 1) != to_durable.end()) {
-        const std::vector<Verdict> before = verdicts;
+      if (std::find(b.to_durable.begin(), b.to_durable.end(), 1) != b.to_durable.end()) {
+        const std::vector<Verdict> before = b.verdicts;
         bool committed = false;
         try {
-          durable.with_transaction([&](typename Durable::Transaction& tx) {
-            first_pass(durable, tx, batch, keys, owners, to_durable, handler, verdicts,
-                       durable_found, durable_done);
-          });
+          durable.with_transaction(
+              [&](typename Durable::Transaction& tx) { first_pass(durable, tx, b, handler); });
           committed = true;
         } catch (const detail::BatchRerun&) {
           // Rolled back: a handler failed (or a record was locked by another transaction).
         }
         if (!committed) {
-          verdicts = before;
-          std::fill(durable_found.begin(), durable_found.end(), 0);
-          for (auto& d : durable_done) d.clear();
+          b.verdicts = before;
+          std::fill(b.durable_found.begin(), b.durable_found.end(), 0);
+          for (auto& d : b.durable_done) d.clear();
           stats_.batch_reruns.fetch_add(1, std::memory_order_relaxed);
-          durable.with_transaction([&](typename Durable::Transaction& tx) {
-            careful_pass(durable, tx, batch, keys, owners, to_durable, handler, verdicts,
-                         durable_found, durable_done, failures);
-          });
+          durable.with_transaction(
+              [&](typename Durable::Transaction& tx) { careful_pass(durable, tx, b, handler); });
         }
       }
     } catch (...) {
       if (fast != nullptr) {
         for (std::size_t i = 0; i < n; ++i) {
-          if (fast_claimed[i] != 0) release_fast(*fast, *keys[i], owners[i]);
+          if (b.fast_claimed[i] != 0) release_fast(*fast, *b.keys[i], b.owners[i]);
         }
       }
       throw;
     }
 
     // 3. Fast store: one complete_batch; release the claims that did not commit.
-    if (fast != nullptr) finish_fast(*fast, batch, keys, owners, fast_claimed, verdicts,
-                                     durable_found, durable_done);
+    if (fast != nullptr) finish_fast(*fast, b);
 
     std::vector<char> failed_at(n, 0);
-    for (const auto& f : failures) failed_at[f.first] = 1;
+    for (const auto& f : b.failures) failed_at[f.first] = 1;
     for (std::size_t i = 0; i < n; ++i) {
       if (failed_at[i] != 0) continue;
-      if (verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) forget_failures(*keys[i]);
-      count(verdicts[i]);
+      if (b.verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) {
+        forget_failures(*b.keys[i]);
+      }
+      count(b.verdicts[i]);
     }
     // After the commit: attempt counts and dead letters use their own transactions.
-    for (const auto& [i, error] : failures) verdicts[i] = failed(*keys[i], batch[i], error);
-    return verdicts;
+    for (const auto& [i, error] : b.failures) {
+      b.verdicts[i] = failed(*b.keys[i], batch[i], error);
+    }
+    return std::move(b.verdicts);
   }
 
   /// True when the record of `message_id` says it was dead-lettered (for operators and tests).
@@ -534,110 +504,158 @@ class IdempotentConsumer {
     return v;
   }
 
+  // What consume_batch knows of one batch, per delivery.
+  struct BatchState {
+    BatchState(const std::vector<Delivery>& deliveries, std::size_t n)
+        : batch(deliveries),
+          verdicts(n, Verdict::kRetryLater),
+          to_durable(n, 0),
+          first(n, 0),
+          fast_claimed(n, 0),
+          durable_found(n, 0),
+          durable_done(n) {
+      keys.reserve(n);
+      owners.reserve(n);
+    }
+    const std::vector<Delivery>& batch;
+    std::vector<std::optional<Key>> keys;  // nullopt: the id is not a valid key
+    std::vector<OwnerToken> owners;
+    std::vector<Verdict> verdicts;
+    std::vector<char> to_durable;    // still to be decided by the durable store
+    std::vector<char> first;         // the first delivery of its message id in the batch
+    std::vector<char> fast_claimed;  // the fast store granted its claim
+    std::vector<char> durable_found;          // a committed record was found...
+    std::vector<std::string> durable_done;    // ...with this response
+    std::vector<std::pair<std::size_t, std::exception_ptr>> failures;  // handlers that threw
+  };
+
+  // Step 1 of consume_batch: one claim_batch for the first delivery of each message id. A
+  // fast-store failure leaves every delivery to the durable store (degraded; claims the failed
+  // round trip may have made end with their lease).
+  void claim_fast(FastStore& fast, BatchState& b) {
+    std::vector<ClaimRequest> requests;
+    std::vector<std::size_t> index;
+    for (std::size_t i = 0; i < b.batch.size(); ++i) {
+      if (b.first[i] == 0) continue;
+      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owners[i]});
+      index.push_back(i);
+    }
+    try {
+      std::vector<ClaimResult> answers = fast.claim_batch(requests, guard_->options().lease);
+      for (std::size_t j = 0; j < index.size(); ++j) {
+        const std::size_t i = index[j];
+        if (answers[j].status == ClaimStatus::kClaimed) {
+          b.fast_claimed[i] = 1;
+          continue;
+        }
+        b.to_durable[i] = 0;
+        b.verdicts[i] = answers[j].status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                        : answers[j].status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                                      : Verdict::kRetryLater;
+      }
+    } catch (const StorageError&) {
+    }
+  }
+
   // Step 2 of consume_batch, first run, inside `tx`: the records of the first delivery of each
   // message id, written completed in one batch call; then, in order, each delivery's handler
   // (or, when a record existed, the record's answer). No savepoints: a failing handler (not
   // retryable) or a record locked by another transaction throws BatchRerun, which rolls `tx`
   // back. A retryable idem error thrown by a handler propagates (the batch rolls back).
   template <class Tx, class Fn>
-  void first_pass(Durable& durable, Tx& tx, const std::vector<Delivery>& batch,
-                  const std::vector<std::optional<Key>>& keys,
-                  const std::vector<OwnerToken>& owners, const std::vector<char>& to_durable,
-                  Fn& handler, std::vector<Verdict>& verdicts, std::vector<char>& durable_found,
-                  std::vector<std::string>& durable_done) {
+  void first_pass(Durable& durable, Tx& tx, BatchState& b, Fn& handler) {
     const auto retention = guard_->options().retention;
-    const std::size_t n = batch.size();
+    const std::size_t n = b.batch.size();
     std::vector<ClaimRequest> requests;
     std::vector<std::size_t> index;
-    std::unordered_set<std::string_view> seen;
     for (std::size_t i = 0; i < n; ++i) {
-      if (to_durable[i] == 0 || !seen.insert(keys[i]->id()).second) continue;
-      requests.push_back(ClaimRequest{&*keys[i], batch[i].fingerprint, &owners[i]});
+      if (b.to_durable[i] == 0 || b.first[i] == 0) continue;
+      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owners[i]});
       index.push_back(i);
     }
     std::vector<bool> written;
     try {
-      written = durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker, retention);
+      written = durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker,
+                                                  retention);
     } catch (const StorageTimeout&) {
       throw detail::BatchRerun{};  // a key locked by another transaction: decide one by one
     }
     std::vector<char> recorded(n, 0);
     for (std::size_t j = 0; j < index.size(); ++j) recorded[index[j]] = written[j] ? 1 : 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (to_durable[i] == 0) continue;
+      if (b.to_durable[i] == 0) continue;
       ClaimResult c;
       if (recorded[i] == 0) {
-        c = decide_in(durable, tx, *keys[i], batch[i].fingerprint, owners[i]);
+        c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i]);
         if (c.status != ClaimStatus::kClaimed) {
-          settle(i, c, verdicts, durable_found, durable_done);
+          settle(b, i, c);
           continue;
         }
       }
       try {
         handler(tx, i);
-      } catch (const Error& e) {
-        if (e.retryable()) throw;
-        throw detail::BatchRerun{};
       } catch (...) {
+        if (retryable(std::current_exception())) throw;
         throw detail::BatchRerun{};
       }
       if (recorded[i] == 0) {
-        record_in(durable, tx, *keys[i], batch[i].fingerprint, owners[i], c, retention);
+        record_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i], c, retention);
       }
-      verdicts[i] = Verdict::kAck;
+      b.verdicts[i] = Verdict::kAck;
     }
   }
 
   // Step 2 of consume_batch, after a first run rolled back: a savepoint per delivery, so a
   // failing handler loses only its own writes (listed in `failures`) and the others commit.
   template <class Tx, class Fn>
-  void careful_pass(Durable& durable, Tx& tx, const std::vector<Delivery>& batch,
-                    const std::vector<std::optional<Key>>& keys,
-                    const std::vector<OwnerToken>& owners, const std::vector<char>& to_durable,
-                    Fn& handler, std::vector<Verdict>& verdicts, std::vector<char>& durable_found,
-                    std::vector<std::string>& durable_done,
-                    std::vector<std::pair<std::size_t, std::exception_ptr>>& failures) {
+  void careful_pass(Durable& durable, Tx& tx, BatchState& b, Fn& handler) {
     const auto retention = guard_->options().retention;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (to_durable[i] == 0) continue;
-      const Key& key = *keys[i];
+    for (std::size_t i = 0; i < b.batch.size(); ++i) {
+      if (b.to_durable[i] == 0) continue;
+      const Key& key = *b.keys[i];
       tx.exec("SAVEPOINT idem_consume");
-      ClaimResult c = decide_in(durable, tx, key, batch[i].fingerprint, owners[i]);
+      ClaimResult c = decide_in(durable, tx, key, b.batch[i].fingerprint, b.owners[i]);
       if (c.status != ClaimStatus::kClaimed) {
         tx.exec("RELEASE SAVEPOINT idem_consume");
-        settle(i, c, verdicts, durable_found, durable_done);
+        settle(b, i, c);
         continue;
       }
       try {
         handler(tx, i);
-      } catch (const Error& e) {
-        if (e.retryable()) throw;  // rolls the whole batch back
-        tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
-        tx.exec("RELEASE SAVEPOINT idem_consume");
-        failures.emplace_back(i, std::current_exception());
-        continue;
       } catch (...) {
+        if (retryable(std::current_exception())) throw;  // rolls the whole batch back
         tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
         tx.exec("RELEASE SAVEPOINT idem_consume");
-        failures.emplace_back(i, std::current_exception());
+        b.failures.emplace_back(i, std::current_exception());
         continue;
       }
-      record_in(durable, tx, key, batch[i].fingerprint, owners[i], c, retention);
+      record_in(durable, tx, key, b.batch[i].fingerprint, b.owners[i], c, retention);
       tx.exec("RELEASE SAVEPOINT idem_consume");
-      verdicts[i] = Verdict::kAck;
+      b.verdicts[i] = Verdict::kAck;
     }
   }
 
   // The verdict of a delivery whose record existed (done, mismatch or busy).
-  static void settle(std::size_t i, ClaimResult& c, std::vector<Verdict>& verdicts,
-                     std::vector<char>& durable_found, std::vector<std::string>& durable_done) {
+  static void settle(BatchState& b, std::size_t i, ClaimResult& c) {
     if (c.status == ClaimStatus::kDone) {
-      durable_found[i] = 1;
-      durable_done[i] = std::move(c.response);
+      b.durable_found[i] = 1;
+      b.durable_done[i] = std::move(c.response);
     }
-    verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
-                  : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
-                                                       : Verdict::kRetryLater;
+    b.verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
+                    : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
+                                                         : Verdict::kRetryLater;
+  }
+
+  // True for an idem error that says nothing about the message (e.g. the handler's own
+  // StorageTimeout): it aborts the whole batch instead of counting as a failed attempt.
+  static bool retryable(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      return err.retryable();
+    } catch (...) {
+      return false;
+    }
   }
 
   // The durable record check of consume_batch, inside its transaction. With a store that can
@@ -678,25 +696,21 @@ class IdempotentConsumer {
   }
 
   // Step 3 of consume_batch.
-  void finish_fast(FastStore& fast, const std::vector<Delivery>& batch,
-                   const std::vector<std::optional<Key>>& keys,
-                   const std::vector<OwnerToken>& owners, const std::vector<char>& fast_claimed,
-                   const std::vector<Verdict>& verdicts, const std::vector<char>& durable_found,
-                   const std::vector<std::string>& durable_done) {
+  void finish_fast(FastStore& fast, const BatchState& b) {
     const auto retention = guard_->options().retention;
     std::vector<CompleteRequest> requests;
     std::vector<std::size_t> index;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (fast_claimed[i] == 0) continue;
-      if (verdicts[i] == Verdict::kAck) {
-        requests.push_back(CompleteRequest{&*keys[i], &owners[i], detail::kConsumedMarker});
+    for (std::size_t i = 0; i < b.batch.size(); ++i) {
+      if (b.fast_claimed[i] == 0) continue;
+      if (b.verdicts[i] == Verdict::kAck) {
+        requests.push_back(CompleteRequest{&*b.keys[i], &b.owners[i], detail::kConsumedMarker});
         index.push_back(i);
-      } else if (durable_found[i] != 0) {
+      } else if (b.durable_found[i] != 0) {
         // The fast store had lost a completed record: put the durable answer back.
-        requests.push_back(CompleteRequest{&*keys[i], &owners[i], durable_done[i]});
+        requests.push_back(CompleteRequest{&*b.keys[i], &b.owners[i], b.durable_done[i]});
         index.push_back(i);
       } else {
-        release_fast(fast, *keys[i], owners[i]);  // busy, mismatch or a failed handler
+        release_fast(fast, *b.keys[i], b.owners[i]);  // busy, mismatch or a failed handler
       }
     }
     if (requests.empty()) return;
@@ -705,7 +719,7 @@ class IdempotentConsumer {
       for (std::size_t j = 0; j < index.size(); ++j) {
         if (ok[j]) continue;
         // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
-        fast.fill(*requests[j].key, batch[index[j]].fingerprint, requests[j].response,
+        fast.fill(*requests[j].key, b.batch[index[j]].fingerprint, requests[j].response,
                   retention);
       }
     } catch (const StorageError&) {
@@ -750,40 +764,36 @@ class IdempotentConsumer {
                       std::uint32_t attempts) {
     const auto owner = OwnerToken::generate();
     const auto& go = guard_->options();
-    std::string reason = std::string(detail::kDeadMarker) + error;
+    const std::string reason = std::string(detail::kDeadMarker) + error;
+    // The same steps on the durable store, or on the fast store of a fast-only consumer.
+    auto apply = [&](auto& store, const ClaimResult& c, auto&& mark) {
+      if (c.status == ClaimStatus::kBusy) return count(Verdict::kRetryLater);
+      if (c.status == ClaimStatus::kMismatch) return count(Verdict::kMismatch);
+      if (c.status == ClaimStatus::kDone) return count(Verdict::kAckDuplicate);
+      try {
+        sink(key, d, error, attempts);
+      } catch (...) {
+        store.release(key, owner);
+        throw;
+      }
+      mark();
+      forget_failures(key);
+      return count(Verdict::kDeadLetter);
+    };
     if constexpr (IdempotencyGuard<Durable>::kHasDurable) {
       Durable& durable = *guard_->durable_store();
-      ClaimResult c = durable.begin(key, d.fingerprint, owner, go.lease);
-      if (c.status == ClaimStatus::kBusy) return count(Verdict::kRetryLater);
-      if (c.status == ClaimStatus::kMismatch) return count(Verdict::kMismatch);
-      if (c.status == ClaimStatus::kDone) return count(Verdict::kAckDuplicate);
-      try {
-        sink(key, d, error, attempts);
-      } catch (...) {
-        durable.release(key, owner);
-        throw;
-      }
-      if constexpr (detail::has_fail<Durable>::value) {
-        durable.fail(key, owner, reason, go.retention);
-      } else {
-        durable.complete(key, owner, reason, go.retention);
-      }
+      return apply(durable, durable.begin(key, d.fingerprint, owner, go.lease), [&] {
+        if constexpr (detail::has_fail<Durable>::value) {
+          durable.fail(key, owner, reason, go.retention);
+        } else {
+          durable.complete(key, owner, reason, go.retention);
+        }
+      });
     } else {
       FastStore& fast = *guard_->fast_store();
-      ClaimResult c = fast.claim(key, d.fingerprint, owner, go.lease);
-      if (c.status == ClaimStatus::kBusy) return count(Verdict::kRetryLater);
-      if (c.status == ClaimStatus::kMismatch) return count(Verdict::kMismatch);
-      if (c.status == ClaimStatus::kDone) return count(Verdict::kAckDuplicate);
-      try {
-        sink(key, d, error, attempts);
-      } catch (...) {
-        fast.release(key, owner);
-        throw;
-      }
-      fast.complete(key, owner, reason, go.retention);
+      return apply(fast, fast.claim(key, d.fingerprint, owner, go.lease),
+                   [&] { fast.complete(key, owner, reason, go.retention); });
     }
-    forget_failures(key);
-    return count(Verdict::kDeadLetter);
   }
 
   void sink(const Key& key, const Delivery& d, const std::string& error,

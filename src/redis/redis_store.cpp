@@ -297,20 +297,21 @@ class RedisStore::Impl {
   // throws; an error reply is returned (the caller decides).
   ReplyUPtr exec(detail::Pool::Lease& conn, int argc, const char** argv, const std::size_t* lens,
                  Op op, std::string_view key) {
-    redisContext* c = conn.get();
     errno = 0;
-    void* raw = nullptr;
-    if (append_command(c, argc, argv, lens) != REDIS_OK || redisGetReply(c, &raw) != REDIS_OK ||
-        raw == nullptr) {
-      const int saved_errno = errno;
-      const int err = c->err;
-      const std::string errstr = c->errstr;
-      conn.discard(detail::server_gone(err, saved_errno));
-      const std::string what = describe(op, key);
-      detail::throw_error(
-          Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
-    }
-    return ReplyUPtr(static_cast<redisReply*>(raw));
+    if (append_command(conn.get(), argc, argv, lens) != REDIS_OK) context_failure(conn, op, key);
+    return read_reply(conn, op, key);
+  }
+
+  // A connection-level failure (c->err set): drops the connection and throws the typed error.
+  [[noreturn]] static void context_failure(detail::Pool::Lease& conn, Op op, std::string_view key) {
+    redisContext* c = conn.get();
+    const int saved_errno = errno;
+    const int err = c->err;
+    const std::string errstr = c->errstr;
+    conn.discard(detail::server_gone(err, saved_errno));
+    const std::string what = describe(op, key);
+    detail::throw_error(
+        Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
   }
 
   // One command for `key`, sent to the node that serves it. In a cluster, MOVED (slot moved:
@@ -538,17 +539,10 @@ class RedisStore::Impl {
 
   // Reads one pipelined reply. A connection-level failure drops the connection and throws.
   ReplyUPtr read_reply(detail::Pool::Lease& conn, Op op, std::string_view key) {
-    redisContext* c = conn.get();
     errno = 0;
     void* raw = nullptr;
-    if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
-      const int saved_errno = errno;
-      const int err = c->err;
-      const std::string errstr = c->errstr;
-      conn.discard(detail::server_gone(err, saved_errno));
-      const std::string what = describe(op, key);
-      detail::throw_error(
-          Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
+    if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {
+      context_failure(conn, op, key);
     }
     return ReplyUPtr(static_cast<redisReply*>(raw));
   }

@@ -499,27 +499,16 @@ std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_vie
 
 ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                                   const OwnerToken& owner, std::chrono::milliseconds lease) {
+  ClaimResult c = find_in(tx, key, fingerprint);
+  if (c.status != ClaimStatus::kClaimed) return c;
   auto t = now();
-  std::optional<Record> found;
-  {
-    Statement st = tx.prepare(sql_->select);
-    st.bind_all(key.id(), key.scope());
-    if (st.step()) found = read_record(st);
-  }
-  if (found && retention_over(*found, t)) {
-    tx.exec(sql_->remove_expired, key.id(), key.scope());
-    found.reset();
-  }
   auto lease_until = to_millis(t + lease);
-  if (!found) {
+  if (!c.took_over) {  // absent (or its retention had ended): a new in-progress record
     tx.exec(sql_->insert, key.id(), key.scope(), fingerprint, owner.str(), lease_until,
             to_millis(t));
-    return ClaimResult{};
+    return c;
   }
-  ClaimResult c = classify(*found, fingerprint, t);
-  if (c.status == ClaimStatus::kClaimed) {
-    tx.exec(sql_->takeover, key.id(), key.scope(), owner.str(), lease_until, to_millis(t));
-  }
+  tx.exec(sql_->takeover, key.id(), key.scope(), owner.str(), lease_until, to_millis(t));
   return c;
 }
 
