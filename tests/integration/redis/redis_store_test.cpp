@@ -103,6 +103,33 @@ TEST_F(RedisStoreTest, RecordLivesUnderItsKeyWithLeaseThenRetentionTtl) {
   EXPECT_GT(rec->expires_at, idem::system_now() + std::chrono::seconds(3000));
 }
 
+// Owner tokens were 32 hex characters before they became OwnerToken::kLength base64url
+// characters; records are length-prefixed, so records holding the longer tokens stay valid.
+TEST_F(RedisStoreTest, RecordsWithThirtyTwoCharacterOwnersStayValid) {
+  const std::string old_owner = "0123456789abcdef0123456789abcdef";
+  const long long now = idem::to_millis(idem::system_now());
+  const std::string head = std::to_string(now) + ":" + std::to_string(now + 60'000) + ":2:fp";
+  // In progress, held by an attempt with an old token: busy for others, completable by it.
+  auto held = key();
+  raw_->cmd({"SET", store_->redis_key(held), "I1P32:" + old_owner + head, "PX", "60000"});
+  auto busy = store_->claim(held, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kBusy, busy.status);
+  EXPECT_EQ(old_owner, busy.holder);
+  EXPECT_TRUE(store_->complete(held, OwnerToken::from_string(old_owner), "pay_7",
+                               std::chrono::seconds(3600)));
+  auto replay = store_->claim(held, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, replay.status);
+  EXPECT_EQ("pay_7", replay.response);
+  EXPECT_EQ(old_owner, replay.holder);
+  // Completed with an old token: replays.
+  auto done = key();
+  raw_->cmd({"SET", store_->redis_key(done), "I1C32:" + old_owner + head + "pay_8", "PX",
+             "60000"});
+  auto again = store_->claim(done, "fp", OwnerToken::generate(), 30'000ms);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ("pay_8", again.response);
+}
+
 TEST_F(RedisStoreTest, EveryClaimAnswerCarriesHolderAndFirstSeen) {
   auto k = key();
   auto a = OwnerToken::generate();
