@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   // The production shape: the effect row goes to PostgreSQL, one transaction per message;
   // with de-duplication the consume record commits in that same transaction (PostgresStore)
   // behind a RedisStore claim. Both sides run the same unprepared INSERT.
-  std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch;
+  std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch, dedup_pg_batch_memory;
   std::unique_ptr<pqxx::connection> pg;
   std::unique_ptr<idem::postgres::PostgresStore> pg_store;
   std::string pg_fsync, pg_sync_commit;
@@ -185,8 +185,9 @@ int main(int argc, char** argv) {
       "INSERT INTO " + pg_plain_table + " (message_id, body) VALUES ($1, $2)";
   const std::string pg_dedup_insert =
       "INSERT INTO " + pg_dedup_table + " (message_id, body) VALUES ($1, $2)";
-  if (!a.postgres.empty() && (wanted("plain_pg") || wanted("dedup_pg") ||
-                              wanted("plain_pg_batch") || wanted("dedup_pg_batch"))) {
+  if (!a.postgres.empty() &&
+      (wanted("plain_pg") || wanted("dedup_pg") || wanted("plain_pg_batch") ||
+       wanted("dedup_pg_batch") || wanted("dedup_pg_batch_memory"))) {
     pg = std::make_unique<pqxx::connection>(a.postgres);
     pqxx::nontransaction nt(*pg);
     for (const auto& t : {pg_plain_table, pg_dedup_table}) {
@@ -267,8 +268,7 @@ int main(int argc, char** argv) {
       }));
     }
     // The dedup loops over PostgreSQL, RedisStore in front.
-    auto run_dedup_pg = [&](const char* kind, bool batched) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+    auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore& fast) {
       idem::IdempotencyGuard guard{fast, *pg_store, mq_guard_options()};
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.pg_messages);
@@ -279,7 +279,10 @@ int main(int argc, char** argv) {
             });
       });
     };
-    if (pg_store && wanted("dedup_pg")) dedup_pg.push_back(run_dedup_pg("dedup_pg", false));
+    if (pg_store && wanted("dedup_pg")) {
+      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      dedup_pg.push_back(run_dedup_pg("dedup_pg", false, fast));
+    }
     if (pg && wanted("plain_pg_batch")) {
       auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
       plain_pg_batch.push_back(
@@ -295,7 +298,12 @@ int main(int argc, char** argv) {
           }));
     }
     if (pg_store && wanted("dedup_pg_batch")) {
-      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true));
+      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, fast));
+    }
+    if (pg_store && wanted("dedup_pg_batch_memory")) {
+      idem::MemoryStore fast;
+      dedup_pg_batch_memory.push_back(run_dedup_pg("dedup_pg_batch_memory", true, fast));
     }
 #endif
   }
@@ -345,10 +353,13 @@ int main(int argc, char** argv) {
     line("dedup, consume(), RedisStore + PostgresStore:", dedup_pg);
     line("plain, one PostgreSQL transaction per batch:", plain_pg_batch);
     line("dedup, consume_batch(), RedisStore + PostgresStore:", dedup_pg_batch);
+    line("dedup, consume_batch(), MemoryStore + PostgresStore:", dedup_pg_batch_memory);
     const std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
     ratio(("mq_dedup_postgres_vs_plain_postgres" + suffix).c_str(), dedup_pg, plain_pg);
     ratio(("mq_dedup_batch_postgres_vs_plain_batch_postgres" + suffix).c_str(), dedup_pg_batch,
           plain_pg_batch);
+    ratio(("mq_dedup_batch_postgres_memory_vs_plain_batch_postgres" + suffix).c_str(),
+          dedup_pg_batch_memory, plain_pg_batch);
   }
 #endif
   return 0;

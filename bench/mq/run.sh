@@ -29,7 +29,7 @@ echo "bench/mq: private redis-server :$IDEM_REDIS_PORT and PostgreSQL :$IDEM_PG_
 # SQLite loops, then the PostgreSQL loops (fsync and synchronous_commit on: every COMMIT waits
 # for the WAL flush, as in production), then the PostgreSQL loops again with
 # synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone).
-pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch
+pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
   --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \

@@ -193,14 +193,17 @@ struct ConsumerStatsSnapshot {
   /// consume_batch transactions run a second time, with a savepoint per message, because a
   /// handler failed (or a record was locked elsewhere) in the first, savepoint-free run
   std::uint64_t batch_reruns = 0;
+  /// consume_batch transactions run again with the tolerant record insert because the plain
+  /// one (PostgreSQL, all claims fresh in the fast store) found a record of one of the keys
+  std::uint64_t batch_record_conflicts = 0;
 };
 
 /// Always-on counters of a consumer.
 class ConsumerStats {
  public:
   /// The counters, as in ConsumerStatsSnapshot.
-  std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0},
-      mismatched{0}, dead_lettered{0}, failures{0}, redeliveries{0}, batch_reruns{0};
+  std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0}, mismatched{0},
+      dead_lettered{0}, failures{0}, redeliveries{0}, batch_reruns{0}, batch_record_conflicts{0};
   /// Each counter read once (relaxed).
   ConsumerStatsSnapshot snapshot() const noexcept {
     ConsumerStatsSnapshot s;
@@ -213,6 +216,7 @@ class ConsumerStats {
     s.failures = failures.load(std::memory_order_relaxed);
     s.redeliveries = redeliveries.load(std::memory_order_relaxed);
     s.batch_reruns = batch_reruns.load(std::memory_order_relaxed);
+    s.batch_record_conflicts = batch_record_conflicts.load(std::memory_order_relaxed);
     return s;
   }
 };
@@ -259,9 +263,23 @@ struct has_batch_records<
                std::declval<const OwnerToken&>(), std::string_view{}, std::chrono::seconds{}))>>
     : std::true_type {};
 
+// A durable store with a plain batch insert that fails when a record exists
+// (PostgresStore::insert_new_completed_batch_in).
+template <class D, class = void>
+struct has_new_batch_records : std::false_type {};
+template <class D>
+struct has_new_batch_records<
+    D,
+    std::void_t<decltype(std::declval<D&>().insert_new_completed_batch_in(
+        std::declval<typename D::Transaction&>(), std::declval<const std::vector<ClaimRequest>&>(),
+        std::string_view{}, std::chrono::seconds{}))>> : std::true_type {};
+
 // Thrown inside consume_batch's first transaction to roll it back and run the batch again with
 // a savepoint per message. Never escapes consume_batch.
 struct BatchRerun {};
+// Thrown inside consume_batch's first transaction when the plain record insert found a record:
+// the transaction rolls back and the first run starts again with the tolerant insert.
+struct BatchRecordsExist {};
 
 template <class D, class = void>
 struct has_fail : std::false_type {};
@@ -367,7 +385,10 @@ class IdempotentConsumer {
   ///      `consume`); a guard without a fast store sends them all there.
   ///   2. One durable transaction: the records of the remaining deliveries are written,
   ///      already completed, where none exists, in one call (SqliteStore: one INSERT ... ON
-  ///      CONFLICT DO NOTHING per record; PostgresStore: ONE statement for the whole batch);
+  ///      CONFLICT DO NOTHING per record; PostgresStore: ONE statement for the whole batch,
+  ///      a plain INSERT when every fast-store claim was fresh, and if a record exists after
+  ///      all the transaction runs again with the tolerant one, ConsumerStats::
+  ///      batch_record_conflicts);
   ///      then, in order, `handler(tx, index)` runs for each delivery whose record was
   ///      written, and an existing record decides the others (done, mismatch, busy, or taken
   ///      over when its lease or retention ended). This first run has no savepoints. If a
@@ -428,18 +449,32 @@ class IdempotentConsumer {
     try {
       if (std::find(b.to_durable.begin(), b.to_durable.end(), 1) != b.to_durable.end()) {
         const std::vector<Verdict> before = b.verdicts;
-        bool committed = false;
-        try {
-          durable.with_transaction(
-              [&](typename Durable::Transaction& tx) { first_pass(durable, tx, b, handler); });
-          committed = true;
-        } catch (const detail::BatchRerun&) {
-          // Rolled back: a handler failed (or a record was locked by another transaction).
-        }
-        if (!committed) {
+        auto roll_back = [&] {
           b.verdicts = before;
           std::fill(b.durable_found.begin(), b.durable_found.end(), 0);
           for (auto& d : b.durable_done) d.clear();
+        };
+        // The plain record insert when every claim was fresh in the fast store (no record is
+        // expected); a record found anyway (fast store lost it, a redelivery) costs one rerun.
+        b.new_records = detail::has_new_batch_records<Durable>::value && b.fresh_claims;
+        bool committed = false;
+        for (bool again = true; again;) {
+          again = false;
+          try {
+            durable.with_transaction(
+                [&](typename Durable::Transaction& tx) { first_pass(durable, tx, b, handler); });
+            committed = true;
+          } catch (const detail::BatchRecordsExist&) {
+            roll_back();  // nothing ran yet: the records are written first
+            b.new_records = false;
+            stats_.batch_record_conflicts.fetch_add(1, std::memory_order_relaxed);
+            again = true;
+          } catch (const detail::BatchRerun&) {
+            // Rolled back: a handler failed (or a record was locked by another transaction).
+          }
+        }
+        if (!committed) {
+          roll_back();
           stats_.batch_reruns.fetch_add(1, std::memory_order_relaxed);
           durable.with_transaction(
               [&](typename Durable::Transaction& tx) { careful_pass(durable, tx, b, handler); });
@@ -527,6 +562,8 @@ class IdempotentConsumer {
     std::vector<char> durable_found;          // a committed record was found...
     std::vector<std::string> durable_done;    // ...with this response
     std::vector<std::pair<std::size_t, std::exception_ptr>> failures;  // handlers that threw
+    bool fresh_claims = false;  // the fast store granted every claim, none a takeover
+    bool new_records = false;   // first_pass writes the records with the plain insert
   };
 
   // Step 1 of consume_batch: one claim_batch for the first delivery of each message id. A
@@ -542,10 +579,13 @@ class IdempotentConsumer {
     }
     try {
       std::vector<ClaimResult> answers = fast.claim_batch(requests, guard_->options().lease);
+      b.fresh_claims = true;
       for (std::size_t j = 0; j < index.size(); ++j) {
         const std::size_t i = index[j];
         if (answers[j].status == ClaimStatus::kClaimed) {
           b.fast_claimed[i] = 1;
+          // A takeover or a redelivery may find a record its earlier holder committed.
+          if (answers[j].took_over || b.batch[i].delivery_count > 1) b.fresh_claims = false;
           continue;
         }
         b.to_durable[i] = 0;
@@ -554,6 +594,7 @@ class IdempotentConsumer {
                                                                       : Verdict::kRetryLater;
       }
     } catch (const StorageError&) {
+      b.fresh_claims = false;
     }
   }
 
@@ -575,8 +616,19 @@ class IdempotentConsumer {
     }
     std::vector<bool> written;
     try {
-      written = durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker,
-                                                  retention);
+      if constexpr (detail::has_new_batch_records<Durable>::value) {
+        if (b.new_records) {
+          if (!durable.insert_new_completed_batch_in(tx, requests, detail::kConsumedMarker,
+                                                     retention)) {
+            throw detail::BatchRecordsExist{};  // `tx` is aborted
+          }
+          written.assign(requests.size(), true);
+        }
+      }
+      if (!b.new_records) {
+        written =
+            durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker, retention);
+      }
     } catch (const StorageTimeout&) {
       throw detail::BatchRerun{};  // a key locked by another transaction: decide one by one
     }

@@ -34,6 +34,7 @@ constexpr const char* kRelease = "idem_release";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kResolve = "idem_resolve";
 constexpr const char* kInsertCompletedBatch = "idem_insert_completed_batch";
+constexpr const char* kInsertNewCompletedBatch = "idem_insert_new_completed_batch";
 
 // Columns every record read returns, in this order (see parse_found).
 constexpr const char* kRecordColumns =
@@ -128,9 +129,27 @@ struct PostgresStore::Impl {
 
   explicit Impl(PostgresStoreOptions& o) : options(o) {}
 
-  // Runs statement `name`: prepared on pooled connections, or as a one-off parameterised
-  // statement on a connection the caller owns (claim_in / complete_in), which never gets
-  // idem's prepared statements.
+  // The connection of the run_in_transaction running on this thread, and its store: a
+  // transaction on it has this store's prepared statements (the *_in calls use them then).
+  // What transaction_base::conn() returns (pqxx::connection_base in libpqxx 6).
+  using Connection = std::remove_reference_t<decltype(std::declval<pqxx::work&>().conn())>;
+  struct OpenTransaction {
+    const Impl* store = nullptr;
+    const void* connection = nullptr;
+  };
+  static OpenTransaction& open_transaction() noexcept {
+    thread_local OpenTransaction current;
+    return current;
+  }
+  // Whether `t` runs on one of this store's pooled connections (prepared statements ready).
+  bool pooled(const pqxx::transaction_base& t) const noexcept {
+    const OpenTransaction& o = open_transaction();
+    return o.store == this && o.connection == static_cast<const void*>(&t.conn());
+  }
+
+  // Runs statement `name`: prepared on pooled connections (also inside with_transaction), or
+  // as a one-off parameterised statement on a connection the caller owns (claim_in /
+  // complete_in on the caller's transaction), which never gets idem's prepared statements.
   template <class... Args>
   pqxx::result run(pqxx::transaction_base& t, bool pooled, const char* name, Args&&... args) {
     if (pooled) return detail::exec_prepared(t, name, std::forward<Args>(args)...);
@@ -163,15 +182,19 @@ struct PostgresStore::Impl {
     // $1..$4 are text[] of ids, scopes, fingerprints and owners. Rows go in key order, so two
     // batches waiting on each other's uncommitted keys always wait in the same direction (no
     // deadlock between batch inserts).
-    v.emplace_back(kInsertCompletedBatch,
-                   "INSERT INTO " + t + " (" + k + ", " + s +
-                       ", status, fingerprint, owner, response_body, lease_until, expires_at)"
-                       " SELECT u.k, u.s, 'completed', u.f, u.o, $5, now(),"
-                       " now() + $6::bigint * interval '1 second'"
-                       " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
-                       " AS u(k, s, f, o) ORDER BY u.s, u.k"
-                       " ON CONFLICT (" +
-                       k + ", " + s + ") DO NOTHING RETURNING " + k + ", " + s);
+    const std::string insert_batch =
+        "INSERT INTO " + t + " (" + k + ", " + s +
+        ", status, fingerprint, owner, response_body, lease_until, expires_at)"
+        " SELECT u.k, u.s, 'completed', u.f, u.o, $5, now(),"
+        " now() + $6::bigint * interval '1 second'"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
+        " AS u(k, s, f, o) ORDER BY u.s, u.k";
+    v.emplace_back(kInsertCompletedBatch, insert_batch + " ON CONFLICT (" + k + ", " + s +
+                                              ") DO NOTHING RETURNING " + k + ", " + s);
+    // The same without ON CONFLICT (insert_new_completed_batch_in): a plain insert skips the
+    // speculative-insertion protocol and returns no rows, ~1/3 cheaper per record; an existing
+    // key raises 23505 and aborts the transaction.
+    v.emplace_back(kInsertNewCompletedBatch, insert_batch);
     // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
     // the row after the first commits and updates nothing.
     v.emplace_back(kTakeover,
@@ -440,6 +463,14 @@ void PostgresStore::migrate() {
 
 void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& fn) {
   PooledConnection c = pool_->acquire();
+  // While fn runs, the *_in calls on `tx` know it is one of ours (restored however fn ends).
+  struct Mark {
+    Impl::OpenTransaction saved = Impl::open_transaction();
+    Mark(const Impl* store, const void* connection) {
+      Impl::open_transaction() = {store, connection};
+    }
+    ~Mark() { Impl::open_transaction() = saved; }
+  } mark{impl_.get(), &static_cast<Impl::Connection&>(c.get())};
   try {
     pqxx::work tx(c.get());
     fn(tx);
@@ -572,7 +603,7 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
       // The caller's connection has its own settings: bound this claim's wait (the setting
       // lasts until the caller's transaction ends, as SET LOCAL does).
       detail::exec_params(tx, "SELECT set_config('lock_timeout', $1, true)", impl_->lock_timeout);
-      ClaimResult c = impl_->claim(tx, key, fingerprint, owner, lease, false);
+      ClaimResult c = impl_->claim(tx, key, fingerprint, owner, lease, impl_->pooled(tx));
       tx.exec("RELEASE SAVEPOINT idem_claim");
       return c;
     } catch (const pqxx::sql_error& e) {
@@ -608,49 +639,78 @@ std::string composite(std::string_view id, std::string_view scope) {
 }
 }  // namespace
 
+namespace {
+// The text[] parameters of a batch insert: ids, scopes, fingerprints, owners. Each key once.
+struct BatchArrays {
+  std::string ids = "{", scopes = "{", fingerprints = "{", owners = "{";
+  std::unordered_map<std::string, std::size_t> index;  // composite key -> request
+
+  BatchArrays(const std::vector<ClaimRequest>& requests, const char* call) {
+    index.reserve(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      const ClaimRequest& r = requests[i];
+      if (r.key == nullptr || r.owner == nullptr) {
+        throw UsageError(std::string("idem::postgres: ") + call + " needs a key and an owner");
+      }
+      if (!index.emplace(composite(r.key->id(), r.key->scope()), i).second) {
+        throw UsageError(std::string("idem::postgres: ") + call + " got key '" + r.key->str() +
+                         "' twice");
+      }
+      append_array_element(ids, r.key->id());
+      append_array_element(scopes, r.key->scope());
+      append_array_element(fingerprints, r.fingerprint);
+      append_array_element(owners, r.owner->str());
+    }
+    for (std::string* a : {&ids, &scopes, &fingerprints, &owners}) a->push_back('}');
+  }
+};
+}  // namespace
+
 std::vector<bool> PostgresStore::insert_completed_batch_in(
     pqxx::work& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
     std::chrono::seconds retention) {
   std::vector<bool> out(requests.size(), false);
   if (requests.empty()) return out;
   if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
-  std::string ids = "{", scopes = "{", fingerprints = "{", owners = "{";
-  std::unordered_map<std::string, std::size_t> index;
-  index.reserve(requests.size());
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const ClaimRequest& r = requests[i];
-    if (r.key == nullptr || r.owner == nullptr) {
-      throw UsageError("idem::postgres: insert_completed_batch_in needs a key and an owner");
-    }
-    if (!index.emplace(composite(r.key->id(), r.key->scope()), i).second) {
-      throw UsageError("idem::postgres: insert_completed_batch_in got key '" + r.key->str() +
-                       "' twice");
-    }
-    append_array_element(ids, r.key->id());
-    append_array_element(scopes, r.key->scope());
-    append_array_element(fingerprints, r.fingerprint);
-    append_array_element(owners, r.owner->str());
-  }
-  for (std::string* a : {&ids, &scopes, &fingerprints, &owners}) a->push_back('}');
+  BatchArrays a(requests, "insert_completed_batch_in");
   pqxx::result rows;
   try {
-    rows = impl_->run(tx, false, kInsertCompletedBatch, ids, scopes, fingerprints, owners,
-                      detail::bytea(response), static_cast<long long>(retention.count()));
+    rows = impl_->run(tx, impl_->pooled(tx), kInsertCompletedBatch, a.ids, a.scopes, a.fingerprints,
+                      a.owners, detail::bytea(response), static_cast<long long>(retention.count()));
   } catch (...) {
     detail::rethrow_translated("insert records");
   }
   for (const auto& row : rows) {
-    auto it = index.find(composite(row[0].as<std::string>(), row[1].as<std::string>()));
-    if (it != index.end()) out[it->second] = true;
+    auto it = a.index.find(composite(row[0].as<std::string>(), row[1].as<std::string>()));
+    if (it != a.index.end()) out[it->second] = true;
   }
   return out;
+}
+
+bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
+                                                  const std::vector<ClaimRequest>& requests,
+                                                  std::string_view response,
+                                                  std::chrono::seconds retention) {
+  if (requests.empty()) return true;
+  if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
+  BatchArrays a(requests, "insert_new_completed_batch_in");
+  try {
+    impl_->run(tx, impl_->pooled(tx), kInsertNewCompletedBatch, a.ids, a.scopes, a.fingerprints,
+               a.owners, detail::bytea(response), static_cast<long long>(retention.count()));
+    return true;
+  } catch (const pqxx::sql_error& e) {
+    if (e.sqlstate() == "23505") return false;  // a record exists: `tx` is aborted
+    detail::rethrow_translated("insert records");
+  } catch (...) {
+    detail::rethrow_translated("insert records");
+  }
 }
 
 void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
                                 std::string_view response, std::chrono::seconds retention) {
   pqxx::result done;
   try {
-    done = impl_->run(tx, false, kComplete, key.id(), key.scope(), owner.str(),
+    done = impl_->run(tx, impl_->pooled(tx), kComplete, key.id(), key.scope(), owner.str(),
                       detail::bytea(response), static_cast<long long>(retention.count()));
   } catch (...) {
     detail::rethrow_translated("complete");

@@ -311,6 +311,18 @@ class PostgresStore {
                                               std::string_view response,
                                               std::chrono::seconds retention);
 
+  /// Inside the caller's open transaction: writes every request's record already completed
+  /// with `response`, in ONE plain INSERT (no ON CONFLICT). For batches where no record is
+  /// expected (their fast-store claims were fresh): ~1/3 cheaper per record than
+  /// insert_completed_batch_in, which it otherwise matches (key order, lock waits).
+  /// @return true when every record was written; false when a record of one of the keys
+  ///         exists: the transaction is then ABORTED (roll it back; run the batch again with
+  ///         insert_completed_batch_in).
+  /// @throws idem::StorageTimeout when a lock wait timed out (the transaction is aborted),
+  ///         other idem::StorageError subclasses.
+  bool insert_new_completed_batch_in(pqxx::work& tx, const std::vector<ClaimRequest>& requests,
+                                     std::string_view response, std::chrono::seconds retention);
+
   /// Runs `fn(pqxx::work&)` in a transaction on a pooled connection and commits (business
   /// setup, tests). libpqxx errors are translated to idem errors; fn's own exceptions propagate.
   template <class Fn>

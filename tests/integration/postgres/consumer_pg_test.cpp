@@ -249,6 +249,100 @@ TEST_P(ConsumerPg, BatchAppliesEachIdOnceInsideAndAcrossBatches) {
             consumer.consume(idem::Delivery{d, idem::fingerprint("another body")},
                              [&](pqxx::work& tx) { pg::insert_effect(tx, d); }));
   EXPECT_EQ(0u, consumer.stats().snapshot().batch_reruns);
+  EXPECT_EQ(0u, consumer.stats().snapshot().batch_record_conflicts);
+}
+
+// Records the fast store no longer knows (lost, evicted, another prefix): with Redis in front
+// every claim of the batch is fresh, so the plain record insert runs, meets the committed
+// record, and the batch runs once more with the tolerant insert. Without a fast store the
+// tolerant insert runs first. Either way: one effect per id, the handler never ran twice.
+TEST_P(ConsumerPg, BatchMeetingRecordsTheFastStoreLostRunsTheInsertAgainTolerantly) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  const std::string u = idem::test::unique_name("lost");
+  const std::string x = u + "-x", y = u + "-y", z = u + "-z";
+  std::map<std::string, int> calls;
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), pg_batch(consumer, {x}, "", &calls));
+
+  std::unique_ptr<idem::redis::RedisStore> forgetful;
+  std::unique_ptr<idem::IdempotencyGuard<PostgresStore>> guard;
+  idem::GuardOptions go;
+  go.durable_source = idem::DuplicateSource::kMqRecord;
+  if (fast_) {
+    idem::redis::RedisStoreOptions ro = fast_->options();
+    ro.key_prefix = idem::test::unique_name("consumer_pg_lost") + ":";
+    forgetful = std::make_unique<idem::redis::RedisStore>(ro);
+    guard = std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*forgetful, *durable_, go);
+  } else {
+    guard = std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*durable_, go);
+  }
+  idem::IdempotentConsumer<PostgresStore> again{*guard, group_, options(&dead)};
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAckDuplicate, Verdict::kAck}),
+            pg_batch(again, {y, x, z}, "", &calls));
+  const auto stats = again.stats().snapshot();
+  EXPECT_EQ(fast_ ? 1u : 0u, stats.batch_record_conflicts);
+  EXPECT_EQ(0u, stats.batch_reruns);
+  for (const auto& id : {x, y, z}) {
+    EXPECT_EQ(1, calls[id]) << id;
+    EXPECT_EQ(1, effects_of(id)) << id;
+  }
+  if (forgetful) {
+    // The batch refilled the fast store: x is answered there now.
+    auto c = forgetful->claim(idem::Key::make(group_, x), idem::fingerprint("body of " + x),
+                              idem::OwnerToken::generate(), std::chrono::seconds(10));
+    EXPECT_EQ(idem::ClaimStatus::kDone, c.status);
+  }
+}
+
+// insert_new_completed_batch_in: all written, or false with the transaction aborted; inside
+// with_transaction it runs idem's prepared statement, on the caller's own connection a one-off
+// statement (idem prepares nothing there).
+TEST(PostgresBatchRecords, PlainInsertWritesAllOrReportsAnExistingRecord) {
+  IDEM_REQUIRE_POSTGRES();
+  PostgresStore store{mq_options()};
+  const std::string group = idem::test::unique_name("plain_insert");
+  auto k1 = idem::Key::make(group, "m1"), k2 = idem::Key::make(group, "m2"),
+       k3 = idem::Key::make(group, "m3");
+  auto o1 = idem::OwnerToken::generate(), o2 = idem::OwnerToken::generate(),
+       o3 = idem::OwnerToken::generate();
+  const std::vector<idem::ClaimRequest> first{{&k1, "fp1", &o1}, {&k2, "fp2", &o2}};
+  const std::string prepared_count =
+      "SELECT count(*) FROM pg_prepared_statements WHERE name = 'idem_insert_new_completed_batch'";
+  store.with_transaction([&](pqxx::work& tx) {
+    EXPECT_TRUE(store.insert_new_completed_batch_in(tx, first, "done", std::chrono::hours(1)));
+    EXPECT_EQ(1, tx.exec(prepared_count)[0][0].as<long>());
+  });
+  for (const auto* k : {&k1, &k2}) {
+    auto rec = store.lookup(*k);
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+    EXPECT_EQ("done", rec->response);
+  }
+  // m2 exists: nothing of this call is written, the transaction is aborted.
+  const std::vector<idem::ClaimRequest> second{{&k3, "fp3", &o3}, {&k2, "fp2", &o2}};
+  bool written = true;
+  EXPECT_THROW(store.with_transaction([&](pqxx::work& tx) {
+    written = store.insert_new_completed_batch_in(tx, second, "done", std::chrono::hours(1));
+    tx.exec("SELECT 1");  // aborted transaction
+  }),
+               std::exception);
+  EXPECT_FALSE(written);
+  EXPECT_FALSE(store.lookup(k3).has_value());
+  // On the caller's own connection: same answers, no prepared statement left behind.
+  pqxx::connection own(pg::dsn());
+  {
+    pqxx::work tx(own);
+    EXPECT_TRUE(store.insert_new_completed_batch_in(tx, {idem::ClaimRequest{&k3, "fp3", &o3}},
+                                                    "done", std::chrono::hours(1)));
+    EXPECT_EQ(0, tx.exec(prepared_count)[0][0].as<long>());
+    tx.commit();
+  }
+  EXPECT_TRUE(store.lookup(k3).has_value());
+  const std::vector<idem::ClaimRequest> twice{{&k1, "fp1", &o1}, {&k1, "fp1", &o1}};
+  store.with_transaction([&](pqxx::work& tx) {
+    EXPECT_THROW(store.insert_new_completed_batch_in(tx, twice, "done", std::chrono::hours(1)),
+                 idem::UsageError);
+  });
 }
 
 TEST_P(ConsumerPg, BatchWithAFailingHandlerRerunsWithSavepoints) {
