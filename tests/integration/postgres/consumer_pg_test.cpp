@@ -338,6 +338,22 @@ TEST(PostgresBatchRecords, PlainInsertWritesAllOrReportsAnExistingRecord) {
     tx.commit();
   }
   EXPECT_TRUE(store.lookup(k3).has_value());
+  // Another store (another table) on a transaction of this store's pool writes its own table:
+  // this store's prepared statements are not used for it.
+  auto other_options = mq_options();
+  other_options.table = "mq_consume_record_other";
+  PostgresStore other{other_options};
+  auto k4 = idem::Key::make(group, "m4");
+  store.with_transaction([&](pqxx::work& tx) {
+    EXPECT_TRUE(other.insert_new_completed_batch_in(tx, {idem::ClaimRequest{&k4, "fp4", &o3}},
+                                                    "done", std::chrono::hours(1)));
+    std::vector<bool> again = other.insert_completed_batch_in(
+        tx, {idem::ClaimRequest{&k1, "fp1", &o1}}, "done", std::chrono::hours(1));
+    EXPECT_EQ(std::vector<bool>{true}, again);  // k1 exists in this store's table only
+  });
+  EXPECT_TRUE(other.lookup(k4).has_value());
+  EXPECT_TRUE(other.lookup(k1).has_value());
+  EXPECT_FALSE(store.lookup(k4).has_value());
   const std::vector<idem::ClaimRequest> twice{{&k1, "fp1", &o1}, {&k1, "fp1", &o1}};
   store.with_transaction([&](pqxx::work& tx) {
     EXPECT_THROW(store.insert_new_completed_batch_in(tx, twice, "done", std::chrono::hours(1)),
