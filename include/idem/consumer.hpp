@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -406,7 +407,10 @@ class IdempotentConsumer {
   ///      attempt counting run last, in their own transactions.
   ///
   /// The durable store decides every effect, so a lost or failed fast store never doubles
-  /// one. (The guard's counters and observer do not see batch calls; the consumer's do.)
+  /// one. Every delivery the protocol decided is counted in the guard's stats and told to its
+  /// observer as guard.run() would count and tell it (IdempotencyGuard::report: outcome,
+  /// source, fast claim; phase timings are the batch's, the handler time the delivery's own),
+  /// so fast-store hit rate and unique-conflict metrics include batches.
   ///
   /// Requires a durable store with `with_transaction`, `insert_completed_batch_in`, `claim_in`
   /// and `complete_in` (idem::sqlite::SqliteStore, idem::postgres::PostgresStore).
@@ -441,8 +445,19 @@ class IdempotentConsumer {
       b.first[i] = seen.insert(b.keys[i]->id()).second ? 1 : 0;
     }
 
+    b.timed = guard_->observed();
+    if (b.timed) {
+      b.start = std::chrono::steady_clock::now();
+      b.handler_time.assign(n, std::chrono::nanoseconds{0});
+    }
+
     // 1. Fast store: one claim_batch for the first delivery of each message id.
-    if (fast != nullptr) claim_fast(*fast, b);
+    if (fast != nullptr) {
+      claim_fast(*fast, b);
+      if (b.timed) b.fast_claim = std::chrono::steady_clock::now() - b.start;
+    }
+    const auto durable_start =
+        b.timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
 
     // 2. One durable transaction for the rest: first without savepoints; if a handler fails,
     //    that transaction rolls back and the batch runs again with a savepoint per message.
@@ -453,6 +468,12 @@ class IdempotentConsumer {
           b.verdicts = before;
           std::fill(b.durable_found.begin(), b.durable_found.end(), 0);
           for (auto& d : b.durable_done) d.clear();
+          std::fill(b.took_over.begin(), b.took_over.end(), 0);
+          for (std::size_t i = 0; i < n; ++i) {
+            if (b.source[i] != Source::kDurableStore) continue;
+            b.source[i] = Source::kHandler;
+            b.answer[i] = ClaimResult{};
+          }
         };
         // The plain record insert when every claim was fresh in the fast store (no record is
         // expected); a record found anyway (fast store lost it, a redelivery) costs one rerun.
@@ -489,11 +510,14 @@ class IdempotentConsumer {
       throw;
     }
 
+    if (b.timed) b.transaction = std::chrono::steady_clock::now() - durable_start;
+
     // 3. Fast store: one complete_batch; release the claims that did not commit.
     if (fast != nullptr) finish_fast(*fast, b);
 
     std::vector<char> failed_at(n, 0);
     for (const auto& f : b.failures) failed_at[f.first] = 1;
+    report_calls(b, failed_at);
     for (std::size_t i = 0; i < n; ++i) {
       if (failed_at[i] != 0) continue;
       if (b.verdicts[i] == Verdict::kAck && batch[i].delivery_count > 1) {
@@ -548,7 +572,10 @@ class IdempotentConsumer {
           first(n, 0),
           fast_claimed(n, 0),
           durable_found(n, 0),
-          durable_done(n) {
+          durable_done(n),
+          source(n, Source::kHandler),
+          answer(n),
+          took_over(n, 0) {
       keys.reserve(n);
       owners.reserve(n);
     }
@@ -564,6 +591,16 @@ class IdempotentConsumer {
     std::vector<std::pair<std::size_t, std::exception_ptr>> failures;  // handlers that threw
     bool fresh_claims = false;  // the fast store granted every claim, none a takeover
     bool new_records = false;   // first_pass writes the records with the plain insert
+    // For the guard's counters and observer (report_calls).
+    std::vector<Source> source;       // who decided a duplicate (kHandler: not a duplicate)
+    std::vector<ClaimResult> answer;  // a duplicate's first_seen and holder
+    std::vector<char> took_over;      // the durable store took an expired lease over
+    bool degraded = false;            // the fast store failed for this batch
+    // Phase timings, only when an observer listens.
+    bool timed = false;
+    std::chrono::steady_clock::time_point start;
+    std::chrono::nanoseconds fast_claim{0}, transaction{0};
+    std::vector<std::chrono::nanoseconds> handler_time;
   };
 
   // Step 1 of consume_batch: one claim_batch for the first delivery of each message id. A
@@ -592,9 +629,15 @@ class IdempotentConsumer {
         b.verdicts[i] = answers[j].status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
                         : answers[j].status == ClaimStatus::kMismatch ? Verdict::kMismatch
                                                                       : Verdict::kRetryLater;
+        b.source[i] = Source::kFastStore;
+        b.answer[i].first_seen = answers[j].first_seen;
+        b.answer[i].holder = std::move(answers[j].holder);
       }
-    } catch (const StorageError&) {
+      guard_->report_fast_ok();
+    } catch (const StorageError& e) {
       b.fresh_claims = false;
+      b.degraded = true;
+      if (!requests.empty()) guard_->report_fast_failure(*requests.front().key, e, requests.size());
     }
   }
 
@@ -643,9 +686,10 @@ class IdempotentConsumer {
           settle(b, i, c);
           continue;
         }
+        b.took_over[i] = c.took_over ? 1 : 0;
       }
       try {
-        handler(tx, i);
+        run_handler(b, handler, tx, i);
       } catch (...) {
         if (retryable(std::current_exception())) throw;
         throw detail::BatchRerun{};
@@ -672,8 +716,9 @@ class IdempotentConsumer {
         settle(b, i, c);
         continue;
       }
+      b.took_over[i] = c.took_over ? 1 : 0;
       try {
-        handler(tx, i);
+        run_handler(b, handler, tx, i);
       } catch (...) {
         if (retryable(std::current_exception())) throw;  // rolls the whole batch back
         tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
@@ -687,12 +732,84 @@ class IdempotentConsumer {
     }
   }
 
+  // handler(tx, i), timed when an observer listens.
+  template <class Fn, class Tx>
+  static void run_handler(BatchState& b, Fn& handler, Tx& tx, std::size_t i) {
+    if (!b.timed) {
+      handler(tx, i);
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      handler(tx, i);
+    } catch (...) {
+      b.handler_time[i] = std::chrono::steady_clock::now() - t0;
+      throw;
+    }
+    b.handler_time[i] = std::chrono::steady_clock::now() - t0;
+  }
+
+  // After step 3 of consume_batch: each delivery the guard's protocol decided is counted in
+  // the guard's stats and told to its observer, as guard.run() would have (Mode
+  // kTransactional). A failed handler counts as a handler error; invalid ids count nothing.
+  void report_calls(const BatchState& b, const std::vector<char>& failed_at) {
+    const auto end =
+        b.timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    std::chrono::nanoseconds handlers{0};
+    if (b.timed) {
+      for (const auto& h : b.handler_time) handlers += h;
+    }
+    const auto durable =
+        b.transaction > handlers ? b.transaction - handlers : std::chrono::nanoseconds{0};
+    for (std::size_t i = 0; i < b.batch.size(); ++i) {
+      if (!b.keys[i]) continue;
+      const Key& key = *b.keys[i];
+      Outcome outcome = Outcome::kExecuted;
+      switch (b.verdicts[i]) {
+        case Verdict::kAck:
+          outcome = Outcome::kExecuted;
+          break;
+        case Verdict::kAckDuplicate:
+          outcome = Outcome::kReplayed;
+          break;
+        case Verdict::kMismatch:
+          outcome = Outcome::kFingerprintMismatch;
+          break;
+        case Verdict::kRetryLater:
+          outcome = Outcome::kInProgress;
+          break;
+        default:
+          continue;
+      }
+      if (b.took_over[i] != 0 && failed_at[i] == 0) guard_->report_takeover(key, "durable");
+      typename IdempotencyGuard<Durable>::ReportedCall c{key, outcome, b.source[i]};
+      c.fast_claimed = b.fast_claimed[i] != 0;
+      c.degraded = b.degraded;
+      c.first_seen = b.answer[i].first_seen;
+      c.holder = b.answer[i].holder;
+      if (b.timed) {
+        c.fast_claim = b.fast_claim;
+        if (b.source[i] != Source::kFastStore) c.durable = durable;
+        c.handler = b.handler_time[i];
+        c.total = end - b.start;
+      }
+      if (failed_at[i] != 0) {
+        guard_->report_handler_error(c);
+      } else {
+        guard_->report(c);
+      }
+    }
+  }
+
   // The verdict of a delivery whose record existed (done, mismatch or busy).
   static void settle(BatchState& b, std::size_t i, ClaimResult& c) {
     if (c.status == ClaimStatus::kDone) {
       b.durable_found[i] = 1;
       b.durable_done[i] = std::move(c.response);
     }
+    b.source[i] = Source::kDurableStore;
+    b.answer[i].first_seen = c.first_seen;
+    b.answer[i].holder = std::move(c.holder);
     b.verdicts[i] = c.status == ClaimStatus::kDone       ? Verdict::kAckDuplicate
                     : c.status == ClaimStatus::kMismatch ? Verdict::kMismatch
                                                          : Verdict::kRetryLater;
@@ -748,7 +865,7 @@ class IdempotentConsumer {
   }
 
   // Step 3 of consume_batch.
-  void finish_fast(FastStore& fast, const BatchState& b) {
+  void finish_fast(FastStore& fast, BatchState& b) {
     const auto retention = guard_->options().retention;
     std::vector<CompleteRequest> requests;
     std::vector<std::size_t> index;
@@ -773,9 +890,12 @@ class IdempotentConsumer {
         // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
         fast.fill(*requests[j].key, b.batch[index[j]].fingerprint, requests[j].response,
                   retention);
+        guard_->report_fast_refill();
       }
-    } catch (const StorageError&) {
+    } catch (const StorageError& e) {
       // The durable store replays from now on; a later duplicate refills the fast store.
+      b.degraded = true;
+      guard_->report_fast_failure(*requests.front().key, e, requests.size());
     }
   }
 

@@ -286,6 +286,85 @@ class IdempotencyGuard {
     return run(Key::make(scope, id), fingerprint, std::forward<Fn>(handler));
   }
 
+  /// One call whose steps a caller ran itself, for a whole batch at once
+  /// (IdempotentConsumer::consume_batch). See report().
+  struct ReportedCall {
+    ReportedCall(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
+    const Key& key;
+    Outcome outcome;            ///< any but a handler error (report_handler_error)
+    Source source;              ///< kHandler when executed, else who recognised the duplicate
+    bool fast_claimed = false;  ///< the fast store granted this call's claim
+    bool degraded = false;      ///< the fast store failed for this call
+    TimePoint first_seen{};     ///< duplicates: when the record's first attempt began
+    std::string_view holder;    ///< duplicates: the record's owner token (may be empty)
+    std::chrono::nanoseconds fast_claim{0};  ///< the batch's fast-store claim
+    std::chrono::nanoseconds durable{0};     ///< the batch's durable transaction, handlers excluded
+    std::chrono::nanoseconds handler{0};     ///< this call's handler
+    std::chrono::nanoseconds total{0};       ///< from the batch's start to this call's answer
+  };
+
+  /// Counts `c` in GuardStats and tells the observer (on_duplicate, on_call with mode
+  /// kTransactional) exactly as run() would for the same outcome and source, so fast-store hit
+  /// rate, unique conflicts and call counts include calls decided in batches.
+  void report(const ReportedCall& c) noexcept {
+    count_reported(c);
+    if (c.source == Source::kFastStore) stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
+    if (c.source == Source::kDurableStore) {
+      stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+    }
+    switch (c.outcome) {
+      case Outcome::kExecuted:
+        stats_.executed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kReplayed:
+        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kInProgress:
+        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kFingerprintMismatch:
+        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+    Observer* o = options_.observer.get();
+    if (o == nullptr) return;
+    if (c.outcome != Outcome::kExecuted) {
+      o->on_duplicate(DuplicateEvent{
+          c.key, c.outcome,
+          c.source == Source::kFastStore ? DuplicateSource::kFastStore : options_.durable_source,
+          c.first_seen, c.holder});
+    }
+    CallEvent e{c.key,     c.outcome,  Mode::kTransactional,
+                c.source,  c.degraded, c.fast_claim,
+                c.durable, c.handler,  c.total};
+    e.fast_claimed = c.fast_claimed;
+    o->on_call(e);
+  }
+  /// The handler of a batch call threw (its writes rolled back): counted as run() counts a
+  /// call whose handler threw (on_handler_error, no on_call). `c.outcome` is not used.
+  void report_handler_error(const ReportedCall& c) noexcept {
+    count_reported(c);
+    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_handler_error(c.key);
+  }
+  /// A batch caller's durable store took over an expired lease.
+  void report_takeover(const Key& key, std::string_view store) noexcept {
+    note_takeover(key, store);
+  }
+  /// The fast store failed for a batch of `calls` calls (`key`: one of its keys): a burst of
+  /// failures begins (on_fast_store_down once). Count the calls with ReportedCall::degraded.
+  void report_fast_failure(const Key& key, const Error& e, std::uint64_t calls) noexcept {
+    fast_burst(key, e, calls);
+  }
+  /// The fast store answered a batch: closes a burst of failures (on_fast_store_recovered).
+  void report_fast_ok() noexcept { fast_ok(); }
+  /// A fast-store record was rewritten from the durable store for a batch call.
+  void report_fast_refill() noexcept {
+    stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Whether an observer listens (batch callers time their phases only then).
+  bool observed() const noexcept { return options_.observer != nullptr; }
+
   /// The guard's counters (always on).
   const GuardStats& stats() const noexcept { return stats_; }
   /// The options in force.
@@ -602,6 +681,13 @@ class IdempotencyGuard {
     if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
   }
 
+  // What every reported call counts, as run() counts it before it knows the outcome.
+  void count_reported(const ReportedCall& c) noexcept {
+    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    if (c.fast_claimed) stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
+    if (c.degraded) stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+  }
+
   void step(Step s, const Key& key) {
     if (options_.step_hook) options_.step_hook(s, key);
   }
@@ -619,7 +705,10 @@ class IdempotencyGuard {
   // Degraded-mode bookkeeping: count every failing call, report once per burst.
   void fast_failed(const Key& key, const Error& e) noexcept {
     stats_.degraded.fetch_add(1, std::memory_order_relaxed);
-    burst_failures_.fetch_add(1, std::memory_order_relaxed);
+    fast_burst(key, e);
+  }
+  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
+    burst_failures_.fetch_add(calls, std::memory_order_relaxed);
     if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
       if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
     }

@@ -482,6 +482,207 @@ TEST_F(ConsumerTest, BatchWithTheFastStoreDownStillAppliesOnce) {
   }
 }
 
+// --- batch calls in the guard's counters and observer ---------------------------------------
+
+// What the guard told its observer.
+struct Recorder final : idem::Observer {
+  struct Call {
+    idem::Outcome outcome;
+    idem::Source source;
+    idem::Mode mode;
+    bool fast_claimed;
+    bool degraded;
+    std::chrono::nanoseconds handler, total;
+  };
+  std::vector<Call> calls;
+  std::vector<idem::DuplicateSource> duplicates;
+  int handler_errors = 0, downs = 0;
+  std::vector<std::uint64_t> recovered;
+  void on_call(const idem::CallEvent& e) noexcept override {
+    calls.push_back(
+        Call{e.outcome, e.source, e.mode, e.fast_claimed, e.degraded, e.handler, e.total});
+  }
+  void on_duplicate(const idem::DuplicateEvent& e) noexcept override {
+    duplicates.push_back(e.source);
+  }
+  void on_handler_error(const idem::Key&) noexcept override { ++handler_errors; }
+  void on_fast_store_down(const idem::Key&, const idem::Error&) noexcept override { ++downs; }
+  void on_fast_store_recovered(std::uint64_t n) noexcept override { recovered.push_back(n); }
+};
+
+// A consumer over its own SQLite file and fast store, its guard observed by a Recorder.
+struct Observed {
+  explicit Observed(const std::string& path)
+      : fast{inner},
+        durable(path, idem::sqlite::SqliteStoreOptions::mq_consume_record()),
+        guard(fast, durable, options()),
+        consumer(guard, "billing", ledger()) {
+    durable.database().write([](Transaction& tx) {
+      tx.exec("CREATE TABLE IF NOT EXISTS effect (message_id TEXT NOT NULL)");
+    });
+  }
+  idem::GuardOptions options() {
+    auto o = mq_guard_options();
+    o.observer = recorder;
+    return o;
+  }
+  idem::ConsumerOptions ledger() {
+    idem::ConsumerOptions o;
+    o.attempts = std::make_shared<idem::sqlite::SqliteAttemptLedger>(durable.shared_database());
+    return o;
+  }
+  // One delivery through consume(), or through consume_batch() as a batch of one.
+  Verdict deliver(bool batched, const std::string& id, const std::string& body) {
+    const std::string fp = idem::fingerprint(body);
+    auto effect = [&](Transaction& tx) {
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", id);
+      if (id == "bad") throw std::runtime_error("poison");
+    };
+    if (!batched) return consumer.consume(Delivery{id, fp, body}, effect);
+    return consumer.consume_batch(std::vector<Delivery>{Delivery{id, fp, body}},
+                                  [&](Transaction& tx, std::size_t) { effect(tx); })[0];
+  }
+  std::vector<Verdict> batch(const std::vector<std::string>& ids) {
+    std::vector<std::string> fps;
+    for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
+    std::vector<Delivery> deliveries;
+    for (std::size_t i = 0; i < ids.size(); ++i) deliveries.push_back(Delivery{ids[i], fps[i]});
+    return consumer.consume_batch(deliveries, [&](Transaction& tx, std::size_t i) {
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
+      if (ids[i] == "bad") throw std::runtime_error("poison");
+    });
+  }
+
+  std::shared_ptr<Recorder> recorder = std::make_shared<Recorder>();
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast;
+  SqliteStore durable;
+  idem::IdempotencyGuard<SqliteStore> guard;
+  idem::IdempotentConsumer<SqliteStore> consumer;
+};
+
+// The same deliveries, one by one through consume() on one consumer and as batches of one on
+// another, leave the same guard counters and the same observer events: executed, fast-store
+// replay and mismatch, a replay from the record table after the fast store was flushed, a
+// failing handler, a message in progress elsewhere.
+TEST_F(ConsumerTest, BatchCallsCountInTheGuardAsSingleCallsDo) {
+  idem::test::TempDir other;
+  Observed single{db()}, batched{other.file("mq.sqlite")};
+  for (Observed* o : {&single, &batched}) {
+    const bool b = o == &batched;
+    SCOPED_TRACE(b ? "consume_batch" : "consume");
+    EXPECT_EQ(Verdict::kAck, o->deliver(b, "m1", "b1"));
+    EXPECT_EQ(Verdict::kAckDuplicate, o->deliver(b, "m1", "b1"));
+    EXPECT_EQ(Verdict::kMismatch, o->deliver(b, "m1", "another body"));
+    o->inner.clear();
+    EXPECT_EQ(Verdict::kAckDuplicate, o->deliver(b, "m1", "b1"));
+    EXPECT_EQ(Verdict::kRetryLater, o->deliver(b, "bad", "b2"));
+    ASSERT_EQ(idem::ClaimStatus::kClaimed,
+              o->inner
+                  .claim(idem::Key::make("billing", "busy"), idem::fingerprint("b3"),
+                         idem::OwnerToken::generate(), std::chrono::seconds(30))
+                  .status);
+    EXPECT_EQ(Verdict::kRetryLater, o->deliver(b, "busy", "b3"));
+    EXPECT_EQ(Verdict::kAck, o->deliver(b, "m2", "b4"));
+  }
+  const auto a = single.guard.stats().snapshot(), b = batched.guard.stats().snapshot();
+  EXPECT_EQ(7u, b.calls);
+  EXPECT_EQ(2u, b.executed);
+  EXPECT_EQ(2u, b.replayed);
+  EXPECT_EQ(1u, b.mismatched);
+  EXPECT_EQ(1u, b.in_progress);
+  EXPECT_EQ(1u, b.handler_errors);
+  EXPECT_EQ(3u, b.fast_hits);          // replay, mismatch, busy
+  EXPECT_EQ(1u, b.durable_conflicts);  // the replay after the flush
+  EXPECT_EQ(4u, b.fast_claims);        // m1, m1 after the flush, bad, m2
+  for (auto [x, y] : {std::pair{a.calls, b.calls},
+                      {a.executed, b.executed},
+                      {a.replayed, b.replayed},
+                      {a.in_progress, b.in_progress},
+                      {a.mismatched, b.mismatched},
+                      {a.handler_errors, b.handler_errors},
+                      {a.fast_hits, b.fast_hits},
+                      {a.fast_claims, b.fast_claims},
+                      {a.durable_conflicts, b.durable_conflicts},
+                      {a.degraded, b.degraded},
+                      {a.takeovers, b.takeovers},
+                      {a.leases_lost, b.leases_lost},
+                      {a.fast_refills, b.fast_refills}}) {
+    EXPECT_EQ(x, y);
+  }
+  EXPECT_DOUBLE_EQ(a.fast_hit_rate(), b.fast_hit_rate());
+  const Recorder &ra = *single.recorder, &rb = *batched.recorder;
+  ASSERT_EQ(ra.calls.size(), rb.calls.size());
+  for (std::size_t i = 0; i < ra.calls.size(); ++i) {
+    EXPECT_EQ(ra.calls[i].outcome, rb.calls[i].outcome) << i;
+    EXPECT_EQ(ra.calls[i].source, rb.calls[i].source) << i;
+    EXPECT_EQ(ra.calls[i].fast_claimed, rb.calls[i].fast_claimed) << i;
+    EXPECT_EQ(idem::Mode::kTransactional, rb.calls[i].mode) << i;
+  }
+  EXPECT_EQ(ra.duplicates, rb.duplicates);
+  EXPECT_EQ(1, rb.handler_errors);
+  EXPECT_EQ(ra.handler_errors, rb.handler_errors);
+}
+
+// In a real batch: a repeat of an id inside the batch is a unique conflict (the record its
+// first delivery wrote answered it), handler time is the delivery's own, total covers it.
+TEST_F(ConsumerTest, BatchCallsReachTheObserverWithTheirSourcesAndTimings) {
+  Observed o{db()};
+  ASSERT_EQ(Verdict::kAck, o.deliver(false, "done", "body of done"));
+  o.recorder->calls.clear();
+  o.recorder->duplicates.clear();
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck, Verdict::kAckDuplicate,
+                                  Verdict::kAckDuplicate, Verdict::kRetryLater}),
+            o.batch({"x", "y", "x", "done", "bad"}));
+  const Recorder& r = *o.recorder;
+  ASSERT_EQ(4u, r.calls.size());  // the failing handler is an error, not a call
+  EXPECT_EQ(1, r.handler_errors);
+  EXPECT_EQ(idem::Outcome::kExecuted, r.calls[0].outcome);
+  EXPECT_EQ(idem::Source::kHandler, r.calls[0].source);
+  EXPECT_EQ(idem::Outcome::kExecuted, r.calls[1].outcome);
+  EXPECT_EQ(idem::Outcome::kReplayed, r.calls[2].outcome);
+  EXPECT_EQ(idem::Source::kDurableStore, r.calls[2].source);
+  EXPECT_FALSE(r.calls[2].fast_claimed);
+  EXPECT_EQ(idem::Outcome::kReplayed, r.calls[3].outcome);
+  EXPECT_EQ(idem::Source::kFastStore, r.calls[3].source);
+  EXPECT_EQ((std::vector<idem::DuplicateSource>{idem::DuplicateSource::kMqRecord,
+                                                idem::DuplicateSource::kFastStore}),
+            r.duplicates);
+  for (int i : {0, 1}) {
+    EXPECT_TRUE(r.calls[i].fast_claimed);
+    EXPECT_GT(r.calls[i].handler.count(), 0);
+    EXPECT_GE(r.calls[i].total, r.calls[i].handler);
+  }
+  EXPECT_EQ(0, r.calls[3].handler.count());
+  const auto s = o.guard.stats().snapshot();
+  EXPECT_EQ(6u, s.calls);  // "done" before, then five deliveries
+  EXPECT_EQ(1u, s.fast_hits);
+  EXPECT_EQ(1u, s.durable_conflicts);
+  EXPECT_EQ(1u, s.handler_errors);
+}
+
+// A fast store failing for a whole batch: every call counts as degraded, the observer hears
+// of the outage once, and of the recovery (with the failed calls) at the next batch.
+TEST_F(ConsumerTest, BatchWithTheFastStoreDownIsDegradedInTheGuardCounters) {
+  Observed o{db()};
+  o.fast.failing = true;
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAck}), o.batch({"a", "b"}));
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), o.batch({"a"}));
+  auto s = o.guard.stats().snapshot();
+  EXPECT_EQ(3u, s.degraded);
+  EXPECT_EQ(1u, s.durable_conflicts);
+  EXPECT_EQ(0u, s.fast_claims);
+  EXPECT_EQ(1, o.recorder->downs);
+  ASSERT_EQ(3u, o.recorder->calls.size());
+  for (const auto& c : o.recorder->calls) EXPECT_TRUE(c.degraded);
+  o.fast.failing = false;
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), o.batch({"c"}));
+  EXPECT_EQ((std::vector<std::uint64_t>{3}), o.recorder->recovered);
+  s = o.guard.stats().snapshot();
+  EXPECT_EQ(3u, s.degraded);
+  EXPECT_EQ(1u, s.fast_claims);
+}
+
 // The first durable run of a batch has no savepoints; a failing handler makes the batch run
 // again with one per message. Effects stay once; handlers of a rerun batch ran twice.
 TEST_F(ConsumerTest, BatchRerunsWithSavepointsOnlyWhenAHandlerFails) {

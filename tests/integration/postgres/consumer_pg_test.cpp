@@ -282,6 +282,13 @@ TEST_P(ConsumerPg, BatchMeetingRecordsTheFastStoreLostRunsTheInsertAgainTolerant
   const auto stats = again.stats().snapshot();
   EXPECT_EQ(fast_ ? 1u : 0u, stats.batch_record_conflicts);
   EXPECT_EQ(0u, stats.batch_reruns);
+  // The guard counts the batch's calls: x was caught by the record table.
+  const auto g = guard->stats().snapshot();
+  EXPECT_EQ(3u, g.calls);
+  EXPECT_EQ(2u, g.executed);
+  EXPECT_EQ(1u, g.replayed);
+  EXPECT_EQ(1u, g.durable_conflicts);
+  EXPECT_EQ(fast_ ? 3u : 0u, g.fast_claims);
   for (const auto& id : {x, y, z}) {
     EXPECT_EQ(1, calls[id]) << id;
     EXPECT_EQ(1, effects_of(id)) << id;
