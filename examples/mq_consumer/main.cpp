@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // A complete idempotent consumer loop on Redis Streams consumer groups. Copy it.
 //
-//   XREADGROUP a batch -> consumer.consume(...) per message -> XACK the batch (except
-//   retry_later); XAUTOCLAIM entries idle longer than --claim-idle-ms (a consumer died, or a
-//   message failed and waits for its next attempt); poison messages go to a dead-letter stream,
-//   mismatched ones to a parking stream.
+//   XREADGROUP a batch -> consumer.consume(...) per message (or, with --consume-batch,
+//   consumer.consume_batch(...) for the whole batch: one pipelined fast-store claim, one
+//   SQLite transaction, one pipelined complete) -> XACK the batch (except retry_later);
+//   XAUTOCLAIM entries idle longer than --claim-idle-ms (a consumer died, or a message failed
+//   and waits for its next attempt); poison messages go to a dead-letter stream, mismatched
+//   ones to a parking stream.
 //
 // Messages carry a `message_id` field (the producer's global id: a producer retry publishes a
 // new entry with the same id) and a `body`. Without `message_id`, the id is built from the
@@ -16,12 +18,11 @@
 //
 // Options: --stream --group --consumer --db --batch --block-ms --claim-idle-ms --claim-every-ms
 // (0: never claim) --max-attempts --dead-letter-stream --park-stream --delay-ms (slow consumer)
-// [--delay-inside] --fast-store redis|memory --lease-ms --log FILE (one line per delivery, written before
-// processing) --exit-when-drained --metrics-port N (serve Prometheus /metrics on 127.0.0.1:N;
-// 0 picks a free port, printed on stderr).
-// The last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`
-// (plus `metric_redeliveries=...`, the idem_mq_redeliveries_total counter, in a build with
-// idem::prometheus).
+// [--delay-inside] [--consume-batch] --fast-store redis|memory --lease-ms --log FILE (one line per
+// delivery, written before processing) --exit-when-drained --metrics-port N (serve Prometheus
+// /metrics on 127.0.0.1:N; 0 picks a free port, printed on stderr). The last line printed is a
+// summary: `summary consumer=c1 deliveries=... redeliveries=...` (plus `metric_redeliveries=...`,
+// the idem_mq_redeliveries_total counter, in a build with idem::prometheus).
 //
 // Metrics (idem::prometheus): the guard reports to a PrometheusObserver, and every delivery
 // whose broker delivery count is above 1 (an entry taken over with XAUTOCLAIM, or one left
@@ -83,6 +84,7 @@ struct Config {
   std::string fast_store = "redis";  // redis | memory
   long lease_ms = 30000;
   bool delay_inside = false;  // sleep inside the handler's transaction (kill tests)
+  bool consume_batch = false;  // consume_batch() per XREADGROUP batch instead of consume()
   long metrics_port = -1;     // -1: no /metrics endpoint
 };
 
@@ -109,6 +111,10 @@ Config parse(int argc, char** argv) {
     }
     if (a == "--delay-inside") {
       c.delay_inside = true;
+      continue;
+    }
+    if (a == "--consume-batch") {
+      c.consume_batch = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + a);
@@ -271,36 +277,58 @@ int main(int argc, char** argv) try {
       lines += e.id + ' ' + std::to_string(e.delivery_count) + ' ' + message_id_of(e) + '\n';
     }
     log.write(lines);
-    std::vector<std::string> acks;
+    auto delay = [&] {
+      if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
+    };
+    // The business effect, in the transaction of the consume record.
+    auto apply = [&](idem::sqlite::Transaction& tx, const std::string& id,
+                     const std::string& body) {
+      if (body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + body);
+      if (cfg.delay_inside) delay();  // slow business work, inside the transaction
+      tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)", id, cfg.consumer,
+              body);
+    };
+    std::vector<std::string> ids, bodies, fps;
     for (const auto& e : batch) {
-      auto delay = [&] {
-        if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
-      };
-      if (!cfg.delay_inside) delay();
 #ifdef MQ_CONSUMER_WITH_PROMETHEUS
       // A redelivery (taken over, or pending since a retry_later): idem_mq_redeliveries_total.
       if (e.delivery_count > 1) metrics->mq_redelivered();
 #endif
-      std::string id = message_id_of(e);
+      ids.push_back(message_id_of(e));
       const std::string* body_field = e.find("body");
-      std::string body = body_field ? *body_field : std::string();
-      std::string fp = idem::fingerprint(body);
-      idem::Verdict v = consumer.consume(
-          idem::Delivery{id, fp, body, e.delivery_count}, [&](idem::sqlite::Transaction& tx) {
-            if (body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + body);
-            if (cfg.delay_inside) delay();  // slow business work, inside the transaction
-            tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)", id,
-                    cfg.consumer, body);
-          });
-      switch (v) {
+      bodies.push_back(body_field ? *body_field : std::string());
+      fps.push_back(idem::fingerprint(bodies.back()));
+    }
+    std::vector<idem::Verdict> verdicts;
+    if (cfg.consume_batch) {
+      std::vector<idem::Delivery> deliveries;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (!cfg.delay_inside) delay();
+        deliveries.push_back(idem::Delivery{ids[i], fps[i], bodies[i], batch[i].delivery_count});
+      }
+      verdicts = consumer.consume_batch(
+          deliveries,
+          [&](idem::sqlite::Transaction& tx, std::size_t i) { apply(tx, ids[i], bodies[i]); });
+    } else {
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (!cfg.delay_inside) delay();
+        verdicts.push_back(
+            consumer.consume(idem::Delivery{ids[i], fps[i], bodies[i], batch[i].delivery_count},
+                             [&](idem::sqlite::Transaction& tx) { apply(tx, ids[i], bodies[i]); }));
+      }
+    }
+    std::vector<std::string> acks;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      switch (verdicts[i]) {
         case idem::Verdict::kAck:
         case idem::Verdict::kAckDuplicate:
         case idem::Verdict::kDeadLetter:
-          acks.push_back(e.id);
+          acks.push_back(batch[i].id);
           break;
         case idem::Verdict::kMismatch:  // a producer bug: park it for a human, then ack
-          redis.add(cfg.park_stream, {{"message_id", id}, {"body", body}, {"entry", e.id}});
-          acks.push_back(e.id);
+          redis.add(cfg.park_stream,
+                    {{"message_id", ids[i]}, {"body", bodies[i]}, {"entry", batch[i].id}});
+          acks.push_back(batch[i].id);
           break;
         case idem::Verdict::kRetryLater:  // stays pending; XAUTOCLAIM brings it back
           break;

@@ -678,6 +678,7 @@ TEST_F(ConsumerTest, BatchWithTheFastStoreDownIsDegradedInTheGuardCounters) {
   o.fast.failing = false;
   EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), o.batch({"c"}));
   EXPECT_EQ((std::vector<std::uint64_t>{3}), o.recorder->recovered);
+  EXPECT_TRUE(o.batch({}).empty());  // an empty read: nothing decided, nothing counted
   s = o.guard.stats().snapshot();
   EXPECT_EQ(3u, s.degraded);
   EXPECT_EQ(1u, s.fast_claims);
