@@ -263,7 +263,7 @@ int main() {
   raw.prepare("raw_claim", "INSERT INTO " + rt +
                                " (idem_key, biz_type, status, fingerprint, owner, lease_until)"
                                " VALUES ($1, $2, 'in_progress', $3, $4, now())"
-                               " ON CONFLICT (idem_key, biz_type) DO NOTHING RETURNING id");
+                               " ON CONFLICT (idem_key, biz_type) DO NOTHING RETURNING true");
   raw.prepare("raw_pay", pay_sql);
   raw.prepare("raw_complete", "UPDATE " + rt +
                                   " SET status = 'completed', response_body = $3,"

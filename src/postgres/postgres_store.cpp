@@ -16,7 +16,10 @@ namespace idem::postgres {
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: the unique key is the primary key (no surrogate `id`). Version-1 tables (with `id`) work
+// unchanged: no statement uses `id`, and their version row is left at 1, so an older idem that
+// still returns `id` keeps working on them and refuses version-2 tables.
+constexpr int kSchemaVersion = 2;
 // pg_advisory_xact_lock key of idem's migrations ("idem" + "mig" in ASCII).
 constexpr const char* kMigrationLockKey = "7306086965236950125";
 // A claim that finds the row deleted under it (released, purged) tries again this many times
@@ -176,7 +179,7 @@ struct PostgresStore::Impl {
                                " VALUES ($1, $2, 'in_progress', $3, $4,"
                                " clock_timestamp() + $5::bigint * interval '1 millisecond')"
                                " ON CONFLICT (" +
-                               k + ", " + s + ") DO NOTHING RETURNING id");
+                               k + ", " + s + ") DO NOTHING RETURNING true");
     v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
     // Records written already completed, many in one statement (insert_completed_batch_in):
     // $1..$4 are text[] of ids, scopes, fingerprints and owners. Rows go in key order, so two
@@ -204,7 +207,7 @@ struct PostgresStore::Impl {
                        " attempts = attempts + 1, updated_at = now()" +
                        where +
                        " AND status = 'in_progress' AND owner = $5"
-                       " AND lease_until <= clock_timestamp() RETURNING id");
+                       " AND lease_until <= clock_timestamp() RETURNING true");
     v.emplace_back(kRemoveExpired, "DELETE FROM " + t + where +
                                        " AND status <> 'in_progress'"
                                        " AND expires_at <= clock_timestamp()");
@@ -221,11 +224,13 @@ struct PostgresStore::Impl {
                               " SET status = 'failed', response_body = $4,"
                               " expires_at = now() + $5::bigint * interval '1 second',"
                               " updated_at = now()" +
-                              where + " AND owner = $3 AND status = 'in_progress' RETURNING id");
+                              where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
     v.emplace_back(kRelease, "DELETE FROM " + t + where +
-                                 " AND owner = $3 AND status = 'in_progress' RETURNING id");
+                                 " AND owner = $3 AND status = 'in_progress' RETURNING true");
     // Short batches; SKIP LOCKED never waits on a row a claim or completion is touching.
-    v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t +
+    // Rows by their key (tables of either schema version; unique across partitions too).
+    v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE (" + k + ", " + s + ") IN (SELECT " + k +
+                               ", " + s + " FROM " + t +
                                " WHERE status <> 'in_progress'"
                                " AND expires_at <= clock_timestamp()"
                                " LIMIT $1 FOR UPDATE SKIP LOCKED)");
@@ -414,13 +419,12 @@ void PostgresStore::migrate() {
                          std::to_string(version) + ", newer than this idem (" +
                          std::to_string(kSchemaVersion) + ")");
     }
-    if (version < 1) {
-      // Keep in step with src/postgres/schema.sql. A partitioned table cannot have a primary
-      // key without the partition columns: there `id` is a plain column, and the unique key
-      // (which contains them) is what identifies a record.
+    if (version == 0) {
+      // Keep in step with src/postgres/schema.sql. The unique key is the primary key (it
+      // contains the partition columns, so partitioned tables have it too). Version 1 and 2
+      // tables need nothing: both work as they are.
       const bool partitioned = options_.partitions > 1;
-      tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (id bigserial " +
-              (partitioned ? "NOT NULL," : "PRIMARY KEY,") + " " + k +
+      tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (" + k +
               " varchar(128) NOT NULL,"
               " " +
               s +
@@ -436,7 +440,7 @@ void PostgresStore::migrate() {
               " created_at timestamptz NOT NULL DEFAULT now(),"
               " updated_at timestamptz NOT NULL DEFAULT now(),"
               " CONSTRAINT " +
-              options_.table + "_key_uq UNIQUE (" + k + ", " + s + "))" +
+              options_.table + "_key_uq PRIMARY KEY (" + k + ", " + s + "))" +
               (partitioned ? " PARTITION BY HASH (" + s + ", " + k + ")" : std::string()));
       // A table that existed already (made by hand, without a version row) stays as it is.
       const bool now_partitioned =

@@ -1,6 +1,8 @@
 -- SPDX-License-Identifier: MIT
 -- idem's PostgreSQL tables, for DBAs who apply DDL by hand (PostgresStoreOptions::migrate =
--- false). Same DDL as PostgresStore::migrate(), schema version 1. Safe to run twice.
+-- false). Same DDL as PostgresStore::migrate(), schema version 2 (the unique key is the primary
+-- key; version-1 tables, with a bigserial `id`, are left as they are and keep working). Safe to
+-- run twice.
 --
 --   psql -v schema=payments -f schema.sql      (default schema: public)
 --   psql -v schema=payments -v partitions=16 -f schema.sql
@@ -32,10 +34,9 @@ CREATE TABLE IF NOT EXISTS :"schema".idem_schema_version (
 -- HTTP/API idempotency records: one row per (idempotency key, business type).
 SELECT (:partitions)::int > 1 AS idem_partitioned \gset
 \if :idem_partitioned
--- Partitioned: no primary key (it would have to contain the partition columns); the unique key
--- contains them, so it stays one constraint across partitions.
+-- Partitioned: the primary key contains the partition columns, so it stays one constraint
+-- across partitions.
 CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
-  id            bigserial NOT NULL,
   idem_key      varchar(128) NOT NULL,
   biz_type      varchar(64) NOT NULL,
   status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
   attempts      integer NOT NULL DEFAULT 1,
   created_at    timestamptz NOT NULL DEFAULT now(),
   updated_at    timestamptz NOT NULL DEFAULT now(),
-  CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type)
+  CONSTRAINT api_idempotency_key_uq PRIMARY KEY (idem_key, biz_type)
 ) PARTITION BY HASH (biz_type, idem_key);
 SELECT format('CREATE TABLE IF NOT EXISTS %I.api_idempotency_p%s PARTITION OF'
               ' %I.api_idempotency FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
@@ -57,7 +58,6 @@ SELECT format('CREATE TABLE IF NOT EXISTS %I.api_idempotency_p%s PARTITION OF'
                 WHERE partrelid = format('%I.api_idempotency', :'schema')::regclass) \gexec
 \else
 CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
-  id            bigserial PRIMARY KEY,
   idem_key      varchar(128) NOT NULL,
   biz_type      varchar(64) NOT NULL,
   status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
@@ -69,17 +69,16 @@ CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
   attempts      integer NOT NULL DEFAULT 1,    -- 1 + lease takeovers
   created_at    timestamptz NOT NULL DEFAULT now(),
   updated_at    timestamptz NOT NULL DEFAULT now(),
-  CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type)
+  CONSTRAINT api_idempotency_key_uq PRIMARY KEY (idem_key, biz_type)
 );
 \endif
 CREATE INDEX IF NOT EXISTS api_idempotency_expires_idx
   ON :"schema".api_idempotency (expires_at) WHERE status <> 'in_progress';
-INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempotency', 1)
+INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempotency', 2)
   ON CONFLICT (name) DO NOTHING;
 
 -- MQ consume records: one row per (message id, consumer group).
 CREATE TABLE IF NOT EXISTS :"schema".mq_consume_record (
-  id             bigserial PRIMARY KEY,
   message_id     varchar(128) NOT NULL,
   consumer_group varchar(64) NOT NULL,
   status         varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
@@ -91,11 +90,11 @@ CREATE TABLE IF NOT EXISTS :"schema".mq_consume_record (
   attempts       integer NOT NULL DEFAULT 1,
   created_at     timestamptz NOT NULL DEFAULT now(),
   updated_at     timestamptz NOT NULL DEFAULT now(),
-  CONSTRAINT mq_consume_record_key_uq UNIQUE (message_id, consumer_group)
+  CONSTRAINT mq_consume_record_key_uq PRIMARY KEY (message_id, consumer_group)
 );
 CREATE INDEX IF NOT EXISTS mq_consume_record_expires_idx
   ON :"schema".mq_consume_record (expires_at) WHERE status <> 'in_progress';
-INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('mq_consume_record', 1)
+INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('mq_consume_record', 2)
   ON CONFLICT (name) DO NOTHING;
 
 COMMIT;

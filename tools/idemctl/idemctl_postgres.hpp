@@ -97,6 +97,8 @@ class PostgresSource final : public RecordSource, public Admin {
 
   std::int64_t purge_older_than(idem::TimePoint cutoff, bool dry_run) override {
     const std::string table = store_->qualified_table();
+    // Rows by their key: tables of either schema version (version 1 also had an `id`).
+    const std::string key = store_->options().key_column + ", " + store_->options().scope_column;
     const std::string where =
         " WHERE status <> 'in_progress' AND updated_at < to_timestamp($1::bigint / 1000.0)";
     const long long t = idem::to_millis(cutoff);
@@ -113,8 +115,8 @@ class PostgresSource final : public RecordSource, public Admin {
       auto n = guarded([&] {
         return store_->with_transaction([&](pqxx::work& tx) {
           return static_cast<std::int64_t>(
-              tx.exec_params("DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table +
-                                 where + " LIMIT 1000 FOR UPDATE SKIP LOCKED)",
+              tx.exec_params("DELETE FROM " + table + " WHERE (" + key + ") IN (SELECT " + key +
+                                 " FROM " + table + where + " LIMIT 1000 FOR UPDATE SKIP LOCKED)",
                              t)
                   .affected_rows());
         });

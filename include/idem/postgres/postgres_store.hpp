@@ -13,7 +13,7 @@
 // `handler(pqxx::work&)`): one `pqxx::work` holds the claim, the handler's business writes and
 // the completion. The claim is the transaction's first statement:
 //
-//     INSERT ... ON CONFLICT (key, scope) DO NOTHING RETURNING id   (then, if nothing was
+//     INSERT ... ON CONFLICT (key, scope) DO NOTHING RETURNING true (then, if nothing was
 //                                                                  inserted, a read of the row)
 //
 // so a unique violation never aborts the caller's transaction. A duplicate that reaches

@@ -113,10 +113,11 @@ TEST_F(PartitionedTest, HashPartitionedByScopeAndKeyWithOneUniqueKey) {
   ASSERT_EQ(1u, r.size());
   EXPECT_EQ("h", r[0][0].as<std::string>());
   EXPECT_EQ("HASH (biz_type, idem_key)", r[0][1].as<std::string>());
-  // The unique key is one constraint of the parent, enforced whatever the partition.
+  // The unique key (the primary key) is one constraint of the parent, enforced whatever the
+  // partition.
   EXPECT_EQ(1, idem::test::pg::scalar(
                    "SELECT count(*) FROM pg_constraint WHERE conname = 'api_idempotency_key_uq'"
-                   " AND contype = 'u' AND conrelid = '" +
+                   " AND contype = 'p' AND conrelid = '" +
                    partitioned_table() + "'::regclass"));
   const std::string insert = "INSERT INTO " + partitioned_table() +
                              " (idem_key, biz_type, status, owner, lease_until)"

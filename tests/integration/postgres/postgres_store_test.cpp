@@ -481,10 +481,17 @@ TEST_F(PostgresStoreTest, HostileIdsAreBoundNeverInterpolated) {
 }
 
 TEST_F(PostgresStoreTest, MigrationTwiceIsANoOpAndConcurrentMigrationsAreSafe) {
-  // A second store on the migrated schema: nothing changes, the version stays 1.
+  // A second store on the migrated schema: nothing changes, the version stays 2.
   { PostgresStore again(pg::options()); }
-  EXPECT_EQ(1, pg::scalar("SELECT version FROM " + pg::table("idem_schema_version") +
+  EXPECT_EQ(2, pg::scalar("SELECT version FROM " + pg::table("idem_schema_version") +
                           " WHERE name = 'api_idempotency'"));
+  // Version 2: the key is the primary key, no surrogate id column.
+  EXPECT_EQ(1, pg::scalar("SELECT count(*) FROM pg_constraint WHERE conname ="
+                          " 'api_idempotency_key_uq' AND contype = 'p' AND conrelid = '" +
+                          pg::table("api_idempotency") + "'::regclass"));
+  EXPECT_EQ(0, pg::scalar("SELECT count(*) FROM information_schema.columns WHERE table_schema = '" +
+                          pg::Schema::name() +
+                          "' AND table_name = 'api_idempotency' AND column_name = 'id'"));
   // Fresh schemas migrated by two connections at once, several times.
   for (int round = 0; round < 5; ++round) {
     const std::string schema = idem::test::unique_name("idem_mig");
@@ -513,6 +520,77 @@ TEST_F(PostgresStoreTest, MigrationTwiceIsANoOpAndConcurrentMigrationsAreSafe) {
   }
 }
 
+// A table made by an earlier idem (schema version 1: a surrogate `id bigserial` primary key and
+// the key as a separate unique constraint) keeps working with every statement and keeps its
+// version; a table of a newer version than this idem is refused.
+TEST_F(PostgresStoreTest, VersionOneTablesWithTheirIdColumnKeepWorking) {
+  const std::string schema = idem::test::unique_name("idem_v1");
+  pg::exec("CREATE SCHEMA " + schema);
+  pg::exec("CREATE TABLE " + schema +
+           ".idem_schema_version (name text PRIMARY KEY, version integer NOT NULL,"
+           " applied_at timestamptz NOT NULL DEFAULT now())");
+  pg::exec("CREATE TABLE " + schema +
+           ".api_idempotency (id bigserial PRIMARY KEY, idem_key varchar(128) NOT NULL,"
+           " biz_type varchar(64) NOT NULL, status varchar(16) NOT NULL"
+           " CHECK (status IN ('in_progress', 'completed', 'failed')),"
+           " fingerprint text NOT NULL DEFAULT '', owner varchar(64) NOT NULL,"
+           " response_body bytea, lease_until timestamptz NOT NULL, expires_at timestamptz,"
+           " attempts integer NOT NULL DEFAULT 1, created_at timestamptz NOT NULL DEFAULT now(),"
+           " updated_at timestamptz NOT NULL DEFAULT now(),"
+           " CONSTRAINT api_idempotency_key_uq UNIQUE (idem_key, biz_type))");
+  pg::exec("CREATE INDEX api_idempotency_expires_idx ON " + schema +
+           ".api_idempotency (expires_at) WHERE status <> 'in_progress'");
+  pg::exec("INSERT INTO " + schema +
+           ".idem_schema_version (name, version)"
+           " VALUES ('api_idempotency', 1)");
+  auto o = pg::options();
+  o.schema = schema;
+  {
+    PostgresStore store(o);  // migrates: nothing to do for version 1
+    EXPECT_EQ(1, pg::scalar("SELECT version FROM " + schema + ".idem_schema_version"));
+    idem::IdempotencyGuard guard{store};
+    auto key = unique_key();
+    EXPECT_EQ(Outcome::kExecuted,
+              guard.run(key, "fp", [](pqxx::work&) { return std::string("ok"); }).outcome);
+    auto again = guard.run(key, "fp", [](pqxx::work&) { return std::string("no"); });
+    EXPECT_EQ(Outcome::kReplayed, again.outcome);
+    EXPECT_EQ("ok", again.value.value_or(""));
+    // Two-phase: begin, release; begin, fail; begin, complete.
+    auto two = unique_key();
+    auto owner = OwnerToken::generate();
+    EXPECT_EQ(idem::ClaimStatus::kClaimed,
+              store.begin(two, "fp", owner, std::chrono::seconds(30)).status);
+    EXPECT_TRUE(store.release(two, owner));
+    EXPECT_EQ(idem::ClaimStatus::kClaimed,
+              store.begin(two, "fp", owner, std::chrono::seconds(30)).status);
+    EXPECT_TRUE(store.fail(two, owner, "no", std::chrono::seconds(1)));
+    auto three = unique_key();
+    EXPECT_EQ(idem::ClaimStatus::kClaimed,
+              store.begin(three, "fp", owner, std::chrono::seconds(30)).status);
+    EXPECT_TRUE(store.complete(three, owner, "done", std::chrono::seconds(1)));
+    // Batches of records, both forms.
+    auto b1 = unique_key(), b2 = unique_key();
+    store.with_transaction([&](pqxx::work& tx) {
+      EXPECT_TRUE(store.insert_new_completed_batch_in(tx, {idem::ClaimRequest{&b1, "fp", &owner}},
+                                                      "b", std::chrono::seconds(1)));
+      EXPECT_EQ(
+          (std::vector<bool>{false, true}),
+          store.insert_completed_batch_in(
+              tx, {idem::ClaimRequest{&b1, "fp", &owner}, idem::ClaimRequest{&b2, "fp", &owner}},
+              "b", std::chrono::seconds(1)));
+    });
+    // Purge by key: the four records with a 1 s retention go, the first one stays.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    EXPECT_EQ(4u, store.purge_expired(2));
+    EXPECT_TRUE(store.lookup(key).has_value());
+    for (const Key* k : {&two, &three, &b1, &b2}) EXPECT_FALSE(store.lookup(*k).has_value());
+  }
+  EXPECT_EQ(1, pg::scalar("SELECT version FROM " + schema + ".idem_schema_version"));
+  pg::exec("UPDATE " + schema + ".idem_schema_version SET version = 3");
+  EXPECT_THROW(PostgresStore{o}, idem::StorageError);
+  pg::exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
 TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
   const std::string schema = idem::test::unique_name("idem_sql");
   const std::string cmd = "PGOPTIONS='-c client_min_messages=warning' psql \"" + pg::dsn() +
@@ -534,7 +612,7 @@ TEST_F(PostgresStoreTest, ShippedSchemaSqlCreatesWhatTheStoreUses) {
               guard.run(key, "", [](pqxx::work&) { return std::string("no"); }).outcome);
   }
   {
-    PostgresStore migrating([&] {  // the built-in migration sees version 1: nothing to do
+    PostgresStore migrating([&] {  // the built-in migration sees version 2: nothing to do
       auto o = pg::options();
       o.schema = schema;
       return o;
