@@ -33,7 +33,7 @@ pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
   --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
-  --only "$pg_loops" --rounds 7 --pg-messages 640 "$@"
+  --only "$pg_loops" --rounds 9 --pg-messages 1280 "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
   --postgres "$IDEM_TEST_POSTGRES_DSN options='-c synchronous_commit=off'" \
-  --only "$pg_loops" --rounds 7 --pg-messages 640 "$@"
+  --only "$pg_loops" --rounds 9 --pg-messages 1280 "$@"
