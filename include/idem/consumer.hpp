@@ -469,6 +469,7 @@ class IdempotentConsumer {
           std::fill(b.durable_found.begin(), b.durable_found.end(), 0);
           for (auto& d : b.durable_done) d.clear();
           std::fill(b.took_over.begin(), b.took_over.end(), 0);
+          std::fill(b.handler_time.begin(), b.handler_time.end(), std::chrono::nanoseconds{0});
           for (std::size_t i = 0; i < n; ++i) {
             if (b.source[i] != Source::kDurableStore) continue;
             b.source[i] = Source::kHandler;
