@@ -132,10 +132,10 @@ struct PostgresStore::Impl {
 
   explicit Impl(PostgresStoreOptions& o) : options(o) {}
 
-  // The connection of the run_in_transaction running on this thread, and its store: a
-  // transaction on it has this store's prepared statements (the *_in calls use them then).
   // What transaction_base::conn() returns (pqxx::connection_base in libpqxx 6).
   using Connection = std::remove_reference_t<decltype(std::declval<pqxx::work&>().conn())>;
+  // The connection of the run_in_transaction running on this thread, and its store: a
+  // transaction on it has this store's prepared statements (the *_in calls use them then).
   struct OpenTransaction {
     const Impl* store = nullptr;
     const void* connection = nullptr;
