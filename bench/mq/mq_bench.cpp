@@ -19,9 +19,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "../common/latency_proxy.hpp"
 #include "idem/consumer.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mq/redis_streams.hpp"
@@ -43,6 +45,7 @@ struct Args {
   std::string only;       // comma-separated loop names to run (all when empty)
   std::string postgres;   // libpq conninfo: adds the PostgreSQL loops (--postgres)
   int pg_messages = 300;  // per round in the PostgreSQL loops (a commit each: slower)
+  long latency_us = 0;    // >0: every connection through a LatencyProxy on CPU 1 (one way)
 };
 
 double median(std::vector<double> v) {
@@ -157,6 +160,31 @@ int main(int argc, char** argv) {
     if (k == "--only") a.only = argv[i + 1];
     if (k == "--postgres") a.postgres = argv[i + 1];
     if (k == "--pg-messages") a.pg_messages = std::atoi(argv[i + 1]);
+    if (k == "--latency-us") a.latency_us = std::atol(argv[i + 1]);
+  }
+  // --latency-us: the servers as if on another host; every connection (streams, stores, the
+  // plain loops' own) goes through a delay line in each direction.
+  std::unique_ptr<idem::bench::LatencyProxy> redis_proxy, pg_proxy;
+  if (a.latency_us > 0) {
+    const std::regex redis_port(":([0-9]+)$"), pg_port("port=([0-9]+)");
+    std::smatch m;
+    if (!std::regex_search(a.redis, m, redis_port)) {
+      std::fprintf(stderr, "--latency-us needs --redis redis://host:port\n");
+      return 2;
+    }
+    redis_proxy = std::make_unique<idem::bench::LatencyProxy>(
+        std::stoi(m[1]), std::chrono::microseconds(a.latency_us), 1);
+    a.redis = std::regex_replace(a.redis, redis_port, ":" + std::to_string(redis_proxy->port()));
+    if (!a.postgres.empty()) {
+      if (!std::regex_search(a.postgres, m, pg_port)) {
+        std::fprintf(stderr, "--latency-us needs port=N in --postgres\n");
+        return 2;
+      }
+      pg_proxy = std::make_unique<idem::bench::LatencyProxy>(
+          std::stoi(m[1]), std::chrono::microseconds(a.latency_us), 1);
+      a.postgres =
+          std::regex_replace(a.postgres, pg_port, "port=" + std::to_string(pg_proxy->port()));
+    }
   }
   auto wanted = [&](const char* name) {
     return a.only.empty() ||
@@ -347,14 +375,16 @@ int main(int argc, char** argv) {
       !dedup_pg_batch.empty()) {
     std::printf(
         "mq consumer loop, PostgreSQL: %d messages per round, XREADGROUP/XACK batches of "
-        "%zu, %d interleaved rounds, fsync=%s, synchronous_commit=%s\n",
-        a.pg_messages, a.batch, a.rounds, pg_fsync.c_str(), pg_sync_commit.c_str());
+        "%zu, %d interleaved rounds, fsync=%s, synchronous_commit=%s, injected one-way "
+        "latency %ld us\n",
+        a.pg_messages, a.batch, a.rounds, pg_fsync.c_str(), pg_sync_commit.c_str(), a.latency_us);
     line("plain, one PostgreSQL transaction per message:", plain_pg);
     line("dedup, consume(), RedisStore + PostgresStore:", dedup_pg);
     line("plain, one PostgreSQL transaction per batch:", plain_pg_batch);
     line("dedup, consume_batch(), RedisStore + PostgresStore:", dedup_pg_batch);
     line("dedup, consume_batch(), MemoryStore + PostgresStore:", dedup_pg_batch_memory);
-    const std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
+    std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
+    if (a.latency_us > 0) suffix += "_latency_" + std::to_string(a.latency_us) + "us";
     ratio(("mq_dedup_postgres_vs_plain_postgres" + suffix).c_str(), dedup_pg, plain_pg);
     ratio(("mq_dedup_batch_postgres_vs_plain_batch_postgres" + suffix).c_str(), dedup_pg_batch,
           plain_pg_batch);

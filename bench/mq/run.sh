@@ -28,7 +28,8 @@ echo "bench/mq: private redis-server :$IDEM_REDIS_PORT and PostgreSQL :$IDEM_PG_
 
 # SQLite loops, then the PostgreSQL loops (fsync and synchronous_commit on: every COMMIT waits
 # for the WAL flush, as in production), then the PostgreSQL loops again with
-# synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone).
+# synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone), then with injected
+# network latency.
 pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
   --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
@@ -37,3 +38,8 @@ taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGR
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
   --postgres "$IDEM_TEST_POSTGRES_DSN options='-c synchronous_commit=off'" \
   --only "$pg_loops" --rounds 9 --pg-messages 1280 "$@"
+# The PostgreSQL loops once more with the servers "on another host": every connection through
+# a delay line (100 us each way, on CPU 1; see bench/common/latency_proxy.hpp). Round trips,
+# not server CPU, bound the loops then, as in a deployment.
+taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
+  --only "$pg_loops" --rounds 7 --pg-messages 320 --latency-us 100 "$@"
