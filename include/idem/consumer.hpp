@@ -681,14 +681,7 @@ class IdempotentConsumer {
     for (std::size_t i = 0; i < n; ++i) {
       if (b.to_durable[i] == 0) continue;
       ClaimResult c;
-      if (recorded[i] == 0) {
-        c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i]);
-        if (c.status != ClaimStatus::kClaimed) {
-          settle(b, i, c);
-          continue;
-        }
-        b.took_over[i] = c.took_over ? 1 : 0;
-      }
+      if (recorded[i] == 0 && !claim_record(durable, tx, b, i, c)) continue;
       try {
         run_handler(b, handler, tx, i);
       } catch (...) {
@@ -711,13 +704,11 @@ class IdempotentConsumer {
       if (b.to_durable[i] == 0) continue;
       const Key& key = *b.keys[i];
       tx.exec("SAVEPOINT idem_consume");
-      ClaimResult c = decide_in(durable, tx, key, b.batch[i].fingerprint, b.owners[i]);
-      if (c.status != ClaimStatus::kClaimed) {
+      ClaimResult c;
+      if (!claim_record(durable, tx, b, i, c)) {
         tx.exec("RELEASE SAVEPOINT idem_consume");
-        settle(b, i, c);
         continue;
       }
-      b.took_over[i] = c.took_over ? 1 : 0;
       try {
         run_handler(b, handler, tx, i);
       } catch (...) {
@@ -800,6 +791,19 @@ class IdempotentConsumer {
         guard_->report(c);
       }
     }
+  }
+
+  // The record check of delivery `i` inside `tx` (both passes of consume_batch): true when
+  // the delivery may run (`c` holds the claim); false when an existing record decided it.
+  template <class Tx>
+  static bool claim_record(Durable& durable, Tx& tx, BatchState& b, std::size_t i, ClaimResult& c) {
+    c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i]);
+    if (c.status != ClaimStatus::kClaimed) {
+      settle(b, i, c);
+      return false;
+    }
+    b.took_over[i] = c.took_over ? 1 : 0;
+    return true;
   }
 
   // The verdict of a delivery whose record existed (done, mismatch or busy).

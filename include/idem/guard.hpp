@@ -312,20 +312,7 @@ class IdempotencyGuard {
     if (c.source == Source::kDurableStore) {
       stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
     }
-    switch (c.outcome) {
-      case Outcome::kExecuted:
-        stats_.executed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kReplayed:
-        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kInProgress:
-        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kFingerprintMismatch:
-        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
-        break;
-    }
+    count_outcome(c.outcome);
     Observer* o = options_.observer.get();
     if (o == nullptr) return;
     if (c.outcome != Outcome::kExecuted) {
@@ -576,7 +563,7 @@ class IdempotencyGuard {
 
   template <class R>
   GuardResult<R> executed(Call<R>& call, std::optional<R> value) {
-    stats_.executed.fetch_add(1, std::memory_order_relaxed);
+    count_outcome(Outcome::kExecuted);
     GuardResult<R> r;
     r.outcome = Outcome::kExecuted;
     r.value = std::move(value);
@@ -607,19 +594,17 @@ class IdempotencyGuard {
           throw CorruptRecord("idem: the stored response of '" + call.key.str() +
                               "' cannot be decoded: " + e.what());
         }
-        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
         break;
       case ClaimStatus::kBusy:
         r.outcome = Outcome::kInProgress;
-        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
         break;
       case ClaimStatus::kMismatch:
         r.outcome = Outcome::kFingerprintMismatch;
-        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
         break;
       case ClaimStatus::kClaimed:
         throw StorageError("idem: internal error: a claim is not a duplicate");
     }
+    count_outcome(r.outcome);
     if (auto* o = options_.observer.get()) {
       o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
     }
@@ -679,6 +664,24 @@ class IdempotencyGuard {
     release_fast(call);
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
     if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+  }
+
+  // The outcome's counter (run() and report() alike).
+  void count_outcome(Outcome o) noexcept {
+    switch (o) {
+      case Outcome::kExecuted:
+        stats_.executed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kReplayed:
+        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kInProgress:
+        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kFingerprintMismatch:
+        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
   }
 
   // What every reported call counts, as run() counts it before it knows the outcome.

@@ -339,16 +339,24 @@ TEST_F(ConsumerTest, FastStoreOnlyConsumer) {
 
 // --- consume_batch: one transaction per batch -------------------------------------------------
 
-std::vector<Verdict> apply_batch(Node& n, const std::vector<std::string>& ids,
-                                 const std::string& poison_id = "") {
+// One consume_batch of `ids` (bodies "body of <id>"): each handler writes an effect row, and
+// the one of `poison_id` then throws.
+std::vector<Verdict> run_batch(idem::IdempotentConsumer<SqliteStore>& consumer,
+                               const std::vector<std::string>& ids,
+                               const std::string& poison_id = "") {
   std::vector<std::string> fps;
   for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
   std::vector<Delivery> batch;
   for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
-  return n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+  return consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
     tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
     if (ids[i] == poison_id) throw std::runtime_error("poison " + ids[i]);
   });
+}
+
+std::vector<Verdict> apply_batch(Node& n, const std::vector<std::string>& ids,
+                                 const std::string& poison_id = "") {
+  return run_batch(n.consumer, ids, poison_id);
 }
 
 TEST_F(ConsumerTest, BatchAcksNewDropsDuplicatesInsideAndAcrossBatches) {
@@ -543,14 +551,7 @@ struct Observed {
                                   [&](Transaction& tx, std::size_t) { effect(tx); })[0];
   }
   std::vector<Verdict> batch(const std::vector<std::string>& ids) {
-    std::vector<std::string> fps;
-    for (const auto& id : ids) fps.push_back(idem::fingerprint("body of " + id));
-    std::vector<Delivery> deliveries;
-    for (std::size_t i = 0; i < ids.size(); ++i) deliveries.push_back(Delivery{ids[i], fps[i]});
-    return consumer.consume_batch(deliveries, [&](Transaction& tx, std::size_t i) {
-      tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids[i]);
-      if (ids[i] == "bad") throw std::runtime_error("poison");
-    });
+    return run_batch(consumer, ids, "bad");
   }
 
   std::shared_ptr<Recorder> recorder = std::make_shared<Recorder>();

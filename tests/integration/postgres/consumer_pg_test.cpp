@@ -87,12 +87,18 @@ class ConsumerPg : public ::testing::TestWithParam<bool> {
       fast_ = std::make_unique<idem::redis::RedisStore>(ro);
     }
     durable_ = std::make_unique<PostgresStore>(mq_options());
+    guard_ = make_guard(fast_.get());
+    group_ = idem::test::unique_name("billing");
+  }
+
+  // A guard over durable_ (mq_record duplicates, 10 s lease), `fast` in front when not null.
+  std::unique_ptr<idem::IdempotencyGuard<PostgresStore>> make_guard(idem::FastStore* fast) {
     idem::GuardOptions go;
     go.durable_source = idem::DuplicateSource::kMqRecord;
     go.lease = std::chrono::seconds(10);
-    guard_ = fast_ ? std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*fast_, *durable_, go)
-                   : std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*durable_, go);
-    group_ = idem::test::unique_name("billing");
+    if (fast == nullptr)
+      return std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*durable_, go);
+    return std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*fast, *durable_, go);
   }
 
   idem::ConsumerOptions options(std::vector<idem::DeadLetter>* dead) {
@@ -265,17 +271,12 @@ TEST_P(ConsumerPg, BatchMeetingRecordsTheFastStoreLostRunsTheInsertAgainTolerant
   EXPECT_EQ((std::vector<Verdict>{Verdict::kAck}), pg_batch(consumer, {x}, "", &calls));
 
   std::unique_ptr<idem::redis::RedisStore> forgetful;
-  std::unique_ptr<idem::IdempotencyGuard<PostgresStore>> guard;
-  idem::GuardOptions go;
-  go.durable_source = idem::DuplicateSource::kMqRecord;
   if (fast_) {
     idem::redis::RedisStoreOptions ro = fast_->options();
     ro.key_prefix = idem::test::unique_name("consumer_pg_lost") + ":";
     forgetful = std::make_unique<idem::redis::RedisStore>(ro);
-    guard = std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*forgetful, *durable_, go);
-  } else {
-    guard = std::make_unique<idem::IdempotencyGuard<PostgresStore>>(*durable_, go);
   }
+  auto guard = make_guard(forgetful.get());
   idem::IdempotentConsumer<PostgresStore> again{*guard, group_, options(&dead)};
   EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kAckDuplicate, Verdict::kAck}),
             pg_batch(again, {y, x, z}, "", &calls));
