@@ -429,12 +429,15 @@ class IdempotentConsumer {
     const std::size_t n = batch.size();
     BatchState b{batch, n};
     std::unordered_set<std::string_view> seen;
+    // The batch is one attempt: its claims share one owner token (fencing is per key, so a
+    // token only has to differ from other attempts on the same key).
+    const OwnerToken owner = OwnerToken::generate();
     for (std::size_t i = 0; i < n; ++i) {
       const Delivery& d = batch[i];
       stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
       if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
       b.keys.push_back(make_key(d));
-      b.owners.push_back(OwnerToken::generate());
+      b.owners.push_back(owner);
       if (!b.keys[i]) {
         b.verdicts[i] = Verdict::kDeadLetter;
         continue;

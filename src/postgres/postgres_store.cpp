@@ -2,10 +2,11 @@
 // PostgreSQL durable store: statements, migration, claim protocol, commit resolution.
 #include "idem/postgres/postgres_store.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "errors.hpp"
@@ -624,48 +625,88 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
 }
 
 namespace {
-// One element of a PostgreSQL text[] literal: quoted, with '"' and '\\' escaped.
+// One element of a PostgreSQL text[] literal: quoted, with '"' and '\\' escaped. Keys, owners
+// and hex fingerprints have neither, so the element is usually one append.
 void append_array_element(std::string& out, std::string_view value) {
   if (out.size() > 1) out.push_back(',');
   out.push_back('"');
-  for (char c : value) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    out.push_back(c);
+  if (value.empty()) {
+    // nothing to copy (and memchr must not see a null pointer)
+  } else if (std::memchr(value.data(), '"', value.size()) == nullptr &&
+      std::memchr(value.data(), '\\', value.size()) == nullptr) {
+    out.append(value.data(), value.size());
+  } else {
+    for (char c : value) {
+      if (c == '"' || c == '\\') out.push_back('\\');
+      out.push_back(c);
+    }
   }
   out.push_back('"');
 }
 
-std::string composite(std::string_view id, std::string_view scope) {
-  std::string k(id);
-  k.push_back('\x1f');  // keys and scopes are printable ASCII: an unambiguous separator
-  k.append(scope);
-  return k;
-}
-}  // namespace
-
-namespace {
 // The text[] parameters of a batch insert: ids, scopes, fingerprints, owners. Each key once.
+// `order` lists the requests sorted by (scope, id): duplicates are neighbours there, and a row
+// the statement returns is found by binary search (no per-request allocation).
 struct BatchArrays {
   std::string ids = "{", scopes = "{", fingerprints = "{", owners = "{";
-  std::unordered_map<std::string, std::size_t> index;  // composite key -> request
+  const std::vector<ClaimRequest>& requests;
+  std::vector<std::size_t> order;
 
-  BatchArrays(const std::vector<ClaimRequest>& requests, const char* call) {
-    index.reserve(requests.size());
+  BatchArrays(const std::vector<ClaimRequest>& reqs, const char* call) : requests(reqs) {
+    std::size_t id_bytes = 0, scope_bytes = 0, fp_bytes = 0, owner_bytes = 0;
+    order.reserve(requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const ClaimRequest& r = requests[i];
       if (r.key == nullptr || r.owner == nullptr) {
         throw UsageError(std::string("idem::postgres: ") + call + " needs a key and an owner");
       }
-      if (!index.emplace(composite(r.key->id(), r.key->scope()), i).second) {
-        throw UsageError(std::string("idem::postgres: ") + call + " got key '" + r.key->str() +
-                         "' twice");
+      id_bytes += r.key->id().size() + 3;
+      scope_bytes += r.key->scope().size() + 3;
+      fp_bytes += r.fingerprint.size() + 3;
+      owner_bytes += r.owner->str().size() + 3;
+      order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return less(a, b); });
+    for (std::size_t j = 1; j < order.size(); ++j) {
+      if (!less(order[j - 1], order[j])) {
+        throw UsageError(std::string("idem::postgres: ") + call + " got key '" +
+                         requests[order[j]].key->str() + "' twice");
       }
+    }
+    ids.reserve(id_bytes + 2);
+    scopes.reserve(scope_bytes + 2);
+    fingerprints.reserve(fp_bytes + 2);
+    owners.reserve(owner_bytes + 2);
+    for (const ClaimRequest& r : requests) {
       append_array_element(ids, r.key->id());
       append_array_element(scopes, r.key->scope());
       append_array_element(fingerprints, r.fingerprint);
       append_array_element(owners, r.owner->str());
     }
     for (std::string* a : {&ids, &scopes, &fingerprints, &owners}) a->push_back('}');
+  }
+
+  // The request of key (id, scope), or requests.size() when none.
+  std::size_t find(std::string_view id, std::string_view scope) const {
+    auto it = std::lower_bound(order.begin(), order.end(), 0, [&](std::size_t i, int) {
+      const Key& k = *requests[i].key;
+      return before(k.scope(), k.id(), scope, id);
+    });
+    if (it == order.end()) return requests.size();
+    const Key& k = *requests[*it].key;
+    return k.scope() == scope && k.id() == id ? *it : requests.size();
+  }
+
+ private:
+  static bool before(std::string_view scope_a, std::string_view id_a, std::string_view scope_b,
+                     std::string_view id_b) noexcept {
+    const int c = scope_a.compare(scope_b);
+    return c < 0 || (c == 0 && id_a < id_b);
+  }
+  bool less(std::size_t a, std::size_t b) const noexcept {
+    const Key& x = *requests[a].key;
+    const Key& y = *requests[b].key;
+    return before(x.scope(), x.id(), y.scope(), y.id());
   }
 };
 }  // namespace
@@ -685,8 +726,8 @@ std::vector<bool> PostgresStore::insert_completed_batch_in(
     detail::rethrow_translated("insert records");
   }
   for (const auto& row : rows) {
-    auto it = a.index.find(composite(row[0].as<std::string>(), row[1].as<std::string>()));
-    if (it != a.index.end()) out[it->second] = true;
+    const std::size_t i = a.find(row[0].c_str(), row[1].c_str());
+    if (i < out.size()) out[i] = true;
   }
   return out;
 }

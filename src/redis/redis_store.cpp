@@ -128,7 +128,9 @@ thread_local LastClaim last_claim;
 // This thread's last claim_batch (its granted claims).
 struct LastBatch {
   const void* store = nullptr;
-  std::vector<HeldClaim> claims;
+  std::vector<HeldClaim> claims;  // [0, size) are the last batch's; later ones keep capacity
+  std::size_t size = 0;
+  std::size_t next = 0;  // where find_held looks first (completions come in claim order)
 };
 thread_local LastBatch last_batch;
 
@@ -511,8 +513,15 @@ class RedisStore::Impl {
     }
     LastBatch& lb = last_batch;
     if (lb.store == this) {
-      for (HeldClaim& h : lb.claims) {
-        if (!h.used && h.owner == owner.str() && h.redis_key == rk) return &h;
+      auto matches = [&](const HeldClaim& h) {
+        return !h.used && h.redis_key == rk && h.owner == owner.str();
+      };
+      if (lb.next < lb.size && matches(lb.claims[lb.next])) return &lb.claims[lb.next++];
+      for (std::size_t i = 0; i < lb.size; ++i) {
+        if (matches(lb.claims[i])) {
+          lb.next = i + 1;
+          return &lb.claims[i];
+        }
       }
     }
     return nullptr;
@@ -576,23 +585,36 @@ class RedisStore::Impl {
     if (!native_claim_.load(std::memory_order_relaxed) || router_.clustered()) return std::nullopt;
     std::vector<ClaimResult> out(requests.size());
     if (requests.empty()) return out;
+    // Every key and record of the batch in one buffer (offsets while it grows, views after).
     struct Pending {
-      std::string key, record;
+      std::size_t key_at = 0, key_len = 0, record_at = 0, record_len = 0;
       std::size_t head_end = 0, tail_begin = 0;
+      std::string_view key, record;
     };
     std::vector<Pending> pending(requests.size());
+    std::string arena;
+    arena.reserve(requests.size() * 224);
     Num lease_ms(lease.count());
     for (std::size_t i = 0; i < requests.size(); ++i) {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       SmallBuf record;
       build_claim_record(record, *requests[i].owner, requests[i].fingerprint, lease,
                          pending[i].head_end, pending[i].tail_begin);
-      pending[i].key.assign(rk.view());
-      pending[i].record.assign(record.view());
+      pending[i].key_at = arena.size();
+      pending[i].key_len = rk.view().size();
+      arena.append(rk.view());
+      pending[i].record_at = arena.size();
+      pending[i].record_len = record.view().size();
+      arena.append(record.view());
+    }
+    for (Pending& p : pending) {
+      p.key = std::string_view(arena).substr(p.key_at, p.key_len);
+      p.record = std::string_view(arena).substr(p.record_at, p.record_len);
     }
     LastBatch& lb = last_batch;
     lb.store = this;
-    lb.claims.clear();
+    lb.size = 0;
+    lb.next = 0;
     std::vector<ReplyUPtr> replies;
     replies.reserve(pending.size());
     std::chrono::steady_clock::time_point sent_at;
@@ -617,8 +639,8 @@ class RedisStore::Impl {
       const redisReply* r = replies[i].get();
       if (r->type == REDIS_REPLY_NIL) {
         out[i].status = ClaimStatus::kClaimed;
-        lb.claims.emplace_back();
-        hold(lb.claims.back(), *requests[i].owner, pending[i].key, pending[i].record,
+        if (lb.size == lb.claims.size()) lb.claims.emplace_back();
+        hold(lb.claims[lb.size++], *requests[i].owner, pending[i].key, pending[i].record,
              pending[i].head_end, pending[i].tail_begin, sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
         answer(text_of(r), requests[i].fingerprint, pending[i].key, out[i]);
@@ -653,8 +675,13 @@ class RedisStore::Impl {
     Num ms(ret_ms);
     Num deadline(to_millis(system_now()) + ret_ms);
     std::vector<std::size_t> native, scripted;
-    std::vector<std::string> keys(requests.size()), values(requests.size()),
+    // keys[i] and expected[i] view the held claim (this thread's, untouched until the next
+    // claim); the completed records go into one buffer (offsets while it grows, views after).
+    std::vector<std::string_view> keys(requests.size()), values(requests.size()),
         expected(requests.size());
+    std::vector<std::pair<std::size_t, std::size_t>> value_at(requests.size());
+    std::string arena;
+    arena.reserve(requests.size() * 192);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       HeldClaim* h = find_held(*requests[i].owner, rk.view());
@@ -663,13 +690,17 @@ class RedisStore::Impl {
         h->used = true;
         SmallBuf completed;
         completed_record(completed, *h, deadline.view(), requests[i].response);
-        keys[i].assign(rk.view());
-        values[i].assign(completed.view());
+        keys[i] = h->redis_key;
+        value_at[i] = {arena.size(), completed.view().size()};
+        arena.append(completed.view());
         expected[i] = h->record;
         native.push_back(i);
       } else {
         scripted.push_back(i);
       }
+    }
+    for (std::size_t i : native) {
+      values[i] = std::string_view(arena).substr(value_at[i].first, value_at[i].second);
     }
     if (!native.empty()) {
       std::vector<ReplyUPtr> replies;

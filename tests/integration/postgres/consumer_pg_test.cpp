@@ -369,6 +369,41 @@ TEST(PostgresBatchRecords, PlainInsertWritesAllOrReportsAnExistingRecord) {
   });
 }
 
+// insert_completed_batch_in answers each request in its own place: requests in no particular
+// order, over two scopes (the statement returns the written rows in key order), with records
+// already there for some of them.
+TEST(PostgresBatchRecords, TolerantInsertReportsEachRequestInItsPlace) {
+  IDEM_REQUIRE_POSTGRES();
+  PostgresStore store{mq_options()};
+  const std::string g1 = idem::test::unique_name("tolerant_b"), g2 = g1 + "_a";
+  std::vector<idem::Key> keys;
+  for (const char* id : {"m7", "m1", "m5", "m3"}) {
+    keys.push_back(idem::Key::make(g1, id));
+    keys.push_back(idem::Key::make(g2, id));
+  }
+  const auto owner = idem::OwnerToken::generate();
+  // Records of g1/m5 and g2/m1 exist before the batch.
+  store.with_transaction([&](pqxx::work& tx) {
+    EXPECT_TRUE(store.insert_new_completed_batch_in(
+        tx, {idem::ClaimRequest{&keys[4], "fp", &owner}, idem::ClaimRequest{&keys[3], "fp", &owner}},
+        "earlier", std::chrono::hours(1)));
+  });
+  std::vector<idem::ClaimRequest> batch;
+  for (const auto& k : keys) batch.push_back(idem::ClaimRequest{&k, "fp", &owner});
+  std::vector<bool> written;
+  store.with_transaction([&](pqxx::work& tx) {
+    written = store.insert_completed_batch_in(tx, batch, "done", std::chrono::hours(1));
+  });
+  const std::vector<bool> expected{true, true, true, false, false, true, true, true};
+  EXPECT_EQ(expected, written);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto rec = store.lookup(keys[i]);
+    ASSERT_TRUE(rec.has_value()) << keys[i].str();
+    EXPECT_EQ(expected[i] ? "done" : "earlier", rec->response) << keys[i].str();
+    EXPECT_EQ(owner.str(), rec->owner) << keys[i].str();
+  }
+}
+
 TEST_P(ConsumerPg, BatchWithAFailingHandlerRerunsWithSavepoints) {
   std::vector<idem::DeadLetter> dead;
   idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};

@@ -331,6 +331,48 @@ TEST_F(RedisStoreTest, BatchesArePipelinedAndCompletedNatively) {
   }
 }
 
+// A batch whose claims share one owner token (IdempotentConsumer::consume_batch: the batch is
+// one attempt) completes natively in any order, each key with its own record; a second batch
+// on the same thread forgets the first one's claims.
+TEST_F(RedisStoreTest, BatchSharingOneOwnerCompletesNativelyInAnyOrder) {
+  std::vector<Key> keys;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back(Key::make("redis.test", idem::test::unique_name("shared_owner")));
+  }
+  const auto owner = OwnerToken::generate();
+  std::vector<idem::ClaimRequest> claims;
+  for (const auto& k : keys) claims.push_back({&k, "fp", &owner});
+  const auto before = store_->command_stats();
+  for (const auto& c : store_->claim_batch(claims, 30'000ms)) {
+    EXPECT_EQ(ClaimStatus::kClaimed, c.status);
+  }
+  std::vector<idem::CompleteRequest> completes;
+  std::vector<std::string> responses;
+  for (std::size_t i = 0; i < keys.size(); ++i) responses.push_back("r" + std::to_string(i));
+  for (std::size_t i = keys.size(); i-- > 0;) {
+    completes.push_back({&keys[i], &owner, responses[i]});
+  }
+  EXPECT_EQ(std::vector<bool>(keys.size(), true),
+            store_->complete_batch(completes, std::chrono::seconds(60)));
+  EXPECT_EQ(before.native_completes + keys.size(), store_->command_stats().native_completes);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto c = store_->claim(keys[i], "fp", OwnerToken::generate(), 30'000ms);
+    EXPECT_EQ(ClaimStatus::kDone, c.status);
+    EXPECT_EQ(responses[i], c.response);
+  }
+  // The next batch on this thread: the earlier claims are no longer held (a late complete of
+  // one of them is refused and leaves its record as it is).
+  std::vector<Key> more{Key::make("redis.test", idem::test::unique_name("shared_owner"))};
+  std::vector<idem::ClaimRequest> next{{&more[0], "fp", &owner}};
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim_batch(next, 30'000ms)[0].status);
+  const std::string record = raw_->text({"GET", store_->redis_key(keys[0])});
+  EXPECT_EQ(std::vector<bool>{false},
+            store_->complete_batch({{&keys[0], &owner, "late"}}, std::chrono::seconds(60)));
+  EXPECT_EQ(record, raw_->text({"GET", store_->redis_key(keys[0])}));
+  EXPECT_EQ(std::vector<bool>{true},
+            store_->complete_batch({{&more[0], &owner, "next"}}, std::chrono::seconds(60)));
+}
+
 TEST_F(RedisStoreTest, SecondCompleteIsRefusedAndChangesNothing) {
   auto k = key();
   auto rk = store_->redis_key(k);
