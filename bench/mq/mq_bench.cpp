@@ -10,7 +10,10 @@
 //     message (consume) and one per batch (consume_batch: the batch's records in ONE INSERT).
 // The effect table is the same on both sides: (message_id, body) in SQLite, plus a bigserial
 // primary key in PostgreSQL. Same process, rounds interleaved (plain, dedup, ...), medians;
-// `--only a,b` runs some loops. run.sh pins the servers and this driver to one CPU.
+// `--only a,b` runs some loops. run.sh pins the servers and this driver to one CPU, except for
+// its last pass: `--threads N` runs the PostgreSQL batch loops with N consumers of one group
+// draining the same stream (throughput; each plain consumer has its own connection, the dedup
+// consumers share one IdempotentConsumer and its stores, as the threads of one service do).
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/latency_proxy.hpp"
@@ -46,6 +50,7 @@ struct Args {
   std::string postgres;   // libpq conninfo: adds the PostgreSQL loops (--postgres)
   int pg_messages = 300;  // per round in the PostgreSQL loops (a commit each: slower)
   long latency_us = 0;    // >0: every connection through a LatencyProxy on CPU 1 (one way)
+  int threads = 1;        // >1: the PostgreSQL batch loops with this many consumers of one group
 };
 
 double median(std::vector<double> v) {
@@ -90,6 +95,37 @@ double drain(idem::mq::RedisStreams& redis, const std::string& stream, std::size
   }
   redis.del(stream);
   return done / secs;
+}
+
+// `threads` consumers of one group drain the stream at once, each with its own connections;
+// `handle(thread, batch)` returns the entry ids that may be acked. @return messages/s.
+template <class Handle>
+double drain_parallel(idem::mq::RedisStreams& redis, const std::string& stream, std::size_t batch,
+                      int expected, int threads, Handle&& handle) {
+  std::vector<long> done(static_cast<std::size_t>(threads), 0);
+  std::vector<std::thread> workers;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      const std::string name = "worker-" + std::to_string(t);
+      for (;;) {
+        auto entries = redis.read_group(stream, "bench", name, batch, std::nullopt);
+        if (entries.empty()) break;
+        done[static_cast<std::size_t>(t)] +=
+            static_cast<long>(redis.ack(stream, "bench", handle(t, entries)));
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  long total = 0;
+  for (long d : done) total += d;
+  if (total != expected) {
+    std::fprintf(stderr, "acked %ld of %d\n", total, expected);
+    std::exit(1);
+  }
+  redis.del(stream);
+  return static_cast<double>(total) / secs;
 }
 
 std::shared_ptr<idem::sqlite::Database> open_db(const std::filesystem::path& path) {
@@ -161,6 +197,11 @@ int main(int argc, char** argv) {
     if (k == "--postgres") a.postgres = argv[i + 1];
     if (k == "--pg-messages") a.pg_messages = std::atoi(argv[i + 1]);
     if (k == "--latency-us") a.latency_us = std::atol(argv[i + 1]);
+    if (k == "--threads") a.threads = std::atoi(argv[i + 1]);
+  }
+  if (a.threads < 1) {
+    std::fprintf(stderr, "--threads must be positive\n");
+    return 2;
   }
   // --latency-us: the servers as if on another host; every connection (streams, stores, the
   // plain loops' own) goes through a delay line in each direction.
@@ -190,10 +231,25 @@ int main(int argc, char** argv) {
     return a.only.empty() ||
            ("," + a.only + ",").find("," + std::string(name) + ",") != std::string::npos;
   };
+  if (a.threads > 1) {
+    for (const char* single : {"plain", "dedup_redis", "dedup_memory", "plain_batch",
+                               "dedup_batch_redis", "dedup_batch_memory", "plain_pg", "dedup_pg"}) {
+      if (wanted(single)) {
+        std::fprintf(stderr,
+                     "--threads runs the PostgreSQL batch loops only: add --only "
+                     "plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory\n");
+        return 2;
+      }
+    }
+  }
   auto dir =
       std::filesystem::temp_directory_path() / ("idem-bench-mq-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  idem::mq::RedisStreams redis{{a.redis}};
+  idem::mq::RedisStreamsOptions streams_options{a.redis};
+  streams_options.pool_size = std::max<std::size_t>(4, static_cast<std::size_t>(a.threads) + 1);
+  idem::mq::RedisStreams redis{streams_options};
+  idem::redis::RedisStoreOptions fast_options{a.redis};
+  fast_options.pool_size = std::max<std::size_t>(8, static_cast<std::size_t>(a.threads) + 1);
 
   // Five loops, rounds interleaved: per-message transactions without the consume record, with
   // it (fast store MemoryStore, then RedisStore), and one transaction per batch without and
@@ -205,6 +261,7 @@ int main(int argc, char** argv) {
   // behind a RedisStore claim. Both sides run the same unprepared INSERT.
   std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch, dedup_pg_batch_memory;
   std::unique_ptr<pqxx::connection> pg;
+  std::vector<std::unique_ptr<pqxx::connection>> pg_threads;  // --threads: one per consumer
   std::unique_ptr<idem::postgres::PostgresStore> pg_store;
   std::string pg_fsync, pg_sync_commit;
   const std::string pg_plain_table = "mq_bench_plain_" + std::to_string(::getpid());
@@ -226,6 +283,9 @@ int main(int argc, char** argv) {
     pg_sync_commit = nt.exec("SHOW synchronous_commit")[0][0].as<std::string>();
     pg_store = std::make_unique<idem::postgres::PostgresStore>(
         idem::postgres::PostgresStoreOptions::mq_consume_record(a.postgres));
+    for (int t = 0; a.threads > 1 && t < a.threads; ++t) {
+      pg_threads.push_back(std::make_unique<pqxx::connection>(a.postgres));
+    }
   }
 #endif
   for (int round = 0; round < a.rounds; ++round) {
@@ -258,7 +318,7 @@ int main(int argc, char** argv) {
       dedup.push_back(run_dedup(fast, "dedup_memory", false));
     }
     if (wanted("dedup_redis")) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::redis::RedisStore fast{fast_options};
       dedup_redis.push_back(run_dedup(fast, "dedup_redis", false));
     }
     if (wanted("plain_batch")) {
@@ -278,7 +338,7 @@ int main(int argc, char** argv) {
       dedup_batch.push_back(run_dedup(fast, "dedup_batch_memory", true));
     }
     if (wanted("dedup_batch_redis")) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::redis::RedisStore fast{fast_options};
       dedup_batch_redis.push_back(run_dedup(fast, "dedup_batch_redis", true));
     }
 #ifdef IDEM_BENCH_WITH_POSTGRES
@@ -300,33 +360,46 @@ int main(int argc, char** argv) {
       idem::IdempotencyGuard guard{fast, *pg_store, mq_guard_options()};
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.pg_messages);
-      return drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+      auto handle = [&](const Entries& batch) {
         return consume_entries<pqxx::work>(
             consumer, batch, batched, [&](pqxx::work& tx, const idem::mq::StreamEntry& e) {
               tx.exec_params(pg_dedup_insert, *e.find("message_id"), *e.find("body"));
             });
-      });
+      };
+      if (a.threads > 1) {
+        return drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
+                              [&](int, const Entries& batch) { return handle(batch); });
+      }
+      return drain(redis, stream, a.batch, a.pg_messages, handle);
     };
     if (pg_store && wanted("dedup_pg")) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::redis::RedisStore fast{fast_options};
       dedup_pg.push_back(run_dedup_pg("dedup_pg", false, fast));
     }
     if (pg && wanted("plain_pg_batch")) {
       auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
+      auto plain_batch_of = [&](pqxx::connection& c, const Entries& batch) {
+        std::vector<std::string> acks;
+        pqxx::work tx(c);
+        for (const auto& e : batch) {
+          tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
+        }
+        tx.commit();
+        for (const auto& e : batch) acks.push_back(e.id);
+        return acks;
+      };
       plain_pg_batch.push_back(
-          drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
-            std::vector<std::string> acks;
-            pqxx::work tx(*pg);
-            for (const auto& e : batch) {
-              tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
-            }
-            tx.commit();
-            for (const auto& e : batch) acks.push_back(e.id);
-            return acks;
-          }));
+          a.threads > 1
+              ? drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
+                               [&](int t, const Entries& batch) {
+                                 return plain_batch_of(*pg_threads[static_cast<std::size_t>(t)],
+                                                       batch);
+                               })
+              : drain(redis, stream, a.batch, a.pg_messages,
+                      [&](const Entries& batch) { return plain_batch_of(*pg, batch); }));
     }
     if (pg_store && wanted("dedup_pg_batch")) {
-      idem::redis::RedisStore fast{idem::redis::RedisStoreOptions{a.redis}};
+      idem::redis::RedisStore fast{fast_options};
       dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, fast));
     }
     if (pg_store && wanted("dedup_pg_batch_memory")) {
@@ -376,8 +449,9 @@ int main(int argc, char** argv) {
     std::printf(
         "mq consumer loop, PostgreSQL: %d messages per round, XREADGROUP/XACK batches of "
         "%zu, %d interleaved rounds, fsync=%s, synchronous_commit=%s, injected one-way "
-        "latency %ld us\n",
-        a.pg_messages, a.batch, a.rounds, pg_fsync.c_str(), pg_sync_commit.c_str(), a.latency_us);
+        "latency %ld us, %d consumer thread(s) in the group\n",
+        a.pg_messages, a.batch, a.rounds, pg_fsync.c_str(), pg_sync_commit.c_str(), a.latency_us,
+        a.threads);
     line("plain, one PostgreSQL transaction per message:", plain_pg);
     line("dedup, consume(), RedisStore + PostgresStore:", dedup_pg);
     line("plain, one PostgreSQL transaction per batch:", plain_pg_batch);
@@ -385,6 +459,7 @@ int main(int argc, char** argv) {
     line("dedup, consume_batch(), MemoryStore + PostgresStore:", dedup_pg_batch_memory);
     std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
     if (a.latency_us > 0) suffix += "_latency_" + std::to_string(a.latency_us) + "us";
+    if (a.threads > 1) suffix += "_" + std::to_string(a.threads) + "_consumers";
     ratio(("mq_dedup_postgres_vs_plain_postgres" + suffix).c_str(), dedup_pg, plain_pg);
     ratio(("mq_dedup_batch_postgres_vs_plain_batch_postgres" + suffix).c_str(), dedup_pg_batch,
           plain_pg_batch);

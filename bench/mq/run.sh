@@ -7,7 +7,9 @@
 # and the driver all pinned to CPU 0 (taskset -c 0): on these VMs an idle CPU halts and waking
 # it costs ~100 us, so unpinned ping-pong loops swing 2-3x from round to round (one side can
 # land on a warm CPU, the other on a halted one). Pinned, a loop costs what the driver and the
-# servers compute per message, which is what the ratios compare.
+# servers compute per message, which is what the ratios compare. The last pass measures
+# throughput instead: servers and driver unpinned, 2 and 8 consumer threads of one group
+# draining one stream.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${IDEM_BENCH_BUILD:-$ROOT/build}"
@@ -43,3 +45,15 @@ taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
 # not server CPU, bound the loops then, as in a deployment.
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
   --only "$pg_loops" --rounds 7 --pg-messages 320 --latency-us 100 "$@"
+# Throughput with several consumers of one group (each its own connections; the dedup loops
+# share one IdempotentConsumer, RedisStore and PostgresStore, as the threads of one service
+# would): the servers and the driver unpinned, on both CPUs.
+all_cpus="0-$(( $(nproc) - 1 ))"
+taskset -a -p -c "$all_cpus" "$(cat "$IDEM_SERVERS_DIR/redis.pid")" >/dev/null
+postmaster="$(head -n 1 "$IDEM_SERVERS_DIR/pgdata/postmaster.pid")"
+for pid in "$postmaster" $(pgrep -P "$postmaster"); do taskset -a -p -c "$all_cpus" "$pid" >/dev/null; done
+for threads in 2 8; do
+  "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
+    --only plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory --rounds 9 --pg-messages 2560 \
+    --threads "$threads" "$@"
+done
