@@ -33,7 +33,8 @@ echo "bench/mq: private redis-server :$IDEM_REDIS_PORT and PostgreSQL :$IDEM_PG_
 # synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone), then with injected
 # network latency.
 pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory
-taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
+# (9 rounds: with 5, the SQLite batch ratios swung by 0.08 between two runs of one build.)
+taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --rounds 9 \
   --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
   --only "$pg_loops" --rounds 9 --pg-messages 1280 "$@"

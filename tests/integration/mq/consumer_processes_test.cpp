@@ -230,7 +230,12 @@ void run_kill_scenario(bool kill_inside, bool batched = false) {
   if (kill_inside) {
     EXPECT_GT(summary_value(out, "retry_later"), 2 * poison.size()) << out;
   } else if (!batched) {
-    EXPECT_EQ(2 * poison.size(), summary_value(out, "retry_later")) << out;
+    // Killed between messages (c1 sleeps 30 ms before each one), c1 held no claim, unless the
+    // kill hit the 1-3 ms of a consume() call (more on a loaded machine): then c2 answered
+    // retry_later for that one message until its 2 s lease ended, taking it over again every
+    // 250 ms once it had been idle for 1 s (a handful of extra answers, never more).
+    EXPECT_GE(summary_value(out, "retry_later"), 2 * poison.size()) << out;
+    EXPECT_LE(summary_value(out, "retry_later"), 2 * poison.size() + 8) << out;
   } else {
     // Killed between messages, c1 held no claim, unless the kill hit the few milliseconds of
     // a consume_batch call (after the slow pre-processing of its batch).
