@@ -37,8 +37,8 @@ SELECT (:partitions)::int > 1 AS idem_partitioned \gset
 -- Partitioned: the primary key contains the partition columns, so it stays one constraint
 -- across partitions.
 CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
-  idem_key      varchar(128) NOT NULL,
-  biz_type      varchar(64) NOT NULL,
+  idem_key      varchar(128) COLLATE "C" NOT NULL,
+  biz_type      varchar(64) COLLATE "C" NOT NULL,
   status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
   fingerprint   text NOT NULL DEFAULT '',
   owner         varchar(64) NOT NULL,
@@ -58,8 +58,8 @@ SELECT format('CREATE TABLE IF NOT EXISTS %I.api_idempotency_p%s PARTITION OF'
                 WHERE partrelid = format('%I.api_idempotency', :'schema')::regclass) \gexec
 \else
 CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
-  idem_key      varchar(128) NOT NULL,
-  biz_type      varchar(64) NOT NULL,
+  idem_key      varchar(128) COLLATE "C" NOT NULL,
+  biz_type      varchar(64) COLLATE "C" NOT NULL,
   status        varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
   fingerprint   text NOT NULL DEFAULT '',
   owner         varchar(64) NOT NULL,          -- owner token of the attempt (fencing)
@@ -79,8 +79,8 @@ INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempoten
 
 -- MQ consume records: one row per (message id, consumer group).
 CREATE TABLE IF NOT EXISTS :"schema".mq_consume_record (
-  message_id     varchar(128) NOT NULL,
-  consumer_group varchar(64) NOT NULL,
+  message_id     varchar(128) COLLATE "C" NOT NULL,
+  consumer_group varchar(64) COLLATE "C" NOT NULL,
   status         varchar(16) NOT NULL CHECK (status IN ('in_progress', 'completed', 'failed')),
   fingerprint    text NOT NULL DEFAULT '',
   owner          varchar(64) NOT NULL,
