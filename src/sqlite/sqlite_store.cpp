@@ -88,7 +88,7 @@ using detail::Connection;
 // Statement
 
 Statement::Statement(Statement&& other) noexcept
-    : db_(other.db_), stmt_(other.stmt_), cached_(other.cached_) {
+    : db_(other.db_), stmt_(other.stmt_), cached_(other.cached_), borrow_(other.borrow_) {
   other.stmt_ = nullptr;
 }
 
@@ -115,13 +115,13 @@ Statement& Statement::bind(int index, double value) {
 Statement& Statement::bind(int index, std::string_view text) {
   // A non-null pointer keeps an empty string from binding as NULL.
   int rc = sqlite3_bind_text64(stmt_, index, text.empty() ? "" : text.data(), text.size(),
-                               SQLITE_TRANSIENT, SQLITE_UTF8);
+                               borrow_ ? SQLITE_STATIC : SQLITE_TRANSIENT, SQLITE_UTF8);
   if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
   return *this;
 }
 Statement& Statement::bind(int index, Blob blob) {
   int rc = sqlite3_bind_blob64(stmt_, index, blob.bytes.empty() ? "" : blob.bytes.data(),
-                               blob.bytes.size(), SQLITE_TRANSIENT);
+                               blob.bytes.size(), borrow_ ? SQLITE_STATIC : SQLITE_TRANSIENT);
   if (rc != SQLITE_OK) detail::throw_error(db_, rc, "bind");
   return *this;
 }

@@ -105,9 +105,17 @@ class Statement {
   friend class Session;
   Statement(sqlite3* db, sqlite3_stmt* stmt, bool cached) noexcept
       : db_(db), stmt_(stmt), cached_(cached) {}
+  // Session::exec and query_*: the arguments outlive the statement's use (it is stepped and
+  // released inside the call), so text and blobs are bound without SQLite copying them.
+  template <class... Args>
+  Statement& bind_all_borrowed(const Args&... args) {
+    borrow_ = true;
+    return bind_all(args...);
+  }
   sqlite3* db_;
   sqlite3_stmt* stmt_;
   bool cached_;
+  bool borrow_ = false;  // bind text and blobs as SQLITE_STATIC (bindings cleared on release)
 };
 
 /// One pooled connection, lent for a read or a write. Not thread-safe; not stored.
@@ -120,7 +128,7 @@ class Session {
   template <class... Args>
   int exec(std::string_view sql, const Args&... args) {
     Statement st = prepare(sql);
-    st.bind_all(args...);
+    st.bind_all_borrowed(args...);
     while (st.step()) {
     }
     return st.changes();
@@ -130,7 +138,7 @@ class Session {
   template <class... Args>
   std::optional<std::int64_t> query_int64(std::string_view sql, const Args&... args) {
     Statement st = prepare(sql);
-    st.bind_all(args...);
+    st.bind_all_borrowed(args...);
     if (!st.step() || st.column_is_null(0)) return std::nullopt;
     return st.column_int64(0);
   }
@@ -139,7 +147,7 @@ class Session {
   template <class... Args>
   std::optional<std::string> query_text(std::string_view sql, const Args&... args) {
     Statement st = prepare(sql);
-    st.bind_all(args...);
+    st.bind_all_borrowed(args...);
     if (!st.step() || st.column_is_null(0)) return std::nullopt;
     return st.column_bytes(0);
   }
