@@ -66,7 +66,8 @@ TEST_F(ChunkStorePg, ResumeStopsAtTheFirstHoleAndUsesOverlapsSuffixOnly) {
   EXPECT_EQ(r.text, r2.text);
   idem::stream::ProducerDedup producer{rid, r2.next_offset};
   EXPECT_FALSE(producer.admit(0, bin + "cd").has_value());
-  auto c = producer.admit(0, bin + "cdEF");
+  const std::string retried = bin + "cdEF";  // admit answers a view into it: keep it alive
+  auto c = producer.admit(0, retried);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(6u, c->offset);
   EXPECT_TRUE(chunks2.append(rid, c->offset, c->body));
