@@ -78,7 +78,7 @@ if [ "$sanitize" -eq 1 ]; then
     # tests/sanitizers/tsan.supp: races TSan reports inside Debian's prebuilt (uninstrumented)
     # libcpp-httplib, documented there. Nothing of idem's own code is suppressed.
     # Unit tests, then the many-thread tests against the real servers (still up here).
-    for sel in "-L unit" "-L integration -R Storm|Concurrent|ThirtyTwoThreads|Race|OrderHttp|Overlapping"; do
+    for sel in "-L unit" "-L integration -R Storm|Concurrent|ThirtyTwoThreads|Race|OrderHttp|Overlapping|Batch|ChunkStore"; do
       # shellcheck disable=SC2086
       (cd "$dir" &&
         ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
