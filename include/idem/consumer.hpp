@@ -429,15 +429,11 @@ class IdempotentConsumer {
     const std::size_t n = batch.size();
     BatchState b{batch, n};
     std::unordered_set<std::string_view> seen;
-    // The batch is one attempt: its claims share one owner token (fencing is per key, so a
-    // token only has to differ from other attempts on the same key).
-    const OwnerToken owner = OwnerToken::generate();
     for (std::size_t i = 0; i < n; ++i) {
       const Delivery& d = batch[i];
       stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
       if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
       b.keys.push_back(make_key(d));
-      b.owners.push_back(owner);
       if (!b.keys[i]) {
         b.verdicts[i] = Verdict::kDeadLetter;
         continue;
@@ -508,7 +504,7 @@ class IdempotentConsumer {
     } catch (...) {
       if (fast != nullptr) {
         for (std::size_t i = 0; i < n; ++i) {
-          if (b.fast_claimed[i] != 0) release_fast(*fast, *b.keys[i], b.owners[i]);
+          if (b.fast_claimed[i] != 0) release_fast(*fast, *b.keys[i], b.owner);
         }
       }
       throw;
@@ -581,11 +577,12 @@ class IdempotentConsumer {
           answer(n),
           took_over(n, 0) {
       keys.reserve(n);
-      owners.reserve(n);
     }
     const std::vector<Delivery>& batch;
     std::vector<std::optional<Key>> keys;  // nullopt: the id is not a valid key
-    std::vector<OwnerToken> owners;
+    // The batch is one attempt: its claims share one owner token (fencing is per key, so a
+    // token only has to differ from other attempts on the same key).
+    OwnerToken owner = OwnerToken::generate();
     std::vector<Verdict> verdicts;
     std::vector<char> to_durable;    // still to be decided by the durable store
     std::vector<char> first;         // the first delivery of its message id in the batch
@@ -615,7 +612,7 @@ class IdempotentConsumer {
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < b.batch.size(); ++i) {
       if (b.first[i] == 0) continue;
-      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owners[i]});
+      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owner});
       index.push_back(i);
     }
     try {
@@ -658,7 +655,7 @@ class IdempotentConsumer {
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < n; ++i) {
       if (b.to_durable[i] == 0 || b.first[i] == 0) continue;
-      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owners[i]});
+      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owner});
       index.push_back(i);
     }
     std::vector<bool> written;
@@ -692,7 +689,7 @@ class IdempotentConsumer {
         throw detail::BatchRerun{};
       }
       if (recorded[i] == 0) {
-        record_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i], c, retention);
+        record_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owner, c, retention);
       }
       b.verdicts[i] = Verdict::kAck;
     }
@@ -721,7 +718,7 @@ class IdempotentConsumer {
         b.failures.emplace_back(i, std::current_exception());
         continue;
       }
-      record_in(durable, tx, key, b.batch[i].fingerprint, b.owners[i], c, retention);
+      record_in(durable, tx, key, b.batch[i].fingerprint, b.owner, c, retention);
       tx.exec("RELEASE SAVEPOINT idem_consume");
       b.verdicts[i] = Verdict::kAck;
     }
@@ -800,7 +797,7 @@ class IdempotentConsumer {
   // the delivery may run (`c` holds the claim); false when an existing record decided it.
   template <class Tx>
   static bool claim_record(Durable& durable, Tx& tx, BatchState& b, std::size_t i, ClaimResult& c) {
-    c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owners[i]);
+    c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owner);
     if (c.status != ClaimStatus::kClaimed) {
       settle(b, i, c);
       return false;
@@ -880,14 +877,14 @@ class IdempotentConsumer {
     for (std::size_t i = 0; i < b.batch.size(); ++i) {
       if (b.fast_claimed[i] == 0) continue;
       if (b.verdicts[i] == Verdict::kAck) {
-        requests.push_back(CompleteRequest{&*b.keys[i], &b.owners[i], detail::kConsumedMarker});
+        requests.push_back(CompleteRequest{&*b.keys[i], &b.owner, detail::kConsumedMarker});
         index.push_back(i);
       } else if (b.durable_found[i] != 0) {
         // The fast store had lost a completed record: put the durable answer back.
-        requests.push_back(CompleteRequest{&*b.keys[i], &b.owners[i], b.durable_done[i]});
+        requests.push_back(CompleteRequest{&*b.keys[i], &b.owner, b.durable_done[i]});
         index.push_back(i);
       } else {
-        release_fast(fast, *b.keys[i], b.owners[i]);  // busy, mismatch or a failed handler
+        release_fast(fast, *b.keys[i], b.owner);  // busy, mismatch or a failed handler
       }
     }
     if (requests.empty()) return;

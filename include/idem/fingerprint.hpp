@@ -69,9 +69,7 @@ inline void random_bytes(unsigned char* out, std::size_t n) {
   std::memset(buf.bytes.data() + buf.used, 0, n);
   buf.used += n;
 }
-}  // namespace detail
 
-namespace detail {
 // SHA-256, looked up once. With OpenSSL 3, EVP_sha256() hands out a placeholder that every
 // EVP_DigestInit_ex resolves again (a provider fetch: ~3,000 instructions, more than hashing a
 // short payload); an explicitly fetched EVP_MD skips that.

@@ -633,11 +633,11 @@ namespace {
 void append_array_element(std::string& out, std::string_view value) {
   if (out.size() > 1) out.push_back(',');
   out.push_back('"');
-  if (value.empty()) {
-    // nothing to copy (and memchr must not see a null pointer)
-  } else if (std::memchr(value.data(), '"', value.size()) == nullptr &&
-      std::memchr(value.data(), '\\', value.size()) == nullptr) {
-    out.append(value.data(), value.size());
+  // (memchr must not see the null pointer of an empty view)
+  const bool escape = !value.empty() && (std::memchr(value.data(), '"', value.size()) != nullptr ||
+                                         std::memchr(value.data(), '\\', value.size()) != nullptr);
+  if (!escape) {
+    out.append(value.begin(), value.end());
   } else {
     for (char c : value) {
       if (c == '"' || c == '\\') out.push_back('\\');

@@ -71,6 +71,28 @@ class SmallBuf {
   std::size_t size_ = 0;
 };
 
+// The byte strings of one batch call in one buffer: add() while building (the buffer may move,
+// so slots are offsets), then view() once building is done. No allocation per message.
+class BatchBuffer {
+ public:
+  BatchBuffer(std::size_t slots, std::size_t bytes) {
+    slots_.reserve(slots);
+    bytes_.reserve(bytes);
+  }
+  std::size_t add(std::string_view s) {
+    slots_.emplace_back(bytes_.size(), s.size());
+    bytes_.append(s);
+    return slots_.size() - 1;
+  }
+  std::string_view view(std::size_t slot) const {
+    return std::string_view(bytes_).substr(slots_[slot].first, slots_[slot].second);
+  }
+
+ private:
+  std::string bytes_;
+  std::vector<std::pair<std::size_t, std::size_t>> slots_;  // offset, length
+};
+
 // prefix + "{" + scope + "|" + id + "}" (always inline with the default prefix: at most
 // 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
 class RedisKey : public SmallBuf {
@@ -585,31 +607,24 @@ class RedisStore::Impl {
     if (!native_claim_.load(std::memory_order_relaxed) || router_.clustered()) return std::nullopt;
     std::vector<ClaimResult> out(requests.size());
     if (requests.empty()) return out;
-    // Every key and record of the batch in one buffer (offsets while it grows, views after).
     struct Pending {
-      std::size_t key_at = 0, key_len = 0, record_at = 0, record_len = 0;
       std::size_t head_end = 0, tail_begin = 0;
       std::string_view key, record;
     };
     std::vector<Pending> pending(requests.size());
-    std::string arena;
-    arena.reserve(requests.size() * 224);
+    BatchBuffer buffer(2 * requests.size(), requests.size() * 224);  // 2i: key i, 2i+1: record
     Num lease_ms(lease.count());
     for (std::size_t i = 0; i < requests.size(); ++i) {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       SmallBuf record;
       build_claim_record(record, *requests[i].owner, requests[i].fingerprint, lease,
                          pending[i].head_end, pending[i].tail_begin);
-      pending[i].key_at = arena.size();
-      pending[i].key_len = rk.view().size();
-      arena.append(rk.view());
-      pending[i].record_at = arena.size();
-      pending[i].record_len = record.view().size();
-      arena.append(record.view());
+      buffer.add(rk.view());
+      buffer.add(record.view());
     }
-    for (Pending& p : pending) {
-      p.key = std::string_view(arena).substr(p.key_at, p.key_len);
-      p.record = std::string_view(arena).substr(p.record_at, p.record_len);
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      pending[i].key = buffer.view(2 * i);
+      pending[i].record = buffer.view(2 * i + 1);
     }
     LastBatch& lb = last_batch;
     lb.store = this;
@@ -676,12 +691,11 @@ class RedisStore::Impl {
     Num deadline(to_millis(system_now()) + ret_ms);
     std::vector<std::size_t> native, scripted;
     // keys[i] and expected[i] view the held claim (this thread's, untouched until the next
-    // claim); the completed records go into one buffer (offsets while it grows, views after).
+    // claim); the completed records go into one buffer.
     std::vector<std::string_view> keys(requests.size()), values(requests.size()),
         expected(requests.size());
-    std::vector<std::pair<std::size_t, std::size_t>> value_at(requests.size());
-    std::string arena;
-    arena.reserve(requests.size() * 192);
+    std::vector<std::size_t> value_slot(requests.size());
+    BatchBuffer buffer(requests.size(), requests.size() * 192);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       HeldClaim* h = find_held(*requests[i].owner, rk.view());
@@ -691,17 +705,14 @@ class RedisStore::Impl {
         SmallBuf completed;
         completed_record(completed, *h, deadline.view(), requests[i].response);
         keys[i] = h->redis_key;
-        value_at[i] = {arena.size(), completed.view().size()};
-        arena.append(completed.view());
+        value_slot[i] = buffer.add(completed.view());
         expected[i] = h->record;
         native.push_back(i);
       } else {
         scripted.push_back(i);
       }
     }
-    for (std::size_t i : native) {
-      values[i] = std::string_view(arena).substr(value_at[i].first, value_at[i].second);
-    }
+    for (std::size_t i : native) values[i] = buffer.view(value_slot[i]);
     if (!native.empty()) {
       std::vector<ReplyUPtr> replies;
       replies.reserve(native.size());
