@@ -8,6 +8,9 @@
 // Pipelined traffic is not serialised (many chunks can be in flight), so a round trip costs
 // 2 x latency plus the servers' and client's own work. The proxy's threads run on `cpu`
 // (the benchmarks pin servers and driver to another one).
+//
+// It also counts round trips: a chunk from the client that follows a reply chunk (or opens the
+// connection) starts one; chunks the client pipelines before any reply belong to the same one.
 #pragma once
 
 #include <arpa/inet.h>
@@ -21,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -66,13 +70,25 @@ class LatencyProxy {
 
   int port() const noexcept { return port_; }
 
+  /// Round trips the clients of all connections started so far (see above).
+  std::uint64_t round_trips() const noexcept { return round_trips_.load(std::memory_order_relaxed); }
+
  private:
   using Clock = std::chrono::steady_clock;
+
+  // What the two directions of one connection share to count its round trips.
+  struct Turns {
+    std::atomic<std::uint64_t> replies{0};  // chunks read from the server so far
+    std::uint64_t seen = ~std::uint64_t{0};  // `replies` at the client's last chunk (up reader)
+    std::atomic<std::uint64_t>* total = nullptr;
+  };
 
   // One direction of one connection: from `in` to `out`, each chunk `latency` later.
   struct Line {
     int in, out;
     std::chrono::microseconds latency;
+    std::shared_ptr<Turns> turns;
+    bool upstream = false;  // client -> server
     std::mutex m;
     std::condition_variable cv;
     std::deque<std::pair<Clock::time_point, std::string>> queue;
@@ -87,6 +103,13 @@ class LatencyProxy {
           eof = true;
           cv.notify_one();
           return;
+        }
+        // A reply is counted before it is forwarded, so before the client can answer it.
+        if (!upstream) {
+          turns->replies.fetch_add(1, std::memory_order_release);
+        } else if (const auto r = turns->replies.load(std::memory_order_acquire); r != turns->seen) {
+          turns->seen = r;
+          turns->total->fetch_add(1, std::memory_order_relaxed);
         }
         queue.emplace_back(Clock::now() + latency, std::string(buf, static_cast<std::size_t>(n)));
         cv.notify_one();
@@ -148,14 +171,19 @@ class LatencyProxy {
       int one = 1;
       ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       ::setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto turns = std::make_shared<Turns>();
+      turns->total = &round_trips_;
       auto up = std::make_shared<Line>();
       up->in = client;
       up->out = server;
       up->latency = one_way_;
+      up->turns = turns;
+      up->upstream = true;
       auto down = std::make_shared<Line>();
       down->in = server;
       down->out = client;
       down->latency = one_way_;
+      down->turns = turns;
       std::lock_guard<std::mutex> lock(mutex_);
       lines_.push_back(up);
       lines_.push_back(down);
@@ -185,6 +213,7 @@ class LatencyProxy {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> round_trips_{0};
   std::thread acceptor_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<Line>> lines_;

@@ -260,6 +260,24 @@ int main(int argc, char** argv) {
   // with de-duplication the consume record commits in that same transaction (PostgresStore)
   // behind a RedisStore claim. Both sides run the same unprepared INSERT.
   std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch, dedup_pg_batch_memory;
+  // --latency-us: the round trips of each loop's drains (not of its publishing), counted at the
+  // delay lines, and the messages they consumed.
+  struct Trips {
+    std::uint64_t trips = 0, messages = 0;
+  };
+  Trips trips_plain_pg, trips_dedup_pg, trips_plain_pg_batch, trips_dedup_pg_batch,
+      trips_dedup_pg_batch_memory;
+  auto proxied_trips = [&]() -> std::uint64_t {
+    return (redis_proxy ? redis_proxy->round_trips() : 0) +
+           (pg_proxy ? pg_proxy->round_trips() : 0);
+  };
+  auto counted = [&](Trips& t, int messages, auto&& run_loop) {
+    const std::uint64_t before = proxied_trips();
+    const double v = run_loop();
+    t.trips += proxied_trips() - before;
+    t.messages += static_cast<std::uint64_t>(messages);
+    return v;
+  };
   std::unique_ptr<pqxx::connection> pg;
   std::vector<std::unique_ptr<pqxx::connection>> pg_threads;  // --threads: one per consumer
   std::unique_ptr<idem::postgres::PostgresStore> pg_store;
@@ -344,19 +362,21 @@ int main(int argc, char** argv) {
 #ifdef IDEM_BENCH_WITH_POSTGRES
     if (pg && wanted("plain_pg")) {
       auto stream = publish(redis, round, "plain_pg", a.pg_messages);
-      plain_pg.push_back(drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
-        std::vector<std::string> acks;
-        for (const auto& e : batch) {
-          pqxx::work tx(*pg);
-          tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
-          tx.commit();
-          acks.push_back(e.id);
-        }
-        return acks;
+      plain_pg.push_back(counted(trips_plain_pg, a.pg_messages, [&] {
+        return drain(redis, stream, a.batch, a.pg_messages, [&](const Entries& batch) {
+          std::vector<std::string> acks;
+          for (const auto& e : batch) {
+            pqxx::work tx(*pg);
+            tx.exec_params(pg_plain_insert, *e.find("message_id"), *e.find("body"));
+            tx.commit();
+            acks.push_back(e.id);
+          }
+          return acks;
+        });
       }));
     }
     // The dedup loops over PostgreSQL, RedisStore in front.
-    auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore& fast) {
+    auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore& fast, Trips& trips) {
       idem::IdempotencyGuard guard{fast, *pg_store, mq_guard_options()};
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.pg_messages);
@@ -366,15 +386,17 @@ int main(int argc, char** argv) {
               tx.exec_params(pg_dedup_insert, *e.find("message_id"), *e.find("body"));
             });
       };
-      if (a.threads > 1) {
-        return drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
-                              [&](int, const Entries& batch) { return handle(batch); });
-      }
-      return drain(redis, stream, a.batch, a.pg_messages, handle);
+      return counted(trips, a.pg_messages, [&] {
+        if (a.threads > 1) {
+          return drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
+                                [&](int, const Entries& batch) { return handle(batch); });
+        }
+        return drain(redis, stream, a.batch, a.pg_messages, handle);
+      });
     };
     if (pg_store && wanted("dedup_pg")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_pg.push_back(run_dedup_pg("dedup_pg", false, fast));
+      dedup_pg.push_back(run_dedup_pg("dedup_pg", false, fast, trips_dedup_pg));
     }
     if (pg && wanted("plain_pg_batch")) {
       auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
@@ -388,23 +410,24 @@ int main(int argc, char** argv) {
         for (const auto& e : batch) acks.push_back(e.id);
         return acks;
       };
-      plain_pg_batch.push_back(
-          a.threads > 1
-              ? drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
-                               [&](int t, const Entries& batch) {
-                                 return plain_batch_of(*pg_threads[static_cast<std::size_t>(t)],
-                                                       batch);
-                               })
-              : drain(redis, stream, a.batch, a.pg_messages,
-                      [&](const Entries& batch) { return plain_batch_of(*pg, batch); }));
+      plain_pg_batch.push_back(counted(trips_plain_pg_batch, a.pg_messages, [&] {
+        return a.threads > 1
+                   ? drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
+                                    [&](int t, const Entries& batch) {
+                                      return plain_batch_of(
+                                          *pg_threads[static_cast<std::size_t>(t)], batch);
+                                    })
+                   : drain(redis, stream, a.batch, a.pg_messages,
+                           [&](const Entries& batch) { return plain_batch_of(*pg, batch); });
+      }));
     }
     if (pg_store && wanted("dedup_pg_batch")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, fast));
+      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, fast, trips_dedup_pg_batch));
     }
     if (pg_store && wanted("dedup_pg_batch_memory")) {
       idem::MemoryStore fast;
-      dedup_pg_batch_memory.push_back(run_dedup_pg("dedup_pg_batch_memory", true, fast));
+      dedup_pg_batch_memory.push_back(run_dedup_pg("dedup_pg_batch_memory", true, fast, trips_dedup_pg_batch_memory));
     }
 #endif
   }
@@ -465,6 +488,34 @@ int main(int argc, char** argv) {
           plain_pg_batch);
     ratio(("mq_dedup_batch_postgres_memory_vs_plain_batch_postgres" + suffix).c_str(),
           dedup_pg_batch_memory, plain_pg_batch);
+    // Round trips per message, what the delay lines counted (the latency pass only).
+    if (a.latency_us > 0) {
+      auto per_message = [](const Trips& t) {
+        return t.messages ? static_cast<double>(t.trips) / static_cast<double>(t.messages) : 0.0;
+      };
+      auto trips_line = [&](const char* label, const Trips& t, const Trips* base) {
+        if (t.messages == 0) return;
+        std::printf("round trips per message, %-38s %6.3f", label, per_message(t));
+        if (base && base->messages) {
+          std::printf("  (%+.3f against the plain loop)", per_message(t) - per_message(*base));
+        }
+        std::printf("\n");
+      };
+      trips_line("plain, transaction per message:", trips_plain_pg, nullptr);
+      trips_line("dedup, consume():", trips_dedup_pg, &trips_plain_pg);
+      trips_line("plain, transaction per batch:", trips_plain_pg_batch, nullptr);
+      trips_line("dedup, consume_batch(), RedisStore:", trips_dedup_pg_batch, &trips_plain_pg_batch);
+      trips_line("dedup, consume_batch(), MemoryStore:", trips_dedup_pg_batch_memory,
+                 &trips_plain_pg_batch);
+      auto trips_ratio = [&](const char* name, const Trips& ours, const Trips& base) {
+        if (ours.messages && base.messages && ours.trips) {
+          std::printf("ratio %s = %.2f\n", name, per_message(base) / per_message(ours));
+        }
+      };
+      trips_ratio("mq_dedup_postgres_vs_plain_postgres_round_trips", trips_dedup_pg, trips_plain_pg);
+      trips_ratio("mq_dedup_batch_postgres_vs_plain_batch_postgres_round_trips",
+                  trips_dedup_pg_batch, trips_plain_pg_batch);
+    }
   }
 #endif
   return 0;
