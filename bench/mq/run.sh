@@ -46,6 +46,9 @@ taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
 # not server CPU, bound the loops then, as in a deployment.
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
   --only "$pg_loops" --rounds 7 --pg-messages 320 --latency-us 100 "$@"
+# What one consume record costs PostgreSQL to write next to the effect row, by layout (executor
+# only, in one transaction; record_row.sql), still pinned.
+taskset -c 0 psql "$IDEM_TEST_POSTGRES_DSN" -X -q -At -v ON_ERROR_STOP=1 -f "$ROOT/bench/mq/record_row.sql"
 # Throughput with several consumers of one group (each its own connections; the dedup loops
 # share one IdempotentConsumer, RedisStore and PostgresStore, as the threads of one service
 # would): the servers and the driver unpinned, on both CPUs.
