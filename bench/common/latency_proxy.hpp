@@ -71,14 +71,16 @@ class LatencyProxy {
   int port() const noexcept { return port_; }
 
   /// Round trips the clients of all connections started so far (see above).
-  std::uint64_t round_trips() const noexcept { return round_trips_.load(std::memory_order_relaxed); }
+  std::uint64_t round_trips() const noexcept {
+    return round_trips_.load(std::memory_order_relaxed);
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
 
   // What the two directions of one connection share to count its round trips.
   struct Turns {
-    std::atomic<std::uint64_t> replies{0};  // chunks read from the server so far
+    std::atomic<std::uint64_t> replies{0};   // chunks read from the server so far
     std::uint64_t seen = ~std::uint64_t{0};  // `replies` at the client's last chunk (up reader)
     std::atomic<std::uint64_t>* total = nullptr;
   };
@@ -107,7 +109,8 @@ class LatencyProxy {
         // A reply is counted before it is forwarded, so before the client can answer it.
         if (!upstream) {
           turns->replies.fetch_add(1, std::memory_order_release);
-        } else if (const auto r = turns->replies.load(std::memory_order_acquire); r != turns->seen) {
+        } else if (const auto r = turns->replies.load(std::memory_order_acquire);
+                   r != turns->seen) {
           turns->seen = r;
           turns->total->fetch_add(1, std::memory_order_relaxed);
         }

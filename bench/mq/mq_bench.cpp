@@ -168,12 +168,11 @@ std::vector<std::string> consume_entries(Consumer& consumer, const Entries& batc
   }
   std::vector<idem::Verdict> verdicts;
   if (batched) {
-    verdicts = consumer.consume_batch(deliveries,
-                                      [&](Tx& tx, std::size_t i) { effect(tx, batch[i]); });
+    verdicts =
+        consumer.consume_batch(deliveries, [&](Tx& tx, std::size_t i) { effect(tx, batch[i]); });
   } else {
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      verdicts.push_back(
-          consumer.consume(deliveries[i], [&](Tx& tx) { effect(tx, batch[i]); }));
+      verdicts.push_back(consumer.consume(deliveries[i], [&](Tx& tx) { effect(tx, batch[i]); }));
     }
   }
   std::vector<std::string> acks;
@@ -295,7 +294,8 @@ int main(int argc, char** argv) {
     pqxx::nontransaction nt(*pg);
     for (const auto& t : {pg_plain_table, pg_dedup_table}) {
       nt.exec("DROP TABLE IF EXISTS " + t);
-      nt.exec("CREATE TABLE " + t + " (id bigserial PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)");
+      nt.exec("CREATE TABLE " + t +
+              " (id bigserial PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)");
     }
     pg_fsync = nt.exec("SHOW fsync")[0][0].as<std::string>();
     pg_sync_commit = nt.exec("SHOW synchronous_commit")[0][0].as<std::string>();
@@ -427,7 +427,8 @@ int main(int argc, char** argv) {
     }
     if (pg_store && wanted("dedup_pg_batch_memory")) {
       idem::MemoryStore fast;
-      dedup_pg_batch_memory.push_back(run_dedup_pg("dedup_pg_batch_memory", true, fast, trips_dedup_pg_batch_memory));
+      dedup_pg_batch_memory.push_back(
+          run_dedup_pg("dedup_pg_batch_memory", true, fast, trips_dedup_pg_batch_memory));
     }
 #endif
   }
@@ -504,7 +505,8 @@ int main(int argc, char** argv) {
       trips_line("plain, transaction per message:", trips_plain_pg, nullptr);
       trips_line("dedup, consume():", trips_dedup_pg, &trips_plain_pg);
       trips_line("plain, transaction per batch:", trips_plain_pg_batch, nullptr);
-      trips_line("dedup, consume_batch(), RedisStore:", trips_dedup_pg_batch, &trips_plain_pg_batch);
+      trips_line("dedup, consume_batch(), RedisStore:", trips_dedup_pg_batch,
+                 &trips_plain_pg_batch);
       trips_line("dedup, consume_batch(), MemoryStore:", trips_dedup_pg_batch_memory,
                  &trips_plain_pg_batch);
       auto trips_ratio = [&](const char* name, const Trips& ours, const Trips& base) {
@@ -512,7 +514,8 @@ int main(int argc, char** argv) {
           std::printf("ratio %s = %.2f\n", name, per_message(base) / per_message(ours));
         }
       };
-      trips_ratio("mq_dedup_postgres_vs_plain_postgres_round_trips", trips_dedup_pg, trips_plain_pg);
+      trips_ratio("mq_dedup_postgres_vs_plain_postgres_round_trips", trips_dedup_pg,
+                  trips_plain_pg);
       trips_ratio("mq_dedup_batch_postgres_vs_plain_batch_postgres_round_trips",
                   trips_dedup_pg_batch, trips_plain_pg_batch);
     }

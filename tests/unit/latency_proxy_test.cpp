@@ -2,6 +2,8 @@
 // The benchmarks' delay line (bench/common/latency_proxy.hpp): it forwards bytes both ways, and
 // counts round trips the way bench/mq reports them (a client chunk after a reply starts one;
 // chunks pipelined before a reply belong to it). Loopback only; no timing is asserted.
+#include "../../bench/common/latency_proxy.hpp"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,8 +15,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "../../bench/common/latency_proxy.hpp"
 
 namespace {
 
