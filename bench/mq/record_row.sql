@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
--- What one consume record costs PostgreSQL to write, next to the loops' effect row (run.sh's
--- last pass; bench/mq/README.md "Where the rest goes"). Executor cost only: every INSERT writes
+-- What one consume record costs PostgreSQL to write, next to the loops' effect row (a pass of
+-- run.sh; bench/mq/README.md, "Record row" and "What the MQ target is measured on"). Executor cost only: every INSERT writes
 -- 64 rows with INSERT ... SELECT, the rows the loops write (the bench's message ids, group name,
 -- fingerprint (one constant value: computing it is not the write), owner and marker), inside one
 -- transaction, so no COMMIT or WAL flush is timed.
@@ -71,32 +71,31 @@ BEGIN
   RETURN extract(epoch FROM clock_timestamp() - t0) * 1e6 / (statements * 64);
 END $$;
 
+-- The layouts in print order, and each round's timing of each.
+CREATE TEMP TABLE layouts (ord int, layout text);
+INSERT INTO layouts VALUES (1, 'effect'), (2, 'record'), (3, 'record_no_expiry_index'),
+                           (4, 'record_heap'), (5, 'minimal');
 CREATE TEMP TABLE timing (layout text, us double precision);
 DO $$
 DECLARE
-  layouts CONSTANT text[] := ARRAY['effect', 'record', 'record_no_expiry_index', 'record_heap',
-                                   'minimal'];
   l text;
   base bigint := 0;
 BEGIN
   FOR round IN 1 .. 9 LOOP
-    FOREACH l IN ARRAY layouts LOOP
+    FOR l IN SELECT layout FROM layouts ORDER BY ord LOOP
       INSERT INTO timing VALUES (l, idem_bench_row.run(l, base, 100));
     END LOOP;
     base := base + 100 * 64;
   END LOOP;
 END $$;
+CREATE TEMP TABLE medians AS
+  SELECT layout, percentile_cont(0.5) WITHIN GROUP (ORDER BY us) AS us FROM timing GROUP BY layout;
 
 SELECT 'record row cost in the executor: INSERT ... SELECT of 64 rows, 9 interleaved rounds of'
        ' 6,400 rows per layout, medians';
-WITH m AS (SELECT layout, percentile_cont(0.5) WITHIN GROUP (ORDER BY us) AS us
-           FROM timing GROUP BY layout)
-SELECT format('  %-24s %s us/row', layout, to_char(us, '990.00')) FROM m
-ORDER BY array_position(ARRAY['effect', 'record', 'record_no_expiry_index', 'record_heap',
-                              'minimal'], layout);
-WITH m AS (SELECT layout, percentile_cont(0.5) WITHIN GROUP (ORDER BY us) AS us
-           FROM timing GROUP BY layout)
+SELECT format('  %-24s %s us/row', m.layout, to_char(m.us, '990.00'))
+FROM medians m JOIN layouts USING (layout) ORDER BY ord;
 SELECT format('ratio mq_record_row_vs_effect_row = %s',
-              round(((SELECT us FROM m WHERE layout = 'effect')
-                     / (SELECT us FROM m WHERE layout = 'record'))::numeric, 2));
+              round(((SELECT us FROM medians WHERE layout = 'effect')
+                     / (SELECT us FROM medians WHERE layout = 'record'))::numeric, 2));
 DROP SCHEMA idem_bench_row CASCADE;
