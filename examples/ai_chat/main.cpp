@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: MIT
+// examples/ai_chat: a streamed AI chat whose page never shows a chunk twice. Run two processes
+// on one database file and let the page stream from both:
+//
+//   ai_chat --port 8080 --db /tmp/chat.sqlite &
+//   ai_chat --port 8081 --db /tmp/chat.sqlite &
+//   open
+//   'http://127.0.0.1:8080/?servers=http://127.0.0.1:8080,http://127.0.0.1:8081&drop_every=20&replay=3&reorder=7'
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "chat_server.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+
+#ifndef AI_CHAT_WEB_DIR
+#define AI_CHAT_WEB_DIR ""
+#endif
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+
+void usage(std::ostream& out) {
+  out << "usage: ai_chat [--port N] [--db PATH] [--web DIR] [--token-delay-us N] [--lease-ms N]\n"
+         "               [--poll-ms N] [--drop-every N] [--replay K] [--reorder M]\n"
+         "  --port N           port on 127.0.0.1 (default 8080; 0 = any free, printed)\n"
+         "  --db PATH          SQLite file of chats, chunks and idempotency records, shared by\n"
+         "                     every process serving the chats (default ai_chat.sqlite)\n"
+         "  --web DIR          folder of index.html and the browser module (default: the source)\n"
+         "  --token-delay-us N pause of the simulated model after each piece (default 2000)\n"
+         "  --lease-ms N       generation lease; another process takes over after it (3000)\n"
+         "  --poll-ms N        how often a stream looks for another process's chunks (20)\n"
+         "  --drop-every N     fault: abort each event stream after N fresh events (0 = off)\n"
+         "  --replay K         fault: resend the last K chunks after a reconnect (0 = off)\n"
+         "  --reorder M        fault: send every M-th event after the next one (0 = off)\n"
+         "  (the events URL's query parameters drop_every, replay, reorder override the faults)\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ai_chat::ServerOptions options;
+  options.port = 8080;
+  options.web_dir = AI_CHAT_WEB_DIR;
+  std::string db = "ai_chat.sqlite";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage(std::cout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::cerr << "ai_chat: " << a << " needs a value (or is unknown)\n";
+      usage(std::cerr);
+      return 2;
+    }
+    std::string v = argv[++i];
+    char* end = nullptr;
+    unsigned long n = std::strtoul(v.c_str(), &end, 10);
+    bool numeric = !v.empty() && *end == '\0';
+    if (a == "--db") {
+      db = v;
+    } else if (a == "--web") {
+      options.web_dir = v;
+    } else if (!numeric) {
+      std::cerr << "ai_chat: " << a << " '" << v << "' is not a number (or is unknown)\n";
+      return 2;
+    } else if (a == "--port" && n <= 65535) {
+      options.port = static_cast<int>(n);
+    } else if (a == "--token-delay-us") {
+      options.token_delay = std::chrono::microseconds(n);
+    } else if (a == "--lease-ms" && n > 0) {
+      options.lease = std::chrono::milliseconds(n);
+    } else if (a == "--poll-ms" && n > 0) {
+      options.poll = std::chrono::milliseconds(n);
+    } else if (a == "--drop-every") {
+      options.faults.drop_every = static_cast<std::uint32_t>(n);
+    } else if (a == "--replay") {
+      options.faults.replay = static_cast<std::uint32_t>(n);
+    } else if (a == "--reorder") {
+      options.faults.reorder = static_cast<std::uint32_t>(n);
+    } else {
+      std::cerr << "ai_chat: bad argument " << a << " " << v << "\n";
+      usage(std::cerr);
+      return 2;
+    }
+  }
+  try {
+    auto database = std::make_shared<idem::sqlite::Database>(db);
+    idem::MemoryStore fast;
+    idem::sqlite::SqliteStore durable{database};
+    ai_chat::SqliteChats chats{database};
+    idem::IdempotencyGuard<idem::sqlite::SqliteStore> guard{fast, durable};
+    ai_chat::ChatServer<idem::sqlite::SqliteStore, ai_chat::SqliteChats> server{guard, chats,
+                                                                                options};
+    server.start();
+    std::cout << "ai_chat listening on " << server.url() << " (db " << db << ")" << std::endl;
+    std::signal(SIGINT, [](int) { g_stop = 1; });
+    std::signal(SIGTERM, [](int) { g_stop = 1; });
+    while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.stop();
+  } catch (const std::exception& e) {
+    std::cerr << "ai_chat: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
