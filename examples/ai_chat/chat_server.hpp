@@ -19,10 +19,12 @@
 // Another process streams the same chat by polling the table, and takes the generation over
 // when the owner's lease ends (its ProducerDedup starts at the stored prefix's end).
 //
-// Fault switches (server defaults, or query parameters of the events URL): drop the connection
-// every N fresh events (`drop_every`), replay the last K chunks the client already has after a
-// reconnect (`replay`), swap every M-th event with the next one (`reorder`). Every replayed
-// chunk is counted (`/chats/{id}/stats`), so a client's duplicate counter can be checked.
+// Fault switches (server defaults, or query parameters of the events URL): end the stream after
+// every N fresh events (`drop_every`; with `abort=1` the connection is cut instead, and the
+// client may lose events that were in flight), replay the last K chunks the client already has
+// after a reconnect (`replay`), swap every M-th event with the next one (`reorder`). Every
+// replayed chunk is counted (`/chats/{id}/stats`), so a client's duplicate counter can be
+// checked. A swapped pair is never split by a drop.
 #pragma once
 
 #include <httplib.h>
@@ -57,6 +59,8 @@ namespace ai_chat {
 struct Faults {
   /// Abort the connection after every N fresh chunk events.
   std::uint32_t drop_every = 0;
+  /// Drop by cutting the connection (no end of the chunked body) instead of ending the stream.
+  bool abort = false;
   /// After a reconnect (a Last-Event-ID), first resend the last K chunks the client has.
   std::uint32_t replay = 0;
   /// Send every M-th fresh event after the one that follows it.
@@ -95,7 +99,7 @@ struct ChatCounters {
   std::uint64_t fresh_events = 0;            // chunk events sent after the resume point
   std::uint64_t replayed = 0;                // chunk events resent that the client had (fault)
   std::uint64_t reordered = 0;               // event pairs swapped (fault)
-  std::uint64_t dropped = 0;                 // connections aborted (fault)
+  std::uint64_t dropped = 0;                 // streams ended early (fault)
   std::uint64_t live_remote = 0;             // fresh events sent while another process generated
   std::uint64_t generations = 0;             // generations run here
   std::uint64_t generator_retries = 0;       // times the generator went back
@@ -431,6 +435,7 @@ class ChatServer {
     number("drop_every", f.drop_every);
     number("replay", f.replay);
     number("reorder", f.reorder);
+    if (req.has_param("abort")) f.abort = req.get_param_value("abort") == "1";
     return f;
   }
 
@@ -506,7 +511,9 @@ class ChatServer {
       }
       if (faults.drop_every > 0 && fresh >= faults.drop_every && !held) {
         count(request_id, [](ChatCounters& k) { ++k.dropped; });
-        return false;  // cpp-httplib closes the connection without ending the chunked body
+        if (faults.abort) return false;  // cpp-httplib closes without ending the chunked body
+        sink.done();                       // the stream ends early, every event delivered
+        return true;
       }
       if (!rows.empty()) continue;
       auto chat = chats_.find(request_id);

@@ -26,7 +26,7 @@ volatile std::sig_atomic_t g_stop = 0;
 
 void usage(std::ostream& out) {
   out << "usage: ai_chat [--port N] [--db PATH] [--web DIR] [--token-delay-us N] [--lease-ms N]\n"
-         "               [--poll-ms N] [--drop-every N] [--replay K] [--reorder M]\n"
+         "               [--poll-ms N] [--drop-every N] [--abort] [--replay K] [--reorder M]\n"
          "  --port N           port on 127.0.0.1 (default 8080; 0 = any free, printed)\n"
          "  --db PATH          SQLite file of chats, chunks and idempotency records, shared by\n"
          "                     every process serving the chats (default ai_chat.sqlite)\n"
@@ -34,10 +34,11 @@ void usage(std::ostream& out) {
          "  --token-delay-us N pause of the simulated model after each piece (default 2000)\n"
          "  --lease-ms N       generation lease; another process takes over after it (3000)\n"
          "  --poll-ms N        how often a stream looks for another process's chunks (20)\n"
-         "  --drop-every N     fault: abort each event stream after N fresh events (0 = off)\n"
+         "  --drop-every N     fault: end each event stream after N fresh events (0 = off)\n"
+         "  --abort            fault: drop by cutting the connection instead of ending it\n"
          "  --replay K         fault: resend the last K chunks after a reconnect (0 = off)\n"
          "  --reorder M        fault: send every M-th event after the next one (0 = off)\n"
-         "  (the events URL's query parameters drop_every, replay, reorder override the faults)\n";
+         "  (the events URL's query parameters drop_every, abort, replay, reorder override them)\n";
 }
 
 }  // namespace
@@ -52,6 +53,10 @@ int main(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       usage(std::cout);
       return 0;
+    }
+    if (a == "--abort") {
+      options.faults.abort = true;
+      continue;
     }
     if (i + 1 >= argc) {
       std::cerr << "ai_chat: " << a << " needs a value (or is unknown)\n";

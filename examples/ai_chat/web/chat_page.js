@@ -2,7 +2,7 @@
 // The page of examples/ai_chat: POST /chats (Idempotency-Key, retried on another server when
 // one fails), then a ChatStream that shows each byte of the answer once and the counters.
 // Query parameters prefill the form: servers (comma-separated base URLs), length, retries,
-// drop_every, replay, reorder.
+// drop_every, abort, replay, reorder.
 import { ChatStream } from './chat_stream.js';
 
 const $ = (id) => document.getElementById(id);
@@ -11,6 +11,7 @@ for (const name of ['length', 'drop_every', 'replay', 'reorder']) {
   if (params.has(name)) $(name).value = params.get(name);
 }
 if (params.has('retries')) $('retries').checked = params.get('retries') !== '0';
+if (params.has('abort')) $('abort').checked = params.get('abort') === '1';
 if (params.has('servers')) $('servers').value = params.get('servers');
 
 const servers = () => {
@@ -79,6 +80,7 @@ async function send() {
     status.textContent = 'streaming';
     const query = new URLSearchParams();
     for (const name of ['drop_every', 'replay', 'reorder']) query.set(name, $(name).value || '0');
+    if ($('abort').checked) query.set('abort', '1');
     // One text node that only grows: nothing shown is ever rewritten.
     const text = document.createTextNode('');
     answer.append(text);
