@@ -375,10 +375,51 @@ class ChatServer {
     return version_;
   }
 
+  // The committed chunks of a chat generated here, so that this process's streams need not
+  // read back from the table what this process just wrote to it. Only chunks already committed
+  // are in it; it starts at the offset the generation resumed at (earlier chunks: the table).
+  struct LiveTail {
+    std::vector<StoredChunk> chunks;  // contiguous, in offset order
+    bool lost = false;                // the lease was lost: another owner writes from here on
+  };
+
+  std::shared_ptr<LiveTail> open_tail(const std::string& request_id) {
+    auto tail = std::make_shared<LiveTail>();
+    std::lock_guard<std::mutex> lock(hub_mutex_);
+    tails_[request_id] = tail;
+    return tail;
+  }
+
+  std::shared_ptr<LiveTail> find_tail(const std::string& request_id) {
+    std::lock_guard<std::mutex> lock(hub_mutex_);
+    auto it = tails_.find(request_id);
+    return it == tails_.end() ? nullptr : it->second;
+  }
+
+  // Chunks after `after` from the live tail; nullopt when the tail cannot tell (it starts
+  // later, is empty, or another process took the generation over): then read the table.
+  std::optional<std::vector<StoredChunk>> tail_after(const LiveTail& tail,
+                                                     std::optional<std::uint64_t> after,
+                                                     std::size_t limit) {
+    std::lock_guard<std::mutex> lock(hub_mutex_);
+    const auto& c = tail.chunks;
+    if (tail.lost || c.empty() || (after ? *after < c.front().offset : c.front().offset != 0)) {
+      return std::nullopt;
+    }
+    auto it =
+        after ? std::upper_bound(c.begin(), c.end(), *after,
+                                 [](std::uint64_t v, const StoredChunk& x) { return v < x.offset; })
+              : c.begin();
+    std::vector<StoredChunk> out;
+    for (; it != c.end() && out.size() < limit; ++it) out.push_back(*it);
+    return out;
+  }
+
   // The generation thread: the model's pieces through ProducerDedup into the chunk table.
   void generate(const std::string& request_id) {
     auto chat = chats_.find(request_id);
     if (!chat) return;
+    auto tail = open_tail(request_id);
     const std::string text = answer(chat->prompt, chat->length);
     idem::stream::ProducerDedup producer{request_id, chats_.resume_offset(request_id)};
     GeneratorOptions g;
@@ -390,10 +431,19 @@ class ChatServer {
     std::uint64_t split = 0;
     auto last_renew = std::chrono::steady_clock::now();
     auto flush = [&] {
-      if (!chats_.append(request_id, owner_, options_.lease, batch)) return false;
+      if (!chats_.append(request_id, owner_, options_.lease, batch)) {
+        std::lock_guard<std::mutex> lock(hub_mutex_);
+        tail->lost = true;
+        return false;
+      }
+      {
+        std::lock_guard<std::mutex> lock(hub_mutex_);  // committed: visible to local streams
+        for (auto& c : batch) tail->chunks.push_back(std::move(c));
+        ++version_;
+      }
+      hub_.notify_all();
       batch.clear();
       last_renew = std::chrono::steady_clock::now();
-      wake();
       return true;
     };
     bool owned = true;
@@ -413,9 +463,20 @@ class ChatServer {
       if (pause && owned) std::this_thread::sleep_for(options_.token_delay);
     }
     if (owned && !stopping_ && (batch.empty() || flush())) {
-      chats_.finish(request_id, owner_, text.size());
-      wake();
+      if (!chats_.finish(request_id, owner_, text.size())) {
+        std::lock_guard<std::mutex> lock(hub_mutex_);
+        tail->lost = true;
+      }
+    } else {
+      std::lock_guard<std::mutex> lock(hub_mutex_);
+      tail->lost = true;
     }
+    {
+      // Streams that hold the tail finish from it; new streams read the table.
+      std::lock_guard<std::mutex> lock(hub_mutex_);
+      tails_.erase(request_id);
+    }
+    wake();
     count(request_id, [&](ChatCounters& k) {
       ++k.generations;
       k.generator_retries += gen.retries();
@@ -481,10 +542,14 @@ class ChatServer {
       count(request_id, [&](ChatCounters& k) { k.replayed += old.size(); });
     }
     bool remote_generating = false;
+    std::shared_ptr<LiveTail> tail;
     auto last_write = std::chrono::steady_clock::now();
     while (!stopping_) {
       const std::uint64_t seen = version();
-      auto rows = chats_.after(request_id, after, 256);
+      if (!tail) tail = find_tail(request_id);
+      std::optional<std::vector<StoredChunk>> local;
+      if (tail) local = tail_after(*tail, after, 256);
+      auto rows = local ? std::move(*local) : chats_.after(request_id, after, 256);
       std::uint64_t sent = 0, swapped = 0;
       for (auto& c : rows) {
         after = c.offset;
@@ -512,7 +577,7 @@ class ChatServer {
       if (faults.drop_every > 0 && fresh >= faults.drop_every && !held) {
         count(request_id, [](ChatCounters& k) { ++k.dropped; });
         if (faults.abort) return false;  // cpp-httplib closes without ending the chunked body
-        sink.done();                       // the stream ends early, every event delivered
+        sink.done();                     // the stream ends early, every event delivered
         return true;
       }
       if (!rows.empty()) continue;
@@ -555,6 +620,7 @@ class ChatServer {
   std::mutex hub_mutex_;
   std::condition_variable hub_;
   std::uint64_t version_ = 0;
+  std::map<std::string, std::shared_ptr<LiveTail>> tails_;  // chats generated here
 
   struct Worker {
     std::thread thread;

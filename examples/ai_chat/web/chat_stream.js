@@ -110,6 +110,16 @@ export class Window {
 
   /** Unit offsets (one token per offset): true when `offset` was not seen before. */
   admitOne(offset) {
+    // The in-order and replay cases without allocating an Admission.
+    if (this._b.length === 0 && Number.isSafeInteger(offset) && offset >= 0 &&
+        offset <= this.watermark && offset < Number.MAX_SAFE_INTEGER) {
+      if (offset < this.watermark) {
+        ++this.duplicates;
+        return false;
+      }
+      this.watermark = offset + 1;
+      return true;
+    }
     return this.admit(offset, 1).fresh;
   }
 
