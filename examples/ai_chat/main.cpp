@@ -15,6 +15,9 @@
 #include "chat_server.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#ifdef AI_CHAT_WITH_POSTGRES
+#include "postgres_chats.hpp"
+#endif
 
 #ifndef AI_CHAT_WEB_DIR
 #define AI_CHAT_WEB_DIR ""
@@ -24,12 +27,31 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 
+// Serves until SIGINT/SIGTERM.
+template <class Durable, class Chats>
+void serve(Durable& durable, Chats& chats, const ai_chat::ServerOptions& options,
+           const std::string& what) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard<Durable> guard{fast, durable};
+  ai_chat::ChatServer<Durable, Chats> server{guard, chats, options};
+  server.start();
+  std::cout << "ai_chat listening on " << server.url() << " (" << what << ")" << std::endl;
+  std::signal(SIGINT, [](int) { g_stop = 1; });
+  std::signal(SIGTERM, [](int) { g_stop = 1; });
+  while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.stop();
+}
+
 void usage(std::ostream& out) {
-  out << "usage: ai_chat [--port N] [--db PATH] [--web DIR] [--token-delay-us N] [--lease-ms N]\n"
-         "               [--poll-ms N] [--drop-every N] [--abort] [--replay K] [--reorder M]\n"
+  out << "usage: ai_chat [--port N] [--db PATH | --postgres DSN [--pg-schema S]] [--web DIR]\n"
+         "               [--token-delay-us N] [--lease-ms N] [--poll-ms N]\n"
+         "               [--drop-every N] [--abort] [--replay K] [--reorder M]\n"
          "  --port N           port on 127.0.0.1 (default 8080; 0 = any free, printed)\n"
          "  --db PATH          SQLite file of chats, chunks and idempotency records, shared by\n"
          "                     every process serving the chats (default ai_chat.sqlite)\n"
+         "  --postgres DSN     PostgreSQL (libpq conninfo or postgresql:// URI) instead of\n"
+         "                     SQLite, shared the same way (needs a build with idem::postgres)\n"
+         "  --pg-schema NAME   its schema (created if missing; default public)\n"
          "  --web DIR          folder of index.html and the browser module (default: the source)\n"
          "  --token-delay-us N pause of the simulated model after each piece (default 2000)\n"
          "  --lease-ms N       generation lease; another process takes over after it (3000)\n"
@@ -48,6 +70,8 @@ int main(int argc, char** argv) {
   options.port = 8080;
   options.web_dir = AI_CHAT_WEB_DIR;
   std::string db = "ai_chat.sqlite";
+  std::string dsn;
+  std::string schema = "public";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -69,6 +93,10 @@ int main(int argc, char** argv) {
     bool numeric = !v.empty() && *end == '\0';
     if (a == "--db") {
       db = v;
+    } else if (a == "--postgres") {
+      dsn = v;
+    } else if (a == "--pg-schema") {
+      schema = v;
     } else if (a == "--web") {
       options.web_dir = v;
     } else if (!numeric) {
@@ -94,20 +122,29 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifndef AI_CHAT_WITH_POSTGRES
+  if (!dsn.empty()) {
+    std::cerr << "ai_chat: this build has no PostgreSQL backend (idem::postgres)\n";
+    return 2;
+  }
+#endif
   try {
+#ifdef AI_CHAT_WITH_POSTGRES
+    if (!dsn.empty()) {
+      idem::postgres::PostgresStoreOptions o;
+      o.conninfo = dsn;
+      o.schema = schema;
+      o.pool_size = options.threads + 8;         // every open stream may poll at once
+      idem::postgres::PostgresStore durable{o};  // connects and migrates: fails fast
+      ai_chat::PostgresChats chats{durable};
+      serve(durable, chats, options, "postgres, schema " + schema);
+      return 0;
+    }
+#endif
     auto database = std::make_shared<idem::sqlite::Database>(db);
-    idem::MemoryStore fast;
     idem::sqlite::SqliteStore durable{database};
     ai_chat::SqliteChats chats{database};
-    idem::IdempotencyGuard<idem::sqlite::SqliteStore> guard{fast, durable};
-    ai_chat::ChatServer<idem::sqlite::SqliteStore, ai_chat::SqliteChats> server{guard, chats,
-                                                                                options};
-    server.start();
-    std::cout << "ai_chat listening on " << server.url() << " (db " << db << ")" << std::endl;
-    std::signal(SIGINT, [](int) { g_stop = 1; });
-    std::signal(SIGTERM, [](int) { g_stop = 1; });
-    while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    server.stop();
+    serve(durable, chats, options, "db " + db);
   } catch (const std::exception& e) {
     std::cerr << "ai_chat: " << e.what() << "\n";
     return 1;

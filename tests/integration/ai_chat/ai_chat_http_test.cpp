@@ -7,23 +7,17 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <atomic>
-#include <chrono>
 #include <memory>
-#include <mutex>
-#include <nlohmann/json.hpp>
-#include <set>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "chat_server.hpp"
+#include "ai_chat_test_support.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/test_env.hpp"
 
 namespace {
 
+using namespace ai_chat_test;
 using Server = ai_chat::ChatServer<idem::sqlite::SqliteStore, ai_chat::SqliteChats>;
 
 // One "process": its own database handle, stores, guard and server.
@@ -44,194 +38,22 @@ struct Node {
   Server server;
 };
 
-ai_chat::ServerOptions slow_options() {
-  ai_chat::ServerOptions o;
-  o.token_delay = std::chrono::microseconds(2000);
-  return o;
-}
-
-struct Posted {
-  int status = 0;
-  std::string body;
-  std::string replayed;
-};
-
-Posted post(int port, const std::string& key, const std::string& body) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(30, 0);
-  httplib::Headers h;
-  if (!key.empty()) h.emplace("Idempotency-Key", key);
-  auto r = c.Post("/chats", h, body, "application/json");
-  if (!r) return {};
-  return {r->status, r->body, r->get_header_value("Idempotent-Replayed")};
-}
-
-std::string request_id_of(const Posted& p) {
-  auto j = nlohmann::json::parse(p.body, nullptr, false);
-  return j.is_object() && j.contains("request_id") ? j["request_id"].get<std::string>() : "";
-}
-
-// Decodes the chunk events of an SSE body: (offset, bytes) in order, and whether `done` came.
-struct Stream {
-  std::vector<std::pair<std::uint64_t, std::string>> chunks;
-  bool done = false;
-  std::string text() const {
-    std::string t;
-    for (const auto& c : chunks) t += c.second;
-    return t;
-  }
-};
-
-std::string from_base64(const std::string& b64) {
-  std::string out(b64.size(), '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(&out[0]),
-                          reinterpret_cast<const unsigned char*>(b64.data()),
-                          static_cast<int>(b64.size()));
-  if (n < 0) return "<bad base64>";
-  std::size_t pad = b64.size() >= 2 && b64[b64.size() - 1] == '=' ? 1 : 0;
-  pad += b64.size() >= 2 && b64[b64.size() - 2] == '=' ? 1 : 0;
-  out.resize(static_cast<std::size_t>(n) - pad);
-  return out;
-}
-
-Stream parse_events(const std::string& id, const std::string& body) {
-  Stream s;
-  std::size_t at = 0;
-  while (at < body.size()) {
-    std::size_t end = body.find("\n\n", at);
-    if (end == std::string::npos) break;
-    std::string block = body.substr(at, end - at);
-    at = end + 2;
-    if (block.rfind("event: done", 0) == 0) s.done = true;
-    auto idp = block.find("id: " + id + "_");
-    auto dp = block.find("data: ");
-    if (idp == std::string::npos || dp == std::string::npos) continue;
-    std::uint64_t offset = std::stoull(block.substr(idp + 5 + id.size()));
-    s.chunks.emplace_back(offset, from_base64(block.substr(dp + 6)));
-  }
-  return s;
-}
-
-Stream get_events(int port, const std::string& id, const std::string& last_event_id = "",
-                  const std::function<void(std::size_t)>& on_bytes = nullptr) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(30, 0);
-  httplib::Headers h;
-  if (!last_event_id.empty()) h.emplace("Last-Event-ID", last_event_id);
-  std::string body;
-  auto r = c.Get(("/chats/" + id + "/events").c_str(), h, [&](const char* data, std::size_t n) {
-    body.append(data, n);
-    if (on_bytes) on_bytes(body.size());
-    return true;
-  });
-  EXPECT_TRUE(r);
-  return parse_events(id, body);
-}
-
-nlohmann::json get_json(int port, const std::string& path) {
-  httplib::Client c("127.0.0.1", port);
-  auto r = c.Get(path.c_str());
-  if (!r || r->status != 200) return nullptr;
-  return nlohmann::json::parse(r->body);
-}
-
-std::string original(int port, const std::string& id) {
-  httplib::Client c("127.0.0.1", port);
-  auto r = c.Get(("/chats/" + id + "/original").c_str());
-  return r ? r->body : "";
-}
-
 TEST(AiChatHttp, RetriedPostWhileStreamingStartsOneGeneration) {
   idem::test::TempDir dir;
   Node a{dir.file("chat.sqlite"), slow_options()};
   Node b{dir.file("chat.sqlite"), slow_options()};
-  const std::string body = R"({"prompt":"retry me","length":3000,"retries":true})";
-  const std::string key = "\"7d0e5c1a-retry\"";
-  Posted first = post(a.server.port(), key, body);
-  ASSERT_EQ(201, first.status) << first.body;
-  const std::string id = request_id_of(first);
-  ASSERT_FALSE(id.empty());
-
-  // Retries arrive while the stream is running: the same answer from both servers, and from
-  // 16 threads at once (a 409 in_progress is allowed while a twin is inside the guard).
-  std::atomic<bool> streaming{false};
-  std::vector<Posted> retries;
-  std::mutex m;
-  std::thread client([&] {
-    Stream s = get_events(b.server.port(), id, "", [&](std::size_t n) {
-      if (n > 200) streaming = true;
-    });
-    EXPECT_TRUE(s.done);
-    EXPECT_EQ(original(a.server.port(), id), s.text());
+  retried_post_during_stream(a.server, b.server, [&] {
+    return static_cast<long>(a.db->read([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM ai_chat").value_or(-1);
+    }));
   });
-  while (!streaming) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ("generating", get_json(a.server.port(), "/chats/" + id)["status"]);
-  std::vector<std::thread> storm;
-  for (int t = 0; t < 16; ++t) {
-    storm.emplace_back([&, t] {
-      int port = (t % 2 == 0 ? a : b).server.port();
-      Posted p;
-      for (int attempt = 0; attempt < 50; ++attempt) {
-        p = post(port, key, body);
-        if (p.status != 409) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      std::lock_guard<std::mutex> lock(m);
-      retries.push_back(p);
-    });
-  }
-  for (auto& t : storm) t.join();
-  client.join();
-
-  ASSERT_EQ(16u, retries.size());
-  for (const auto& p : retries) {
-    EXPECT_EQ(201, p.status) << p.body;
-    EXPECT_EQ(first.body, p.body);  // byte for byte the first answer
-    EXPECT_EQ("true", p.replayed);
-  }
-  auto state = get_json(b.server.port(), "/chats/" + id);
-  EXPECT_EQ("done", state["status"]);
-  EXPECT_EQ(1, state["generations"].get<int>());
-  EXPECT_EQ(1u, a.server.counters_of(id).generations + b.server.counters_of(id).generations);
-  // One chat row in the shared database.
-  EXPECT_EQ(1, a.db->read([](idem::sqlite::Session& s) {
-    return s.query_int64("SELECT count(*) FROM ai_chat").value_or(-1);
-  }));
-  // The same key with another body is a client error, not a second chat.
-  EXPECT_EQ(422, post(b.server.port(), key, R"({"prompt":"another"})").status);
 }
 
 TEST(AiChatHttp, ResumesAfterTheLastEventIdOnEitherServer) {
   idem::test::TempDir dir;
-  ai_chat::ServerOptions fast_options;
-  fast_options.token_delay = std::chrono::microseconds(0);
-  Node a{dir.file("chat.sqlite"), fast_options};
-  Node b{dir.file("chat.sqlite"), fast_options};
-  Posted p = post(a.server.port(), "\"resume\"", R"({"prompt":"resume","length":2000})");
-  ASSERT_EQ(201, p.status);
-  const std::string id = request_id_of(p);
-  Stream all = get_events(a.server.port(), id);
-  ASSERT_TRUE(all.done);
-  const std::string text = original(b.server.port(), id);
-  ASSERT_EQ(text, all.text());
-  ASSERT_GT(all.chunks.size(), 100u);
-  // Chunks are contiguous: each starts where the previous ended.
-  std::uint64_t end = 0;
-  for (const auto& [offset, bytes] : all.chunks) {
-    ASSERT_EQ(end, offset);
-    end += bytes.size();
-  }
-  // Resume after chunk k on the other server: exactly the chunks after it.
-  const std::size_t k = all.chunks.size() / 3;
-  Stream rest = get_events(b.server.port(), id, id + "_" + std::to_string(all.chunks[k].first));
-  ASSERT_TRUE(rest.done);
-  ASSERT_EQ(all.chunks.size() - k - 1, rest.chunks.size());
-  EXPECT_EQ(all.chunks[k + 1].first, rest.chunks.front().first);
-  EXPECT_EQ(text.substr(all.chunks[k + 1].first), rest.text());
-  // After the last chunk: nothing but `done`.
-  Stream none = get_events(a.server.port(), id, id + "_" + std::to_string(all.chunks.back().first));
-  EXPECT_TRUE(none.done);
-  EXPECT_TRUE(none.chunks.empty());
+  Node a{dir.file("chat.sqlite"), fast_options()};
+  Node b{dir.file("chat.sqlite"), fast_options()};
+  resume_on_either_server(a.server, b.server);
 }
 
 TEST(AiChatHttp, BadInputGetsTypedAnswers) {
