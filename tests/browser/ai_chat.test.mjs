@@ -6,8 +6,10 @@
 // across chunks included), the duplicate counter equals the replays the servers injected, and a
 // screenshot of the final page is kept (IDEM_BROWSER_ARTIFACTS, the build folder).
 //
+// A third test runs 5 chats the same way on PostgreSQL (two processes on one schema).
+//
 // Environment: AI_CHAT_BIN (the server), IDEM_BROWSER_ARTIFACTS (screenshot and databases),
-// IDEM_CHROMIUM (default /usr/bin/chromium). Without Chromium or puppeteer-core the tests skip,
+// IDEM_CHROMIUM (default /usr/bin/chromium), IDEM_TEST_POSTGRES_DSN (the PostgreSQL test). Without Chromium or puppeteer-core the tests skip,
 // except under IDEM_REQUIRE_SERVERS=1 (scripts/test.sh), where they fail.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -39,9 +41,10 @@ const children = new Set();
 const workDir = mkdtempSync(join(tmpdir(), 'idem-ai-chat-'));
 let browser = null;
 
-// Starts an ai_chat process on a free port; resolves with its base URL.
-function startServer(db, args = []) {
-  const child = spawn(serverBin, ['--port', '0', '--db', db, ...args],
+// Starts an ai_chat process on a free port on `backend` (['--db', path] or ['--postgres', dsn,
+// '--pg-schema', name]); resolves with its base URL.
+function startServer(backend, args = []) {
+  const child = spawn(serverBin, ['--port', '0', ...backend, ...args],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   children.add(child);
   child.on('exit', () => children.delete(child));
@@ -143,9 +146,51 @@ after(async () => {
   rmSync(workDir, { recursive: true, force: true });
 });
 
+// Runs `n` chats through the page (faults as its URL says) and checks each: the text byte for
+// byte, duplicates = the replays both servers injected, out of order = the swaps, reconnects =
+// the streams ended, one generation. @returns the servers' counters summed over the chats.
+async function faultyChats(page, a, b, n) {
+  const total = { split: 0, liveRemote: 0, freshA: 0, freshB: 0, retries: 0, skipped: 0,
+    reordered: 0, replayed: 0 };
+  for (let i = 0; i < n; ++i) {
+    const shown = await chat(page, `question ${i}: what does exactly once mean? ✓`);
+    assert.equal(shown.status, 'done', `chat ${i}: ${shown.status}`);
+    const id = shown.requestId;
+    const original = await originalBytes(a.url, id);
+    assert.ok(original.length > 1400, `chat ${i}: answer of ${original.length} bytes`);
+    // Byte for byte: the page's text, encoded as UTF-8, is the generator's answer.
+    assert.equal(Buffer.from(shown.answer, 'utf8').toString('hex'), original.toString('hex'),
+      `chat ${id}: the page shows other text`);
+    assert.ok(!shown.answer.includes('\uFFFD'), `chat ${id}: a replacement character`);
+    assert.equal(shown.bytes, original.length);
+    const sa = await json(`${a.url}/chats/${id}/stats`);
+    const sb = await json(`${b.url}/chats/${id}/stats`);
+    // Every chunk the servers replayed was dropped, and nothing else was.
+    assert.equal(shown.duplicates, sa.replayed + sb.replayed, `chat ${id}: duplicates`);
+    assert.equal(shown.chunks, sa.fresh_events + sb.fresh_events + sa.replayed + sb.replayed,
+      `chat ${id}: chunk events received vs sent`);
+    assert.equal(shown.outOfOrder, sa.reordered + sb.reordered, `chat ${id}: reordered`);
+    assert.equal(shown.reconnects, sa.dropped + sb.dropped, `chat ${id}: reconnects`);
+    assert.ok(shown.reconnects >= 2, `chat ${id}: ${shown.reconnects} reconnects`);
+    assert.equal(sa.generations + sb.generations, 1, `chat ${id}: generations`);
+    const state = await json(`${b.url}/chats/${id}`);
+    assert.equal(state.status, 'done');
+    assert.equal(state.generations, 1);
+    total.split += sa.split_characters + sb.split_characters;
+    total.liveRemote += sa.live_remote + sb.live_remote;
+    total.freshA += sa.fresh_events;
+    total.freshB += sb.fresh_events;
+    total.retries += sa.generator_retries + sb.generator_retries;
+    total.skipped += sa.producer_dropped_bytes + sb.producer_dropped_bytes;
+    total.reordered += sa.reordered + sb.reordered;
+    total.replayed += sa.replayed + sb.replayed;
+  }
+  return total;
+}
+
 test('20 chats with every fault on, two processes on one database: each byte shown once',
   { skip, timeout: 180000 }, async () => {
-    const db = join(workDir, 'chat.sqlite');
+    const db = ['--db', join(workDir, 'chat.sqlite')];
     const args = ['--token-delay-us', '1000'];
     const a = await startServer(db, args);
     const b = await startServer(db, args);
@@ -153,41 +198,7 @@ test('20 chats with every fault on, two processes on one database: each byte sho
       const query = new URLSearchParams({ servers: `${a.url},${b.url}`, length: '1500',
         retries: '1', drop_every: '20', replay: '3', reorder: '7' });
       const { page, errors } = await openPage(`${a.url}/?${query}`);
-      const total = { split: 0, liveRemote: 0, freshA: 0, freshB: 0, retries: 0, skipped: 0,
-        reordered: 0, replayed: 0 };
-      for (let i = 0; i < 20; ++i) {
-        const shown = await chat(page, `question ${i}: what does exactly once mean? ✓`);
-        assert.equal(shown.status, 'done', `chat ${i}: ${shown.status}`);
-        const id = shown.requestId;
-        const original = await originalBytes(a.url, id);
-        assert.ok(original.length > 1400, `chat ${i}: answer of ${original.length} bytes`);
-        // Byte for byte: the page's text, encoded as UTF-8, is the generator's answer.
-        assert.equal(Buffer.from(shown.answer, 'utf8').toString('hex'), original.toString('hex'),
-          `chat ${id}: the page shows other text`);
-        assert.ok(!shown.answer.includes('\uFFFD'), `chat ${id}: a replacement character`);
-        assert.equal(shown.bytes, original.length);
-        const sa = await json(`${a.url}/chats/${id}/stats`);
-        const sb = await json(`${b.url}/chats/${id}/stats`);
-        // Every chunk the servers replayed was dropped, and nothing else was.
-        assert.equal(shown.duplicates, sa.replayed + sb.replayed, `chat ${id}: duplicates`);
-        assert.equal(shown.chunks, sa.fresh_events + sb.fresh_events + sa.replayed + sb.replayed,
-          `chat ${id}: chunk events received vs sent`);
-        assert.equal(shown.outOfOrder, sa.reordered + sb.reordered, `chat ${id}: reordered`);
-        assert.equal(shown.reconnects, sa.dropped + sb.dropped, `chat ${id}: reconnects`);
-        assert.ok(shown.reconnects >= 2, `chat ${id}: ${shown.reconnects} reconnects`);
-        assert.equal(sa.generations + sb.generations, 1, `chat ${id}: generations`);
-        const state = await json(`${b.url}/chats/${id}`);
-        assert.equal(state.status, 'done');
-        assert.equal(state.generations, 1);
-        total.split += sa.split_characters + sb.split_characters;
-        total.liveRemote += sa.live_remote + sb.live_remote;
-        total.freshA += sa.fresh_events;
-        total.freshB += sb.fresh_events;
-        total.retries += sa.generator_retries + sb.generator_retries;
-        total.skipped += sa.producer_dropped_bytes + sb.producer_dropped_bytes;
-        total.reordered += sa.reordered + sb.reordered;
-        total.replayed += sa.replayed + sb.replayed;
-      }
+      const total = await faultyChats(page, a, b, 20);
       // The faults really happened, in both processes, while the answers were being generated.
       assert.ok(total.split > 100, `chunks ending inside a character: ${total.split}`);
       assert.ok(total.liveRemote > 100, `events from the non-generating process mid-stream: ${total.liveRemote}`);
@@ -208,7 +219,7 @@ test('20 chats with every fault on, two processes on one database: each byte sho
 
 test('the generating process is killed mid-stream: the other takes over, each byte shown once',
   { skip, timeout: 120000 }, async () => {
-    const db = join(workDir, 'kill.sqlite');
+    const db = ['--db', join(workDir, 'kill.sqlite')];
     const args = ['--token-delay-us', '3000', '--lease-ms', '600'];
     const a = await startServer(db, args);
     const b = await startServer(db, args);
@@ -255,5 +266,42 @@ test('the generating process is killed mid-stream: the other takes over, each by
     } finally {
       stopServer(a);
       stopServer(b);
+    }
+  });
+
+const dsn = process.env.IDEM_TEST_POSTGRES_DSN;
+if (!skip && !dsn && required) {
+  throw new Error('IDEM_TEST_POSTGRES_DSN is not set (required under scripts/test.sh)');
+}
+
+test('on PostgreSQL: 5 chats with every fault on, two processes on one database',
+  { skip: skip || (dsn ? false : 'skipped: IDEM_TEST_POSTGRES_DSN is not set'), timeout: 180000 },
+  async () => {
+    const schema = `idem_browser_${process.pid}`;
+    const backend = ['--postgres', dsn, '--pg-schema', schema];
+    const args = ['--token-delay-us', '1000'];
+    const a = await startServer(backend, args);
+    const b = await startServer(backend, args);
+    try {
+      const query = new URLSearchParams({ servers: `${a.url},${b.url}`, length: '1500',
+        retries: '1', drop_every: '20', replay: '3', reorder: '7' });
+      const { page, errors } = await openPage(`${b.url}/?${query}`);
+      const total = await faultyChats(page, a, b, 5);
+      assert.ok(total.split > 20 && total.replayed > 20 && total.reordered > 20,
+        JSON.stringify(total));
+      assert.ok(total.freshA > 100 && total.freshB > 100, JSON.stringify(total));
+      assert.deepEqual(errors, []);
+      await page.close();
+    } finally {
+      stopServer(a);
+      stopServer(b);
+      await Promise.all([a, b].map((s) => new Promise((r) => {
+        if (s.child.exitCode !== null || s.child.signalCode !== null) r();
+        else s.child.on('exit', r);
+      })));
+      // The schema of this run: dropped with psql (postgresql-client, see bootstrap.sh).
+      const drop = spawn('psql', [dsn, '-qc', `DROP SCHEMA IF EXISTS ${schema} CASCADE`],
+        { stdio: 'ignore' });
+      await new Promise((r) => drop.on('exit', r));
     }
   });
