@@ -119,7 +119,7 @@ class PostgresChats {
               .affected_rows() != 1) {
         return false;
       }
-      for (const auto& c : batch) chunks_.append(tx, request_id, c.offset, c.body);
+      chunks_.append_all(tx, request_id, batch);
       return true;
     });
   }

@@ -154,7 +154,7 @@ class SqliteChats {
                   now_ms() + lease.count(), request_id, owner) != 1) {
         return false;
       }
-      for (const auto& c : batch) chunks_.append(tx, request_id, c.offset, c.body);
+      chunks_.append_all(tx, request_id, batch);
       return true;
     });
   }
