@@ -251,9 +251,9 @@ RABBITMQ_NODE="idem$RABBITMQ_PORT@localhost"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# Runs a RabbitMQ or Erlang command with this node's environment.
-rabbitmq_env() {
-  env HOME="$RABBITMQ_DIR" \
+# Runs a RabbitMQ or Erlang command with this node's environment (in place of the shell).
+rabbitmq_exec() {
+  exec env HOME="$RABBITMQ_DIR" \
     RABBITMQ_NODENAME="$RABBITMQ_NODE" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
     RABBITMQ_NODE_PORT="$RABBITMQ_PORT" RABBITMQ_DIST_PORT="$RABBITMQ_DIST_PORT" \
     RABBITMQ_CTL_DIST_PORT_MIN=$((RABBITMQ_DIST_PORT + 1)) \
@@ -267,8 +267,15 @@ rabbitmq_env() {
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} ${IDEM_RABBITMQ_ERL_ARGS:-}" \
     "$@"
 }
+rabbitmq_env() { (rabbitmq_exec "$@"); }
 
 rabbitmq_alive() { port_open "$RABBITMQ_PORT"; }
+
+# True while process $1 runs (a zombie waiting for pid 1 to reap it does not count).
+pid_running() { [ -n "${1:-}" ] && ps -o stat= -p "$1" 2>/dev/null | grep -qv '^Z'; }
+
+# The node's Erlang VM (its command line names our HOME); the pid file is not always one pid.
+rabbitmq_pid() { pgrep -f -- "beam.smp .* -home $RABBITMQ_DIR( |$)" | head -1; }
 
 rabbitmq_start() {
   ensure_dir
@@ -293,7 +300,7 @@ CONF
   rm -f "$RABBITMQ_DIR/rabbitmq.pid"
   # A session of its own, and no descriptor of ours: a test that restarts the node must not
   # leave it holding the test's output pipe.
-  rabbitmq_env setsid "$RABBITMQ_BIN/rabbitmq-server" </dev/null >>"$RABBITMQ_DIR/rabbitmq.log" 2>&1 &
+  rabbitmq_exec setsid "$RABBITMQ_BIN/rabbitmq-server" </dev/null >>"$RABBITMQ_DIR/rabbitmq.log" 2>&1 &
   for _ in $(seq 1 300); do
     if rabbitmq_alive; then return 0; fi
     sleep 0.1
@@ -303,14 +310,17 @@ CONF
 }
 
 rabbitmq_stop() {
-  if [ -s "$RABBITMQ_DIR/rabbitmq.pid" ] || rabbitmq_alive; then
-    local pid; pid="$(cat "$RABBITMQ_DIR/rabbitmq.pid" 2>/dev/null || true)"
+  local pid; pid="$(rabbitmq_pid || true)"
+  if [ -n "$pid" ] || rabbitmq_alive; then
     rabbitmq_env timeout 60 "$RABBITMQ_BIN/rabbitmqctl" -q stop >/dev/null 2>&1 || true
     for _ in $(seq 1 100); do
-      if ! rabbitmq_alive && { [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; }; then break; fi
+      if ! rabbitmq_alive && ! pid_running "$pid"; then break; fi
       sleep 0.1
     done
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+    if pid_running "$pid"; then
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do pid_running "$pid" || break; sleep 0.1; done
+    fi
     rm -f "$RABBITMQ_DIR/rabbitmq.pid"
   fi
   if port_open "$EPMD_PORT"; then
