@@ -13,10 +13,12 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "../postgres/tcp_proxy.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/rabbitmq/consumer_loop.hpp"
 #include "idem/sqlite/attempt_ledger.hpp"
@@ -406,6 +408,42 @@ TEST_F(RabbitConsumerTest, AckLostAfterTheCommitIsADuplicateOnRedelivery) {
   EXPECT_EQ(2u, s.redeliveries);
   broker.close();
   EXPECT_EQ(0u, publisher_->queue_info(queue_).messages);
+}
+
+// The connection dies after the broker got a publish and before its confirm came back (a
+// proxy forwards the frame, then cuts both sides): the Publisher reconnects and publishes the
+// message again with the same id. Two copies reach the queue; the consumer applies one.
+TEST_F(RabbitConsumerTest, UnconfirmedPublishIsPublishedAgainAndTheCopyIsADuplicate) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(url_, m, std::regex(":([0-9]+)/")));
+  idem::test::CommitDroppingProxy proxy{std::stoi(m[1])};
+  idem::rabbitmq::PublisherOptions po;
+  po.connection = idem::test::rabbit_connection(
+      std::regex_replace(url_, std::regex(":[0-9]+/"), ":" + std::to_string(proxy.port()) + "/"));
+  idem::rabbitmq::Publisher producer{po};
+  idem::rabbitmq::OutgoingMessage out;
+  out.routing_key = queue_;
+  out.message_id = "order_9:paid:v1";
+  out.body = "COMMIT order 9";  // the proxy cuts the connection after forwarding this
+  proxy.drop_next_commit = true;
+  producer.publish(out);  // confirmed on the second round
+  EXPECT_EQ(1, proxy.dropped.load());
+  auto ps = producer.stats();
+  EXPECT_EQ(2u, ps.published);
+  EXPECT_EQ(1u, ps.republished);
+  EXPECT_EQ(1u, ps.confirmed);
+  EXPECT_EQ(1u, ps.connection.connection_losses);
+  EXPECT_EQ(2u, publisher_->queue_info(queue_).messages);
+
+  Node node{dir_.file("p.db"), *publisher_, dead_};
+  QueueConsumer broker{consumer_options(queue_)};
+  ConsumerLoop loop{broker, node.consumer, loop_options(), publisher_.get()};
+  auto handler = [&](Transaction& tx, const Message& msg) { node.apply(tx, msg); };
+  run_until_drained(loop, [&] { return loop.poll_batch(handler); });
+  std::map<std::string, long> expected{{"order_9:paid:v1", 1}};
+  EXPECT_EQ(expected, node.effects());
+  EXPECT_EQ(1u, node.consumer.stats().snapshot().acked);
+  EXPECT_EQ(1u, node.consumer.stats().snapshot().duplicates);
 }
 
 }  // namespace
