@@ -16,11 +16,7 @@ namespace idem::rabbitmq::detail {
 namespace {
 
 timeval to_timeval(std::chrono::milliseconds ms) noexcept {
-  timeval tv{};
-  if (ms.count() < 0) ms = std::chrono::milliseconds(0);
-  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
-  tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
-  return tv;
+  return timeout_until(std::chrono::steady_clock::now() + ms);
 }
 
 amqp_table_entry_t utf8_entry(const char* key, std::string_view value) noexcept {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <amqp.h>
+#include <sys/time.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -31,6 +32,17 @@ inline amqp_bytes_t bytes_of(std::string_view s) noexcept {
   b.len = s.size();
   b.bytes = const_cast<char*>(s.data());
   return b;
+}
+
+/// The time left until `deadline` (0 when it passed), as rabbitmq-c's timeouts take it.
+inline timeval timeout_until(std::chrono::steady_clock::time_point deadline) noexcept {
+  auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (left.count() < 0) left = std::chrono::microseconds(0);
+  timeval tv{};
+  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(left.count() / 1000000);
+  tv.tv_usec = static_cast<decltype(tv.tv_usec)>(left.count() % 1000000);
+  return tv;
 }
 
 /// A string from amqp_bytes_t.

@@ -17,6 +17,7 @@ namespace {
 
 using detail::bytes_of;
 using detail::str;
+using detail::timeout_until;
 using Clock = std::chrono::steady_clock;
 
 // A header value as text, or nullopt for kinds Headers leaves out.
@@ -76,15 +77,6 @@ Message to_message(const amqp_envelope_t& env, std::uint64_t connection) {
   m.delivery_tag = env.delivery_tag;
   m.connection = connection;
   return m;
-}
-
-timeval timeout_until(Clock::time_point deadline) noexcept {
-  auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
-  if (left.count() < 0) left = std::chrono::microseconds(0);
-  timeval tv{};
-  tv.tv_sec = static_cast<decltype(tv.tv_sec)>(left.count() / 1000000);
-  tv.tv_usec = static_cast<decltype(tv.tv_usec)>(left.count() % 1000000);
-  return tv;
 }
 
 }  // namespace
