@@ -21,7 +21,7 @@
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
 # (16379), IDEM_PG_PORT (15432), IDEM_CLUSTER_PORT (17000), IDEM_SENTINEL_PORT (17100),
 # IDEM_RABBITMQ_PORT (18672), IDEM_RABBITMQ_DIST_PORT (18673; its CLI tools take the 10 ports
-# above it), IDEM_EPMD_PORT (18369).
+# above it), IDEM_EPMD_PORT (18369), IDEM_RABBITMQ_ERL_ARGS (extra Erlang VM flags, e.g. +S 1:1).
 # PostgreSQL refuses to run as root, so it runs as the `postgres` user (created if missing);
 # its data lives under IDEM_SERVERS_DIR, which must be reachable by that user (hence /tmp, not
 # the checkout).
@@ -296,6 +296,7 @@ disk_free_limit.absolute = 50MB
 CONF
   if ! port_open "$EPMD_PORT"; then
     rabbitmq_env epmd -port "$EPMD_PORT" -address 127.0.0.1 -daemon -relaxed_command_check
+    echo "$EPMD_PORT" >"$RABBITMQ_DIR/epmd.port"  # ours: stop kills it
   fi
   rm -f "$RABBITMQ_DIR/rabbitmq.pid"
   # A session of its own, and no descriptor of ours: a test that restarts the node must not
@@ -309,9 +310,12 @@ CONF
   return 1
 }
 
+# Stops the node of this servers directory, and the epmd it started; nothing else (a node or an
+# epmd on these ports that another directory started is left alone).
 rabbitmq_stop() {
+  [ -d "$RABBITMQ_DIR" ] || return 0
   local pid; pid="$(rabbitmq_pid || true)"
-  if [ -n "$pid" ] || rabbitmq_alive; then
+  if [ -n "$pid" ] || { rabbitmq_alive && [ -s "$RABBITMQ_DIR/.erlang.cookie" ]; }; then
     rabbitmq_env timeout 60 "$RABBITMQ_BIN/rabbitmqctl" -q stop >/dev/null 2>&1 || true
     for _ in $(seq 1 100); do
       if ! rabbitmq_alive && ! pid_running "$pid"; then break; fi
@@ -323,10 +327,11 @@ rabbitmq_stop() {
     fi
     rm -f "$RABBITMQ_DIR/rabbitmq.pid"
   fi
-  if port_open "$EPMD_PORT"; then
+  if [ -s "$RABBITMQ_DIR/epmd.port" ] && port_open "$EPMD_PORT"; then
     rabbitmq_env epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
     for _ in $(seq 1 50); do port_open "$EPMD_PORT" || break; sleep 0.1; done
   fi
+  rm -f "$RABBITMQ_DIR/epmd.port"
 }
 
 print_rabbitmq_env() {
