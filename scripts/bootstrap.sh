@@ -11,6 +11,7 @@ packages=(
   libpqxx-dev libpq-dev postgresql-15 postgresql-client-15
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
+  librabbitmq-dev rabbitmq-server
   curl
   chromium fonts-noto-color-emoji fonts-wqy-microhei
 )
