@@ -15,6 +15,8 @@
 //                                           body byte for byte, plus `Idempotent-Replayed: true`
 //   same key, first request still running   409 in_progress + `Retry-After`
 //   same key, different payload             422 fingerprint_mismatch
+//   key refused by EndpointOptions::admit_key  the refusal it returned, never stored (e.g. 403
+//                                           unknown_token: http/form_token.hpp)
 //   idem store failure (idem::Error)        its errc's status (503 + Retry-After when retryable)
 //
 // The key is scoped server-side (see http/idempotency_key.hpp): scope = the endpoint's scope,
