@@ -117,9 +117,11 @@ struct Reply {
 bool is_final_status(::grpc::StatusCode code) noexcept;
 
 /// The principal of a call as the default MethodOptions::principal derives it: for an
-/// authenticated peer (TLS client certificate, or an AuthMetadataProcessor that set the peer
-/// identity) `<peer identity property name>=<value>[,<value>...]`, else "" (anonymous callers
-/// share one namespace).
+/// authenticated peer `<peer identity property name>=<value>[,<value>...]` (e.g. a verified TLS
+/// client certificate's x509_subject_alternative_name), else "" (those callers share one
+/// namespace). grpc++'s AuthContext belongs to the connection: identities an
+/// AuthMetadataProcessor sets from one call's metadata stay for later calls on that connection,
+/// so per-call credentials (bearer tokens) belong in MethodOptions::principal instead.
 std::string peer_principal(const ::grpc::ServerContextBase& context);
 
 /// The request bytes the default fingerprint covers: `message`'s deterministic serialization
