@@ -275,6 +275,9 @@ class IdempotentConsumer {
     std::optional<Key> maybe_key = make_key(delivery);
     if (!maybe_key) return count(Verdict::kDeadLetter);
     const Key& key = *maybe_key;
+    if (delivery.delivery_count > 1) {
+      if (auto v = exhausted(key, delivery)) return *v;
+    }
 
     std::exception_ptr handler_error;
     auto run = [&](auto&&... tx) -> std::string {
@@ -381,6 +384,12 @@ class IdempotentConsumer {
       if (!b.keys[i]) {
         b.verdicts[i] = Verdict::kDeadLetter;
         continue;
+      }
+      if (d.delivery_count > 1) {
+        if (auto v = exhausted(*b.keys[i], d)) {
+          b.verdicts[i] = *v;
+          continue;
+        }
       }
       b.to_durable[i] = 1;
       // Later copies of an id go neither to the fast store nor into the batch insert: the
@@ -834,6 +843,19 @@ class IdempotentConsumer {
     } catch (...) {
       return "unknown exception";
     }
+  }
+
+  // A redelivered message whose attempts are already used up (its last failure was counted
+  // but the hand-off to the dead-letter sink did not complete: the broker connection dropped)
+  // is dead-lettered without running the handler again.
+  std::optional<Verdict> exhausted(const Key& key, const Delivery& d) {
+    const std::uint32_t n = options_.attempts->failures(key);
+    if (n < options_.max_attempts) return std::nullopt;
+    return dead_letter(key, d,
+                       "failed " + std::to_string(n) +
+                           " attempts; dead-lettered on a redelivery after an earlier "
+                           "dead-letter hand-off did not complete",
+                       n);
   }
 
   Verdict failed(const Key& key, const Delivery& d, const std::exception_ptr& error) {
