@@ -123,7 +123,7 @@ inline constexpr bool kTakesTransaction =
     !std::is_same_v<Tx, NoTransaction> && std::is_invocable_v<Fn&, Tx&>;
 
 template <class R>
-using stored_t = std::conditional_t<std::is_void_v<R>, Unit, std::decay_t<R>>;
+using stored_t = typename stored_type<R>::type;  // codec.hpp: the codec selection
 
 template <class Fn, class Tx, bool kTx = kTakesTransaction<Fn, Tx>>
 struct response_type {
@@ -143,7 +143,7 @@ R invoke_stored(Fn& fn, Args&... args) {
     std::invoke(fn, args...);
     return Unit{};
   } else {
-    return std::invoke(fn, args...);
+    return R(std::invoke(fn, args...));  // explicit: a std::string_view result becomes a string
   }
 }
 
