@@ -184,6 +184,8 @@ class RedisStreams::Impl {
 
 RedisStreams::RedisStreams(RedisStreamsOptions options)
     : impl_(std::make_unique<Impl>(options)) {}
+RedisStreams::RedisStreams(std::string_view uri)
+    : RedisStreams(RedisStreamsOptions{std::string(uri)}) {}
 RedisStreams::~RedisStreams() = default;
 RedisStreams::RedisStreams(RedisStreams&&) noexcept = default;
 RedisStreams& RedisStreams::operator=(RedisStreams&&) noexcept = default;

@@ -22,7 +22,7 @@
 // StorageError (a Redis error reply such as NOGROUP). hiredis stays out of this header.
 //
 // @code
-//   idem::mq::RedisStreams redis{{"redis://127.0.0.1:6379"}};
+//   idem::mq::RedisStreams redis{"redis://127.0.0.1:6379"};   // or RedisStreamsOptions{...}
 //   redis.create_group("orders", "billing");
 //   for (;;) {
 //     auto batch = redis.read_group("orders", "billing", "worker-1", 64, std::chrono::seconds(1));
@@ -113,6 +113,14 @@ class RedisStreams {
  public:
   /// Parses the URI; connects on first use. @throws idem::UsageError for a bad URI or option.
   explicit RedisStreams(RedisStreamsOptions options);
+  /// Same as `RedisStreams(RedisStreamsOptions{std::string(uri)})`, as
+  /// `idem::redis::RedisStore{uri}`. @throws idem::UsageError for a bad URI.
+  explicit RedisStreams(std::string_view uri);
+  /// The URI alone (see the string_view overload). With the `const std::string&` overload it
+  /// keeps `RedisStreams{{uri}}` (options from the URI) unambiguous.
+  explicit RedisStreams(const char* uri) : RedisStreams(std::string_view(uri)) {}
+  /// The URI alone (see the string_view overload).
+  explicit RedisStreams(const std::string& uri) : RedisStreams(std::string_view(uri)) {}
   ~RedisStreams();
   RedisStreams(RedisStreams&&) noexcept;
   RedisStreams& operator=(RedisStreams&&) noexcept;
