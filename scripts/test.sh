@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
 # Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
-# checks the installed package from a separate project, and stops the servers. Exits non-zero on
+# checks the package as users meet it (tests/package/check.sh: components alone, pkg-config, a
+# shared build, the .deb, C++20), and stops the servers. Exits non-zero on
 # any failure.
 #
 #   scripts/test.sh                 everything
@@ -39,7 +40,7 @@ servers_env="$IDEM_SERVERS_DIR/test-env.sh"
    ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 
 if ! wait "$servers_pid"; then
@@ -53,20 +54,10 @@ export IDEM_REQUIRE_SERVERS=1
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
 
-# The installed package works from a separate project (find_package(idem) + idem::sqlite).
+# The package as users meet it (each step prints its time): components, pkg-config,
+# shared libraries, the .deb, C++20.
 if [ "${#ctest_args[@]}" -eq 0 ]; then
-  prefix="$(mktemp -d /tmp/idem-install.XXXXXX)"
-  cmake --install "$BUILD" --prefix "$prefix" >/dev/null
-  rm -rf "$BUILD/package-consumer"
-  if cmake -S tests/package -B "$BUILD/package-consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null &&
-     cmake --build "$BUILD/package-consumer" -j "$JOBS" >/dev/null &&
-     "$BUILD/package-consumer/idem_package_consumer"; then
-    echo "package: find_package(idem) consumer built and ran: ok"
-  else
-    echo "package: find_package(idem) consumer FAILED" >&2
-    status=1
-  fi
-  rm -rf "$prefix"
+  ./tests/package/check.sh "$BUILD" || status=1
 fi
 
 if [ "$sanitize" -eq 1 ]; then

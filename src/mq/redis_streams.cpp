@@ -96,7 +96,7 @@ idem::redis::detail::PoolSettings settings_of(const RedisStreamsOptions& o) {
 
 // Commands over the Redis adapter's connection pool (idem::redis::detail::Pool): the same URI
 // forms, connect/command timeouts, reconnect backoff and error mapping as RedisStore.
-class RedisStreams::Impl {
+class IDEM_LOCAL RedisStreams::Impl {
  public:
   explicit Impl(const RedisStreamsOptions& options)
       : command_timeout_(options.command_timeout), pool_(settings_of(options)) {}

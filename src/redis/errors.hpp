@@ -4,6 +4,8 @@
 
 #include <string_view>
 
+#include "idem/export.hpp"
+
 namespace idem::redis::detail {
 
 /// What went wrong, as the adapter saw it. Nothing of hiredis leaves errors.cpp but messages.
@@ -26,10 +28,11 @@ struct Failure {
 
 /// True when a kContext failure means the server went away (refused, reset, EOF): connections
 /// opened before it are stale too.
-bool server_gone(int hiredis_err, int sys_errno) noexcept;
+/// (server_gone and throw_error are exported from a shared libidem_redis for libidem_mq.)
+IDEM_EXPORT bool server_gone(int hiredis_err, int sys_errno) noexcept;
 
 /// Throws the idem exception for `f` (StorageUnavailable, StorageTimeout, OutcomeUnknown,
 /// StorageError or CorruptRecord), keeping the backend's message in what().
-[[noreturn]] void throw_error(const Failure& f);
+[[noreturn]] IDEM_EXPORT void throw_error(const Failure& f);
 
 }  // namespace idem::redis::detail

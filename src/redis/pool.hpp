@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hiredis_handles.hpp"
+#include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "uri.hpp"
 
@@ -36,7 +37,8 @@ struct PoolSettings {
 /// connect, callers fail at once for `reconnect_backoff` (one caller probes per period), so a
 /// dead server costs microseconds per call, and a server that comes back is found within a
 /// backoff period.
-class Pool {
+/// Exported from a shared libidem_redis for libidem_mq, which runs on it (not API).
+class IDEM_EXPORT Pool {
  public:
   explicit Pool(PoolSettings settings);
   ~Pool();

@@ -266,7 +266,7 @@ std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fall
 
 }  // namespace
 
-class RedisStore::Impl {
+class IDEM_LOCAL RedisStore::Impl {
  public:
   explicit Impl(RedisStoreOptions options)
       : options_(normalise(std::move(options))),

@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "idem/export.hpp"
+
 namespace idem::redis::detail {
 
 /// Where and how to connect, parsed from a URI.
@@ -22,6 +24,7 @@ struct Endpoint {
 /// Parses `redis://[[user]:password@]host[:port][/db]`, `tcp://...` (same form) and
 /// `unix://[[user]:password@]/path[?db=N]`.
 /// @throws idem::UsageError naming what is wrong (the password is never echoed).
-Endpoint parse_uri(std::string_view uri);
+/// Exported from a shared libidem_redis for libidem_mq (not API).
+IDEM_EXPORT Endpoint parse_uri(std::string_view uri);
 
 }  // namespace idem::redis::detail

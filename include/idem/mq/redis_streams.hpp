@@ -43,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include "idem/export.hpp"
+
 namespace idem::mq {
 
 /// Field/value pairs of a stream entry, in order.
@@ -109,7 +111,7 @@ struct PendingSummary {
 };
 
 /// A Redis Streams client (see the file comment). Thread-safe; movable, not copyable.
-class RedisStreams {
+class IDEM_EXPORT RedisStreams {
  public:
   /// Parses the URI; connects on first use. @throws idem::UsageError for a bad URI or option.
   explicit RedisStreams(RedisStreamsOptions options);

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -144,7 +145,7 @@ struct PostgresStoreOptions {
 };
 
 /// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
-class PooledConnection {
+class IDEM_EXPORT PooledConnection {
  public:
   /// Takes over `other`'s loan (`other` then returns nothing).
   PooledConnection(PooledConnection&& other) noexcept;
@@ -168,12 +169,12 @@ class PooledConnection {
 
 /// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
 /// store's prepared statements and session settings, and are replaced when they break.
-class ConnectionPool {
+class IDEM_EXPORT ConnectionPool {
  public:
   /// Connection setup run once per new connection (prepare statements, SET ...).
   using Setup = std::function<void(pqxx::connection&)>;
   /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
-  /// long `acquire` waits when all are in use.
+  /// long `acquire` waits when all are in use; @param setup run on each new connection.
   ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
                  Setup setup);
   /// Closes the idle connections. Every PooledConnection must have been returned.
@@ -207,7 +208,7 @@ struct PostgresStoreStats {
 };
 
 /// The PostgreSQL durable store (see the file comment). Thread-safe; share one per process.
-class PostgresStore {
+class IDEM_EXPORT PostgresStore {
  public:
   /// What transactional handlers receive.
   using Transaction = pqxx::work;

@@ -54,6 +54,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.hpp"
 #include "idem/store.hpp"
 
 namespace idem::redis {
@@ -153,7 +154,7 @@ struct RedisPoolStats {
 };
 
 /// The Redis FastStore (see the file comment). Thread-safe; share one per process and server.
-class RedisStore final : public FastStore {
+class IDEM_EXPORT RedisStore final : public FastStore {
  public:
   /// Validates the options; connects lazily (a service starts even while Redis is down).
   /// @throws idem::UsageError for a malformed URI or a bad option.

@@ -43,6 +43,7 @@
 
 #include "idem/clock.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -54,12 +55,13 @@ namespace idem::sqlite {
 
 /// A value to bind as a BLOB (std::string and std::string_view bind as TEXT).
 struct Blob {
-  std::string_view bytes;
+  std::string_view bytes;  ///< the bytes (must stay valid until the statement is stepped)
 };
 
 /// A prepared statement: bind, step, read columns. Cached statements are reset when released.
-class Statement {
+class IDEM_EXPORT Statement {
  public:
+  /// Takes over `other`'s statement (`other` is left empty).
   Statement(Statement&& other) noexcept;
   Statement& operator=(Statement&&) = delete;
   Statement(const Statement&) = delete;
@@ -119,7 +121,7 @@ class Statement {
 };
 
 /// One pooled connection, lent for a read or a write. Not thread-safe; not stored.
-class Session {
+class IDEM_EXPORT Session {
  public:
   /// Prepares `sql` (cached per connection). @throws idem::StorageError on a syntax error.
   Statement prepare(std::string_view sql);
@@ -159,14 +161,16 @@ class Session {
   sqlite3* native_handle() const noexcept;
 
  protected:
+  /// A session on `connection` (a detail::Connection), made by Database only.
   explicit Session(void* connection) noexcept : conn_(connection) {}
-  void* conn_;  // detail::Connection
+  void* conn_;  ///< the detail::Connection
 };
 
 /// A write transaction (BEGIN IMMEDIATE ... COMMIT), as transactional handlers receive it.
 /// Rolled back when destroyed without commit().
-class Transaction : public Session {
+class IDEM_EXPORT Transaction : public Session {
  public:
+  /// Takes over an open transaction (the source no longer commits or rolls back).
   Transaction(Transaction&&) noexcept;
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;
@@ -197,7 +201,7 @@ struct DatabaseOptions {
 
 /// A SQLite database file with a connection pool and an in-process writer lock. Thread-safe.
 /// Share one Database between the stores and business code of a process (shared_ptr).
-class Database {
+class IDEM_EXPORT Database {
  public:
   /// Opens (creates) `path` in WAL mode. @throws idem::StorageUnavailable when it cannot.
   explicit Database(std::string path, DatabaseOptions options = {});
@@ -272,7 +276,7 @@ struct SqliteStoreOptions {
 };
 
 /// The SQLite durable store (see the file comment). Thread-safe.
-class SqliteStore {
+class IDEM_EXPORT SqliteStore {
  public:
   /// What transactional handlers receive.
   using Transaction = idem::sqlite::Transaction;
