@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
 # Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
-# checks the package as users meet it (tests/package/check.sh: components alone, pkg-config, a
-# shared build, the .deb, C++20), and stops the servers. Exits non-zero on
+# checks the package as users meet it (tests/package/check.sh: components alone, pkg-config, the
+# API reference, a shared build, the .deb, C++20), and stops the servers. Exits non-zero on
 # any failure.
 #
 #   scripts/test.sh                 everything
@@ -54,7 +54,7 @@ export IDEM_REQUIRE_SERVERS=1
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
 
-# The package as users meet it (each step prints its time): components, pkg-config,
+# The package as users meet it (each step prints its time): components, pkg-config, docs,
 # shared libraries, the .deb, C++20.
 if [ "${#ctest_args[@]}" -eq 0 ]; then
   ./tests/package/check.sh "$BUILD" || status=1

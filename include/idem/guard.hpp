@@ -187,6 +187,7 @@ class IdempotencyGuard {
  public:
   /// The durable store's transaction type, as transactional handlers receive it.
   using Transaction = typename Durable::Transaction;
+  /// False for a fast-store-only guard (Durable is NoDurableStore).
   static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
 
   /// Fast store in front of a durable store (the production shape).
@@ -289,8 +290,9 @@ class IdempotencyGuard {
   /// One call whose steps a caller ran itself, for a whole batch at once
   /// (IdempotentConsumer::consume_batch). See report().
   struct ReportedCall {
+    /// The call of `k`, ended with `o`, answered by `s`.
     ReportedCall(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
-    const Key& key;
+    const Key& key;             ///< the call's key
     Outcome outcome;            ///< any but a handler error (report_handler_error)
     Source source;              ///< kHandler when executed, else who recognised the duplicate
     bool fast_claimed = false;  ///< the fast store granted this call's claim

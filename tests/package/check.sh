@@ -7,6 +7,7 @@
 #     install      cmake --install (with the libraries deleted first: it builds them), then
 #                  every component's consumer alone with the dependencies
 #                  it does not need unfindable (run.sh isolated), and pkg-config + make
+#     docs         the Doxygen reference, no warning (when doxygen is installed)
 #     shared       BUILD_SHARED_LIBS=ON in <build>-shared: only the public API exported
 #                  (check_symbols.sh), tests over the shared libraries, the installed consumers
 #     deb          cpack -G DEB, apt-get install ./idem-*.deb, the consumers against /usr, removed
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/../.."
 ROOT="$(pwd)"
 BUILD="${1:?build directory}"; shift
 steps=("$@")
-[ "${#steps[@]}" -gt 0 ] || steps=(install shared deb cxx20)
+[ "${#steps[@]}" -gt 0 ] || steps=(install docs shared deb cxx20)
 JOBS="${IDEM_JOBS:-$(nproc)}"
 RUN="$ROOT/tests/package/run.sh"
 status=0
@@ -44,6 +45,16 @@ step_install() {
   ls "$BUILD"/libidem_sqlite.a >/dev/null
   "$RUN" isolated "$work/prefix" "$work/isolated"
   "$RUN" pkg-config "$work/prefix" "$work/pkg-config"
+}
+
+step_docs() {
+  if ! command -v doxygen >/dev/null; then
+    echo "docs: doxygen is not installed (scripts/bootstrap.sh installs it): not checked"
+    return 0
+  fi
+  cmake --build "$BUILD" --target docs >"$work/docs.log" 2>&1 || { cat "$work/docs.log" >&2; return 1; }
+  grep -h "^-- docs:" "$work/docs.log" | sed 's/^-- //'
+  [ -s "$BUILD/docs/html/index.html" ]
 }
 
 # Tests that use the public API only (the others reach into src/ internals, which a shared

@@ -123,8 +123,11 @@ class IDEM_EXPORT RedisStreams {
   explicit RedisStreams(const char* uri) : RedisStreams(std::string_view(uri)) {}
   /// The URI alone (see the string_view overload).
   explicit RedisStreams(const std::string& uri) : RedisStreams(std::string_view(uri)) {}
+  /// Closes the connections.
   ~RedisStreams();
+  /// Takes over the connections (the source may only be destroyed or assigned).
   RedisStreams(RedisStreams&&) noexcept;
+  /// Takes over the connections (the source may only be destroyed or assigned).
   RedisStreams& operator=(RedisStreams&&) noexcept;
   RedisStreams(const RedisStreams&) = delete;
   RedisStreams& operator=(const RedisStreams&) = delete;
@@ -141,6 +144,10 @@ class IDEM_EXPORT RedisStreams {
   std::vector<std::string> add_many(std::string_view stream, const std::vector<Fields>& entries);
 
   /// XREADGROUP GROUP group consumer COUNT count [BLOCK block] STREAMS stream id.
+  /// @param stream   the stream key
+  /// @param group    the consumer group
+  /// @param consumer this consumer's name in the group
+  /// @param count    most entries returned
   /// @param id    ">" for entries never delivered to the group; "0" re-reads this consumer's
   ///              own pending entries (delivery counts are then not known: reported as 2).
   /// @param block how long to wait for new entries; nullopt does not block.

@@ -225,6 +225,8 @@ class IDEM_EXPORT PostgresStore {
   PostgresStore& operator=(const PostgresStore&) = delete;
 
   /// Transactional mode (see store.hpp's DurableStore contract and the file comment).
+  /// @param key the operation's key; @param fingerprint the payload's fingerprint;
+  /// @param owner this attempt's token; @param retention how long the completed record is kept
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
   ///        failure or deadlock (the earlier transaction was rolled back).
   /// @return kClaimed (handler ran and committed; `response` holds its bytes), kDone (replay),

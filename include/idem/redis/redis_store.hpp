@@ -3,8 +3,8 @@
 //
 // File: redis/redis_store.hpp
 //
-// `RedisStore` is the claim at the entrance, the protocol's second layer (docs/design.md): one Redis round trip
-// per claim, over a bounded, thread-safe connection pool.
+// `RedisStore` is the claim at the entrance, the protocol's second layer (docs/design.md): one
+// Redis round trip per claim, over a bounded, thread-safe connection pool.
 //
 // * Key layout: `<key_prefix>{<scope>|<id>}`, e.g. `idem:{payment|order_20001}`. The braces are
 //   a Redis Cluster hash tag (one record, one slot); the '|' comes from idem::Key::str(), which
@@ -166,7 +166,8 @@ class IDEM_EXPORT RedisStore final : public FastStore {
   RedisStore(const RedisStore&) = delete;
   RedisStore& operator=(const RedisStore&) = delete;
 
-  /// One round trip (plus redirects in a cluster): claimed / busy / done / mismatch (see FastStore::claim).
+  /// One round trip (plus redirects in a cluster): claimed / busy / done / mismatch (see
+  /// FastStore::claim).
   /// @throws idem::StorageUnavailable, idem::StorageTimeout, idem::StorageError,
   ///         idem::CorruptRecord (foreign value under the key), idem::UsageError (lease <= 0).
   ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,

@@ -67,7 +67,10 @@ class IDEM_EXPORT Statement {
   Statement(const Statement&) = delete;
   ~Statement();
 
-  /// Binds parameter `index` (1-based). @throws idem::StorageError.
+  ///@{
+  /// Binds parameter `index` (1-based): an integer, a double, text (string, view, C string,
+  /// bound without a copy: it must stay valid until the statement is stepped), a Blob, NULL
+  /// (nullptr), or an optional (nullopt binds NULL). @throws idem::StorageError.
   Statement& bind(int index, std::int64_t value);
   Statement& bind(int index, double value);
   Statement& bind(int index, std::string_view text);
@@ -83,6 +86,7 @@ class IDEM_EXPORT Statement {
   Statement& bind(int index, const std::optional<T>& value) {
     return value ? bind(index, *value) : bind(index, nullptr);
   }
+  ///@}
 
   /// Binds all arguments to ?1, ?2, ...
   template <class... Args>
@@ -97,8 +101,11 @@ class IDEM_EXPORT Statement {
   /// Rows changed by the last completed statement on this connection.
   int changes() const noexcept;
 
+  /// True when column `col` (0-based) of the current row is NULL.
   bool column_is_null(int col) const noexcept;
+  /// Column `col` as an integer (0 for NULL).
   std::int64_t column_int64(int col) const noexcept;
+  /// Column `col` as a double (0 for NULL).
   double column_double(int col) const noexcept;
   /// TEXT or BLOB column as bytes (empty for NULL).
   std::string column_bytes(int col) const;
