@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
-# Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
-# checks the package as users meet it (tests/package/check.sh: components alone, pkg-config, the
-# API reference, a shared build, the .deb, C++20), and stops the servers. Exits non-zero on
-# any failure.
+# Cluster, a Redis Sentinel setup and the TLS servers on loopback (during the build), runs every
+# test (ctest), checks the package as users meet it (tests/package/check.sh: components alone,
+# pkg-config, the API reference, a shared build, the .deb, C++20), and stops the servers. Exits
+# non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
@@ -37,7 +37,8 @@ trap cleanup EXIT
 mkdir -p "$IDEM_SERVERS_DIR"
 servers_env="$IDEM_SERVERS_DIR/test-env.sh"
 (./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
-   ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
+   ./scripts/servers.sh tls >/dev/null && ./scripts/servers.sh sentinel >"$servers_env") \
+  >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null

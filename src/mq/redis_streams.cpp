@@ -89,6 +89,7 @@ idem::redis::detail::PoolSettings settings_of(const RedisStreamsOptions& o) {
   s.command_timeout = o.command_timeout;
   s.wait_timeout = o.pool_wait_timeout;
   s.reconnect_backoff = std::chrono::milliseconds(100);
+  s.tls = idem::redis::detail::make_tls(s.endpoint, o.tls, "RedisStreamsOptions");
   return s;
 }
 

@@ -17,6 +17,8 @@ struct Failure {
     kPoolExhausted,  ///< no free connection within pool_wait_timeout
     kServerDown,     ///< a connect failed moments ago (reconnect_backoff): `message` says why
     kCorrupt,        ///< a value under an idem key that idem did not write
+    kTls,            ///< TLS refused: certificate not trusted, name mismatch, handshake error
+    kTlsDown,        ///< a connect failed TLS checks moments ago (reconnect_backoff): `message`
   };
   Kind kind;
   std::string_view context;      ///< what was being done, e.g. "claim idem:{payment|o1}"

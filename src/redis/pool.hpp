@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 #include "hiredis_handles.hpp"
 #include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "tls.hpp"
 #include "uri.hpp"
 
 namespace idem::redis::detail {
@@ -28,6 +30,8 @@ struct PoolSettings {
   std::chrono::milliseconds command_timeout{1000};
   std::chrono::milliseconds wait_timeout{100};
   std::chrono::milliseconds reconnect_backoff{100};
+  /// rediss://: opens the connections over TLS (shared by every pool of one store); null: TCP.
+  std::shared_ptr<TlsConnector> tls;
 };
 
 /// Connections are made on demand up to `size`, kept idle between calls, and dropped when
@@ -107,6 +111,7 @@ class IDEM_EXPORT Pool {
   bool probing_ = false;
   std::chrono::steady_clock::time_point next_probe_{};
   std::string last_error_;
+  bool last_error_tls_ = false;  // the last connect failed TLS checks: not a server outage
   RedisPoolStats stats_;
 };
 

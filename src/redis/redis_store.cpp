@@ -314,6 +314,15 @@ class IDEM_LOCAL RedisStore::Impl {
     s.command_timeout = o.command_timeout;
     s.wait_timeout = o.pool_wait_timeout;
     s.reconnect_backoff = o.reconnect_backoff;
+    // TLS for rediss:// (one server). Sentinel and Cluster parse their nodes as redis://.
+    detail::Topology t = detail::parse_topology(o.uri);
+    if (t.kind == detail::Topology::Kind::kSingle) {
+      s.tls = detail::make_tls(t.endpoints.front(), o.tls, "RedisStoreOptions");
+    } else if (o.tls.any()) {
+      throw UsageError(
+          "idem::redis: RedisStoreOptions::tls is set, but TLS is supported for "
+          "rediss:// (one server) only, not for Sentinel or Cluster URIs");
+    }
     return s;
   }
 

@@ -59,7 +59,7 @@ step_docs() {
 
 # Tests that use the public API only (the others reach into src/ internals, which a shared
 # build hides), run against the shared libraries.
-shared_tests=(idem_core_tests idem_sqlite_tests idemctl_tests
+shared_tests=(idem_core_tests idem_sqlite_tests idem_redis_tls_tests idemctl_tests
               idemctl_server_tests idem_mq_integration_tests)
 step_shared() {
   local dir="$BUILD-shared"

@@ -13,7 +13,7 @@ set -euo pipefail
 dir="${1:?directory with libidem_*.so}"
 internal=(
   # libidem_mq runs on libidem_redis's connection pool, URI parser and error mapping.
-  'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error)'
+  'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error|TlsConnector|make_tls)'
   # called by the inline StateMachine driver of include/idem/postgres/state_machine.hpp
   'idem::postgres::detail::state_machine_(update|current)'
 )

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "idem/export.hpp"
+#include "idem/redis/tls_options.hpp"
 
 namespace idem::mq {
 
@@ -70,8 +71,8 @@ struct StreamEntry {
 
 /// Options of a RedisStreams connection.
 struct RedisStreamsOptions {
-  /// `redis://[[user]:password@]host[:port][/db]`, `tcp://host[:port][/db]` or
-  /// `unix:///path/to/redis.sock[?db=N]` (as RedisStoreOptions::uri).
+  /// `redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS), `tcp://host[:port][/db]`
+  /// or `unix:///path/to/redis.sock[?db=N]` (as RedisStoreOptions::uri).
   std::string uri = "redis://127.0.0.1:6379";
   /// Most connections open at once (a blocking read holds one for its block time). Positive.
   std::size_t pool_size = 4;
@@ -81,6 +82,8 @@ struct RedisStreamsOptions {
   std::chrono::milliseconds command_timeout{1000};
   /// Longest wait for a free connection when all are busy (then StorageUnavailable).
   std::chrono::milliseconds pool_wait_timeout{1000};
+  /// `rediss://` only: as RedisStoreOptions::tls.
+  redis::TlsOptions tls{};
 };
 
 /// The answer of XAUTOCLAIM.
