@@ -12,7 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
   curl
-  doxygen dpkg-dev openssl
+  doxygen dpkg-dev openssl stunnel4
 )
 
 missing=()
