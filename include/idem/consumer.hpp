@@ -37,8 +37,8 @@
 //
 // @code
 //   idem::MemoryStore fast;
-//   idem::sqlite::SqliteStore durable{"billing.db", idem::sqlite::SqliteStoreOptions::mq_consume_record()};
-//   idem::GuardOptions go;
+//   idem::sqlite::SqliteStore durable{"billing.db",
+//   idem::sqlite::SqliteStoreOptions::mq_consume_record()}; idem::GuardOptions go;
 //   go.durable_source = idem::DuplicateSource::kMqRecord;
 //   idem::IdempotencyGuard guard{fast, durable, go};
 //   idem::ConsumerOptions co;
@@ -202,9 +202,11 @@ struct ConsumerStatsSnapshot {
 /// Always-on counters of a consumer.
 class ConsumerStats {
  public:
+  ///@{
   /// The counters, as in ConsumerStatsSnapshot.
   std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0}, mismatched{0},
       dead_lettered{0}, failures{0}, redeliveries{0}, batch_reruns{0}, batch_record_conflicts{0};
+  ///@}
   /// Each counter read once (relaxed).
   ConsumerStatsSnapshot snapshot() const noexcept {
     ConsumerStatsSnapshot s;
@@ -246,6 +248,7 @@ class IdempotentConsumer {
  public:
   /// @param guard the guard (its lease must exceed the slowest handler).
   /// @param group the consumer group: the scope of the records (validated as a key scope).
+  /// @param options attempts before a dead letter, lease and retention (ConsumerOptions).
   /// @throws idem::InvalidKey for a bad group, idem::UsageError for max_attempts 0.
   IdempotentConsumer(IdempotencyGuard<Durable>& guard, std::string group,
                      ConsumerOptions options = {})

@@ -37,6 +37,8 @@
 #include <system_error>
 #include <type_traits>
 
+#include "idem/export.hpp"
+
 namespace idem {
 
 /// Every failure idem reports. Values are stable: they appear in logs and dashboards.
@@ -150,7 +152,7 @@ constexpr std::string_view errc_message(errc e) noexcept {
 }
 
 namespace detail {
-class ErrorCategory final : public std::error_category {
+class IDEM_EXPORT ErrorCategory final : public std::error_category {
  public:
   const char* name() const noexcept override { return "idem"; }
   std::string message(int ev) const override {
@@ -159,8 +161,9 @@ class ErrorCategory final : public std::error_category {
 };
 }  // namespace detail
 
-/// The "idem" error category.
-inline const std::error_category& error_category() noexcept {
+/// The "idem" error category. One object per process, also with idem's shared libraries
+/// (exported: error codes compare equal whichever library made them).
+IDEM_EXPORT inline const std::error_category& error_category() noexcept {
   static const detail::ErrorCategory category;
   return category;
 }
@@ -171,8 +174,9 @@ inline std::error_code make_error_code(errc e) noexcept {
 }
 
 /// Base of everything idem throws.
-class Error : public std::runtime_error {
+class IDEM_EXPORT Error : public std::runtime_error {
  public:
+  /// @param code the failure's idem code; @param what the message (`what()`), with the detail
   Error(errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
   /// The idem code of this failure.
   errc code() const noexcept { return code_; }
@@ -188,17 +192,20 @@ class Error : public std::runtime_error {
 };
 
 /// A caller bug: a bad option, a bad identifier. Fix the code; retrying does not help.
-class UsageError : public Error {
+class IDEM_EXPORT UsageError : public Error {
  public:
+  /// errc::kInvalidArgument with `what` as the message.
   explicit UsageError(const std::string& what) : Error(errc::kInvalidArgument, what) {}
 
  protected:
+  /// For subclasses with their own code (InvalidKey).
   UsageError(errc code, const std::string& what) : Error(code, what) {}
 };
 
 /// A key broke one of the rules in key.hpp. `rule()` names it, e.g. "scope.charset".
-class InvalidKey : public UsageError {
+class IDEM_EXPORT InvalidKey : public UsageError {
  public:
+  /// @param rule the rule that failed (see rule()); @param detail what was wrong, for what()
   InvalidKey(std::string rule, const std::string& detail)
       : UsageError(errc::kInvalidKey, "invalid idempotency key: " + rule + ": " + detail),
         rule_(std::move(rule)) {}
@@ -211,44 +218,51 @@ class InvalidKey : public UsageError {
 };
 
 /// A failure of a store: I/O, protocol, SQL. `what()` keeps the backend's message.
-class StorageError : public Error {
+class IDEM_EXPORT StorageError : public Error {
  public:
+  /// errc::kStorageError with `what` (the backend's message included) as the message.
   explicit StorageError(const std::string& what) : Error(errc::kStorageError, what) {}
 
  protected:
+  /// For subclasses with their own code.
   StorageError(errc code, const std::string& what) : Error(code, what) {}
 };
 
 /// The store cannot be reached: connection refused, pool exhausted, server loading or down.
-class StorageUnavailable : public StorageError {
+class IDEM_EXPORT StorageUnavailable : public StorageError {
  public:
+  /// errc::kStoreUnavailable with `what` as the message.
   explicit StorageUnavailable(const std::string& what)
       : StorageError(errc::kStoreUnavailable, what) {}
 };
 
 /// The store did not answer within the configured time.
-class StorageTimeout : public StorageError {
+class IDEM_EXPORT StorageTimeout : public StorageError {
  public:
+  /// errc::kStoreTimeout with `what` as the message.
   explicit StorageTimeout(const std::string& what) : StorageError(errc::kStoreTimeout, what) {}
 };
 
 /// A write may or may not have been applied (e.g. the connection died during COMMIT).
 /// Retrying with the same key is always safe: it replays or runs for the first time.
-class OutcomeUnknown : public StorageError {
+class IDEM_EXPORT OutcomeUnknown : public StorageError {
  public:
+  /// errc::kOutcomeUnknown with `what` as the message.
   explicit OutcomeUnknown(const std::string& what) : StorageError(errc::kOutcomeUnknown, what) {}
 };
 
 /// A value under an idem key that idem did not write, or that cannot be decoded.
-class CorruptRecord : public StorageError {
+class IDEM_EXPORT CorruptRecord : public StorageError {
  public:
+  /// errc::kCorruptRecord with `what` as the message.
   explicit CorruptRecord(const std::string& what) : StorageError(errc::kCorruptRecord, what) {}
 };
 
 /// This attempt's lease expired and another attempt took the key over; this attempt's
 /// completion was refused. Retrying with the same key replays the winner's response.
-class LeaseLost : public Error {
+class IDEM_EXPORT LeaseLost : public Error {
  public:
+  /// errc::kLeaseLost with `what` as the message.
   explicit LeaseLost(const std::string& what) : Error(errc::kLeaseLost, what) {}
 };
 

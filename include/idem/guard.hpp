@@ -124,7 +124,7 @@ inline constexpr bool kTakesTransaction =
     !std::is_same_v<Tx, NoTransaction> && std::is_invocable_v<Fn&, Tx&>;
 
 template <class R>
-using stored_t = std::conditional_t<std::is_void_v<R>, Unit, std::decay_t<R>>;
+using stored_t = typename stored_type<R>::type;  // codec.hpp: the codec selection
 
 template <class Fn, class Tx, bool kTx = kTakesTransaction<Fn, Tx>>
 struct response_type {
@@ -144,7 +144,7 @@ R invoke_stored(Fn& fn, Args&... args) {
     std::invoke(fn, args...);
     return Unit{};
   } else {
-    return std::invoke(fn, args...);
+    return R(std::invoke(fn, args...));  // explicit: a std::string_view result becomes a string
   }
 }
 
@@ -165,6 +165,7 @@ class IdempotencyGuard {
  public:
   /// The durable store's transaction type, as transactional handlers receive it.
   using Transaction = typename Durable::Transaction;
+  /// False for a fast-store-only guard (Durable is NoDurableStore).
   static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
   // A durable store that does not fit the contract fails here, naming the missing member.
   static_assert(detail::check_durable_store<Durable>());
@@ -269,8 +270,9 @@ class IdempotencyGuard {
   /// One call whose steps a caller ran itself, for a whole batch at once
   /// (IdempotentConsumer::consume_batch). See report().
   struct ReportedCall {
+    /// The call of `k`, ended with `o`, answered by `s`.
     ReportedCall(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
-    const Key& key;
+    const Key& key;             ///< the call's key
     Outcome outcome;            ///< any but a handler error (report_handler_error)
     Source source;              ///< kHandler when executed, else who recognised the duplicate
     bool fast_claimed = false;  ///< the fast store granted this call's claim

@@ -57,24 +57,24 @@ constexpr std::string_view mode_name(Mode m) noexcept {
 
 /// A duplicate was detected: logged once per detection.
 struct DuplicateEvent {
-  const Key& key;
+  const Key& key;           ///< the duplicated key
   Outcome outcome;          ///< kReplayed, kInProgress or kFingerprintMismatch
-  DuplicateSource source;
+  DuplicateSource source;   ///< who recognised it (fast store, unique index, state machine, ...)
   TimePoint first_seen;     ///< when the first attempt created the record (epoch if unknown)
   std::string_view holder;  ///< the first attempt's owner token (empty if unknown)
 };
 
 /// A guarded call finished with an outcome (not called when it threw).
 struct CallEvent {
-  const Key& key;
-  Outcome outcome;
-  Mode mode;
-  Source source;
-  bool degraded;
+  const Key& key;   ///< the call's key
+  Outcome outcome;  ///< how it ended
+  Mode mode;        ///< transactional, two-phase or fast-only
+  Source source;    ///< who answered: the handler, the fast store or the durable store
+  bool degraded;    ///< the fast store failed during this call (the durable store decided)
   std::chrono::nanoseconds fast_claim{0};  ///< time in the fast store's claim
   std::chrono::nanoseconds durable{0};     ///< time in the durable store, handler excluded
   std::chrono::nanoseconds handler{0};     ///< time in the handler
-  std::chrono::nanoseconds total{0};
+  std::chrono::nanoseconds total{0};       ///< the whole call
   /// True when the fast store granted this call's claim (for a fast-store claim counter).
   bool fast_claimed = false;
 };
@@ -138,11 +138,17 @@ class ObserverList final : public Observer {
 
 /// A snapshot of GuardStats.
 struct GuardStatsSnapshot {
+  /// Calls of run() (and calls reported by batches).
   std::uint64_t calls = 0;
+  /// Calls that ran the handler to completion (Outcome::kExecuted).
   std::uint64_t executed = 0;
+  /// Duplicates answered with the stored response (Outcome::kReplayed).
   std::uint64_t replayed = 0;
+  /// Duplicates answered "in progress" (Outcome::kInProgress).
   std::uint64_t in_progress = 0;
+  /// Keys reused with another payload (Outcome::kFingerprintMismatch).
   std::uint64_t mismatched = 0;
+  /// Calls whose handler threw (rolled back and released).
   std::uint64_t handler_errors = 0;
   /// Duplicates the fast store recognised (busy, done or mismatch at the claim).
   std::uint64_t fast_hits = 0;
@@ -152,7 +158,9 @@ struct GuardStatsSnapshot {
   std::uint64_t durable_conflicts = 0;
   /// Calls in which the fast store failed (the durable store decided alone).
   std::uint64_t degraded = 0;
+  /// Claims that took over a record whose lease had expired.
   std::uint64_t takeovers = 0;
+  /// Attempts whose completion was refused: another attempt took the key over (LeaseLost).
   std::uint64_t leases_lost = 0;
   /// Fast-store records rewritten from the durable store.
   std::uint64_t fast_refills = 0;
@@ -167,9 +175,12 @@ struct GuardStatsSnapshot {
 /// Always-on, lock-free counters of one guard.
 class GuardStats {
  public:
+  ///@{
+  /// The counters, as in GuardStatsSnapshot.
   std::atomic<std::uint64_t> calls{0}, executed{0}, replayed{0}, in_progress{0}, mismatched{0},
       handler_errors{0}, fast_hits{0}, fast_claims{0}, durable_conflicts{0}, degraded{0},
       takeovers{0}, leases_lost{0}, fast_refills{0};
+  ///@}
 
   /// A consistent-enough copy (each counter read once, relaxed).
   GuardStatsSnapshot snapshot() const noexcept {

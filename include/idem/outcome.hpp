@@ -62,6 +62,7 @@ constexpr std::string_view source_name(Source s) noexcept {
 /// The result of `IdempotencyGuard::run`. Check `outcome` (or `ok()`) before using `value`.
 template <class T>
 struct [[nodiscard]] GuardResult {
+  /// Executed, replayed, in progress, or fingerprint mismatch.
   Outcome outcome = Outcome::kExecuted;
   /// Set for kExecuted and kReplayed.
   std::optional<T> value;

@@ -32,6 +32,38 @@ std::string trimmed(const char* what) {
   return s;
 }
 
+// libpq quotes a malformed URI whole in its message ("... in URI: "postgresql://u:pw@[bad"")
+// and a message may carry conninfo text: every password is masked before it enters an idem
+// message ("://user:***@", "password=***").
+std::string scrub(std::string s) {
+  for (std::size_t p = s.find("://"); p != std::string::npos; p = s.find("://", p + 3)) {
+    const std::size_t start = p + 3;
+    std::size_t end = s.find_first_of("/?#\" \n", start);
+    if (end == std::string::npos) end = s.size();
+    const std::size_t at = s.rfind('@', end);
+    if (at == std::string::npos || at < start) continue;
+    const std::size_t colon = s.find(':', start);
+    if (colon != std::string::npos && colon < at) s.replace(colon + 1, at - colon - 1, "***");
+  }
+  for (std::size_t p = s.find("password"); p != std::string::npos; p = s.find("password", p + 8)) {
+    std::size_t v = p + 8;
+    while (v < s.size() && s[v] == ' ') ++v;
+    if (v >= s.size() || s[v] != '=') continue;
+    ++v;
+    while (v < s.size() && s[v] == ' ') ++v;
+    std::size_t end;
+    if (v < s.size() && s[v] == '\'') {
+      end = s.find('\'', v + 1);
+      end = end == std::string::npos ? s.size() : end + 1;
+    } else {
+      end = s.find_first_of(" \n\"", v);
+      if (end == std::string::npos) end = s.size();
+    }
+    s.replace(v, end - v, "***");
+  }
+  return s;
+}
+
 std::string describe(std::string_view context, const std::exception& e) {
   std::string what = "postgres: ";
   what.append(context);
@@ -42,8 +74,21 @@ std::string describe(std::string_view context, const std::exception& e) {
     what.append(state);
     what.append("] ");
   }
-  what.append(trimmed(e.what()));
+  what.append(scrub(trimmed(e.what())));
   return what;
+}
+
+// A connect the server (or libpq's TLS checks) refused for who or what we are: a wrong
+// password, no pg_hba.conf entry, an untrusted certificate or one for another host name. It
+// fails again until the configuration changes: StorageError (not retryable), not an outage.
+bool refused_for_configuration(std::string_view what) noexcept {
+  for (std::string_view needle :
+       {"password authentication failed", "pg_hba.conf", "certificate verify failed",
+        "does not match host name", "root certificate file", "server does not support SSL",
+        "no password supplied"}) {
+    if (what.find(needle) != std::string_view::npos) return true;
+  }
+  return false;
 }
 
 [[noreturn]] void throw_for_sqlstate(const std::string& state, const std::string& what) {
@@ -72,6 +117,7 @@ void rethrow_translated(std::string_view context) {
   } catch (const pqxx::in_doubt_error& e) {
     throw OutcomeUnknown(describe(context, e));
   } catch (const pqxx::broken_connection& e) {
+    if (refused_for_configuration(e.what())) throw StorageError(describe(context, e));
     throw StorageUnavailable(describe(context, e));
   } catch (const pqxx::transaction_rollback& e) {
     throw_for_sqlstate(sqlstate_of(e), describe(context, e));

@@ -54,7 +54,7 @@ class LazySeries {
 };
 }  // namespace
 
-struct PrometheusObserver::Impl {
+struct IDEM_LOCAL PrometheusObserver::Impl {
   Impl(::prometheus::Registry& registry, const PrometheusObserverOptions& options)
       : labels(options.const_labels),
         calls(counter(registry, "idem_calls_total",

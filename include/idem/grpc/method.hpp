@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/guard.hpp"
 #include "idem/key.hpp"
 
@@ -122,11 +123,11 @@ bool is_final_status(::grpc::StatusCode code) noexcept;
 /// namespace). grpc++'s AuthContext belongs to the connection: identities an
 /// AuthMetadataProcessor sets from one call's metadata stay for later calls on that connection,
 /// so per-call credentials (bearer tokens) belong in MethodOptions::principal instead.
-std::string peer_principal(const ::grpc::ServerContextBase& context);
+IDEM_EXPORT std::string peer_principal(const ::grpc::ServerContextBase& context);
 
 /// The request bytes the default fingerprint covers: `message`'s deterministic serialization
 /// (fields in field-number order, map entries sorted by key, unknown fields as received).
-std::string deterministic_bytes(const google::protobuf::MessageLite& message);
+IDEM_EXPORT std::string deterministic_bytes(const google::protobuf::MessageLite& message);
 
 /// What a call without the key metadata gets.
 enum class MissingKey {
@@ -178,7 +179,7 @@ struct Prepared {
 struct DoNotStore {};
 
 /// Everything of a Method that does not depend on the durable store (src/grpc/method.cpp).
-class MethodCore {
+class IDEM_EXPORT MethodCore {
  public:
   /// @throws idem::UsageError / idem::InvalidKey for bad options (see MethodOptions).
   explicit MethodCore(MethodOptions options);
@@ -211,7 +212,7 @@ class MethodCore {
 /// method and call handle() from every call.
 /// @tparam Durable the guard's durable store type.
 template <class Durable>
-class Method {
+class IDEM_EXPORT Method {
  public:
   /// @param guard   the guard (must outlive the method)
   /// @param options the method's options

@@ -59,6 +59,7 @@ struct ParsedKey {
     kMalformed,  ///< one field line that is not a valid sf-string (see `detail`)
     kMultiple,   ///< more than one field line
   };
+  /// What the header held.
   Status status = Status::kMissing;
   /// kOk: the client's key, unescaped.
   std::string value;

@@ -181,6 +181,7 @@ namespace idem {
 /// idem::CorruptRecord).
 template <>
 struct Codec<http::Response> {
+  /// The record bytes of `r` (status, headers in order, body; length-prefixed).
   static std::string encode(const http::Response& r) {
     std::string out(http::detail::kResponseMagic);
     out.reserve(out.size() + 12 + r.body.size());
@@ -193,6 +194,7 @@ struct Codec<http::Response> {
     http::detail::put_bytes(out, r.body);
     return out;
   }
+  /// The response encode() wrote. @throws std::runtime_error for bytes it did not write.
   static http::Response decode(std::string_view bytes) {
     http::detail::Reader in(bytes);
     if (in.raw(http::detail::kResponseMagic.size()) != http::detail::kResponseMagic) {

@@ -67,6 +67,7 @@
 
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -145,7 +146,7 @@ struct PostgresStoreOptions {
 };
 
 /// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
-class PooledConnection {
+class IDEM_EXPORT PooledConnection {
  public:
   /// Takes over `other`'s loan (`other` then returns nothing).
   PooledConnection(PooledConnection&& other) noexcept;
@@ -169,12 +170,12 @@ class PooledConnection {
 
 /// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
 /// store's prepared statements and session settings, and are replaced when they break.
-class ConnectionPool {
+class IDEM_EXPORT ConnectionPool {
  public:
   /// Connection setup run once per new connection (prepare statements, SET ...).
   using Setup = std::function<void(pqxx::connection&)>;
   /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
-  /// long `acquire` waits when all are in use.
+  /// long `acquire` waits when all are in use; @param setup run on each new connection.
   ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
                  Setup setup);
   /// Closes the idle connections. Every PooledConnection must have been returned.
@@ -208,7 +209,7 @@ struct PostgresStoreStats {
 };
 
 /// The PostgreSQL durable store (see the file comment). Thread-safe; share one per process.
-class PostgresStore {
+class IDEM_EXPORT PostgresStore {
  public:
   /// What transactional handlers receive.
   using Transaction = pqxx::work;
@@ -228,6 +229,8 @@ class PostgresStore {
   /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
   /// is down) the record is read first, so a duplicate is answered in one round trip (see
   /// PostgresStoreOptions::read_first). A hint never changes an answer.
+  /// @param key the operation's key; @param fingerprint the payload's fingerprint;
+  /// @param owner this attempt's token; @param retention how long the completed record is kept
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
   ///        failure or deadlock (the earlier transaction was rolled back).
   /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,

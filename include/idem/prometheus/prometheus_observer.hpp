@@ -53,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.hpp"
 #include "idem/observer.hpp"
 
 namespace prometheus {
@@ -72,7 +73,7 @@ struct PrometheusObserverOptions {
 
 /// Counts the guard's events in Prometheus metrics (see the file comment). Thread-safe; never
 /// throws from an event. The registry must outlive the observer.
-class PrometheusObserver final : public Observer {
+class IDEM_EXPORT PrometheusObserver final : public Observer {
  public:
   /// Registers the metric families in `registry`.
   /// @throws std::invalid_argument (from prometheus-cpp) when a family of the same name exists
