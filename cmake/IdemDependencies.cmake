@@ -30,6 +30,9 @@ if(NOT DEFINED IDEM_DEPS_FOR)
   if(IDEM_WITH_RABBITMQ)
     list(APPEND IDEM_DEPS_FOR rabbitmq)
   endif()
+  if(IDEM_WITH_GRPC)
+    list(APPEND IDEM_DEPS_FOR grpc)
+  endif()
 endif()
 
 set(THREADS_PREFER_PTHREAD_FLAG ON)
@@ -144,5 +147,18 @@ if("rabbitmq" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_RABBITMQ_C_TARGET)
       message(FATAL_ERROR "idem: rabbitmq-c not found (apt-get install librabbitmq-dev), "
                           "or configure with -DIDEM_WITH_RABBITMQ=OFF")
     endif()
+  endif()
+endif()
+
+# grpc++ and protobuf: Debian 12 ships gRPCConfig.cmake (gRPC::grpc++, gRPC::grpc_cpp_plugin) and
+# no protobuf-config.cmake, so protobuf comes from CMake's FindProtobuf (protobuf::libprotobuf,
+# protobuf::protoc). gRPC's config prints "Could NOT find c-ares" on Debian: harmless.
+if("grpc" IN_LIST IDEM_DEPS_FOR AND NOT TARGET gRPC::grpc++)
+  find_package(Protobuf QUIET)
+  find_package(gRPC CONFIG QUIET)
+  if(NOT TARGET gRPC::grpc++ OR NOT TARGET protobuf::libprotobuf)
+    message(FATAL_ERROR "idem: grpc++ or protobuf not found (apt-get install libgrpc++-dev "
+                        "protobuf-compiler-grpc libprotobuf-dev protobuf-compiler), "
+                        "or configure with -DIDEM_WITH_GRPC=OFF")
   endif()
 endif()

@@ -9,7 +9,9 @@
 //
 //   * a stable snake_case name (`errc_name`), for logs, metrics labels and problem+json `type`;
 //   * an HTTP status (`http_status`) following the IETF Idempotency-Key draft
-//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable);
+//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable), and a
+//     gRPC status code (`grpc_status_code`: INVALID_ARGUMENT, ABORTED, FAILED_PRECONDITION,
+//     UNAVAILABLE);
 //   * whether calling again with the same key is safe and may succeed (`is_retryable`).
 //
 // The exception hierarchy is small on purpose; the actionable question lives on the base class:
@@ -89,6 +91,30 @@ constexpr int http_status(errc e) noexcept {
     case errc::kInvalidArgument: return 500;
   }
   return 500;
+}
+
+/// gRPC status code (the numeric value of `grpc::StatusCode`, fixed by the gRPC protocol) a
+/// service should answer with for this code: INVALID_ARGUMENT (3) for a bad or missing key,
+/// ABORTED (10) for in progress and a lost lease (a retry with the same key replays),
+/// FAILED_PRECONDITION (9) for a payload mismatch (the key's earlier use, not this request,
+/// makes it fail), PERMISSION_DENIED (7) for a key that is not an issued token, UNAVAILABLE (14) for every retryable store failure (so client retry policies
+/// on UNAVAILABLE cover them), INTERNAL (13) otherwise. idem::grpc answers with these.
+constexpr int grpc_status_code(errc e) noexcept {
+  switch (e) {
+    case errc::kInvalidKey:
+    case errc::kMissingKey: return 3;
+    case errc::kInProgress:
+    case errc::kLeaseLost: return 10;
+    case errc::kFingerprintMismatch: return 9;
+    case errc::kUnknownToken: return 7;
+    case errc::kStoreUnavailable:
+    case errc::kStoreTimeout:
+    case errc::kOutcomeUnknown: return 14;
+    case errc::kStorageError:
+    case errc::kCorruptRecord:
+    case errc::kInvalidArgument: return 13;
+  }
+  return 13;
 }
 
 /// True if calling again with the same key (after a pause) is safe and may succeed.

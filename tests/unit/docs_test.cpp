@@ -12,15 +12,27 @@
 
 namespace {
 
+// gRPC's status code names (fixed by the protocol), for the gRPC column.
+const char* grpc_code_name(int code) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",         "UNKNOWN", "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+      "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  return code >= 0 && code <= 16 ? kNames[code] : "?";
+}
+
 std::string generated_table() {
   std::ostringstream out;
-  out << "| code | name | message | HTTP | retryable |\n";
-  out << "|-----:|------|---------|-----:|-----------|\n";
+  out << "| code | name | message | HTTP | gRPC | retryable |\n";
+  out << "|-----:|------|---------|-----:|------|-----------|\n";
   for (int v = 1;; ++v) {
     auto e = static_cast<idem::errc>(v);
     if (idem::errc_name(e) == "unknown") break;
+    int g = idem::grpc_status_code(e);
     out << "| " << v << " | `" << idem::errc_name(e) << "` | " << idem::errc_message(e) << " | "
-        << idem::http_status(e) << " | " << (idem::is_retryable(e) ? "yes" : "no") << " |\n";
+        << idem::http_status(e) << " | " << g << " " << grpc_code_name(g) << " | "
+        << (idem::is_retryable(e) ? "yes" : "no") << " |\n";
   }
   return out.str();
 }

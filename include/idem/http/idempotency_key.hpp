@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "idem/errors.hpp"
@@ -87,6 +88,24 @@ inline void append_length_prefixed(std::string& out, std::string_view part) {
 }
 }  // namespace detail
 
+/// Why `key`, a client's idempotency key as received (HTTP: after unquoting), is refused, or ""
+/// when it is accepted: 1..kMaxClientKeyLength bytes of printable ASCII (0x20-0x7E). The rules
+/// of the HTTP header's value and of gRPC's `idempotency-key` metadata (idem::grpc).
+inline std::string client_key_problem(std::string_view key) {
+  if (key.empty()) return "the key is empty";
+  if (key.size() > kMaxClientKeyLength) {
+    return "the key has " + std::to_string(key.size()) + " bytes, at most " +
+           std::to_string(kMaxClientKeyLength) + " are accepted";
+  }
+  for (char ch : key) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c > 0x7E) {
+      return "byte " + ::idem::detail::describe_byte(c) + " is not printable ASCII";
+    }
+  }
+  return {};
+}
+
 /// Parses one Idempotency-Key field value as an RFC 8941 sf-string (see the file comment).
 /// @return kOk with the unescaped value, or kMalformed with the reason.
 inline ParsedKey parse_idempotency_key(std::string_view field) {
@@ -123,11 +142,8 @@ inline ParsedKey parse_idempotency_key(std::string_view field) {
     return detail::malformed(s[i] == ';' ? "parameters are not accepted"
                                          : "there is text after the closing '\"'");
   }
-  if (value.empty()) return detail::malformed("the key is empty");
-  if (value.size() > kMaxClientKeyLength) {
-    return detail::malformed("the key has " + std::to_string(value.size()) +
-                             " bytes, at most " + std::to_string(kMaxClientKeyLength) +
-                             " are accepted");
+  if (std::string why = client_key_problem(value); !why.empty()) {
+    return detail::malformed(std::move(why));
   }
   ParsedKey p;
   p.status = ParsedKey::Status::kOk;

@@ -85,7 +85,7 @@ inline void put_bytes(std::string& out, std::string_view bytes) {
   out.append(bytes.data(), bytes.size());
 }
 
-// Reads the encoding back, refusing anything truncated or trailing.
+// Reads the encoding back, refusing anything truncated or trailing (also used by idem::grpc).
 class Reader {
  public:
   explicit Reader(std::string_view in) : in_(in) {}
@@ -112,7 +112,7 @@ class Reader {
 
  private:
   void need(std::size_t n) const {
-    if (in_.size() - pos_ < n) throw std::runtime_error("truncated HTTP response record");
+    if (in_.size() - pos_ < n) throw std::runtime_error("truncated record");
   }
   std::string_view in_;
   std::size_t pos_ = 0;

@@ -371,27 +371,11 @@ TEST_F(PostgresStoreTest, CommitLostWithItsConnectionIsResolvedNotRerun) {
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
-// The DSN with its port replaced (the proxy's).
-std::string dsn_with_port(int port) {
-  std::string dsn = pg::dsn();
-  auto at = dsn.find("port=");
-  if (at == std::string::npos) return dsn + " port=" + std::to_string(port);
-  auto end = dsn.find(' ', at);
-  return dsn.substr(0, at) + "port=" + std::to_string(port) +
-         (end == std::string::npos ? "" : dsn.substr(end));
-}
-
-int dsn_port() {
-  std::string dsn = pg::dsn();
-  auto at = dsn.find("port=");
-  return at == std::string::npos ? 5432 : std::atoi(dsn.c_str() + at + 5);
-}
-
 TEST_F(PostgresStoreTest, CommitWhoseAnswerWasLostIsResolvedAsCommittedNotRerun) {
-  idem::test::CommitDroppingProxy proxy(dsn_port());
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
   auto o = pg::options();
   o.migrate = false;
-  o.conninfo = dsn_with_port(proxy.port());
+  o.conninfo = pg::dsn_with_port(proxy.port());
   std::atomic<bool> arm{true};
   o.before_commit = [&](pqxx::connection&) {
     if (arm.exchange(false)) proxy.drop_next_commit = true;
