@@ -46,6 +46,42 @@ std::string describe(std::string_view context, const std::exception& e) {
   return what;
 }
 
+// libpq's and the server's texts for a connection that can never succeed as configured. libpq
+// reports a failed connection by message only (no SQLSTATE), so these are matched as text; the
+// server's FATAL lines are in English unless its lc_messages says otherwise.
+constexpr std::string_view kConfigurationMessages[] = {
+    // The server refused who or what we asked for (SQLSTATE 3D000, 28000, 28P01, 42501).
+    "\" does not exist",  // database "x" / role "x" does not exist
+    "password authentication failed",
+    "no password supplied",
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects connection",
+    "is not permitted to log in",
+    "permission denied for database",
+    "server does not support SSL, but SSL was required",
+    // libpq could not parse the conninfo string or URI.
+    "in connection info string",  // missing "=" after ..., unterminated quoted string in ...
+    "invalid connection option",
+    "invalid URI",
+    "in URI",  // unexpected character ... in URI, IPv6 host address ... in URI
+    "URI query parameter",
+    "percent-encoded",
+    "invalid integer value",
+    "invalid port number",
+    "invalid sslmode value",
+    "invalid gssencmode value",
+    "invalid target_session_attrs value",
+};
+}  // namespace
+
+bool is_configuration_error(std::string_view message) noexcept {
+  for (auto m : kConfigurationMessages) {
+    if (message.find(m) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+namespace {
 [[noreturn]] void throw_for_sqlstate(const std::string& state, const std::string& what) {
   // Class 08: connection exception; 57P01-3: shutdown / cannot connect now; 53: insufficient
   // resources (too many connections, disk full, out of memory); 25006: read-only transaction
@@ -72,6 +108,11 @@ void rethrow_translated(std::string_view context) {
   } catch (const pqxx::in_doubt_error& e) {
     throw OutcomeUnknown(describe(context, e));
   } catch (const pqxx::broken_connection& e) {
+    // A database, role, password or URI that is wrong stays wrong: retrying cannot help, so it
+    // is a usage (configuration) error, as a malformed Redis URI is.
+    if (is_configuration_error(e.what())) {
+      throw UsageError(describe(context, e) + " (configuration error: check the conninfo)");
+    }
     throw StorageUnavailable(describe(context, e));
   } catch (const pqxx::transaction_rollback& e) {
     throw_for_sqlstate(sqlstate_of(e), describe(context, e));
