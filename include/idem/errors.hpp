@@ -9,7 +9,8 @@
 //
 //   * a stable snake_case name (`errc_name`), for logs, metrics labels and problem+json `type`;
 //   * an HTTP status (`http_status`) following the IETF Idempotency-Key draft
-//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable);
+//     (400 invalid key, 409 in progress, 413 body too large, 422 payload mismatch, 503 store
+//     unavailable);
 //   * whether calling again with the same key is safe and may succeed (`is_retryable`).
 //
 // The exception hierarchy is small on purpose; the actionable question lives on the base class:
@@ -50,6 +51,7 @@ enum class errc {
   kCorruptRecord = 9,        ///< a value under an idem key is not idem's; 500
   kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
+  kPayloadTooLarge = 12,     ///< a request body over the endpoint's limit; nothing stored; 413
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
@@ -66,6 +68,7 @@ constexpr std::string_view errc_name(errc e) noexcept {
     case errc::kCorruptRecord: return "corrupt_record";
     case errc::kLeaseLost: return "lease_lost";
     case errc::kInvalidArgument: return "invalid_argument";
+    case errc::kPayloadTooLarge: return "payload_too_large";
   }
   return "unknown";
 }
@@ -78,6 +81,7 @@ constexpr int http_status(errc e) noexcept {
     case errc::kInProgress:
     case errc::kLeaseLost: return 409;
     case errc::kFingerprintMismatch: return 422;
+    case errc::kPayloadTooLarge: return 413;
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
     case errc::kOutcomeUnknown: return 503;
@@ -114,6 +118,7 @@ constexpr std::string_view errc_message(errc e) noexcept {
     case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
     case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
     case errc::kInvalidArgument: return "invalid argument";
+    case errc::kPayloadTooLarge: return "the request body is larger than this endpoint accepts";
   }
   return "unknown idem error";
 }
