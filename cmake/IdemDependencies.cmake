@@ -122,3 +122,12 @@ if("http" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_HTTPLIB_TARGET)
     endif()
   endif()
 endif()
+
+# nlohmann-json: idem/http/json.hpp (canonical JSON fingerprints) is part of idem::http.
+if("http" IN_LIST IDEM_DEPS_FOR AND NOT TARGET nlohmann_json::nlohmann_json)
+  find_package(nlohmann_json CONFIG QUIET)
+  if(NOT TARGET nlohmann_json::nlohmann_json)
+    message(FATAL_ERROR "idem: nlohmann-json not found (apt-get install nlohmann-json3-dev), "
+                        "or configure with -DIDEM_WITH_HTTP=OFF")
+  endif()
+endif()
