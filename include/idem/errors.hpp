@@ -9,9 +9,9 @@
 //
 //   * a stable snake_case name (`errc_name`), for logs, metrics labels and problem+json `type`;
 //   * an HTTP status (`http_status`) following the IETF Idempotency-Key draft
-//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable), and a
-//     gRPC status code (`grpc_status_code`: INVALID_ARGUMENT, ABORTED, FAILED_PRECONDITION,
-//     UNAVAILABLE);
+//     (400 invalid key, 403 unknown token, 409 in progress, 413 body too large, 422 payload
+//     mismatch, 503 store unavailable), and a gRPC status code (`grpc_status_code`:
+//     INVALID_ARGUMENT, ABORTED, FAILED_PRECONDITION, UNAVAILABLE);
 //   * whether calling again with the same key is safe and may succeed (`is_retryable`).
 //
 // The exception hierarchy is small on purpose; the actionable question lives on the base class:
@@ -55,6 +55,7 @@ enum class errc {
   kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
   kUnknownToken = 12,        ///< the key is not a token this server issued (or it expired); 403
+  kPayloadTooLarge = 13,     ///< a request body over the endpoint's limit; nothing stored; 413
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
@@ -72,6 +73,7 @@ constexpr std::string_view errc_name(errc e) noexcept {
     case errc::kLeaseLost: return "lease_lost";
     case errc::kInvalidArgument: return "invalid_argument";
     case errc::kUnknownToken: return "unknown_token";
+    case errc::kPayloadTooLarge: return "payload_too_large";
   }
   return "unknown";
 }
@@ -85,6 +87,7 @@ constexpr int http_status(errc e) noexcept {
     case errc::kInProgress:
     case errc::kLeaseLost: return 409;
     case errc::kFingerprintMismatch: return 422;
+    case errc::kPayloadTooLarge: return 413;
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
     case errc::kOutcomeUnknown: return 503;
@@ -99,8 +102,10 @@ constexpr int http_status(errc e) noexcept {
 /// service should answer with for this code: INVALID_ARGUMENT (3) for a bad or missing key,
 /// ABORTED (10) for in progress and a lost lease (a retry with the same key replays),
 /// FAILED_PRECONDITION (9) for a payload mismatch (the key's earlier use, not this request,
-/// makes it fail), PERMISSION_DENIED (7) for a key that is not an issued token, UNAVAILABLE (14) for every retryable store failure (so client retry policies
-/// on UNAVAILABLE cover them), INTERNAL (13) otherwise. idem::grpc answers with these.
+/// makes it fail), PERMISSION_DENIED (7) for a key that is not an issued token,
+/// RESOURCE_EXHAUSTED (8) for a request over the size limit, UNAVAILABLE (14) for every
+/// retryable store failure (so client retry policies on UNAVAILABLE cover them), INTERNAL (13)
+/// otherwise. idem::grpc answers with these.
 constexpr int grpc_status_code(errc e) noexcept {
   switch (e) {
     case errc::kInvalidKey:
@@ -109,6 +114,7 @@ constexpr int grpc_status_code(errc e) noexcept {
     case errc::kLeaseLost: return 10;
     case errc::kFingerprintMismatch: return 9;
     case errc::kUnknownToken: return 7;
+    case errc::kPayloadTooLarge: return 8;
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
     case errc::kOutcomeUnknown: return 14;
@@ -147,6 +153,7 @@ constexpr std::string_view errc_message(errc e) noexcept {
     case errc::kInvalidArgument: return "invalid argument";
     case errc::kUnknownToken:
       return "the idempotency key is not a token this server issued, or it expired";
+    case errc::kPayloadTooLarge: return "the request body is larger than this endpoint accepts";
   }
   return "unknown idem error";
 }

@@ -78,19 +78,53 @@ std::string describe(std::string_view context, const std::exception& e) {
   return what;
 }
 
-// A connect the server (or libpq's TLS checks) refused for who or what we are: a wrong
-// password, no pg_hba.conf entry, an untrusted certificate or one for another host name. It
-// fails again until the configuration changes: StorageError (not retryable), not an outage.
-bool refused_for_configuration(std::string_view what) noexcept {
+// libpq's TLS checks refused the server: an untrusted certificate, one for another host name,
+// no root certificate to verify with. It fails again until the configuration changes (or it is
+// an impostor): StorageError, not retryable, not an outage.
+bool refused_by_tls_checks(std::string_view what) noexcept {
   for (std::string_view needle :
-       {"password authentication failed", "pg_hba.conf", "certificate verify failed",
-        "does not match host name", "root certificate file", "server does not support SSL",
-        "no password supplied"}) {
+       {"certificate verify failed", "does not match host name", "root certificate file"}) {
     if (what.find(needle) != std::string_view::npos) return true;
   }
   return false;
 }
 
+// libpq's and the server's texts for a connection that can never succeed as configured. libpq
+// reports a failed connection by message only (no SQLSTATE), so these are matched as text; the
+// server's FATAL lines are in English unless its lc_messages says otherwise.
+constexpr std::string_view kConfigurationMessages[] = {
+    // The server refused who or what we asked for (SQLSTATE 3D000, 28000, 28P01, 42501).
+    "\" does not exist",  // database "x" / role "x" does not exist
+    "password authentication failed",
+    "no password supplied",
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects connection",
+    "is not permitted to log in",
+    "permission denied for database",
+    "server does not support SSL, but SSL was required",
+    // libpq could not parse the conninfo string or URI.
+    "in connection info string",  // missing "=" after ..., unterminated quoted string in ...
+    "invalid connection option",
+    "invalid URI",
+    "in URI",  // unexpected character ... in URI, IPv6 host address ... in URI
+    "URI query parameter",
+    "percent-encoded",
+    "invalid integer value",
+    "invalid port number",
+    "invalid sslmode value",
+    "invalid gssencmode value",
+    "invalid target_session_attrs value",
+};
+}  // namespace
+
+bool is_configuration_error(std::string_view message) noexcept {
+  for (auto m : kConfigurationMessages) {
+    if (message.find(m) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+namespace {
 [[noreturn]] void throw_for_sqlstate(const std::string& state, const std::string& what) {
   // Class 08: connection exception; 57P01-3: shutdown / cannot connect now; 53: insufficient
   // resources (too many connections, disk full, out of memory); 25006: read-only transaction
@@ -117,7 +151,12 @@ void rethrow_translated(std::string_view context) {
   } catch (const pqxx::in_doubt_error& e) {
     throw OutcomeUnknown(describe(context, e));
   } catch (const pqxx::broken_connection& e) {
-    if (refused_for_configuration(e.what())) throw StorageError(describe(context, e));
+    // A database, role, password or URI that is wrong stays wrong: retrying cannot help, so it
+    // is a usage (configuration) error, as a malformed Redis URI is.
+    if (is_configuration_error(e.what())) {
+      throw UsageError(describe(context, e) + " (configuration error: check the conninfo)");
+    }
+    if (refused_by_tls_checks(e.what())) throw StorageError(describe(context, e));
     throw StorageUnavailable(describe(context, e));
   } catch (const pqxx::transaction_rollback& e) {
     throw_for_sqlstate(sqlstate_of(e), describe(context, e));

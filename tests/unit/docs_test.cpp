@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "idem/errors.hpp"
 
@@ -60,6 +61,30 @@ TEST(Docs, ErrorTableMatchesErrorsHpp) {
         << expected;
   }
   EXPECT_NE(std::string::npos, expected.find("`invalid_argument`"));  // every code is listed
+}
+
+// The quick starts of README.md and docs/http.md post the same request: with the same
+// Content-Type (the example's fingerprint covers it, so a copy of one after the other must
+// replay, not answer 422) and, for the same key, the same bodies.
+TEST(Docs, HttpQuickStartsSendTheSameRequests) {
+  auto posts = [](const std::string& file) {
+    std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/" + file);
+    std::vector<std::string> out;
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("curl ", 0) != 0 || line.find(" -d ") == std::string::npos) continue;
+      EXPECT_NE(std::string::npos, line.find("-H 'Content-Type: application/json'"))
+          << file << ": " << line;
+      auto comment = line.find("   #");
+      out.push_back(line.substr(0, comment == std::string::npos ? line.size() : comment));
+      while (!out.back().empty() && out.back().back() == ' ') out.back().pop_back();
+    }
+    return out;
+  };
+  auto readme = posts("README.md");
+  auto http = posts("docs/http.md");
+  EXPECT_EQ(4u, readme.size());
+  EXPECT_EQ(readme, http);
 }
 
 }  // namespace

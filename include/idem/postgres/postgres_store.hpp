@@ -33,9 +33,10 @@
 //
 // Failures: every libpqxx error raised by idem's own statements becomes an idem exception
 // (SQLSTATE and server message kept in `what()`): a lost connection is StorageUnavailable,
-// statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking the
-// server (`txid_status`) and re-reading the record on a fresh connection — success, a retryable
-// StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
+// a wrong database, role, password or conninfo/URI is idem::UsageError (not retryable: it stays
+// wrong), statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking
+// the server (`txid_status`) and re-reading the record on a fresh connection — success, a
+// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
 // Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
 // `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
 // connection failed under it (then StorageUnavailable: nothing was committed).
@@ -215,9 +216,12 @@ class IDEM_EXPORT PostgresStore {
   using Transaction = pqxx::work;
 
   /// Connects lazily with `conninfo` (libpq conninfo or postgresql:// URI), default options.
-  /// Runs the migration. @throws idem::StorageUnavailable when the database cannot be reached.
+  /// Runs the migration. @throws idem::StorageUnavailable when the database cannot be reached;
+  /// idem::UsageError when it never can as configured (unknown database or role, password
+  /// refused, malformed conninfo or URI).
   explicit PostgresStore(std::string conninfo);
-  /// @throws idem::UsageError for a bad schema/table/column name or option;
+  /// @throws idem::UsageError for a bad schema/table/column name or option, or a
+  ///         misconfigured connection (see above);
   ///         idem::StorageError subclasses when the migration fails.
   explicit PostgresStore(PostgresStoreOptions options);
   /// Closes the pool's connections.

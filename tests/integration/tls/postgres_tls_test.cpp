@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // PostgreSQL over TLS with sslmode=verify-full (scripts/servers.sh tls: a second PostgreSQL with
 // ssl=on, a certificate made at test time, TLS required by pg_hba.conf): the store works on a
-// verified TLS connection, and an untrusted CA, another host name, a plain connection and a
-// wrong password fail at construction with a typed, non-retryable StorageError.
+// verified TLS connection; an untrusted CA and another host name fail at construction with a
+// typed, non-retryable StorageError, a plain connection and a wrong password with a UsageError
+// (configuration: retrying cannot help).
 #include <gtest/gtest.h>
 
 #include <pqxx/pqxx>
@@ -34,15 +35,23 @@ class PostgresTls : public ::testing::Test {
     o.pool_size = 4;
     return o;
   }
-  // The constructor's failure (it connects to migrate).
-  static idem::StorageError construct_error(const PostgresStoreOptions& o) {
+  // What the constructor threw (it connects to migrate).
+  struct Refusal {
+    idem::errc c;
+    bool r;
+    std::string w;
+    idem::errc code() const { return c; }
+    bool retryable() const { return r; }
+    const char* what() const { return w.c_str(); }
+  };
+  static Refusal construct_error(const PostgresStoreOptions& o) {
     try {
       PostgresStore store{o};
-    } catch (const idem::StorageError& e) {
-      return e;
+    } catch (const idem::Error& e) {
+      return Refusal{e.code(), e.retryable(), e.what()};
     }
     ADD_FAILURE() << "the store connected: " << o.conninfo;
-    return idem::StorageError("none");
+    return Refusal{static_cast<idem::errc>(0), false, "none"};
   }
   static bool contains(const std::string& s, const std::string& needle) {
     return s.find(needle) != std::string::npos;
@@ -106,13 +115,13 @@ TEST_F(PostgresTls, AnotherHostNameIsATypedNonRetryableError) {
 TEST_F(PostgresTls, PlainConnectionsAreRefusedTyped) {
   auto e = construct_error(
       options("host=127.0.0.1 port=" + port_ + " dbname=idem_test user=postgres sslmode=disable"));
-  EXPECT_EQ(idem::errc::kStorageError, e.code()) << e.what();
+  EXPECT_EQ(idem::errc::kInvalidArgument, e.code()) << e.what();
   EXPECT_TRUE(contains(e.what(), "pg_hba.conf")) << e.what();
 }
 
 TEST_F(PostgresTls, WrongPasswordIsATypedNonRetryableError) {
   auto e = construct_error(options(dsn_ + " user=idem_pw password=not-the-password"));
-  EXPECT_EQ(idem::errc::kStorageError, e.code()) << e.what();
+  EXPECT_EQ(idem::errc::kInvalidArgument, e.code()) << e.what();
   EXPECT_FALSE(e.retryable());
   EXPECT_TRUE(contains(e.what(), "password authentication failed")) << e.what();
 }
