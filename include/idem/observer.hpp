@@ -261,6 +261,13 @@ struct GuardStatsSnapshot {
   std::uint64_t leases_lost = 0;
   /// Fast-store records rewritten from the durable store.
   std::uint64_t fast_refills = 0;
+  /// Durable-store operations run again after a transient failure (GuardOptions::store_retry).
+  std::uint64_t store_retries = 0;
+  /// Calls that found the key in progress and waited for the first result
+  /// (GuardOptions::wait_for_result, CallOptions::wait_for_result).
+  std::uint64_t waits = 0;
+  /// Calls run without any idempotency because GuardOptions::bypass was on.
+  std::uint64_t bypassed = 0;
 
   /// Share of detected duplicates that the fast store stopped (0 when there were none).
   double fast_hit_rate() const noexcept {
@@ -276,7 +283,7 @@ class GuardStats {
   /// The counters, as in GuardStatsSnapshot.
   std::atomic<std::uint64_t> calls{0}, executed{0}, replayed{0}, in_progress{0}, mismatched{0},
       handler_errors{0}, fast_hits{0}, fast_claims{0}, durable_conflicts{0}, degraded{0},
-      takeovers{0}, leases_lost{0}, fast_refills{0};
+      takeovers{0}, leases_lost{0}, fast_refills{0}, store_retries{0}, waits{0}, bypassed{0};
   ///@}
 
   /// A consistent-enough copy (each counter read once, relaxed).
@@ -295,6 +302,9 @@ class GuardStats {
     s.takeovers = takeovers.load(std::memory_order_relaxed);
     s.leases_lost = leases_lost.load(std::memory_order_relaxed);
     s.fast_refills = fast_refills.load(std::memory_order_relaxed);
+    s.store_retries = store_retries.load(std::memory_order_relaxed);
+    s.waits = waits.load(std::memory_order_relaxed);
+    s.bypassed = bypassed.load(std::memory_order_relaxed);
     return s;
   }
 };
