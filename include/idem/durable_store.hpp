@@ -217,6 +217,10 @@ IDEM_DETAIL_MEMBER_CHECK(has_fail, bool,
                                                  std::string_view{}, std::chrono::seconds{}));
 IDEM_DETAIL_MEMBER_CHECK(has_lookup, std::optional<Record>,
                          std::declval<D&>().lookup(std::declval<const Key&>()));
+IDEM_DETAIL_MEMBER_CHECK(has_extend, bool,
+                         std::declval<D&>().extend(std::declval<const Key&>(),
+                                                   std::declval<const OwnerToken&>(),
+                                                   std::chrono::milliseconds{}));
 IDEM_DETAIL_MEMBER_CHECK(has_purge_expired, std::size_t,
                          std::declval<D&>().purge_expired(std::size_t{}));
 IDEM_DETAIL_MEMBER_CHECK(has_with_transaction, void,

@@ -64,6 +64,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/codec.hpp"
 #include "idem/detail/plain_transaction.hpp"
@@ -142,6 +143,15 @@ struct GuardOptions {
   unsigned store_attempts = 1;
   /// The first backoff of store_attempts.
   std::chrono::milliseconds store_retry_backoff{20};
+  /// Lease keep-alive for long handlers: while a handler runs, one thread of the guard extends
+  /// its claims every lease/3 (FastStore::extend; in two-phase mode also the durable record,
+  /// where the durable store has `bool extend(const Key&, const OwnerToken&,
+  /// std::chrono::milliseconds)`: SqliteStore and PostgresStore do; in transactional mode the
+  /// open transaction holds the record). A failed extension reaches the observer
+  /// (on_store_error) and is tried again at the next beat; a claim found lost (taken over after
+  /// its lease ended) is reported (on_lease_lost) and no longer extended: the attempt is fenced,
+  /// its completion throws LeaseLost. Per call: CallOptions::heartbeat.
+  bool heartbeat = false;
 };
 
 /// What one call may set differently from the guard's options (a refund keeps its record 30
@@ -153,6 +163,8 @@ struct CallOptions {
   std::optional<std::chrono::seconds> retention;
   /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
   std::optional<std::chrono::milliseconds> wait_for_result;
+  /// GuardOptions::heartbeat for this call (a report that may outlive its lease).
+  std::optional<bool> heartbeat;
 };
 
 namespace detail {
@@ -239,6 +251,15 @@ class IdempotencyGuard {
 
   IdempotencyGuard(const IdempotencyGuard&) = delete;
   IdempotencyGuard& operator=(const IdempotencyGuard&) = delete;
+  /// Stops the heartbeat thread (if one was started). No call may still run.
+  ~IdempotencyGuard() {
+    {
+      std::lock_guard<std::mutex> lock(beat_mutex_);
+      beat_stop_ = true;
+    }
+    beat_cv_.notify_all();
+    if (beat_thread_.joinable()) beat_thread_.join();
+  }
 
   /// Runs `handler` at most once for `key`, or answers the duplicate.
   ///
@@ -272,26 +293,29 @@ class IdempotencyGuard {
     const auto lease = call_options.lease.value_or(options_.lease);
     const auto retention = call_options.retention.value_or(options_.retention);
     const auto wait = call_options.wait_for_result.value_or(options_.wait_for_result);
+    const bool beat = call_options.heartbeat.value_or(options_.heartbeat);
     if (lease.count() <= 0) throw UsageError("idem::CallOptions::lease must be positive");
     if (retention.count() <= 0) {
       throw UsageError("idem::CallOptions::retention must be positive");
     }
     if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
     if (options_.bypass) return bypassed<R>(key, handler);
-    GuardResult<R> r = run_once<R>(key, fingerprint, lease, retention, handler);
+    GuardResult<R> r = run_once<R>(key, fingerprint, lease, retention, beat, handler);
     if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
-    return wait_for_first<R>(key, fingerprint, lease, retention, wait, handler, std::move(r));
+    return wait_for_first<R>(key, fingerprint, lease, retention, beat, wait, handler,
+                             std::move(r));
   }
 
  private:
   template <class R, class Fn>
   GuardResult<R> run_once(const Key& key, std::string_view fingerprint,
                           std::chrono::milliseconds lease, std::chrono::seconds retention,
-                          Fn& handler) {
+                          bool beat, Fn& handler) {
     using Tx = detail::transaction_t<Durable>;
     Call<R> call{key, fingerprint, options_.observer != nullptr};
     call.lease = lease;
     call.retention = retention;
+    call.heartbeat = beat;
     call.start = call.now();
     stats_.calls.fetch_add(1, std::memory_order_relaxed);
     if constexpr (!kHasDurable) {
@@ -372,7 +396,8 @@ class IdempotencyGuard {
   template <class R, class Fn>
   GuardResult<R> wait_for_first(const Key& key, std::string_view fingerprint,
                                 std::chrono::milliseconds lease, std::chrono::seconds retention,
-                                std::chrono::milliseconds wait, Fn& handler, GuardResult<R> r) {
+                                bool beat, std::chrono::milliseconds wait, Fn& handler,
+                                GuardResult<R> r) {
     stats_.waits.fetch_add(1, std::memory_order_relaxed);
     const auto deadline = detail::SteadyClock::now() + wait;
     std::chrono::milliseconds step{5};
@@ -394,7 +419,7 @@ class IdempotencyGuard {
         wait_cv_.wait_for(lock, pause, [&] { return completions_ != seen; });
       }
       step = std::min(step * 2, std::chrono::milliseconds{100});
-      r = run_once<R>(key, fingerprint, lease, retention, handler);
+      r = run_once<R>(key, fingerprint, lease, retention, beat, handler);
     }
     return r;
   }
@@ -531,6 +556,7 @@ class IdempotencyGuard {
     OwnerToken owner = OwnerToken::generate();
     std::chrono::milliseconds lease{0};
     std::chrono::seconds retention{0};
+    bool heartbeat = false;
     Mode mode = Mode::kFastOnly;
     bool fast_claimed = false;
     bool degraded = false;
@@ -567,6 +593,7 @@ class IdempotencyGuard {
     std::optional<R> value;
     auto t0 = call.now();
     try {
+      Beating beating(*this, call, false);
       value.emplace(detail::invoke_stored<R>(handler));
     } catch (...) {
       call.handler = call.since(t0);
@@ -614,6 +641,7 @@ class IdempotencyGuard {
         handler_threw = false;
         try {
           step(Step::kDurableClaimed, call.key);
+          Beating beating(*this, call, false);  // the open transaction holds the record
           value.emplace(detail::invoke_stored<R>(handler, tx));
           step(Step::kHandlerReturned, call.key);
         } catch (...) {
@@ -689,6 +717,7 @@ class IdempotencyGuard {
     auto h0 = call.now();
     try {
       step(Step::kDurableClaimed, call.key);
+      Beating beating(*this, call, true);
       value.emplace(detail::invoke_stored<R>(handler));
       step(Step::kHandlerReturned, call.key);
     } catch (...) {
@@ -898,6 +927,121 @@ class IdempotencyGuard {
     if (auto* o = options_.observer.get()) o->on_takeover(key, store);
   }
 
+  // --- heartbeat (GuardOptions::heartbeat) ----------------------------------------------------
+  // The claims of one running handler, extended by the guard's heartbeat thread.
+  struct Beat {
+    Beat(const Key& k, const OwnerToken& o, std::chrono::milliseconds l, bool f, bool d)
+        : key(k), owner(o), lease(l), fast(f), durable(d) {}
+    Key key;  // copies: the caller's variables may change while the handler runs
+    OwnerToken owner;
+    std::chrono::milliseconds lease;
+    bool fast;     // extend the fast claim
+    bool durable;  // extend the durable record (two-phase)
+    detail::SteadyClock::time_point next{};
+  };
+
+  static std::chrono::milliseconds beat_period(std::chrono::milliseconds lease) noexcept {
+    return std::max(lease / 3, std::chrono::milliseconds{1});
+  }
+
+  // Registers the claims of `call` for the heartbeat while it lives (the handler's run).
+  class Beating {
+   public:
+    template <class R>
+    Beating(IdempotencyGuard& g, const Call<R>& call, bool durable_record) : g_(g) {
+      if (!call.heartbeat) return;
+      bool durable = false;
+      if constexpr (kHasDurable && detail::has_extend<Durable>::value) durable = durable_record;
+      (void)durable_record;
+      const bool fast = g.fast_ != nullptr && (call.fast_claimed || call.mode == Mode::kFastOnly);
+      if (!fast && !durable) return;
+      beat_ = std::make_shared<Beat>(call.key, call.owner, call.lease, fast, durable);
+      beat_->next = detail::SteadyClock::now() + beat_period(call.lease);
+      g_.start_beating(beat_);
+    }
+    ~Beating() {
+      if (beat_) g_.stop_beating(beat_);
+    }
+    Beating(const Beating&) = delete;
+    Beating& operator=(const Beating&) = delete;
+
+   private:
+    IdempotencyGuard& g_;
+    std::shared_ptr<Beat> beat_;
+  };
+
+  void start_beating(const std::shared_ptr<Beat>& b) {
+    std::lock_guard<std::mutex> lock(beat_mutex_);
+    beats_.push_back(b);
+    if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { beat_loop(); });
+    beat_cv_.notify_all();
+  }
+
+  void stop_beating(const std::shared_ptr<Beat>& b) noexcept {
+    std::unique_lock<std::mutex> lock(beat_mutex_);
+    // An extension of this claim in flight finishes first: none may land after completion.
+    beat_cv_.wait(lock, [&] { return beating_ != b.get(); });
+    beats_.erase(std::remove(beats_.begin(), beats_.end(), b), beats_.end());
+  }
+
+  void beat_loop() {
+    std::unique_lock<std::mutex> lock(beat_mutex_);
+    while (!beat_stop_) {
+      auto now = detail::SteadyClock::now();
+      std::shared_ptr<Beat> due;
+      auto next = now + std::chrono::seconds{1};
+      for (const auto& b : beats_) {
+        if (b->next <= now) {
+          due = b;
+          break;
+        }
+        next = std::min(next, b->next);
+      }
+      if (!due) {
+        beat_cv_.wait_until(lock, next);
+        continue;
+      }
+      beating_ = due.get();
+      lock.unlock();
+      beat_once(*due);
+      lock.lock();
+      beating_ = nullptr;
+      due->next = detail::SteadyClock::now() + beat_period(due->lease);
+      beat_cv_.notify_all();
+    }
+  }
+
+  // One extension of `b`'s claims; failures are reported, a lost claim is no longer extended.
+  void beat_once(Beat& b) noexcept {
+    if (b.fast) {
+      try {
+        if (!fast_->extend(b.key, b.owner, b.lease)) {
+          b.fast = false;
+          note_lease_lost(b.key, "fast");
+        }
+      } catch (const UsageError& e) {
+        b.fast = false;  // this fast store cannot extend leases
+        store_error(b.key, StoreRole::kFast, e);
+      } catch (const Error& e) {
+        store_error(b.key, StoreRole::kFast, e);
+      } catch (...) {
+      }
+    }
+    if constexpr (kHasDurable && detail::has_extend<Durable>::value) {
+      if (b.durable) {
+        try {
+          if (!durable_->extend(b.key, b.owner, b.lease)) {
+            b.durable = false;
+            note_lease_lost(b.key, "durable");
+          }
+        } catch (const Error& e) {
+          store_error(b.key, StoreRole::kDurable, e);
+        } catch (...) {
+        }
+      }
+    }
+  }
+
   void note_lease_lost(const Key& key, std::string_view store) {
     stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
     if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
@@ -958,6 +1102,14 @@ class IdempotencyGuard {
   std::mutex wait_mutex_;
   std::condition_variable wait_cv_;
   std::uint64_t completions_ = 0;  // guarded by wait_mutex_
+  // heartbeat: the claims of running handlers, and the thread extending them (started on the
+  // first beat; declared last so it stops before the rest is destroyed).
+  std::mutex beat_mutex_;
+  std::condition_variable beat_cv_;
+  std::vector<std::shared_ptr<Beat>> beats_;
+  const Beat* beating_ = nullptr;  // the claim being extended right now
+  bool beat_stop_ = false;
+  std::thread beat_thread_;
   std::atomic<bool> fast_down_{false};
   std::atomic<std::uint64_t> burst_failures_{0};
 };

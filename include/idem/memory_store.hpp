@@ -115,6 +115,21 @@ class MemoryStore final : public FastStore {
     return true;
   }
 
+  /// Extends `owner`'s in-progress claim to `lease` from now. @return false if not held.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) override {
+    if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end()) return false;
+    if (!detail::may_finish(it->second.status, it->second.owner, owner.str())) return false;
+    it->second.lease_until = now + lease;
+    it->second.updated_at = now;
+    return true;
+  }
+
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override {
     check_retention(retention);

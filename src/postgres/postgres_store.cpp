@@ -36,6 +36,7 @@ constexpr const char* kRemoveExpired = "idem_remove_expired";
 constexpr const char* kComplete = "idem_complete";
 constexpr const char* kFail = "idem_fail";
 constexpr const char* kRelease = "idem_release";
+constexpr const char* kExtend = "idem_extend";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kResolve = "idem_resolve";
 constexpr const char* kInsertCompletedBatch = "idem_insert_completed_batch";
@@ -221,6 +222,10 @@ struct IDEM_LOCAL PostgresStore::Impl {
                               where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
     v.emplace_back(kRelease, "DELETE FROM " + t + where +
                                  " AND owner = $3 AND status = 'in_progress' RETURNING true");
+    v.emplace_back(kExtend, "UPDATE " + t +
+                                " SET lease_until = clock_timestamp() + $4::bigint * interval"
+                                " '1 millisecond', updated_at = now()" +
+                                where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
     // Short batches; SKIP LOCKED never waits on a row a claim or completion is touching.
     // Rows by their key (tables of either schema version; unique across partitions too).
     v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE (" + k + ", " + s + ") IN (SELECT " + k +
@@ -886,6 +891,16 @@ bool PostgresStore::fail(const Key& key, const OwnerToken& owner, std::string_vi
 bool PostgresStore::release(const Key& key, const OwnerToken& owner) {
   return autocommit(*pool_, "release", true, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kRelease, key.id(), key.scope(), owner.str()).empty();
+  });
+}
+
+bool PostgresStore::extend(const Key& key, const OwnerToken& owner,
+                           std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
+  return autocommit(*pool_, "extend", true, [&](pqxx::nontransaction& nt) {
+    return !detail::exec_prepared(nt, kExtend, key.id(), key.scope(), owner.str(),
+                                  static_cast<long long>(lease.count()))
+                .empty();
   });
 }
 

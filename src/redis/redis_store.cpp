@@ -175,7 +175,7 @@ struct Script {
   std::array<char, 40> sha{};
 };
 
-enum class Op { kClaim, kComplete, kFail, kRelease, kFill, kLookup };
+enum class Op { kClaim, kComplete, kFail, kRelease, kExtend, kFill, kLookup };
 
 const char* op_name(Op op) noexcept {
   switch (op) {
@@ -187,6 +187,8 @@ const char* op_name(Op op) noexcept {
       return "fail";
     case Op::kRelease:
       return "release";
+    case Op::kExtend:
+      return "extend";
     case Op::kFill:
       return "fill";
     case Op::kLookup:
@@ -198,7 +200,8 @@ const char* op_name(Op op) noexcept {
 // Whether a timed-out reply leaves the write's outcome unknown (claims are decided by the
 // durable store anyway, so a claim timeout stays a plain StorageTimeout).
 bool write_may_apply(Op op) noexcept {
-  return op == Op::kComplete || op == Op::kFail || op == Op::kRelease || op == Op::kFill;
+  return op == Op::kComplete || op == Op::kFail || op == Op::kRelease || op == Op::kExtend ||
+         op == Op::kFill;
 }
 
 std::string describe(Op op, std::string_view key) {
@@ -282,6 +285,7 @@ class IDEM_LOCAL RedisStore::Impl {
         complete_(detail::kCompleteScript),
         complete_fast_(detail::kCompleteFastScript),
         release_(detail::kReleaseScript),
+        extend_(detail::kExtendScript),
         lookup_(detail::kLookupScript),
         native_claim_(!options_.claim_script) {}
 
@@ -857,6 +861,15 @@ class IDEM_LOCAL RedisStore::Impl {
     return flag(r, Op::kRelease, rk.view());
   }
 
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
+    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    ClaimPrefix mine(owner);
+    Num ms(lease.count());
+    ReplyUPtr r = eval(extend_, Op::kExtend, rk.view(), {mine.view(), ms.view()});
+    return flag(r, Op::kExtend, rk.view());
+  }
+
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
@@ -934,7 +947,7 @@ class IDEM_LOCAL RedisStore::Impl {
   const RedisStoreOptions options_;
   static constexpr int kMaxHops = 5;
   detail::Router router_;
-  const Script claim_, complete_, complete_fast_, release_, lookup_;
+  const Script claim_, complete_, complete_fast_, release_, extend_, lookup_;
   // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
   std::atomic<bool> native_claim_;
   std::atomic<std::uint64_t> native_completes_{0}, script_completes_{0}, pipelined_claims_{0},
@@ -970,6 +983,10 @@ bool RedisStore::fail(const Key& key, const OwnerToken& owner, std::string_view 
 
 bool RedisStore::release(const Key& key, const OwnerToken& owner) {
   return impl_->release(key, owner);
+}
+
+bool RedisStore::extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
+  return impl_->extend(key, owner, lease);
 }
 
 void RedisStore::fill(const Key& key, std::string_view fingerprint, std::string_view response,

@@ -10,8 +10,9 @@
 // counts, so any bytes may appear in the owner, fingerprint and response. An in-progress record
 // (P) has no response bytes; its PX TTL is the lease. A completed one (C) has the response, a
 // failed one (F, a dead-lettered message) the failure reason; their TTL is the retention. The
-// letters are the rulebook's (idem/detail/record_rules.hpp, record_status_letter). `deadline_ms` is when the TTL ends (the writer's clock); it is only used
-// to put a record back exactly as it was (see kCompleteFastScript). Anything else under an idem
+// letters are the rulebook's (idem/detail/record_rules.hpp, record_status_letter).
+// `deadline_ms` is when the TTL ended as written (the writer's clock; a heartbeat's extension
+// changes the TTL only, so the TTL, not this field, is the live lease). Anything else under an idem
 // key (another type, a string without this header, a truncated one) is a foreign value:
 // idem::CorruptRecord, and a script never raises on it.
 //
@@ -55,9 +56,10 @@ inline constexpr const char* kClaimScript =
 /// complete, when the client knows its exact in-progress record (it claimed on this thread):
 /// ARGV in-progress record, completed record, retention_ms. One write in the common case: the
 /// completed record replaces whatever is there, and if that was not this claim (lease lost),
-/// it is put back with its own deadline before the script ends (scripts are atomic: nobody
-/// sees the swap). -> 1 | 0 (lease lost) | {9, reason} (foreign value).
+/// it is put back with the TTL it had (read first: a heartbeat may have extended it) before the
+/// script ends (scripts are atomic: nobody sees the swap). -> 1 | 0 (lease lost) | {9, reason} (foreign value).
 inline constexpr const char* kCompleteFastScript = IDEM_REDIS_LUA_VALID
+    "local ttl = redis.call('PTTL', KEYS[1])\n"
     "local old = redis.pcall('SET', KEYS[1], ARGV[2], 'XX', 'PX', ARGV[3], 'GET')\n"
     "if type(old) == 'table' then\n"
     "  if string.sub(tostring(old.err), 1, 9) == 'WRONGTYPE' then return {9, old.err} end\n"
@@ -66,8 +68,8 @@ inline constexpr const char* kCompleteFastScript = IDEM_REDIS_LUA_VALID
     "if old == ARGV[1] then return 1 end\n"
     "if not old then return 0 end\n"
     "local d = parse(old)\n"
-    "if d and #d <= 15 and tonumber(d) > 0 then\n"
-    "  redis.call('SET', KEYS[1], old, 'PXAT', d)\n"
+    "if d and ttl > 0 then\n"
+    "  redis.call('SET', KEYS[1], old, 'PX', ttl)\n"
     "  return 0\n"
     "end\n"
     "redis.call('SET', KEYS[1], old)\n"
@@ -100,6 +102,20 @@ inline constexpr const char* kReleaseScript = IDEM_REDIS_LUA_VALID
     "if not v then return 0 end\n"
     "if string.sub(v, 1, #ARGV[1]) == ARGV[1] and parse(v) then\n"
     "  redis.call('DEL', KEYS[1])\n"
+    "  return 1\n"
+    "end\n"
+    "if parse(v) then return 0 end\n"
+    "return {9, 'not an idem record'}\n";
+
+/// extend (the guard's heartbeat): ARGV "I1P<#owner>:<owner>", lease_ms. Only the TTL changes,
+/// so the bytes a native complete compares stay this claim's.
+/// -> 1 | 0 (not held) | {9, reason}.
+inline constexpr const char* kExtendScript = IDEM_REDIS_LUA_VALID
+    "local v = redis.pcall('GET', KEYS[1])\n"
+    "if type(v) == 'table' then return {9, tostring(v.err)} end\n"
+    "if not v then return 0 end\n"
+    "if string.sub(v, 1, #ARGV[1]) == ARGV[1] and parse(v) then\n"
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
     "  return 1\n"
     "end\n"
     "if parse(v) then return 0 end\n"

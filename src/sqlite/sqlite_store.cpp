@@ -336,7 +336,7 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 // The store's statements, built once from the validated table and column names.
 struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, insert, insert_completed, insert_completed_if_absent, takeover,
-      takeover_completed, remove_expired, complete, fail, release, purge;
+      takeover_completed, remove_expired, complete, fail, release, extend, purge;
 };
 
 namespace {
@@ -427,6 +427,8 @@ void SqliteStore::init() {
                " SET status = 'failed', response_body = ?4, expires_at = ?5, updated_at = ?6" +
                where + " AND owner = ?3 AND status = 'in_progress'";
   sql_->release = "DELETE FROM " + t + where + " AND owner = ?3 AND status = 'in_progress'";
+  sql_->extend = "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where +
+                 " AND owner = ?3 AND status = 'in_progress'";
   sql_->purge = "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t +
                 " WHERE status <> 'in_progress' AND expires_at <= ?1 LIMIT ?2)";
   migrate();
@@ -602,6 +604,16 @@ bool SqliteStore::fail(const Key& key, const OwnerToken& owner, std::string_view
 bool SqliteStore::release(const Key& key, const OwnerToken& owner) {
   return database_->write([&](Transaction& tx) {
     return tx.exec(sql_->release, key.id(), key.scope(), owner.str()) == 1;
+  });
+}
+
+bool SqliteStore::extend(const Key& key, const OwnerToken& owner,
+                         std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
+  return database_->write([&](Transaction& tx) {
+    auto t = now();
+    return tx.exec(sql_->extend, key.id(), key.scope(), owner.str(), to_millis(t + lease),
+                   to_millis(t)) == 1;
   });
 }
 

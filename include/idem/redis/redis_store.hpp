@@ -195,6 +195,10 @@ class IDEM_EXPORT RedisStore final : public FastStore {
   /// Deletes `owner`'s in-progress record. @return false when `owner` did not hold it.
   bool release(const Key& key, const OwnerToken& owner) override;
 
+  /// Extends `owner`'s in-progress record: its TTL becomes `lease` (one owner-checked script;
+  /// the record's bytes stay as they are). @return false when `owner` does not hold it.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) override;
+
   /// Writes a completed record unconditionally (owner unknown: stored empty).
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override;

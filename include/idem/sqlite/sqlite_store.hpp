@@ -337,6 +337,9 @@ class IDEM_EXPORT SqliteStore {
                 std::chrono::seconds retention);
   /// Deletes the in-progress record of `owner`. false when it did not hold it.
   bool release(const Key& key, const OwnerToken& owner);
+  /// Keeps `owner`'s in-progress record alive: its lease ends `lease` from now (the guard's
+  /// heartbeat). @return false when `owner` no longer holds it.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease);
   /// Marks `owner`'s in-progress record failed (kept for `retention`, replayed as kDone with
   /// `reason` as response). Used by MQ consumers for poison messages. false: lease lost.
   bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
