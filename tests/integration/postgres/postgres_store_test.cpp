@@ -32,6 +32,7 @@ using idem::Outcome;
 using idem::OwnerToken;
 using idem::postgres::PostgresStore;
 namespace pg = idem::test::pg;
+using namespace std::chrono_literals;
 
 Key unique_key(const std::string& scope = "payment") {
   return Key::make(scope, idem::test::unique_name(
@@ -813,6 +814,23 @@ TEST_F(PostgresStoreTest, ForeignStatusInAnAdoptedTableIsACorruptRecord) {
                idem::CorruptRecord);
   EXPECT_THROW((void)store.lookup(key), idem::CorruptRecord);
   EXPECT_FALSE(ran);
+}
+
+// The guard's heartbeat: extend moves the lease on the server's clock, only for the holder.
+TEST_F(PostgresStoreTest, ExtendIsOwnerCheckedAndKeepsAClaimFromBeingTakenOver) {
+  auto key = Key::make("pg.extend", idem::test::unique_name("extend"));
+  auto mine = idem::OwnerToken::generate();
+  auto other = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store_->begin(key, "", mine, 100ms, {}).status);
+  EXPECT_FALSE(store_->extend(key, other, 10s));
+  EXPECT_TRUE(store_->extend(key, mine, 10s));
+  std::this_thread::sleep_for(250ms);  // past the first lease, within the extended one
+  auto c = store_->begin(key, "", other, 100ms, {});
+  EXPECT_EQ(idem::ClaimStatus::kBusy, c.status);
+  EXPECT_FALSE(c.took_over);
+  ASSERT_TRUE(store_->complete(key, mine, "done", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->extend(key, mine, 10s)) << "a completed record is not extended";
+  EXPECT_THROW((void)store_->extend(key, mine, 0ms), idem::UsageError);
 }
 
 }  // namespace
