@@ -174,6 +174,7 @@ void print_columns(const idem::Key& key, const Sources& sources,
                    const std::vector<std::string>& fields,
                    const std::vector<std::vector<std::string>>& columns) {
   std::size_t width = 34;
+  for (auto& src : sources) width = std::max(width, src->name().size() + 2);
   for (auto& c : columns) {
     for (auto& v : c) width = std::max(width, v.size() + 2);
   }
