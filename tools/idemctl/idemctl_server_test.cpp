@@ -268,7 +268,7 @@ TEST_F(IdemctlServerTest, DuplicatesCountsPostgresTakeoversAndNotRedis) {
   EXPECT_EQ(0, top.status) << top.out;
   EXPECT_TRUE(contains(top.out,
                        "attempts  takeovers  key\n3         2          order.create|taken\n"
-                       "1 records held by more than one attempt\n"))
+                       "1 record held by more than one attempt\n"))
       << top.out;
 }
 

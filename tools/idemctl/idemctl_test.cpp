@@ -353,9 +353,14 @@ TEST_F(IdemctlTest, DuplicatesCountsTakeoversAndSaysWhatIsNotRecorded) {
   EXPECT_EQ(0, top.status) << top.out;
   EXPECT_TRUE(contains(top.out,
                        "attempts  takeovers  key\n3         2          order.create|taken\n"
-                       "1 records held by more than one attempt\n"))
+                       "1 record held by more than one attempt\n"))
       << top.out;
-  EXPECT_TRUE(contains(top.out, "replays: not recorded per key")) << top.out;
+  EXPECT_TRUE(contains(top.out, "\nreplays: not recorded per key by sqlite:" + path_ +
+                                    "; count them with idemctl duplicates --log FILE\n"))
+      << top.out;
+  auto first = idemctl(db_ + "duplicates --top 1");
+  EXPECT_TRUE(contains(first.out, "1 record held by more than one attempt (the first 1)\n"))
+      << first.out;
   EXPECT_EQ(2, idemctl(db_ + "duplicates --top 0").status);
   EXPECT_EQ(2, idemctl(db_ + "duplicates --top x").status);
   EXPECT_EQ(2, idemctl(db_ + "duplicates --bogus").status);

@@ -374,6 +374,11 @@ int cmd_release(const Args& a) {
 
 constexpr const char* kNotCounted = "not recorded";
 
+// "1 record", "2 records".
+std::string counted(std::size_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 // `duplicates <scope> <id>`: what each store counts of the key's duplicates.
 int duplicates_of_key(const Args& a) {
   idem::Key key = key_argument(a);
@@ -432,7 +437,8 @@ int duplicates_in_log(const std::string& file, std::size_t top) {
               << std::setw(13) << c.in_progress << std::setw(10) << c.fingerprint_mismatch
               << idem::log::quote_field(rows[i].first) << "\n";
   }
-  std::cout << rows.size() << " keys with duplicates in " << (file == "-" ? "stdin" : file) << "\n";
+  std::cout << counted(rows.size(), "key") << " with duplicates in "
+            << (file == "-" ? "stdin" : file) << "\n";
   return 0;
 }
 
@@ -447,8 +453,8 @@ int duplicates_in_store(const Args& a, std::size_t top) {
     std::cout << std::left << std::setw(10) << r.attempts << std::setw(11) << r.attempts - 1
               << idem::log::quote_field(r.scope + "|" + r.id) << "\n";
   }
-  std::cout << rows.size() << " records held by more than one attempt"
-            << (rows.size() == top ? " (first " + std::to_string(top) + ")" : std::string())
+  std::cout << counted(rows.size(), "record") << " held by more than one attempt"
+            << (rows.size() == top ? " (the first " + std::to_string(top) + ")" : std::string())
             << "\nreplays: not recorded per key by " << src->name()
             << "; count them with idemctl duplicates --log FILE\n";
   return 0;
