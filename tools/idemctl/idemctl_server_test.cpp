@@ -223,6 +223,33 @@ TEST_F(IdemctlServerTest, ReleaseRefusesFinishedRecordsAndOtherOwners) {
   EXPECT_EQ(idem::Record::Status::kCompleted,
             fast_->lookup(idem::Key::make("order.create", "abc"))->status);
 
+  // A fast claim left over a completed durable record (the attempt committed, then died before
+  // completing in Redis): the claim goes, the record stays, and duplicates replay it.
+  const auto late = idem::Key::make("order.create", "late");
+  const auto dead = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store_->begin(late, "", dead, std::chrono::minutes(5)).status);
+  ASSERT_TRUE(store_->complete(late, dead, "paid", std::chrono::hours(1)));
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            fast_->claim(late, "", dead, std::chrono::minutes(5)).status);
+  auto over = idemctl(db_ + fast + " release order.create late --owner " + dead.str() + " --yes");
+  EXPECT_EQ(0, over.status) << over.out;
+  EXPECT_TRUE(contains(over.out, "order.create|late completed in postgres:")) << over.out;
+  EXPECT_TRUE(contains(over.out, "left as it is (release never removes a finished record)"))
+      << over.out;
+  EXPECT_TRUE(contains(over.out, "released order.create|late (owner " + dead.str() + ") in redis:"))
+      << over.out;
+  EXPECT_EQ(idem::Record::Status::kCompleted, store_->lookup(late)->status);
+  int runs = 0;
+  auto replay = idem::IdempotencyGuard{*fast_, *store_}.run(late, "", [&](pqxx::work&) {
+    ++runs;
+    return std::string("again");
+  });
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(idem::Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("paid", replay.value.value_or(""));
+
   // Redis held by one attempt, PostgreSQL by another: only the named owner's claim goes.
   const auto key = idem::Key::make("order.create", "split");
   const auto a = idem::OwnerToken::generate(), b = idem::OwnerToken::generate();

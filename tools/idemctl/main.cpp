@@ -308,20 +308,29 @@ int cmd_release(const Args& a) {
               << ": nothing to release\n";
     return kNotFound;
   }
+  // Finished records are never released; an in-progress claim next to one (a fast claim whose
+  // attempt committed the durable record, then died) may be: duplicates then replay the record.
+  std::vector<const Found*> held;
   for (const auto& f : found) {
-    if (finished(f.record)) {
-      std::cerr << "idemctl: " << k << " is " << idem::record_status_name(f.record.status) << " in "
-                << f.src->name()
-                << ": refusing to release a finished record (release only removes a stuck "
-                   "in-progress claim; finished records go with purge)\n";
-      return kRefused;
+    if (!finished(f.record)) {
+      held.push_back(&f);
+      continue;
     }
+    std::cout << k << " " << idem::record_status_name(f.record.status) << " in " << f.src->name()
+              << ": left as it is (release never removes a finished record)\n";
+  }
+  if (held.empty()) {
+    std::cerr << "idemctl: " << k << " is " << idem::record_status_name(found.front().record.status)
+              << " in " << found.front().src->name()
+              << ": refusing to release a finished record (release only removes a stuck "
+                 "in-progress claim; finished records go with purge)\n";
+    return kRefused;
   }
   const auto now = idem::system_now();
-  for (const auto& f : found) {
-    std::cout << k << " in progress in " << f.src->name() << ": owner " << f.record.owner
-              << ", lease until " << when(f.record.lease_until)
-              << (f.record.lease_until > now ? " (live)" : " (expired)") << "\n";
+  for (const auto* f : held) {
+    std::cout << k << " in progress in " << f->src->name() << ": owner " << f->record.owner
+              << ", lease until " << when(f->record.lease_until)
+              << (f->record.lease_until > now ? " (live)" : " (expired)") << "\n";
   }
   if (owner.empty()) {
     std::cerr << "idemctl: release needs --owner <token>: the owner of the attempt to release "
@@ -329,12 +338,12 @@ int cmd_release(const Args& a) {
     return kRefused;
   }
   std::vector<const Found*> mine;
-  for (const auto& f : found) {
-    if (f.record.owner == owner) {
-      mine.push_back(&f);
+  for (const auto* f : held) {
+    if (f->record.owner == owner) {
+      mine.push_back(f);
     } else {
-      std::cout << "left as it is in " << f.src->name() << ": held by another owner ("
-                << f.record.owner << ")\n";
+      std::cout << "left as it is in " << f->src->name() << ": held by another owner ("
+                << f->record.owner << ")\n";
     }
   }
   if (mine.empty()) {
