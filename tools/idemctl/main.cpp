@@ -240,8 +240,9 @@ int cmd_response(const Args& a) {
   idem::Key key = key_argument(a);
   bool raw = false;
   for (std::size_t i = 3; i < a.rest.size(); ++i) {
-    if (a.rest[i] != "--raw")
+    if (a.rest[i] != "--raw") {
       throw idemctl::UsageError("unknown response argument '" + a.rest[i] + "'");
+    }
     raw = true;
   }
   Sources sources = open_sources(a);
@@ -419,8 +420,9 @@ int duplicates_of_key(const Args& a) {
 std::size_t parse_top(const std::string& text) {
   std::size_t n = 0;
   for (char c : text) {
-    if (c < '0' || c > '9' || n > 1'000'000)
+    if (c < '0' || c > '9' || n > 1'000'000) {
       throw idemctl::UsageError("--top needs a count, e.g. 20");
+    }
     n = n * 10 + static_cast<std::size_t>(c - '0');
   }
   if (text.empty() || n == 0) throw idemctl::UsageError("--top needs a positive count, e.g. 20");
