@@ -100,9 +100,9 @@ class RecordSource {
   /// @return false when `owner` did not hold an in-progress record. @throws StoreError.
   virtual bool release(const idem::Key& key, const idem::OwnerToken& owner) = 0;
   /// How many attempts held the record (1 + lease takeovers), where the store keeps that count;
-  /// nullopt for an absent record or a store that does not count (the default).
-  /// @throws StoreError.
-  virtual std::optional<std::int64_t> attempts(const idem::Key&) { return std::nullopt; }
+  /// nullopt for an absent record or a store that does not count them (`duplicates` then says
+  /// "not recorded" instead of a number). @throws StoreError.
+  virtual std::optional<std::int64_t> attempts(const idem::Key& key) = 0;
   /// Extra rows for `show` (name, value). Default: `attempts` where the store counts them.
   virtual std::vector<std::pair<std::string, std::string>> extra(const idem::Key& key) {
     auto n = attempts(key);
@@ -131,6 +131,8 @@ class FastStoreSource final : public RecordSource {
       throw StoreError(name_ + ": " + e.what());
     }
   }
+  /// A FastStore record keeps no attempt count.
+  std::optional<std::int64_t> attempts(const idem::Key&) override { return std::nullopt; }
 
  private:
   std::string name_;
