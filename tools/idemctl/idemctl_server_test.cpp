@@ -268,6 +268,44 @@ TEST_F(IdemctlServerTest, ReleaseRefusesFinishedRecordsAndOtherOwners) {
   EXPECT_TRUE(store_->lookup(key));
 }
 
+// release racing the attempt's own complete: exactly one of them wins every round, and what
+// idemctl says matches what happened to the record.
+TEST_F(IdemctlServerTest, ReleaseRacingTheOwnersCompleteHasOneWinner) {
+  int released = 0, completed = 0, changed_after_read = 0;
+  for (int round = 0; round < 12; ++round) {
+    const auto key = idem::Key::make("order.create", "race_" + std::to_string(round));
+    const auto owner = idem::OwnerToken::generate();
+    ASSERT_EQ(idem::ClaimStatus::kClaimed,
+              store_->begin(key, "", owner, std::chrono::minutes(5)).status);
+    bool complete_ok = false;
+    std::thread attempt([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(round * 10));
+      complete_ok = store_->complete(key, owner, "paid", std::chrono::hours(1));
+    });
+    auto r = idemctl(db_ + "release order.create race_" + std::to_string(round) + " --owner " +
+                     owner.str() + " --yes");
+    attempt.join();
+    const bool said_released = contains(r.out, "released order.create|race_");
+    auto record = store_->lookup(key);
+    EXPECT_NE(complete_ok, said_released) << r.out;
+    if (complete_ok) {
+      ++completed;
+      EXPECT_EQ(4, r.status) << r.out;  // refused, or "not released: the record changed"
+      if (contains(r.out, "the record changed since it was read")) ++changed_after_read;
+      ASSERT_TRUE(record);
+      EXPECT_EQ(idem::Record::Status::kCompleted, record->status);
+    } else {
+      ++released;
+      EXPECT_EQ(0, r.status) << r.out;
+      EXPECT_FALSE(record);
+    }
+  }
+  std::printf(
+      "release won %d rounds, the owner's complete %d (%d between idemctl's read and its "
+      "release)\n",
+      released, completed, changed_after_read);
+}
+
 TEST_F(IdemctlServerTest, DuplicatesCountsPostgresTakeoversAndNotRedis) {
   // Two attempts take over an expired lease (database clock) of order.create|taken.
   const auto key = idem::Key::make("order.create", "taken");

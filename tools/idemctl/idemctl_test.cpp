@@ -304,6 +304,25 @@ TEST_F(IdemctlTest, ReleaseNeedsTheOwnerAndConfirmation) {
   EXPECT_EQ(2, idemctl(db_ + "release order.create old_stuck --force").status);
 }
 
+TEST_F(IdemctlTest, ReleaseWorksOnTheMqConsumeRecordTable) {
+  const auto owner = idem::OwnerToken::generate();
+  {
+    idem::sqlite::SqliteStore mq{path_, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+    ASSERT_EQ(
+        idem::ClaimStatus::kClaimed,
+        mq.begin(idem::Key::make("billing", "m-1"), "", owner, std::chrono::seconds(30)).status);
+  }
+  EXPECT_EQ(1, idemctl(db_ + "release billing m-1 --owner " + owner.str() + " --yes").status);
+  auto r = idemctl(db_ + "--mq release billing m-1 --owner " + owner.str() + " --yes");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "released billing|m-1")) << r.out;
+  idem::sqlite::SqliteStore mq{path_, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
+  EXPECT_FALSE(mq.lookup(idem::Key::make("billing", "m-1")));
+  for (const char* cmd : {"release s x --owner o", "duplicates s x", "show s x"}) {
+    EXPECT_EQ(2, idemctl(cmd).status) << cmd;  // no store given
+  }
+}
+
 TEST_F(IdemctlTest, ReleaseRefusesACompletedRecordAndWarnsOfALiveLease) {
   idem::sqlite::SqliteStore store{path_};
   auto owner = store.lookup(idem::Key::make("order.create", "abc"))->owner;
