@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
-// idemctl's pieces: duration parsing, record sources (one per store) and the SQLite admin.
+// idemctl's pieces: duration parsing, record sources (one per store), the SQLite admin, the
+// response escaping and the duplicate-log counter.
 //
-// Adding a store is a few lines: a RecordSource for `show` (any FastStore or durable store
-// with lookup() fits FastStoreSource / DurableSource below), and an Admin for purge/stats when
-// it is a relational store.
+// Adding a store is a few lines: a RecordSource for the per-key commands (lookup, the store's
+// own owner-fenced release, and attempts or nullopt; any FastStore fits FastStoreSource
+// below), and an Admin for stats / purge / duplicates --top when it is a relational store.
 #pragma once
 
 #include <chrono>
