@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
-# Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
-# checks the installed package from a separate project, and stops the servers. Exits non-zero on
-# any failure.
+# Cluster, MariaDB and a Redis Sentinel setup on loopback (during the build), runs every test
+# (ctest), checks the installed package from a separate project, and stops the servers. Exits
+# non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
@@ -31,11 +31,12 @@ cleanup() {
   "$ROOT/scripts/servers.sh" stop || true
 }
 trap cleanup EXIT
-# The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, a Sentinel setup) start while the
+# The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, MariaDB, a Sentinel setup) start while the
 # build runs; their variables are read once both are done.
 mkdir -p "$IDEM_SERVERS_DIR"
 servers_env="$IDEM_SERVERS_DIR/test-env.sh"
 (./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
+   ./scripts/servers.sh mysql >/dev/null &&
    ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!
 
