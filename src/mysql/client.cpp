@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: MIT
+// Session and Transaction: the public face of a pooled connection.
+#include "idem/mysql/client.hpp"
+
+#include "connection.hpp"
+
+namespace idem::mysql {
+
+std::uint64_t Session::run(std::string_view sql, const Param* params, std::size_t count,
+                           Rows* rows) {
+  return conn_->execute(sql, params, count, rows, "statement").affected;
+}
+
+void Session::exec_text(std::string_view sql) { conn_->text(sql, "statement"); }
+
+std::uint64_t Session::last_insert_id() const noexcept { return conn_->last_insert_id(); }
+
+st_mysql* Session::native_handle() const noexcept { return conn_->handle(); }
+
+bool Transaction::open() const noexcept { return conn_->transaction_open(); }
+
+}  // namespace idem::mysql
