@@ -19,4 +19,23 @@ st_mysql* Session::native_handle() const noexcept { return conn_->handle(); }
 
 bool Transaction::open() const noexcept { return conn_->transaction_open(); }
 
+namespace detail {
+std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
+                                         const Param* params, std::size_t count) {
+  Rows rows;
+  Connection::Outcome out;
+  try {
+    out = session.conn_->execute(sql, params, count, &rows, "statement");
+  } catch (const DuplicateKey&) {
+    return std::nullopt;  // MySQL rolled back this statement only
+  }
+  if (!rows.empty()) {
+    if (rows[0].empty() || rows[0][0].is_null()) return std::nullopt;
+    return rows[0][0].as_int64();
+  }
+  if (out.affected == 0) return std::nullopt;
+  return static_cast<std::int64_t>(out.insert_id);
+}
+}  // namespace detail
+
 }  // namespace idem::mysql

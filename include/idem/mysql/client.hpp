@@ -151,8 +151,16 @@ using Row = std::vector<Field>;
 /// Every row of a result.
 using Rows = std::vector<Row>;
 
+class Session;
+
 namespace detail {
 class Connection;  // src/mysql/connection.hpp
+
+/// For idem's SQL helpers (SqlDriver): runs `sql`; answers the first column of the first row
+/// when it returns rows, else the value LAST_INSERT_ID reports when it changed rows; nullopt
+/// when there is no row, a NULL, no changed row, or a duplicate key (1062).
+std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
+                                         const Param* params, std::size_t count);
 
 inline Param to_param(std::nullptr_t) { return Param{}; }
 inline Param to_param(bool v) {
@@ -262,6 +270,8 @@ class Session {
   std::uint64_t run(std::string_view sql, const Param* params, std::size_t count, Rows* rows);
 
  protected:
+  friend std::optional<std::int64_t> detail::helper_value(Session&, std::string_view, const Param*,
+                                                          std::size_t);
   detail::Connection* conn_;
 };
 
