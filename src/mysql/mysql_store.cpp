@@ -155,9 +155,9 @@ struct MysqlStore::Impl {
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
-  bool column_known = false;
-  bool column_binary = true;
-  std::uint64_t column_max = 0;
+  std::atomic<bool> column_known{false};
+  std::atomic<bool> column_binary{true};
+  std::atomic<std::uint64_t> column_max{0};
 
   explicit Impl(MysqlStoreOptions& o) : options(o) {}
 
@@ -249,7 +249,7 @@ struct MysqlStore::Impl {
   // Reads the response column's definition and the server's max_allowed_packet once.
   void load_column(detail::Connection& c) {
     std::lock_guard<std::mutex> lock(column_mutex);
-    if (column_known) return;
+    if (column_known.load()) return;
     Rows rows;
     exec(c,
          "SELECT DATA_TYPE, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH,"
@@ -265,23 +265,25 @@ struct MysqlStore::Impl {
     const std::uint64_t packet = static_cast<std::uint64_t>(rows[0][3].as_int64());
     std::uint64_t octets =
         rows[0][2].is_null() ? 0 : static_cast<std::uint64_t>(rows[0][2].as_int64());
-    column_binary = is_binary_type(type) || charset == "binary";
-    if (!column_binary && charset != "utf8mb4" && charset != "utf8mb3" && charset != "utf8") {
+    const bool binary = is_binary_type(type) || charset == "binary";
+    if (!binary && charset != "utf8mb4" && charset != "utf8mb3" && charset != "utf8") {
       throw UsageError("idem::mysql: " + options.table + ".response_body is " + type +
                        " in character set " + charset +
                        ": use a BLOB type (binary-safe) or utf8mb4 text");
     }
-    column_max = std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0);
-    column_known = true;
+    column_binary.store(binary);
+    column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
+    column_known.store(true);
   }
 
   // Refuses what the response column cannot hold exactly, before anything is written.
   void check_response(detail::Connection& c, std::string_view response) {
     if (!column_known) load_column(c);
-    if (response.size() > column_max) {
+    const std::uint64_t max = column_max.load();
+    if (response.size() > max) {
       throw UsageError("idem::mysql: a response of " + std::to_string(response.size()) +
                        " bytes does not fit " + options.table + ".response_body (at most " +
-                       std::to_string(column_max) +
+                       std::to_string(max) +
                        " bytes, from the column type and the server's max_allowed_packet);"
                        " nothing was written");
     }
@@ -828,8 +830,9 @@ void MysqlStore::migrate() {
         " ON DUPLICATE KEY UPDATE version = VALUES(version), applied_at = VALUES(applied_at)",
         "migrate", nullptr, table, kSchemaVersion);
   });
-  std::lock_guard<std::mutex> lock(impl_->column_mutex);
-  impl_->column_known = false;  // the response column may have changed
+  // What the response column takes, read now rather than inside the first transaction.
+  impl_->column_known.store(false);  // the migration may have changed it
+  (void)max_response_bytes();
 }
 
 }  // namespace idem::mysql
