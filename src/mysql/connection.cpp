@@ -157,12 +157,19 @@ const char kEmpty[] = "";
 
 struct Connection::Statement {
   StatementPtr stmt;
-  std::string key;  // the SQL as given (cache key)
+  std::string key;  // the SQL as given (the cache key views it)
   std::list<Statement*>::iterator lru;
   std::vector<int> arg_of;
   std::size_t args = 0;
   unsigned fields = 0;
   std::vector<bool> integer;  // per result column: fetched as a 64-bit integer
+  // Result buffers, bound once: integers land in `ints`; other columns are fetched with a
+  // zero-size buffer (their length only), then straight into the Field.
+  std::vector<MYSQL_BIND> result;
+  std::vector<std::int64_t> ints;
+  std::vector<unsigned long> lengths;
+  std::vector<my_bool> nulls, errors;
+  bool result_bound = false;
 };
 
 Connection::Connection(const ConnectSettings& settings)
@@ -286,8 +293,7 @@ void Connection::unwatch_transaction() noexcept {
 }
 
 Connection::Statement& Connection::prepare(std::string_view sql, std::string_view what) {
-  std::string key(sql);
-  auto it = statements_.find(key);
+  auto it = statements_.find(sql);
   if (it != statements_.end()) {
     Statement& s = *it->second;
     if (s.lru != lru_.begin()) lru_.splice(lru_.begin(), lru_, s.lru);
@@ -297,10 +303,11 @@ Connection::Statement& Connection::prepare(std::string_view sql, std::string_vie
   if (statements_.size() >= kMaxStatements) {
     Statement* oldest = lru_.back();
     lru_.pop_back();
-    statements_.erase(oldest->key);
+    const std::string key = oldest->key;  // the map's key views *oldest
+    statements_.erase(std::string_view(key));
   }
   auto s = std::make_unique<Statement>();
-  s->key = std::move(key);
+  s->key = std::string(sql);
   s->stmt.reset(mysql_stmt_init(mysql_.get()));
   if (!s->stmt) fail_conn(what, std::chrono::steady_clock::now());
   const auto started = std::chrono::steady_clock::now();
@@ -320,17 +327,35 @@ Connection::Statement& Connection::prepare(std::string_view sql, std::string_vie
     ResultPtr meta(mysql_stmt_result_metadata(s->stmt.get()));
     if (!meta) fail_stmt(s->stmt.get(), what, started);
     MYSQL_FIELD* f = mysql_fetch_fields(meta.get());
-    s->integer.resize(s->fields);
-    for (unsigned c = 0; c < s->fields; ++c) {
+    const unsigned n = s->fields;
+    s->integer.resize(n);
+    s->result.assign(n, MYSQL_BIND{});
+    s->ints.assign(n, 0);
+    s->lengths.assign(n, 0);
+    s->nulls.assign(n, 0);
+    s->errors.assign(n, 0);
+    for (unsigned c = 0; c < n; ++c) {
       // Unsigned BIGINT may not fit an int64: read it as text.
       s->integer[c] = is_integer_type(f[c].type) &&
                       !(f[c].type == MYSQL_TYPE_LONGLONG && (f[c].flags & UNSIGNED_FLAG) != 0);
+      MYSQL_BIND& b = s->result[c];
+      b.is_null = &s->nulls[c];
+      b.error = &s->errors[c];
+      b.length = &s->lengths[c];
+      if (s->integer[c]) {
+        b.buffer_type = MYSQL_TYPE_LONGLONG;
+        b.buffer = &s->ints[c];
+      } else {
+        b.buffer_type = MYSQL_TYPE_STRING;
+        b.buffer = nullptr;
+        b.buffer_length = 0;
+      }
     }
   }
   lru_.push_front(s.get());
   s->lru = lru_.begin();
   Statement& ref = *s;
-  statements_.emplace(ref.key, std::move(s));
+  statements_.emplace(std::string_view(ref.key), std::move(s));
   return ref;
 }
 
@@ -388,9 +413,9 @@ Connection::Outcome Connection::execute(std::string_view sql, const Param* param
     if (mysql_stmt_execute(stmt) != 0) {
       // The table changed under a cached statement: prepare it again, once.
       if (mysql_stmt_errno(stmt) == kNeedReprepare && attempt == 0) {
-        const std::string key = st->key;
         lru_.erase(st->lru);
-        statements_.erase(key);
+        const std::string key = st->key;  // the map's key views *st, which erase destroys
+        statements_.erase(std::string_view(key));
         st = &prepare(sql, what);
         continue;
       }
@@ -406,26 +431,14 @@ Connection::Outcome Connection::execute(std::string_view sql, const Param* param
     last_insert_id_ = out.insert_id;
   } else {
     const unsigned n = st->fields;
-    std::vector<MYSQL_BIND> result(n, MYSQL_BIND{});
-    std::vector<std::int64_t> ints(n, 0);
-    std::vector<unsigned long> lengths(n, 0);
-    std::vector<my_bool> nulls(n, 0), errors(n, 0);
-    for (unsigned c = 0; c < n; ++c) {
-      MYSQL_BIND& b = result[c];
-      b.is_null = &nulls[c];
-      b.error = &errors[c];
-      b.length = &lengths[c];
-      if (st->integer[c]) {
-        b.buffer_type = MYSQL_TYPE_LONGLONG;
-        b.buffer = &ints[c];
-      } else {
-        // Length first (a zero-size buffer), then the bytes straight into the Field.
-        b.buffer_type = MYSQL_TYPE_STRING;
-        b.buffer = nullptr;
-        b.buffer_length = 0;
-      }
+    std::vector<MYSQL_BIND>& result = st->result;
+    if (!st->result_bound) {
+      if (mysql_stmt_bind_result(stmt, result.data()) != 0) fail_stmt(stmt, what, started);
+      st->result_bound = true;
     }
-    if (mysql_stmt_bind_result(stmt, result.data()) != 0) fail_stmt(stmt, what, started);
+    const auto& ints = st->ints;
+    const auto& lengths = st->lengths;
+    const auto& nulls = st->nulls;
     for (;;) {
       int rc = mysql_stmt_fetch(stmt);
       if (rc == MYSQL_NO_DATA) break;

@@ -108,7 +108,8 @@ class Connection {
   [[noreturn]] void throw_ended() const;
 
   MysqlPtr mysql_;
-  std::unordered_map<std::string, std::unique_ptr<Statement>> statements_;
+  // Keyed by a view of the Statement's own copy of its SQL (no allocation per lookup).
+  std::unordered_map<std::string_view, std::unique_ptr<Statement>> statements_;
   std::list<Statement*> lru_;  // most recently used first
   std::vector<MYSQL_BIND> binds_;
   bool autocommit_ = true;

@@ -52,32 +52,41 @@ TimePoint time_field(const Field& f) {
   return f.is_null() ? TimePoint{} : from_millis(f.as_int64());
 }
 
-// Columns every record read returns, in this order (see parse_found).
+// Columns of a full record read (lookup), in this order (see parse_found).
 std::string record_columns() {
-  return "status, fingerprint, owner, response_body, " + millis("lease_until") + ", " +
-         millis("created_at") + ", " + millis("updated_at") + ", " + millis("expires_at") +
+  return "status, fingerprint, owner, response_body, " + millis("created_at") +
          ", lease_until > UTC_TIMESTAMP(3),"
-         " status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3)";
+         " status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3), " +
+         millis("lease_until") + ", " + millis("updated_at") + ", " + millis("expires_at");
 }
+// What a claim or a replay needs: the first seven of them.
+constexpr std::size_t kProbeColumns = 7;
 
-Found parse_found(const Row& row) {
+// A record from a read's row; the row's bytes are moved out. Reads of the full record have
+// the three times after the probe's seven columns.
+Found parse_found(Row& row) {
   Found f;
-  if (row.size() < 10 || row[0].is_null()) throw CorruptRecord("mysql: record without a status");
+  if (row.size() < kProbeColumns || row[0].is_null()) {
+    throw CorruptRecord("mysql: record without a status");
+  }
   f.record.status = parse_status(row[0].bytes());
-  f.record.fingerprint = row[1].bytes();
-  f.record.owner = row[2].bytes();
-  f.record.response = row[3].bytes();
-  f.record.lease_until = time_field(row[4]);
-  f.record.created_at = time_field(row[5]);
-  f.record.updated_at = time_field(row[6]);
-  f.record.expires_at = time_field(row[7]);
-  f.live = !row[8].is_null() && row[8].as_int64() != 0;
-  f.expired = !row[9].is_null() && row[9].as_int64() != 0;
+  f.record.fingerprint = row[1].take();
+  f.record.owner = row[2].take();
+  f.record.response = row[3].take();
+  f.record.created_at = time_field(row[4]);
+  f.live = !row[5].is_null() && row[5].as_int64() != 0;
+  f.expired = !row[6].is_null() && row[6].as_int64() != 0;
+  if (row.size() >= kProbeColumns + 3) {
+    f.record.lease_until = time_field(row[7]);
+    f.record.updated_at = time_field(row[8]);
+    f.record.expires_at = time_field(row[9]);
+  }
   return f;
 }
 
 // What a found record means to a claim by `owner` with `fingerprint`.
-ClaimResult classify(const Found& f, std::string_view fingerprint, const OwnerToken& owner) {
+// The found record's response moves into the answer.
+ClaimResult classify(Found& f, std::string_view fingerprint, const OwnerToken& owner) {
   ClaimResult c;
   c.holder = f.record.owner;
   c.first_seen = f.record.created_at;
@@ -85,7 +94,7 @@ ClaimResult classify(const Found& f, std::string_view fingerprint, const OwnerTo
     c.status = ClaimStatus::kMismatch;
   } else if (f.record.status != Record::Status::kInProgress) {
     c.status = ClaimStatus::kDone;
-    c.response = f.record.response;
+    c.response = std::move(f.record.response);
     c.failed = f.record.status == Record::Status::kFailed;
   } else if (f.record.owner == owner.str()) {
     c = ClaimResult{};  // our own claim (a begin retried after its connection broke)
@@ -150,7 +159,7 @@ struct MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
-  std::string claim, read, read_locked, takeover, remove_expired, complete, fail, release,
+  std::string claim, read, probe, probe_locked, takeover, remove_expired, complete, fail, release,
       purge_select, purge_delete_head, resolve;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
@@ -172,11 +181,14 @@ struct MysqlStore::Impl {
             " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
             " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
     read = "SELECT " + record_columns() + " FROM " + t + where;
+    probe = "SELECT " +
+            record_columns().substr(0, record_columns().find(", " + millis("lease_until"))) +
+            " FROM " + t + where;
     // Inside a transaction, after a 1062: a locking read sees the latest committed row, where
     // REPEATABLE READ's snapshot could show an older one. The failed INSERT already holds a
     // shared lock on that index record, so this adds no wait, and shared locks of concurrent
     // duplicates do not conflict with each other.
-    read_locked = read + " LOCK IN SHARE MODE";
+    probe_locked = probe + " LOCK IN SHARE MODE";
     // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
     // the row after the first commits and changes nothing.
     takeover = "UPDATE " + t +
@@ -229,7 +241,7 @@ struct MysqlStore::Impl {
         // The key exists: decide from the row below.
       }
       Rows rows;
-      exec(c, locked ? read_locked : read, "claim", &rows, key.id(), key.scope());
+      exec(c, locked ? probe_locked : probe, "claim", &rows, key.id(), key.scope());
       if (rows.empty()) continue;  // deleted meanwhile (released, purged): claim again
       Found f = parse_found(rows[0]);
       if (f.expired) {
@@ -440,7 +452,7 @@ ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view 
       std::optional<ClaimResult> early = impl_->autocommit(true, [&](detail::Connection& c) {
         std::optional<ClaimResult> out;
         Rows rows;
-        impl_->exec(c, impl_->read, "read", &rows, key.id(), key.scope());
+        impl_->exec(c, impl_->probe, "read", &rows, key.id(), key.scope());
         if (!rows.empty()) {
           Found f = parse_found(rows[0]);
           ClaimResult r = classify(f, fingerprint, owner);

@@ -137,6 +137,8 @@ class Field {
   /// The value's bytes (text and binary columns as stored; numbers and dates as MySQL prints
   /// them). Empty for NULL.
   const std::string& bytes() const noexcept { return bytes_; }
+  /// Moves the bytes out (the field is then empty).
+  std::string take() noexcept { return std::move(bytes_); }
 
  private:
   friend struct FieldAccess;
