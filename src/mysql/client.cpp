@@ -20,6 +20,8 @@ st_mysql* Session::native_handle() const noexcept { return conn_->handle(); }
 bool Transaction::open() const noexcept { return conn_->transaction_open(); }
 
 namespace detail {
+Connection& connection_of(Session& session) noexcept { return *session.conn_; }
+
 std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
                                          const Param* params, std::size_t count) {
   Rows rows;

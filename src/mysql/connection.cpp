@@ -226,7 +226,12 @@ Connection::~Connection() {
 
 void Connection::fail(unsigned number, const char* sqlstate, const char* message,
                       std::string_view what, std::chrono::steady_clock::time_point started) {
-  if (is_connection_failure(number)) broken_ = true;
+  // Also a server that turned read-only (a failed-over primary): new connections may reach
+  // the new primary, this one never will.
+  constexpr unsigned kReadOnly = 1290, kReadOnlyTransaction = 1792;
+  if (is_connection_failure(number) || number == kReadOnly || number == kReadOnlyTransaction) {
+    broken_ = true;
+  }
   if (watching_ && !ended_) {
     // Errors after which the server has rolled the whole transaction back.
     constexpr unsigned kLockTableFull = 1206;
@@ -366,7 +371,17 @@ Connection::Outcome Connection::execute(std::string_view sql, const Param* param
     throw Failure<StorageUnavailable>("mysql: " + std::string(what) + ": the connection is broken",
                                       kServerGone, "HY000");
   }
-  Statement* st = &prepare(sql, what);
+  Statement* st = nullptr;
+  try {
+    st = &prepare(sql, what);
+  } catch (const ServerError& e) {
+    // A statement the server cannot prepare (MySQL refuses some, e.g. SAVEPOINT before 8.0):
+    // without values it runs through the text protocol instead.
+    constexpr unsigned kUnsupportedPrepared = 1295;
+    if (e.error_number() != kUnsupportedPrepared || count != 0 || rows != nullptr) throw;
+    text(sql, what);
+    return Outcome{mysql_affected_rows(mysql_.get()), last_insert_id_};
+  }
   if (count != st->args) {
     throw UsageError("mysql: statement takes " + std::to_string(st->args) + " values, got " +
                      std::to_string(count) + ": '" + std::string(sql.substr(0, 200)) + "'");

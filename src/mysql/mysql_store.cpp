@@ -2,6 +2,7 @@
 // MySQL durable store: statements, migration, claim protocol, commit resolution.
 #include "idem/mysql/mysql_store.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -160,7 +161,7 @@ struct MysqlStore::Impl {
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
   std::string claim, read, probe, probe_locked, takeover, remove_expired, complete, fail, release,
-      purge_select, purge_delete_head, resolve;
+      purge_select, purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
@@ -216,6 +217,13 @@ struct MysqlStore::Impl {
                         " WHERE status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3)"
                         " AND (" +
                         k + ", " + s + ") IN (";
+    // Records written already completed (insert_completed_batch_in); "(...), (...)" per row.
+    batch_head = "INSERT INTO " + t + " (" + k + ", " + s +
+                 ", status, fingerprint, owner, response_body, lease_until, expires_at,"
+                 " created_at, updated_at) VALUES ";
+    batch_row =
+        "(?, ?, 'completed', ?, ?, ?, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3) + INTERVAL ? SECOND,"
+        " UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
     // Waits for a transaction still holding the row (its COMMIT may be in flight).
     resolve = "SELECT status, owner FROM " + t + where + " LOCK IN SHARE MODE";
   }
@@ -419,15 +427,24 @@ std::uint64_t MysqlStore::max_response_bytes() {
 }
 
 void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn) {
-  auto lease = impl_->pool->acquire(false);
-  Transaction tx(*lease);
-  lease->watch_transaction();
-  try {
-    fn(tx);
-    lease->commit();
-  } catch (...) {
-    lease->rollback();
-    throw;
+  for (unsigned retries = 0;; ++retries) {
+    auto lease = impl_->pool->acquire(false);
+    Transaction tx(*lease);
+    lease->watch_transaction();
+    try {
+      fn(tx);
+      lease->commit();
+      return;
+    } catch (const ServerError& e) {
+      lease->rollback();
+      // A deadlock or lock wait timeout rolled the work back: run it again (bounded), as
+      // InnoDB asks ("try restarting transaction").
+      if (!detail::is_lock_conflict(e.error_number()) || retries >= options_.max_retries) throw;
+      impl_->retries.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {
+      lease->rollback();
+      throw;
+    }
   }
 }
 
@@ -598,6 +615,106 @@ bool MysqlStore::release(const Key& key, const OwnerToken& owner) {
     return impl_->exec(c, impl_->release, "release", nullptr, key.id(), key.scope(), owner.str())
                .affected == 1;
   });
+}
+
+ClaimResult MysqlStore::claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                                 const OwnerToken& owner, std::chrono::milliseconds lease) {
+  if (fingerprint.size() > kMaxFingerprint) {
+    throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
+  }
+  try {
+    return impl_->claim_on(detail::connection_of(tx), key, fingerprint, owner, lease, true);
+  } catch (const ServerError& e) {
+    // The key is held by another transaction beyond lock_wait_timeout: MySQL rolled back the
+    // waiting statement only (unless innodb_rollback_on_timeout, which ends `tx`: its next
+    // statement says so).
+    if (e.error_number() != detail::kLockWaitTimeout) throw;
+    impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
+    return busy();
+  }
+}
+
+void MysqlStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
+                             std::string_view response, std::chrono::seconds retention) {
+  detail::Connection& c = detail::connection_of(tx);
+  impl_->check_response(c, response);
+  auto done = impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
+                          owner.str(), Blob{response}, static_cast<long long>(retention.count()));
+  if (done.affected != 1) {
+    throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");
+  }
+}
+
+std::vector<bool> MysqlStore::insert_completed_batch_in(Transaction& tx,
+                                                        const std::vector<ClaimRequest>& requests,
+                                                        std::string_view response,
+                                                        std::chrono::seconds retention) {
+  std::vector<bool> out(requests.size(), false);
+  if (requests.empty()) return out;
+  if (retention.count() <= 0) throw UsageError("idem::mysql: the retention must be positive");
+  std::vector<std::size_t> order(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const ClaimRequest& r = requests[i];
+    if (r.key == nullptr || r.owner == nullptr) {
+      throw UsageError("idem::mysql: insert_completed_batch_in needs a key and an owner");
+    }
+    if (r.fingerprint.size() > kMaxFingerprint) {
+      throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
+    }
+    order[i] = i;
+  }
+  auto before = [&](std::size_t a, std::size_t b) {
+    const Key& x = *requests[a].key;
+    const Key& y = *requests[b].key;
+    return x.scope() != y.scope() ? x.scope() < y.scope() : x.id() < y.id();
+  };
+  std::sort(order.begin(), order.end(), before);
+  for (std::size_t j = 1; j < order.size(); ++j) {
+    if (!before(order[j - 1], order[j])) {
+      throw UsageError("idem::mysql: insert_completed_batch_in got key '" +
+                       requests[order[j]].key->str() + "' twice");
+    }
+  }
+  detail::Connection& c = detail::connection_of(tx);
+  impl_->check_response(c, response);
+  const auto seconds = static_cast<long long>(retention.count());
+  auto params_of = [&](const ClaimRequest& r, std::vector<Param>& p) {
+    p.push_back(detail::to_param(r.key->id()));
+    p.push_back(detail::to_param(r.key->scope()));
+    p.push_back(detail::to_param(Blob{r.fingerprint}));
+    p.push_back(detail::to_param(r.owner->str()));
+    p.push_back(detail::to_param(Blob{response}));
+    p.push_back(detail::to_param(seconds));
+  };
+  // Every record in one statement: the usual case (the keys are new).
+  std::string sql = impl_->batch_head;
+  std::vector<Param> params;
+  params.reserve(order.size() * 6);
+  for (std::size_t j = 0; j < order.size(); ++j) {
+    if (j > 0) sql += ", ";
+    sql += impl_->batch_row;
+    params_of(requests[order[j]], params);
+  }
+  try {
+    c.execute(sql, params.data(), params.size(), nullptr, "insert records");
+    out.assign(requests.size(), true);
+    return out;
+  } catch (const DuplicateKey&) {
+    // A record exists: MySQL rolled back that statement only. One row at a time, in the same
+    // order, tells which.
+  }
+  const std::string one = impl_->batch_head + impl_->batch_row;
+  for (std::size_t i : order) {
+    params.clear();
+    params_of(requests[i], params);
+    try {
+      c.execute(one, params.data(), params.size(), nullptr, "insert records");
+      out[i] = true;
+    } catch (const DuplicateKey&) {
+      out[i] = false;
+    }
+  }
+  return out;
 }
 
 std::optional<Record> MysqlStore::lookup(const Key& key) {

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The shared business-key, state machine and stream suites on SQLite (the same suites run on
+// The shared business-key, state machine, stream and MQ suites on SQLite (the same suites run on
 // PostgreSQL and MySQL), in a temporary database file.
 #include <gtest/gtest.h>
 
 #include "conformance/business_keys_conformance.hpp"
+#include "conformance/mq_conformance.hpp"
 #include "conformance/state_machine_conformance.hpp"
 #include "conformance/stream_conformance.hpp"
+#include "idem/sqlite/attempt_ledger.hpp"
 #include "idem/sqlite/sql_driver.hpp"
 #include "idem/sqlite/state_machine.hpp"
 #include "idem/sqlite/stream_store.hpp"
@@ -84,4 +86,48 @@ using SqliteStreamTypes = ::testing::Types<SqliteStream>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, BusinessKeysConformance, SqlitePartsTypes);
 INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, StateMachineConformance, SqlitePartsTypes);
 INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, StreamConformance, SqliteStreamTypes);
+}  // namespace idem::test
+
+// The shared MQ suite on SQLite (the mq_consume_record preset, SqliteAttemptLedger).
+
+namespace {
+
+struct SqliteMq {
+  using Store = idem::sqlite::SqliteStore;
+  static constexpr bool kConcurrentWriters = false;  // one writer at a time
+  static const char* env_var() { return nullptr; }
+  static std::unique_ptr<Store> make_store() {
+    return std::make_unique<Store>(db_path(),
+                                   idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  }
+  static std::unique_ptr<Store> make_store_short_lock_wait() { return make_store(); }
+  static std::shared_ptr<idem::AttemptLedger> make_ledger(Store& s) {
+    return std::make_shared<idem::sqlite::SqliteAttemptLedger>(s.shared_database());
+  }
+  static void insert_effect(idem::sqlite::Transaction& tx, const std::string& id) {
+    tx.exec("CREATE TABLE IF NOT EXISTS mq_effects (key_id TEXT NOT NULL)");
+    tx.exec("INSERT INTO mq_effects (key_id) VALUES (?)", id);
+  }
+  static long count_effects(const std::string& id) {
+    return static_cast<long>(shared_db().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM mq_effects WHERE key_id = ?", id).value_or(0);
+    }));
+  }
+  static long completed_records(const std::string& group) {
+    return static_cast<long>(shared_db().read([&](idem::sqlite::Session& s) {
+      return s
+          .query_int64(
+              "SELECT count(*) FROM mq_consume_record WHERE consumer_group = ? AND"
+              " status = 'completed'",
+              group)
+          .value_or(0);
+    }));
+  }
+};
+
+}  // namespace
+
+namespace idem::test {
+using SqliteMqTypes = ::testing::Types<SqliteMq>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, MqConformance, SqliteMqTypes);
 }  // namespace idem::test

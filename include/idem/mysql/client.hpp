@@ -164,6 +164,9 @@ class Connection;  // src/mysql/connection.hpp
 std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
                                          const Param* params, std::size_t count);
 
+/// The connection under a session (for idem's store, which runs its statements on it).
+Connection& connection_of(Session& session) noexcept;
+
 inline Param to_param(std::nullptr_t) { return Param{}; }
 inline Param to_param(bool v) {
   Param p;
@@ -274,6 +277,7 @@ class Session {
  protected:
   friend std::optional<std::int64_t> detail::helper_value(Session&, std::string_view, const Param*,
                                                           std::size_t);
+  friend detail::Connection& detail::connection_of(Session&) noexcept;
   detail::Connection* conn_;
 };
 

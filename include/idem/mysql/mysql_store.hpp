@@ -205,8 +205,34 @@ class MysqlStore {
   /// "mysql".
   std::string_view name() const noexcept { return "mysql"; }
 
+  /// Inside the caller's open transaction (one of this store's, e.g. from with_transaction):
+  /// claim or find the record. `lease` 0 means the transaction is the lease. A concurrent
+  /// holder of the key beyond lock_wait_timeout answers kBusy; only the claim's statement is
+  /// rolled back, `tx` stays usable.
+  ClaimResult claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                       const OwnerToken& owner, std::chrono::milliseconds lease);
+  /// Inside the caller's open transaction: complete `owner`'s record.
+  /// @throws idem::LeaseLost if `owner` does not hold it; idem::UsageError for a response the
+  ///         column cannot hold.
+  void complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
+                   std::string_view response, std::chrono::seconds retention);
+  /// Inside the caller's open transaction: for each request, writes its record already
+  /// completed with `response` when no record of its key exists. One multi-row INSERT for the
+  /// whole list, rows in key order (concurrent batches lock in the same order); when a record
+  /// of one of the keys exists (1062: only that statement is rolled back), one INSERT per
+  /// request decides which ones were written. For IdempotentConsumer::consume_batch.
+  /// @return for each request, whether its record was written (false: a record exists; decide
+  ///         with claim_in).
+  /// @throws idem::UsageError for a key given twice or a request without key or owner.
+  std::vector<bool> insert_completed_batch_in(Transaction& tx,
+                                              const std::vector<ClaimRequest>& requests,
+                                              std::string_view response,
+                                              std::chrono::seconds retention);
+
   /// Runs `fn(Transaction&)` in a transaction on a pooled connection and commits it (rolled
-  /// back if fn throws). For business setup, reads and tests. @return what fn returns.
+  /// back if fn throws). A deadlock (1213) or lock wait timeout (1205) rolls it back and runs
+  /// `fn` again, at most `max_retries` times (so fn may be called more than once), then
+  /// throws typed. For business code, the MQ batch path and tests. @return what fn returns.
   template <class Fn>
   auto with_transaction(Fn&& fn) {
     using R = std::invoke_result_t<Fn&, Transaction&>;

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The shared business-key, state machine and stream suites on PostgreSQL (the same suites run
+// The shared business-key, state machine, stream and MQ suites on PostgreSQL (the same suites run
 // on SQLite and MySQL), in this process's throwaway schema.
 #include <gtest/gtest.h>
 
 #include "conformance/business_keys_conformance.hpp"
+#include "conformance/mq_conformance.hpp"
 #include "conformance/state_machine_conformance.hpp"
 #include "conformance/stream_conformance.hpp"
+#include "idem/postgres/attempt_ledger.hpp"
 #include "idem/postgres/sql_driver.hpp"
 #include "idem/postgres/state_machine.hpp"
 #include "idem/postgres/stream_store.hpp"
@@ -82,4 +84,44 @@ using PgStreamTypes = ::testing::Types<PgStream>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, BusinessKeysConformance, PgPartsTypes);
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, StateMachineConformance, PgPartsTypes);
 INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, StreamConformance, PgStreamTypes);
+}  // namespace idem::test
+
+// The shared MQ suite on PostgreSQL (the mq_consume_record preset, PostgresAttemptLedger).
+
+namespace {
+
+struct PgMq {
+  using Store = idem::postgres::PostgresStore;
+  static constexpr bool kConcurrentWriters = true;
+  static const char* env_var() { return "IDEM_TEST_POSTGRES_DSN"; }
+  static idem::postgres::PostgresStoreOptions mq_options() {
+    auto o = idem::postgres::PostgresStoreOptions::mq_consume_record(pg::dsn());
+    o.schema = pg::Schema::name();
+    o.pool_size = 40;
+    return o;
+  }
+  static std::unique_ptr<Store> make_store() { return std::make_unique<Store>(mq_options()); }
+  static std::unique_ptr<Store> make_store_short_lock_wait() {
+    auto o = mq_options();
+    o.lock_timeout = std::chrono::milliseconds(300);
+    return std::make_unique<Store>(o);
+  }
+  static std::shared_ptr<idem::AttemptLedger> make_ledger(Store& s) {
+    return std::make_shared<idem::postgres::PostgresAttemptLedger>(s);
+  }
+  static void insert_effect(pqxx::work& tx, const std::string& id) { pg::insert_effect(tx, id); }
+  static long count_effects(const std::string& id) {
+    return pg::count_where("idem_test_effects", "key_id", id);
+  }
+  static long completed_records(const std::string& group) {
+    return pg::scalar("SELECT count(*) FROM " + pg::table("mq_consume_record") +
+                      " WHERE consumer_group = '" + group + "' AND status = 'completed'");
+  }
+};
+
+}  // namespace
+
+namespace idem::test {
+using PgMqTypes = ::testing::Types<PgMq>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Postgres, MqConformance, PgMqTypes);
 }  // namespace idem::test
