@@ -30,6 +30,9 @@ if(NOT DEFINED IDEM_DEPS_FOR)
   if(IDEM_WITH_HTTP)
     list(APPEND IDEM_DEPS_FOR http)
   endif()
+  if(IDEM_WITH_RABBITMQ)
+    list(APPEND IDEM_DEPS_FOR rabbitmq)
+  endif()
 endif()
 
 set(THREADS_PREFER_PTHREAD_FLAG ON)
@@ -136,6 +139,27 @@ if("http" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_HTTPLIB_TARGET)
     else()
       message(FATAL_ERROR "idem: cpp-httplib not found (apt-get install libcpp-httplib-dev), "
                           "or configure with -DIDEM_WITH_HTTP=OFF")
+    endif()
+  endif()
+endif()
+
+# rabbitmq-c 0.11 (Debian librabbitmq-dev) installs a CMake config with rabbitmq::rabbitmq; the
+# pkg-config file librabbitmq is the fallback. Linked PRIVATE by idem::rabbitmq (a static idem
+# library still needs it found by find_package(idem)).
+if("rabbitmq" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_RABBITMQ_C_TARGET)
+  find_package(rabbitmq-c CONFIG QUIET)
+  if(TARGET rabbitmq::rabbitmq)
+    set(IDEM_RABBITMQ_C_TARGET rabbitmq::rabbitmq)
+  else()
+    find_package(PkgConfig QUIET)
+    if(PkgConfig_FOUND)
+      pkg_check_modules(librabbitmq QUIET IMPORTED_TARGET librabbitmq)
+    endif()
+    if(TARGET PkgConfig::librabbitmq)
+      set(IDEM_RABBITMQ_C_TARGET PkgConfig::librabbitmq)
+    else()
+      message(FATAL_ERROR "idem: rabbitmq-c not found (apt-get install librabbitmq-dev), "
+                          "or configure with -DIDEM_WITH_RABBITMQ=OFF")
     endif()
   endif()
 endif()

@@ -12,8 +12,30 @@ packages=(
   mariadb-server mariadb-client libmariadb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
+  librabbitmq-dev rabbitmq-server
   curl
+  chromium fonts-noto-color-emoji fonts-wqy-microhei
 )
+# Node.js runs the browser module's tests and drives Chromium (tests/browser); a node that is
+# already installed (from anywhere) is used as it is.
+if ! command -v node >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
+
+# The npm packages of the browser tests, pinned in tests/browser/package-lock.json, into
+# tests/browser/node_modules (not committed). Runs `npm ci` only when the pinned puppeteer-core
+# is not the one installed.
+npm_packages() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/../tests/browser" && pwd)"
+  local want have
+  want="$(node -p "require('$dir/package.json').dependencies['puppeteer-core']")"
+  have="$(node -p "try { require('$dir/node_modules/puppeteer-core/package.json').version } catch (e) { '' }")"
+  if [ "$want" != "$have" ]; then
+    echo "bootstrap: npm ci in tests/browser (puppeteer-core $want)" >&2
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,6 +45,7 @@ for p in "${packages[@]}"; do
 done
 
 if [ "${#missing[@]}" -eq 0 ]; then
+  npm_packages
   exit 0
 fi
 
@@ -41,4 +64,5 @@ if [ "$(id -u)" -eq 0 ] && [ ! -e /usr/sbin/policy-rc.d ]; then
 fi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+npm_packages
 echo "bootstrap: done" >&2

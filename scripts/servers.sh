@@ -19,10 +19,15 @@
 #   scripts/servers.sh mysql-start | mysql-stop | mysql-kill | mysql-restart [kill]
 #                                 (mysql-kill: kill -9; mysql-restart kill: kill -9, then start,
 #                                 which runs InnoDB crash recovery)
+#   scripts/servers.sh rabbitmq-start | rabbitmq-stop | rabbitmq-restart
+#                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, its own epmd on
+#                                 IDEM_EPMD_PORT); restart keeps its queues and messages
 #
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
 # (16379), IDEM_PG_PORT (15432), IDEM_CLUSTER_PORT (17000), IDEM_SENTINEL_PORT (17100),
-# IDEM_MYSQL_PORT (13306).
+# IDEM_MYSQL_PORT (13306), IDEM_RABBITMQ_PORT (18672), IDEM_RABBITMQ_DIST_PORT (18673; its CLI
+# tools take the 10 ports above it), IDEM_EPMD_PORT (18369), IDEM_RABBITMQ_ERL_ARGS (extra
+# Erlang VM flags, e.g. +S 1:1).
 # PostgreSQL refuses to run as root, so it runs as the `postgres` user (created if missing);
 # its data lives under IDEM_SERVERS_DIR, which must be reachable by that user (hence /tmp, not
 # the checkout).
@@ -37,6 +42,10 @@ CLUSTER_PORT="${IDEM_CLUSTER_PORT:-17000}"
 SENTINEL_PORT="${IDEM_SENTINEL_PORT:-17100}"
 MYSQL_PORT="${IDEM_MYSQL_PORT:-13306}"
 MYSQL_DB="idem_test"
+RABBITMQ_PORT="${IDEM_RABBITMQ_PORT:-18672}"
+RABBITMQ_DIST_PORT="${IDEM_RABBITMQ_DIST_PORT:-18673}"
+EPMD_PORT="${IDEM_EPMD_PORT:-18369}"
+RABBITMQ_BIN="${IDEM_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}"
 
 log() { echo "servers: $*" >&2; }
 
@@ -327,6 +336,104 @@ mysql_restart() {
   mysql_start
 }
 
+# --- RabbitMQ ----------------------------------------------------------------------------------
+# One throwaway node, everything under $DIR/rabbitmq: HOME (with the Erlang cookie), config,
+# mnesia, logs, pid file. It runs as root through /usr/lib/rabbitmq/bin (the /usr/sbin wrappers
+# switch to the rabbitmq user and its cookie). Its epmd is our own, on EPMD_PORT and loopback
+# only, started with -relaxed_command_check so that `epmd -kill` stops it whatever is
+# registered; nodes of other trees register with their own epmd on their own port.
+RABBITMQ_DIR="$DIR/rabbitmq"
+RABBITMQ_NODE="idem$RABBITMQ_PORT@localhost"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Runs a RabbitMQ or Erlang command with this node's environment (in place of the shell).
+rabbitmq_exec() {
+  exec env HOME="$RABBITMQ_DIR" \
+    RABBITMQ_NODENAME="$RABBITMQ_NODE" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$RABBITMQ_PORT" RABBITMQ_DIST_PORT="$RABBITMQ_DIST_PORT" \
+    RABBITMQ_CTL_DIST_PORT_MIN=$((RABBITMQ_DIST_PORT + 1)) \
+    RABBITMQ_CTL_DIST_PORT_MAX=$((RABBITMQ_DIST_PORT + 10)) \
+    ERL_EPMD_PORT="$EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_MNESIA_BASE="$RABBITMQ_DIR/mnesia" RABBITMQ_LOG_BASE="$RABBITMQ_DIR/log" \
+    RABBITMQ_LOGS=- RABBITMQ_CONFIG_FILE="$RABBITMQ_DIR/rabbitmq.conf" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$RABBITMQ_DIR/enabled_plugins" \
+    RABBITMQ_PID_FILE="$RABBITMQ_DIR/rabbitmq.pid" \
+    RABBITMQ_CONF_ENV_FILE="$RABBITMQ_DIR/rabbitmq-env.conf" \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} ${IDEM_RABBITMQ_ERL_ARGS:-}" \
+    "$@"
+}
+rabbitmq_env() { (rabbitmq_exec "$@"); }
+
+rabbitmq_alive() { port_open "$RABBITMQ_PORT"; }
+
+# True while process $1 runs (a zombie waiting for pid 1 to reap it does not count).
+pid_running() { [ -n "${1:-}" ] && ps -o stat= -p "$1" 2>/dev/null | grep -qv '^Z'; }
+
+# The node's Erlang VM (its command line names our HOME); the pid file is not always one pid.
+rabbitmq_pid() { pgrep -f -- "beam.smp .* -home $RABBITMQ_DIR( |$)" | head -1; }
+
+rabbitmq_start() {
+  ensure_dir
+  if rabbitmq_alive; then return 0; fi
+  mkdir -p "$RABBITMQ_DIR/mnesia" "$RABBITMQ_DIR/log"
+  if [ ! -s "$RABBITMQ_DIR/.erlang.cookie" ]; then
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$RABBITMQ_DIR/.erlang.cookie"
+    chmod 0400 "$RABBITMQ_DIR/.erlang.cookie"
+  fi
+  : >"$RABBITMQ_DIR/rabbitmq-env.conf"
+  echo '[].' >"$RABBITMQ_DIR/enabled_plugins"
+  cat >"$RABBITMQ_DIR/rabbitmq.conf" <<CONF
+loopback_users = none
+log.console = true
+log.console.level = warning
+log.file = false
+disk_free_limit.absolute = 50MB
+CONF
+  if ! port_open "$EPMD_PORT"; then
+    rabbitmq_env epmd -port "$EPMD_PORT" -address 127.0.0.1 -daemon -relaxed_command_check
+    echo "$EPMD_PORT" >"$RABBITMQ_DIR/epmd.port"  # ours: stop kills it
+  fi
+  rm -f "$RABBITMQ_DIR/rabbitmq.pid"
+  # A session of its own, and no descriptor of ours: a test that restarts the node must not
+  # leave it holding the test's output pipe.
+  rabbitmq_exec setsid "$RABBITMQ_BIN/rabbitmq-server" </dev/null >>"$RABBITMQ_DIR/rabbitmq.log" 2>&1 &
+  for _ in $(seq 1 300); do
+    if rabbitmq_alive; then return 0; fi
+    sleep 0.1
+  done
+  log "RabbitMQ did not open port $RABBITMQ_PORT"; tail -30 "$RABBITMQ_DIR/rabbitmq.log" >&2 || true
+  return 1
+}
+
+# Stops the node of this servers directory, and the epmd it started; nothing else (a node or an
+# epmd on these ports that another directory started is left alone).
+rabbitmq_stop() {
+  [ -d "$RABBITMQ_DIR" ] || return 0
+  local pid; pid="$(rabbitmq_pid || true)"
+  if [ -n "$pid" ] || { rabbitmq_alive && [ -s "$RABBITMQ_DIR/.erlang.cookie" ]; }; then
+    rabbitmq_env timeout 60 "$RABBITMQ_BIN/rabbitmqctl" -q stop >/dev/null 2>&1 || true
+    for _ in $(seq 1 100); do
+      if ! rabbitmq_alive && ! pid_running "$pid"; then break; fi
+      sleep 0.1
+    done
+    if pid_running "$pid"; then
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do pid_running "$pid" || break; sleep 0.1; done
+    fi
+    rm -f "$RABBITMQ_DIR/rabbitmq.pid"
+  fi
+  if [ -s "$RABBITMQ_DIR/epmd.port" ] && port_open "$EPMD_PORT"; then
+    rabbitmq_env epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
+    for _ in $(seq 1 50); do port_open "$EPMD_PORT" || break; sleep 0.1; done
+  fi
+  rm -f "$RABBITMQ_DIR/epmd.port"
+}
+
+print_rabbitmq_env() {
+  echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2F IDEM_RABBITMQ_PORT=$RABBITMQ_PORT IDEM_RABBITMQ_DIST_PORT=$RABBITMQ_DIST_PORT IDEM_EPMD_PORT=$EPMD_PORT"
+}
+
 print_env() {
   echo "export IDEM_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
   echo "export IDEM_TEST_POSTGRES_DSN=\"host=127.0.0.1 port=$PG_PORT user=postgres dbname=$PG_DB\""
@@ -343,12 +450,13 @@ print_env() {
   if sentinel_alive; then
     echo "export IDEM_TEST_REDIS_SENTINEL_URL=redis-sentinel://127.0.0.1:$((SENTINEL_PORT + 10)),127.0.0.1:$((SENTINEL_PORT + 11)),127.0.0.1:$((SENTINEL_PORT + 12))/idem-master IDEM_SENTINEL_PORT=$SENTINEL_PORT"
   fi
+  if rabbitmq_alive; then print_rabbitmq_env; fi
 }
 
 cmd="${1:-}"
 case "$cmd" in
   start) redis_start; pg_start; print_env ;;
-  stop) redis_stop; pg_stop; mysql_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
+  stop) redis_stop; pg_stop; mysql_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
   cluster) cluster_start; print_env ;;
   mysql) mysql_start; print_env ;;
   sentinel) sentinel_start; print_env ;;
@@ -360,7 +468,8 @@ case "$cmd" in
     pg_alive && echo "postgres: up on 127.0.0.1:$PG_PORT" || echo "postgres: down"
     cluster_alive && echo "cluster: up on 127.0.0.1:$CLUSTER_PORT..$((CLUSTER_PORT + 5))" || echo "cluster: down"
     sentinel_alive && echo "sentinel: up on 127.0.0.1:$((SENTINEL_PORT + 10))" || echo "sentinel: down"
-    mysql_alive && echo "mysql: up on 127.0.0.1:$MYSQL_PORT" || echo "mysql: down" ;;
+    mysql_alive && echo "mysql: up on 127.0.0.1:$MYSQL_PORT" || echo "mysql: down"
+    rabbitmq_alive && echo "rabbitmq: up on 127.0.0.1:$RABBITMQ_PORT" || echo "rabbitmq: down" ;;
   redis-start) redis_start ;;
   redis-stop) redis_stop ;;
   redis-kill) redis_kill ;;
@@ -371,5 +480,8 @@ case "$cmd" in
   mysql-stop) mysql_stop ;;
   mysql-kill) mysql_kill ;;
   mysql-restart) mysql_restart "${2:-}" ;;
-  *) sed -n '3,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  rabbitmq-start) rabbitmq_start; print_rabbitmq_env ;;
+  rabbitmq-stop) rabbitmq_stop ;;
+  rabbitmq-restart) rabbitmq_stop; rabbitmq_start ;;
+  *) sed -n '3,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

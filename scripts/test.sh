@@ -28,6 +28,8 @@ BUILD="${IDEM_BUILD_DIR:-build}"
 
 export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-test.XXXXXX)}"
 cleanup() {
+  # A server still starting (the build failed early) would come up after the stop: wait first.
+  if [ -n "${rabbitmq_pid:-}" ]; then wait "$rabbitmq_pid" 2>/dev/null || true; fi
   "$ROOT/scripts/servers.sh" stop || true
 }
 trap cleanup EXIT
@@ -39,6 +41,14 @@ servers_env="$IDEM_SERVERS_DIR/test-env.sh"
    ./scripts/servers.sh mysql >/dev/null &&
    ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!
+# The RabbitMQ node starts alongside them (an Erlang VM: seconds of CPU); the time it took is
+# printed once the build is done.
+rabbitmq_env="$IDEM_SERVERS_DIR/test-env-rabbitmq.sh"
+(t0=$(date +%s%N) && ./scripts/servers.sh rabbitmq-start >"$rabbitmq_env" &&
+   t=$((($(date +%s%N) - t0) / 1000000)) &&
+   echo "test.sh: RabbitMQ node up in $((t / 1000)).$((t % 1000 / 100)) s") \
+  >"$IDEM_SERVERS_DIR/rabbitmq-start.log" 2>&1 &
+rabbitmq_pid=$!
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
@@ -49,6 +59,13 @@ if ! wait "$servers_pid"; then
   exit 1
 fi
 eval "$(cat "$servers_env")"
+if ! wait "$rabbitmq_pid"; then
+  cat "$IDEM_SERVERS_DIR/rabbitmq-start.log" >&2
+  echo "test.sh: the RabbitMQ node did not start" >&2
+  exit 1
+fi
+cat "$IDEM_SERVERS_DIR/rabbitmq-start.log"
+eval "$(cat "$rabbitmq_env")"
 export IDEM_REQUIRE_SERVERS=1
 
 status=0

@@ -127,7 +127,7 @@ TEST(StreamWindow, GapsStayOpenUntilFilled) {
 
 TEST(StreamWindow, PartialOverlapOfAPendingInterval) {
   Window w;
-  w.admit(10, 10);                 // pending [10, 20)
+  w.admit(10, 10);                  // pending [10, 20)
   Admission head = w.admit(5, 10);  // [5, 15): only [5, 10) is new
   EXPECT_EQ(5u, head.begin);
   EXPECT_EQ(10u, head.end);
@@ -342,6 +342,51 @@ TEST_F(ChunkStoreTest, OverlappingRowsContributeTheirSuffix) {
   chunks.append("chat_1", 0, "abcdef");
   chunks.append("chat_1", 3, "defgh");
   EXPECT_EQ("abcdefgh", chunks.resume("chat_1").text);
+}
+
+TEST_F(ChunkStoreTest, AppendAllStoresMany64RowsPerStatementEachOnce) {
+  idem::sqlite::ChunkStore chunks{db_};
+  std::string text;
+  std::vector<idem::stream::Chunk> all;
+  for (int i = 0; i < 150; ++i) text += "chunk" + std::to_string(i) + ';';
+  for (std::size_t at = 0, n = 1; at < text.size(); at += n, n = n % 7 + 1) {
+    n = std::min(n, text.size() - at);
+    all.push_back({at, std::string_view(text).substr(at, n)});
+  }
+  ASSERT_GT(all.size(), 200u);  // three full statements and a remainder
+  std::vector<idem::stream::Chunk> first(all.begin(), all.begin() + 70);
+  EXPECT_EQ(70u, db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "chat_all", first);
+  }));
+  // Again with everything: only the 70 stored before are skipped.
+  EXPECT_EQ(all.size() - 70, db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "chat_all", all);
+  }));
+  EXPECT_EQ(0u, db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "chat_all", all);
+  }));
+  EXPECT_EQ(all.size(), chunks.count("chat_all"));
+  auto r = chunks.resume("chat_all");
+  EXPECT_EQ(text, r.text);
+  EXPECT_FALSE(r.has_gap);
+  // Rolled back with the caller's transaction.
+  EXPECT_THROW(db_->write([&](idem::sqlite::Transaction& tx) {
+    chunks.append_all(tx, "chat_rollback", all);
+    throw std::runtime_error("handler failed");
+  }),
+               std::runtime_error);
+  EXPECT_EQ(0u, chunks.count("chat_rollback"));
+  // Bad input: typed errors, nothing written.
+  std::vector<idem::stream::Chunk> bad = {{0, "a"}, {std::uint64_t{1} << 63, "b"}};
+  EXPECT_THROW(db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "chat_bad", bad);
+  }),
+               idem::UsageError);
+  EXPECT_EQ(0u, chunks.count("chat_bad"));
+  EXPECT_THROW(db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "bad id", first);
+  }),
+               idem::InvalidKey);
 }
 
 TEST_F(ChunkStoreTest, RejectsABadTableName) {

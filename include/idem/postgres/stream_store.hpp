@@ -107,6 +107,19 @@ class ChunkStore {
                .affected_rows() == 1;
   }
 
+  /// Stores several chunks of `request_id` inside the caller's transaction (one statement per
+  /// chunk; the same call as idem::sqlite::ChunkStore::append_all).
+  /// @param chunks a range of elements with `offset` and `body` members, as idem::stream::Chunk
+  /// @return how many were stored (the others were stored before)
+  template <class Chunks>
+  std::uint64_t append_all(pqxx::work& tx, std::string_view request_id, const Chunks& chunks) {
+    Key::validate_id(request_id);
+    for (const auto& c : chunks) check_offset(c.offset);
+    std::uint64_t stored = 0;
+    for (const auto& c : chunks) stored += append(tx, request_id, c.offset, c.body) ? 1 : 0;
+    return stored;
+  }
+
   /// Stores a chunk in its own transaction. @return as the transactional overload.
   /// @throws idem::StorageError subclasses.
   bool append(std::string_view request_id, std::uint64_t offset, std::string_view body) {

@@ -25,57 +25,17 @@
 
 #include "idem/mq/redis_streams.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "support/processes.hpp"
 #include "support/test_env.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// fork + exec of the consumer process, stdout/stderr to `out`.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Waits for `pid` up to `limit`; kills it and returns -1 on timeout.
-int wait_for(pid_t pid, std::chrono::seconds limit) {
-  auto deadline = Clock::now() + limit;
-  int status = 0;
-  while (Clock::now() < deadline) {
-    pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::uint64_t summary_value(const std::string& out, const std::string& name) {
-  std::smatch m;
-  std::regex re("summary .*\\b" + name + "=([0-9]+)");
-  if (!std::regex_search(out, m, re)) return ~std::uint64_t{0};
-  return std::stoull(m[1]);
-}
+using idem::test::slurp;
+using idem::test::spawn;
+using idem::test::summary_value;
+using idem::test::wait_for;
 
 // `kill_inside`: c1 does its slow work inside the handler's transaction, so the kill lands
 // mid-transaction (SQLite rolls it back) while c1 holds the message's claim in Redis (the fast

@@ -125,6 +125,22 @@ TEST_F(ChunkStorePg, AppendInsideTheGuardsTransactionCommitsOrRollsBackWithIt) {
   EXPECT_EQ(5u, chunks_->resume(rid).next_offset);
 }
 
+TEST_F(ChunkStorePg, AppendAllStoresEachChunkOnce) {
+  std::vector<idem::stream::Chunk> all = {{0, "Hel"}, {3, "lo, "}, {7, "world"}, {12, "!"}};
+  std::vector<idem::stream::Chunk> first(all.begin(), all.begin() + 2);
+  EXPECT_EQ(2u, store_->with_transaction(
+                    [&](pqxx::work& tx) { return chunks_->append_all(tx, "chat_all", first); }));
+  EXPECT_EQ(2u, store_->with_transaction(
+                    [&](pqxx::work& tx) { return chunks_->append_all(tx, "chat_all", all); }));
+  EXPECT_EQ(4u, chunks_->count("chat_all"));
+  EXPECT_EQ("Hello, world!", chunks_->resume("chat_all").text);
+  std::vector<idem::stream::Chunk> bad = {{0, "a"}, {std::uint64_t{1} << 63, "b"}};
+  EXPECT_THROW(store_->with_transaction(
+                   [&](pqxx::work& tx) { return chunks_->append_all(tx, "chat_bad", bad); }),
+               idem::UsageError);
+  EXPECT_EQ(0u, chunks_->count("chat_bad"));
+}
+
 TEST_F(ChunkStorePg, BadRequestIdsAndTableNamesAreRefused) {
   EXPECT_THROW(chunks_->append("has space", 0, "x"), idem::InvalidKey);
   EXPECT_THROW(chunks_->append("", 0, "x"), idem::InvalidKey);
