@@ -29,67 +29,25 @@
 #include <string>
 #include <vector>
 
+#include "../common/per_call.hpp"
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mysql/mysql_store.hpp"
 #ifdef IDEM_BENCH_WITH_REDIS
-#include <hiredis/hiredis.h>
-
+#include "../common/raw_redis.hpp"
 #include "idem/redis/redis_store.hpp"
 #endif
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A fast store that is down: every call fails as a refused Redis connection would.
-class DownFastStore final : public idem::FastStore {
- public:
-  idem::ClaimResult claim(const idem::Key&, std::string_view, const idem::OwnerToken&,
-                          std::chrono::milliseconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  bool complete(const idem::Key&, const idem::OwnerToken&, std::string_view,
-                std::chrono::seconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  bool release(const idem::Key&, const idem::OwnerToken&) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  void fill(const idem::Key&, std::string_view, std::string_view, std::chrono::seconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  std::optional<idem::Record> lookup(const idem::Key&) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  std::string_view name() const noexcept override { return "down"; }
-};
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? fallback : std::atoi(v);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double cpu_now_us() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
-}
-
-// Per-call microseconds of `calls` runs of fn(i); adds the driver's CPU time per call to `cpu`.
-double timed(int calls, const std::function<void(int)>& fn, std::vector<double>* cpu = nullptr) {
-  const double c0 = cpu_now_us();
-  auto t0 = Clock::now();
-  for (int i = 0; i < calls; ++i) fn(i);
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  if (cpu != nullptr) cpu->push_back((cpu_now_us() - c0) / calls);
-  return static_cast<double>(ns) / 1000.0 / calls;
-}
+using idem::bench::cpu_now_us;
+using idem::bench::DownFastStore;
+using idem::bench::env_int;
+using idem::bench::timed;
+#ifdef IDEM_BENCH_WITH_REDIS
+using idem::bench::RawRedis;
+#endif
 
 [[noreturn]] void die(const std::string& what, MYSQL* m) {
   throw std::runtime_error("bench: " + what + ": " + mysql_error(m));
@@ -176,44 +134,6 @@ class Raw {
   MYSQL* m_;
   std::vector<MYSQL_STMT*> stmts_;
 };
-
-#ifdef IDEM_BENCH_WITH_REDIS
-// A plain hiredis connection for the hand-written baseline (redis://host[:port] only).
-struct RawRedis {
-  redisContext* c = nullptr;
-  explicit RawRedis(const std::string& url) {
-    std::string rest = url.substr(url.find("://") == std::string::npos ? 0 : url.find("://") + 3);
-    rest = rest.substr(0, rest.find('/'));
-    std::string host = rest;
-    int port = 6379;
-    if (auto colon = rest.rfind(':'); colon != std::string::npos) {
-      host = rest.substr(0, colon);
-      port = std::atoi(rest.c_str() + colon + 1);
-    }
-    c = redisConnect(host.c_str(), port);
-    if (c == nullptr || c->err != 0) throw std::runtime_error("bench: cannot connect to Redis");
-  }
-  ~RawRedis() {
-    if (c != nullptr) redisFree(c);
-  }
-  RawRedis(const RawRedis&) = delete;
-  RawRedis& operator=(const RawRedis&) = delete;
-  bool command(const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lens;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    if (r == nullptr) throw std::runtime_error("bench: Redis connection lost");
-    bool ok = r->type != REDIS_REPLY_NIL && r->type != REDIS_REPLY_ERROR;
-    freeReplyObject(r);
-    return ok;
-  }
-};
-#endif
 
 }  // namespace
 
@@ -324,15 +244,16 @@ int main() {
   }
   std::printf("rounds=%d calls/round/side=%d (medians of per-round means)\n", rounds, calls);
   std::printf("first execution, one business INSERT, fast store 'memory' in front:\n");
-  std::printf("  guard (transactional)     %8.1f us/call  %7.0f calls/s\n", median(ours_us),
-              1e6 / median(ours_us));
-  std::printf("  hand-written libmariadb   %8.1f us/call  %7.0f calls/s\n", median(raw_us),
-              1e6 / median(raw_us));
-  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(ours_cpu),
-              median(raw_cpu));
+  std::printf("  guard (transactional)     %8.1f us/call  %7.0f calls/s\n",
+              idem::bench::median_of(ours_us), 1e6 / idem::bench::median_of(ours_us));
+  std::printf("  hand-written libmariadb   %8.1f us/call  %7.0f calls/s\n",
+              idem::bench::median_of(raw_us), 1e6 / idem::bench::median_of(raw_us));
+  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n",
+              idem::bench::median_of(ours_cpu), idem::bench::median_of(raw_cpu));
   std::printf("  statements per call (server's Questions): guard %lld, hand-written %lld\n",
               ours_statements, raw_statements);
-  std::printf("ratio mysql_first_execution = %.3f\n", median(raw_us) / median(ours_us));
+  std::printf("ratio mysql_first_execution = %.3f\n",
+              idem::bench::median_of(raw_us) / idem::bench::median_of(ours_us));
 
 #ifdef IDEM_BENCH_WITH_REDIS
   const char* redis_env = std::getenv("IDEM_TEST_REDIS_URL");
@@ -386,16 +307,17 @@ int main() {
     }
     std::printf("first execution with Redis + MySQL:\n");
     std::printf("  guard (RedisStore + MysqlStore)     %8.1f us/call  %7.0f calls/s\n",
-                median(a_us), 1e6 / median(a_us));
+                idem::bench::median_of(a_us), 1e6 / idem::bench::median_of(a_us));
     std::printf("  hand-written hiredis + libmariadb   %8.1f us/call  %7.0f calls/s\n",
-                median(b_us), 1e6 / median(b_us));
-    std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(a_cpu),
-                median(b_cpu));
+                idem::bench::median_of(b_us), 1e6 / idem::bench::median_of(b_us));
+    std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n",
+                idem::bench::median_of(a_cpu), idem::bench::median_of(b_cpu));
     std::printf(
         "  MySQL statements per call: guard %lld, hand-written %lld (+ 2 Redis round trips "
         "each)\n",
         ours_st, raw_st);
-    std::printf("ratio mysql_redis_first_execution = %.3f\n", median(b_us) / median(a_us));
+    std::printf("ratio mysql_redis_first_execution = %.3f\n",
+                idem::bench::median_of(b_us) / idem::bench::median_of(a_us));
   } else {
     std::printf("(Redis comparison skipped: IDEM_TEST_REDIS_URL not set)\n");
   }
@@ -427,12 +349,14 @@ int main() {
     }
   }
   std::printf("duplicate, fast store down (replay from MySQL):\n");
-  std::printf("  guard replay              %8.1f us/call  (%lld statements)\n", median(rep_us),
-              replay_statements);
-  std::printf("  raw SELECT by key         %8.1f us/call  (1 statement)\n", median(sel_us));
-  std::printf("  driver CPU per call: guard %.1f us, raw SELECT %.1f us\n", median(rep_cpu),
-              median(sel_cpu));
-  std::printf("ratio mysql_replay_vs_select = %.3f\n", median(sel_us) / median(rep_us));
+  std::printf("  guard replay              %8.1f us/call  (%lld statements)\n",
+              idem::bench::median_of(rep_us), replay_statements);
+  std::printf("  raw SELECT by key         %8.1f us/call  (1 statement)\n",
+              idem::bench::median_of(sel_us));
+  std::printf("  driver CPU per call: guard %.1f us, raw SELECT %.1f us\n",
+              idem::bench::median_of(rep_cpu), idem::bench::median_of(sel_cpu));
+  std::printf("ratio mysql_replay_vs_select = %.3f\n",
+              idem::bench::median_of(sel_us) / idem::bench::median_of(rep_us));
 
   Raw admin(conn);
   admin.query(("DROP DATABASE " + db).c_str());

@@ -37,6 +37,7 @@
 #include "idem/key.hpp"
 #include "idem/mysql/mysql_store.hpp"
 #include "idem/sql.hpp"
+#include "idem/stream.hpp"
 
 namespace idem::mysql {
 
@@ -48,17 +49,8 @@ struct ChunkStoreOptions {
   bool migrate = true;
 };
 
-/// Where a stream stands in the durable table.
-struct StreamResume {
-  /// One past the last byte of the contiguous prefix stored from offset 0: continue here.
-  std::uint64_t next_offset = 0;
-  /// The contiguous prefix itself (bytes [0, next_offset)).
-  std::string text;
-  /// Rows stored for the request (including any after the first hole).
-  std::uint64_t chunks = 0;
-  /// True when chunks are stored beyond a hole (a writer skipped an offset).
-  bool has_gap = false;
-};
+/// Where a stream stands in the durable table (idem/stream.hpp).
+using StreamResume = stream::StreamResume;
 
 /// Stores each (request_id, chunk_offset) once. Thread-safe (each call takes a pooled
 /// connection). The store must outlive it.
@@ -118,17 +110,7 @@ class ChunkStore {
     return store_.with_session([&](Session& s) {
       StreamResume r;
       for (const Row& row : s.query(select_, request_id)) {
-        ++r.chunks;
-        if (r.has_gap) continue;
-        auto offset = static_cast<std::uint64_t>(row[0].as_int64());
-        const std::string& body = row[1].bytes();
-        std::uint64_t end = offset + body.size();
-        if (offset > r.next_offset) {
-          r.has_gap = true;
-        } else if (end > r.next_offset) {
-          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset), std::string::npos);
-          r.next_offset = end;
-        }
+        r.add(static_cast<std::uint64_t>(row[0].as_int64()), row[1].bytes());
       }
       return r;
     });
