@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 #include "pqxx_compat.hpp"
 
@@ -56,53 +57,45 @@ struct Found {
   bool expired = false;  // completed/failed and its retention has ended
 };
 
-Record::Status parse_status(const std::string& s) {
-  if (s == "in_progress") return Record::Status::kInProgress;
-  if (s == "completed") return Record::Status::kCompleted;
-  if (s == "failed") return Record::Status::kFailed;
-  throw CorruptRecord("postgres: unknown record status '" + s + "'");
-}
-
 TimePoint millis_field(const pqxx::field& f) {
   return f.is_null() ? TimePoint{} : from_millis(f.as<long long>());
 }
 
-Found parse_found(const pqxx::row& row, pqxx::row::size_type at) {
+// A record row as kRecordColumns return it. The table's types (timestamptz, a CHECK on status)
+// keep foreign values out of idem's own table; an adopted table may not have them: a value
+// idem did not write is CorruptRecord.
+Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key) {
   Found f;
-  f.record.status = parse_status(row[at].as<std::string>());
-  f.record.fingerprint = row[at + 1].as<std::string>();
-  f.record.owner = row[at + 2].as<std::string>();
-  f.record.response = detail::read_bytea(row[at + 3]);
-  f.record.lease_until = millis_field(row[at + 4]);
-  f.record.created_at = millis_field(row[at + 5]);
-  f.record.updated_at = millis_field(row[at + 6]);
-  f.record.expires_at = millis_field(row[at + 7]);
-  f.live = row[at + 8].as<bool>();
-  f.expired = row[at + 9].as<bool>();
+  f.record.status = idem::detail::record_status_or_throw(row[at].c_str(), "postgres", key.str());
+  try {
+    f.record.fingerprint = row[at + 1].as<std::string>();
+    f.record.owner = row[at + 2].as<std::string>();
+    f.record.response = detail::read_bytea(row[at + 3]);
+    f.record.lease_until = millis_field(row[at + 4]);
+    f.record.created_at = millis_field(row[at + 5]);
+    f.record.updated_at = millis_field(row[at + 6]);
+    f.record.expires_at = millis_field(row[at + 7]);
+    f.live = row[at + 8].as<bool>();
+    f.expired = row[at + 9].as<bool>();
+  } catch (const idem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw idem::detail::corrupt_record("postgres", key.str(), e.what());
+  }
   return f;
 }
 
-// What a found record means to a claim by `owner` with `fingerprint`.
-ClaimResult classify(const Found& f, std::string_view fingerprint, const OwnerToken& owner) {
-  ClaimResult c;
-  c.holder = f.record.owner;
-  c.first_seen = f.record.created_at;
-  if (f.record.fingerprint != fingerprint) {
-    c.status = ClaimStatus::kMismatch;
-  } else if (f.record.status != Record::Status::kInProgress) {
-    c.status = ClaimStatus::kDone;
-    c.response = f.record.response;
-    c.failed = f.record.status == Record::Status::kFailed;
-  } else if (f.record.owner == owner.str()) {
-    // Our own claim (a begin retried after its connection broke): still ours.
-    c = ClaimResult{};
-  } else if (f.live) {
-    c.status = ClaimStatus::kBusy;
-  } else {
-    c.status = ClaimStatus::kClaimed;  // expired lease: the caller takes it over
-    c.took_over = true;
-  }
-  return c;
+// The rulebook's view of a row (liveness and expiry by the database clock).
+idem::detail::FoundRecord found_record(const Found& f) noexcept {
+  idem::detail::FoundRecord r;
+  r.status = f.record.status;
+  r.fingerprint = f.record.fingerprint;
+  r.owner = f.record.owner;
+  r.response = f.record.response;
+  r.created_at = f.record.created_at;
+  r.lease_live = f.live;
+  r.retention_over = f.expired;
+  return r;
 }
 
 ClaimResult busy() {
@@ -253,17 +246,23 @@ struct PostgresStore::Impl {
       if (!r.empty()) return ClaimResult{};  // inserted: ours
       std::optional<Found> found;
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
-      if (!again.empty()) found = parse_found(again[0], 0);
+      if (!again.empty()) found = parse_found(again[0], 0, key);
       if (!found) continue;  // deleted meanwhile (released, purged): claim again
-      if (found->expired) {
-        run(t, pooled, kRemoveExpired, key.id(), key.scope());
-        continue;
+      idem::detail::ClaimDecision d =
+          idem::detail::decide_claim(found_record(*found), fingerprint, owner.str());
+      switch (d.action) {
+        case idem::detail::ClaimAction::kAnswer:
+        case idem::detail::ClaimAction::kKeep:
+          return std::move(d.result);
+        case idem::detail::ClaimAction::kReplace:
+          run(t, pooled, kRemoveExpired, key.id(), key.scope());
+          continue;
+        case idem::detail::ClaimAction::kTakeOver:
+          break;
       }
-      ClaimResult c = classify(*found, fingerprint, owner);
-      if (c.status != ClaimStatus::kClaimed || !c.took_over) return c;
       pqxx::result u = run(t, pooled, kTakeover, key.id(), key.scope(), owner.str(), lease_ms,
                            found->record.owner);
-      if (!u.empty()) return c;
+      if (!u.empty()) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
     return busy();
@@ -271,8 +270,9 @@ struct PostgresStore::Impl {
 
   // Resolves a COMMIT whose connection was lost: ask the server on a fresh connection whether
   // transaction `xid` committed, and re-read the record.
-  ClaimResult resolve_commit(ConnectionPool& pool, const Key& key, const OwnerToken& owner,
-                             long long xid, std::string response, const std::string& cause) {
+  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key,
+                                     const OwnerToken& owner, long long xid, std::string response,
+                                     bool took_over, const std::string& cause) {
     for (int i = 0; i < 50; ++i) {
       std::optional<std::string> status;
       std::optional<bool> ours;
@@ -295,9 +295,7 @@ struct PostgresStore::Impl {
       }
       if ((status && *status == "committed") || (ours && *ours)) {
         commits_resolved.fetch_add(1, std::memory_order_relaxed);
-        ClaimResult done;
-        done.response = std::move(response);
-        return done;
+        return TransactionalResult::committed(std::move(response), took_over);
       }
       if (status && *status == "aborted") {
         commits_resolved.fetch_add(1, std::memory_order_relaxed);
@@ -495,10 +493,11 @@ void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& f
   }
 }
 
-ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                                  const OwnerToken& owner,
-                                                  std::chrono::seconds retention,
-                                                  HandlerRef handler, bool read_first) {
+TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
+                                                          std::string_view fingerprint,
+                                                          const OwnerToken& owner,
+                                                          std::chrono::seconds retention,
+                                                          HandlerRef handler, bool read_first) {
   unsigned retries = 0;
   bool reconnected = false;
   for (;;) {
@@ -514,21 +513,23 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
           pqxx::nontransaction nt(conn->get());
           pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
           if (!r.empty()) {
-            Found f = parse_found(r[0], 0);
-            ClaimResult c = classify(f, fingerprint, owner);
-            if (!f.expired &&
-                (c.status == ClaimStatus::kDone || c.status == ClaimStatus::kMismatch)) {
-              early = std::move(c);
+            Found f = parse_found(r[0], 0, key);
+            idem::detail::ClaimDecision d =
+                idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+            if (d.action == idem::detail::ClaimAction::kAnswer &&
+                (d.result.status == ClaimStatus::kDone ||
+                 d.result.status == ClaimStatus::kMismatch)) {
+              early = std::move(d.result);
             }
           }
         }
-        if (early) return std::move(*early);
+        if (early) return TransactionalResult::found(std::move(*early));
       }
       pqxx::work tx(conn->get());
       ClaimResult c = impl_->claim(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
       if (c.status != ClaimStatus::kClaimed) {
         tx.abort();  // nothing was written
-        return c;
+        return TransactionalResult::found(std::move(c));
       }
       handler_ran = true;
       std::string response;
@@ -551,13 +552,14 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         tx.commit();
       } catch (const pqxx::in_doubt_error& e) {
         conn->mark_broken();
-        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), e.what());
+        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,
+                                     e.what());
       } catch (const pqxx::broken_connection& e) {
         conn->mark_broken();
-        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), e.what());
+        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,
+                                     e.what());
       }
-      c.response = std::move(response);
-      return c;
+      return TransactionalResult::committed(std::move(response), c.took_over);
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
       // Also when the handler's own statement found the connection gone: that is a storage
@@ -591,7 +593,7 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         // The claim waited lock_timeout on a transaction holding the key. Only the claim ran in
         // this (now rolled back) transaction, so nothing is lost: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return busy();
+        return TransactionalResult::found(busy());
       }
       detail::rethrow_translated("transaction");
     } catch (...) {
@@ -754,6 +756,41 @@ bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
   }
 }
 
+std::optional<std::vector<bool>> PostgresStore::record_batch_in(
+    pqxx::work& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
+    std::chrono::seconds retention, DurableHint hint) {
+  if (hint.fast_claimed) {
+    if (!insert_new_completed_batch_in(tx, requests, response, retention)) return std::nullopt;
+    return std::vector<bool>(requests.size(), true);
+  }
+  return insert_completed_batch_in(tx, requests, response, retention);
+}
+
+// Plain SAVEPOINT statements rather than pqxx::subtransaction (see claim_in).
+void PostgresStore::savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("savepoint");
+  }
+}
+
+void PostgresStore::rollback_to_savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("ROLLBACK TO SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("rollback to savepoint");
+  }
+}
+
+void PostgresStore::release_savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("RELEASE SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("release savepoint");
+  }
+}
+
 void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
                                 std::string_view response, std::chrono::seconds retention) {
   pqxx::result done;
@@ -790,9 +827,10 @@ auto autocommit(ConnectionPool& pool, std::string_view context, bool idempotent,
 }  // namespace
 
 ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
-                                 const OwnerToken& owner, std::chrono::milliseconds lease) {
+                                 const OwnerToken& owner, std::chrono::milliseconds lease,
+                                 DurableHint) {
   if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
-  // Idempotent: a retried begin finds its own claim and keeps it (classify).
+  // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
   return autocommit(*pool_, "begin", true, [&](pqxx::nontransaction& nt) {
     try {
       return impl_->claim(nt, key, fingerprint, owner, lease);
@@ -855,7 +893,7 @@ std::optional<Record> PostgresStore::lookup(const Key& key) {
   return autocommit(*pool_, "lookup", true, [&](pqxx::nontransaction& nt) -> std::optional<Record> {
     pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
     if (r.empty()) return std::nullopt;
-    return parse_found(r[0], 0).record;
+    return parse_found(r[0], 0, key).record;
   });
 }
 

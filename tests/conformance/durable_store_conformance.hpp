@@ -127,7 +127,7 @@ TYPED_TEST_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectToge
     TypeParam::insert_effect(tx, k.id());
     return std::string("pay_1");
   });
-  EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
   EXPECT_EQ("pay_1", r.response);
   EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
   int runs = 0;
@@ -137,7 +137,7 @@ TYPED_TEST_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectToge
                                          TypeParam::insert_effect(tx, k.id());
                                          return std::string("pay_2");
                                        });
-  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ(TransactionalStatus::kReplayed, again.status);
   EXPECT_EQ("pay_1", again.response);
   EXPECT_EQ(owner.str(), again.holder);
   EXPECT_EQ(0, runs);
@@ -165,7 +165,7 @@ TYPED_TEST_P(DurableStoreConformance, HandlerThrowsRollsBackEverything) {
                                          TypeParam::insert_effect(tx, k.id());
                                          return std::string("ok");
                                        });
-  EXPECT_EQ(ClaimStatus::kClaimed, retry.status);
+  EXPECT_EQ(TransactionalStatus::kCommitted, retry.status);
   EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
 }
 
@@ -177,7 +177,7 @@ TYPED_TEST_P(DurableStoreConformance, MismatchWinsOverReplayAndInProgress) {
                                 [](Tx&) { return std::string("r"); });
   auto r = store.run_transactional(done, "other", OwnerToken::generate(), this->retention_,
                                    [](Tx&) { return std::string("never"); });
-  EXPECT_EQ(ClaimStatus::kMismatch, r.status);
+  EXPECT_EQ(TransactionalStatus::kMismatch, r.status);
   auto running = this->key();
   ASSERT_EQ(ClaimStatus::kClaimed,
             store.begin(running, "fp", OwnerToken::generate(), this->lease_).status);
@@ -218,6 +218,39 @@ TYPED_TEST_P(DurableStoreConformance, TwoPhaseReleaseLetsARetryRun) {
                                        .status);
 }
 
+// fail() (a dead-lettered message) is reported as failed by every durable store, and a begin
+// retried by the attempt that holds the record keeps its claim (the rulebook's kKeep).
+TYPED_TEST_P(DurableStoreConformance, FailedRecordAndRetriedBeginFollowTheRulebook) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store.begin(k, "fp", a, this->lease_).status);
+  auto retried = store.begin(k, "fp", a, this->lease_);
+  EXPECT_EQ(ClaimStatus::kClaimed, retried.status);
+  EXPECT_TRUE(retried.kept);
+  EXPECT_FALSE(retried.took_over);
+  EXPECT_EQ(ClaimStatus::kBusy, store.begin(k, "fp", OwnerToken::generate(), this->lease_).status);
+  EXPECT_FALSE(store.fail(k, OwnerToken::generate(), "not mine", this->retention_));
+  EXPECT_TRUE(store.fail(k, a, "poison", this->retention_));
+  auto again = store.begin(k, "fp", OwnerToken::generate(), this->lease_);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_TRUE(again.failed);
+  EXPECT_EQ("poison", again.response);
+  auto rec = store.lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kFailed, rec->status);
+  bool ran = false;
+  auto tx = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                    [&](Tx&) {
+                                      ran = true;
+                                      return std::string("x");
+                                    });
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(tx.failed);
+  EXPECT_EQ("poison", tx.response);
+}
+
 TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
   using Tx = typename TestFixture::TxType;  // NOLINT
   auto& store = *this->store_;
@@ -231,7 +264,7 @@ TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
                                   [&](Tx&) { return response; });
     auto r = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
                                      [&](Tx&) { return std::string("never"); });
-    ASSERT_EQ(ClaimStatus::kDone, r.status);
+    ASSERT_EQ(TransactionalStatus::kReplayed, r.status);
     EXPECT_EQ(response.size(), r.response.size());
     EXPECT_TRUE(response == r.response);
   }
@@ -255,7 +288,7 @@ TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
                                        TypeParam::insert_effect(tx, k.id());
                                        return k.id();
                                      });
-    EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+    EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
     auto rec = store.lookup(k);
     ASSERT_TRUE(rec.has_value()) << id;
     EXPECT_EQ(k.id(), rec->response);
@@ -377,7 +410,9 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance,
                             TransactionalRunCommitsRecordAndEffectTogether,
                             HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
                             TwoPhaseLeaseExpiryFencesTheStaleOwner,
-                            TwoPhaseReleaseLetsARetryRun, ResponsesAreByteIdentical,
+                            TwoPhaseReleaseLetsARetryRun,
+                            FailedRecordAndRetriedBeginFollowTheRulebook,
+                            ResponsesAreByteIdentical,
                             HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
                             GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
                             GuardTwoPhaseStormRunsOnce,
