@@ -10,6 +10,7 @@
 
 #include "connection.hpp"
 #include "errors.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 #include "pool.hpp"
 
@@ -42,13 +43,6 @@ struct Found {
   bool expired = false;  // completed/failed and its retention has ended
 };
 
-Record::Status parse_status(const std::string& s) {
-  if (s == "in_progress") return Record::Status::kInProgress;
-  if (s == "completed") return Record::Status::kCompleted;
-  if (s == "failed") return Record::Status::kFailed;
-  throw CorruptRecord("mysql: unknown record status '" + s.substr(0, 40) + "'");
-}
-
 TimePoint time_field(const Field& f) {
   return f.is_null() ? TimePoint{} : from_millis(f.as_int64());
 }
@@ -64,48 +58,43 @@ std::string record_columns() {
 constexpr std::size_t kProbeColumns = 7;
 
 // A record from a read's row; the row's bytes are moved out. Reads of the full record have
-// the three times after the probe's seven columns.
-Found parse_found(Row& row) {
+// the three times after the probe's seven columns. A status or time value idem did not write
+// (an adopted table may hold any) is CorruptRecord.
+Found parse_found(Row& row, const Key& key) {
   Found f;
   if (row.size() < kProbeColumns || row[0].is_null()) {
-    throw CorruptRecord("mysql: record without a status");
+    throw idem::detail::corrupt_record("mysql", key.str(), "no status");
   }
-  f.record.status = parse_status(row[0].bytes());
-  f.record.fingerprint = row[1].take();
-  f.record.owner = row[2].take();
-  f.record.response = row[3].take();
-  f.record.created_at = time_field(row[4]);
-  f.live = !row[5].is_null() && row[5].as_int64() != 0;
-  f.expired = !row[6].is_null() && row[6].as_int64() != 0;
-  if (row.size() >= kProbeColumns + 3) {
-    f.record.lease_until = time_field(row[7]);
-    f.record.updated_at = time_field(row[8]);
-    f.record.expires_at = time_field(row[9]);
+  f.record.status = idem::detail::record_status_or_throw(row[0].bytes(), "mysql", key.str());
+  try {
+    f.record.fingerprint = row[1].take();
+    f.record.owner = row[2].take();
+    f.record.response = row[3].take();
+    f.record.created_at = time_field(row[4]);
+    f.live = !row[5].is_null() && row[5].as_int64() != 0;
+    f.expired = !row[6].is_null() && row[6].as_int64() != 0;
+    if (row.size() >= kProbeColumns + 3) {
+      f.record.lease_until = time_field(row[7]);
+      f.record.updated_at = time_field(row[8]);
+      f.record.expires_at = time_field(row[9]);
+    }
+  } catch (const StorageError& e) {
+    throw idem::detail::corrupt_record("mysql", key.str(), e.what());
   }
   return f;
 }
 
-// What a found record means to a claim by `owner` with `fingerprint`.
-// The found record's response moves into the answer.
-ClaimResult classify(Found& f, std::string_view fingerprint, const OwnerToken& owner) {
-  ClaimResult c;
-  c.holder = f.record.owner;
-  c.first_seen = f.record.created_at;
-  if (f.record.fingerprint != fingerprint) {
-    c.status = ClaimStatus::kMismatch;
-  } else if (f.record.status != Record::Status::kInProgress) {
-    c.status = ClaimStatus::kDone;
-    c.response = std::move(f.record.response);
-    c.failed = f.record.status == Record::Status::kFailed;
-  } else if (f.record.owner == owner.str()) {
-    c = ClaimResult{};  // our own claim (a begin retried after its connection broke)
-  } else if (f.live) {
-    c.status = ClaimStatus::kBusy;
-  } else {
-    c.status = ClaimStatus::kClaimed;  // expired lease: the caller takes it over
-    c.took_over = true;
-  }
-  return c;
+// The rulebook's view of a row (liveness and expiry by the database clock).
+idem::detail::FoundRecord found_record(const Found& f) noexcept {
+  idem::detail::FoundRecord r;
+  r.status = f.record.status;
+  r.fingerprint = f.record.fingerprint;
+  r.owner = f.record.owner;
+  r.response = f.record.response;
+  r.created_at = f.record.created_at;
+  r.lease_live = f.live;
+  r.retention_over = f.expired;
+  return r;
 }
 
 ClaimResult busy() {
@@ -217,7 +206,7 @@ struct MysqlStore::Impl {
                         " WHERE status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3)"
                         " AND (" +
                         k + ", " + s + ") IN (";
-    // Records written already completed (insert_completed_batch_in); "(...), (...)" per row.
+    // Records written already completed (record_batch_in); "(...), (...)" per row.
     batch_head = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, response_body, lease_until, expires_at,"
                  " created_at, updated_at) VALUES ";
@@ -251,16 +240,22 @@ struct MysqlStore::Impl {
       Rows rows;
       exec(c, locked ? probe_locked : probe, "claim", &rows, key.id(), key.scope());
       if (rows.empty()) continue;  // deleted meanwhile (released, purged): claim again
-      Found f = parse_found(rows[0]);
-      if (f.expired) {
-        exec(c, remove_expired, "claim", nullptr, key.id(), key.scope());
-        continue;
+      Found f = parse_found(rows[0], key);
+      idem::detail::ClaimDecision d =
+          idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+      switch (d.action) {
+        case idem::detail::ClaimAction::kAnswer:
+        case idem::detail::ClaimAction::kKeep:
+          return std::move(d.result);
+        case idem::detail::ClaimAction::kReplace:
+          exec(c, remove_expired, "claim", nullptr, key.id(), key.scope());
+          continue;
+        case idem::detail::ClaimAction::kTakeOver:
+          break;
       }
-      ClaimResult r = classify(f, fingerprint, owner);
-      if (r.status != ClaimStatus::kClaimed || !r.took_over) return r;
       auto u = exec(c, takeover, "claim", nullptr, key.id(), key.scope(), owner.str(), lease_us,
                     f.record.owner);
-      if (u.affected == 1) return r;
+      if (u.affected == 1) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
     return busy();
@@ -316,8 +311,9 @@ struct MysqlStore::Impl {
 
   // Resolves a COMMIT whose connection was lost: on a fresh connection, a locking read of the
   // record waits until the lost transaction has ended, then tells whether it committed.
-  ClaimResult resolve_commit(const Key& key, const OwnerToken& owner, std::string response,
-                             const ServerError& cause, const std::string& message) {
+  TransactionalResult resolve_commit(const Key& key, const OwnerToken& owner, std::string response,
+                                     bool took_over, const ServerError& cause,
+                                     const std::string& message) {
     for (int attempt = 0; attempt < 12; ++attempt) {
       std::optional<bool> committed;
       try {
@@ -337,11 +333,7 @@ struct MysqlStore::Impl {
         continue;
       }
       commits_resolved.fetch_add(1, std::memory_order_relaxed);
-      if (*committed) {
-        ClaimResult done;
-        done.response = std::move(response);
-        return done;
-      }
+      if (*committed) return TransactionalResult::committed(std::move(response), took_over);
       throw Failure<StorageUnavailable>(
           "mysql: the connection was lost at COMMIT and the transaction did not commit "
           "(nothing was applied; retry): " +
@@ -454,10 +446,10 @@ void MysqlStore::run_in_session(const std::function<void(Session&)>& fn) {
   fn(session);
 }
 
-ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                               const OwnerToken& owner,
-                                               std::chrono::seconds retention, HandlerRef handler,
-                                               bool read_first) {
+TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
+                                                       const OwnerToken& owner,
+                                                       std::chrono::seconds retention,
+                                                       HandlerRef handler, bool read_first) {
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
@@ -471,16 +463,18 @@ ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view 
         Rows rows;
         impl_->exec(c, impl_->probe, "read", &rows, key.id(), key.scope());
         if (!rows.empty()) {
-          Found f = parse_found(rows[0]);
-          ClaimResult r = classify(f, fingerprint, owner);
-          if (!f.expired &&
-              (r.status == ClaimStatus::kDone || r.status == ClaimStatus::kMismatch)) {
-            out = std::move(r);
+          Found f = parse_found(rows[0], key);
+          idem::detail::ClaimDecision d =
+              idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+          if (d.action == idem::detail::ClaimAction::kAnswer &&
+              (d.result.status == ClaimStatus::kDone ||
+               d.result.status == ClaimStatus::kMismatch)) {
+            out = std::move(d.result);
           }
         }
         return out;
       });
-      if (early) return std::move(*early);
+      if (early) return TransactionalResult::found(std::move(*early));
     }
     auto lease = impl_->pool->acquire(false);
     detail::Connection& c = *lease;
@@ -492,7 +486,7 @@ ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view 
           impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0), true);
       if (claim.status != ClaimStatus::kClaimed) {
         c.rollback();  // nothing was written
-        return claim;
+        return TransactionalResult::found(std::move(claim));
       }
       handler_ran = true;
       std::string response = handler(tx);
@@ -511,10 +505,9 @@ ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view 
         if (!detail::is_connection_failure(e.error_number())) throw;
         c.mark_broken();
         const std::string message = dynamic_cast<const std::exception&>(e).what();
-        return impl_->resolve_commit(key, owner, std::move(response), e, message);
+        return impl_->resolve_commit(key, owner, std::move(response), claim.took_over, e, message);
       }
-      claim.response = std::move(response);
-      return claim;
+      return TransactionalResult::committed(std::move(response), claim.took_over);
     } catch (const ServerError& e) {
       c.rollback();
       const unsigned n = e.error_number();
@@ -522,7 +515,7 @@ ClaimResult MysqlStore::run_transactional_impl(const Key& key, std::string_view 
         // The claim waited lock_wait_timeout on a transaction holding the key. Only the claim
         // ran in this (now rolled back) transaction: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return busy();
+        return TransactionalResult::found(busy());
       }
       // Deadlocks and lock wait timeouts re-run the transaction, whoever raised them (the
       // handler's own statements included): the earlier attempt was rolled back entirely.
@@ -552,7 +545,7 @@ ClaimResult MysqlStore::begin(const Key& key, std::string_view fingerprint, cons
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
-  // Idempotent: a retried begin finds its own claim and keeps it (classify).
+  // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
   return impl_->autocommit(true, [&](detail::Connection& c) {
     try {
       return impl_->claim_on(c, key, fingerprint, owner, lease, false);
@@ -645,10 +638,9 @@ void MysqlStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& 
   }
 }
 
-std::vector<bool> MysqlStore::insert_completed_batch_in(Transaction& tx,
-                                                        const std::vector<ClaimRequest>& requests,
-                                                        std::string_view response,
-                                                        std::chrono::seconds retention) {
+std::optional<std::vector<bool>> MysqlStore::record_batch_in(
+    Transaction& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
+    std::chrono::seconds retention, DurableHint) {
   std::vector<bool> out(requests.size(), false);
   if (requests.empty()) return out;
   if (retention.count() <= 0) throw UsageError("idem::mysql: the retention must be positive");
@@ -656,7 +648,7 @@ std::vector<bool> MysqlStore::insert_completed_batch_in(Transaction& tx,
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const ClaimRequest& r = requests[i];
     if (r.key == nullptr || r.owner == nullptr) {
-      throw UsageError("idem::mysql: insert_completed_batch_in needs a key and an owner");
+      throw UsageError("idem::mysql: record_batch_in needs a key and an owner");
     }
     if (r.fingerprint.size() > kMaxFingerprint) {
       throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
@@ -671,8 +663,8 @@ std::vector<bool> MysqlStore::insert_completed_batch_in(Transaction& tx,
   std::sort(order.begin(), order.end(), before);
   for (std::size_t j = 1; j < order.size(); ++j) {
     if (!before(order[j - 1], order[j])) {
-      throw UsageError("idem::mysql: insert_completed_batch_in got key '" +
-                       requests[order[j]].key->str() + "' twice");
+      throw UsageError("idem::mysql: record_batch_in got key '" + requests[order[j]].key->str() +
+                       "' twice");
     }
   }
   detail::Connection& c = detail::connection_of(tx);
@@ -717,12 +709,31 @@ std::vector<bool> MysqlStore::insert_completed_batch_in(Transaction& tx,
   return out;
 }
 
+ClaimResult MysqlStore::decide_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                                  const OwnerToken& owner) {
+  return claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
+}
+
+void MysqlStore::record_in(Transaction& tx, const Key& key, std::string_view,
+                           const OwnerToken& owner, std::string_view response,
+                           std::chrono::seconds retention, const ClaimResult&) {
+  complete_in(tx, key, owner, response, retention);
+}
+
+// MySQL prepares these (MariaDB and MySQL 8); where a server refuses, the client runs them
+// through the text protocol.
+void MysqlStore::savepoint(Transaction& tx) { tx.exec("SAVEPOINT idem_batch"); }
+void MysqlStore::rollback_to_savepoint(Transaction& tx) {
+  tx.exec("ROLLBACK TO SAVEPOINT idem_batch");
+}
+void MysqlStore::release_savepoint(Transaction& tx) { tx.exec("RELEASE SAVEPOINT idem_batch"); }
+
 std::optional<Record> MysqlStore::lookup(const Key& key) {
   return impl_->autocommit(true, [&](detail::Connection& c) -> std::optional<Record> {
     Rows rows;
     impl_->exec(c, impl_->read, "lookup", &rows, key.id(), key.scope());
     if (rows.empty()) return std::nullopt;
-    return parse_found(rows[0]).record;
+    return parse_found(rows[0], key).record;
   });
 }
 
@@ -965,3 +976,7 @@ void MysqlStore::migrate() {
 }
 
 }  // namespace idem::mysql
+
+// The contract, checked where the store is built (the guard checks it again where it is used).
+static_assert(idem::detail::check_durable_store<idem::mysql::MysqlStore>());
+static_assert(idem::detail::check_batch_store<idem::mysql::MysqlStore>());

@@ -70,6 +70,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
@@ -161,17 +162,19 @@ class MysqlStore {
   MysqlStore(const MysqlStore&) = delete;
   MysqlStore& operator=(const MysqlStore&) = delete;
 
-  /// Transactional mode (see store.hpp's DurableStore contract and the file comment).
+  /// Transactional mode (see the durable store contract, idem/durable_store.hpp, and the file
+  /// comment).
   /// @param handler `std::string(Transaction&)`; may be called again after a deadlock or lock
   ///        wait timeout (the earlier transaction was rolled back).
-  /// @return kClaimed (ran and committed; `response` holds its bytes), kDone, kBusy, kMismatch.
+  /// @return kCommitted (ran and committed; `response` holds its bytes), kReplayed, kBusy,
+  ///         kMismatch.
   /// @throws whatever the handler throws (after rollback); idem::UsageError for a response
   ///         larger than the response column accepts (nothing is written);
   ///         idem::StorageError subclasses.
   template <class Handler>
-  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
-                                const OwnerToken& owner, std::chrono::seconds retention,
-                                Handler&& handler, DurableHint hint = {}) {
+  TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
+                                        const OwnerToken& owner, std::chrono::seconds retention,
+                                        Handler&& handler, DurableHint hint = {}) {
     auto call = [](void* h, Transaction& tx) -> std::string {
       return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
     };
@@ -216,18 +219,35 @@ class MysqlStore {
   ///         column cannot hold.
   void complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
                    std::string_view response, std::chrono::seconds retention);
-  /// Inside the caller's open transaction: for each request, writes its record already
-  /// completed with `response` when no record of its key exists. One multi-row INSERT for the
-  /// whole list, rows in key order (concurrent batches lock in the same order); when a record
-  /// of one of the keys exists (1062: only that statement is rolled back), one INSERT per
-  /// request decides which ones were written. For IdempotentConsumer::consume_batch.
+  // --- the batch operations of the durable store contract (idem/durable_store.hpp) ---------
+
+  /// Contract: what a claim decides inside `tx` (claim_in with lease 0: an in-progress row;
+  /// the open transaction is the lease).
+  ClaimResult decide_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                        const OwnerToken& owner);
+  /// Contract: after decide_in granted the claim, the record completed (complete_in).
+  void record_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                 const OwnerToken& owner, std::string_view response, std::chrono::seconds retention,
+                 const ClaimResult& decided);
+  /// Contract: for each request, writes its record already completed with `response` when no
+  /// record of its key exists. One multi-row INSERT for the whole list, rows in key order
+  /// (concurrent batches lock in the same order); when a record of one of the keys exists
+  /// (1062: MySQL rolls back that statement only, `tx` stays usable), one INSERT per request
+  /// decides which were written. So the answer is never nullopt, whatever the hint.
   /// @return for each request, whether its record was written (false: a record exists; decide
-  ///         with claim_in).
+  ///         with decide_in).
   /// @throws idem::UsageError for a key given twice or a request without key or owner.
-  std::vector<bool> insert_completed_batch_in(Transaction& tx,
-                                              const std::vector<ClaimRequest>& requests,
-                                              std::string_view response,
-                                              std::chrono::seconds retention);
+  std::optional<std::vector<bool>> record_batch_in(Transaction& tx,
+                                                   const std::vector<ClaimRequest>& requests,
+                                                   std::string_view response,
+                                                   std::chrono::seconds retention,
+                                                   DurableHint hint);
+  /// Contract: `SAVEPOINT idem_batch`.
+  void savepoint(Transaction& tx);
+  /// Contract: `ROLLBACK TO SAVEPOINT idem_batch`.
+  void rollback_to_savepoint(Transaction& tx);
+  /// Contract: `RELEASE SAVEPOINT idem_batch`.
+  void release_savepoint(Transaction& tx);
 
   /// Runs `fn(Transaction&)` in a transaction on a pooled connection and commits it (rolled
   /// back if fn throws). A deadlock (1213) or lock wait timeout (1205) rolls it back and runs
@@ -277,9 +297,10 @@ class MysqlStore {
     void* self;
     std::string operator()(Transaction& tx) const { return call(self, tx); }
   };
-  ClaimResult run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                     const OwnerToken& owner, std::chrono::seconds retention,
-                                     HandlerRef handler, bool read_first);
+  TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
+                                             const OwnerToken& owner,
+                                             std::chrono::seconds retention, HandlerRef handler,
+                                             bool read_first);
   void run_in_transaction(const std::function<void(Transaction&)>& fn);
   void run_in_session(const std::function<void(Session&)>& fn);
 

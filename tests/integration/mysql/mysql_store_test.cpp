@@ -358,7 +358,7 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
                                      return std::string("paid");
                                    });
   EXPECT_EQ(1, proxy.dropped.load());
-  EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
   EXPECT_EQ("paid", r.response);
   EXPECT_EQ(1u, store.stats().commits_resolved);
   EXPECT_EQ(1, runs);
@@ -558,7 +558,7 @@ TEST_F(MysqlStoreTest, AdoptsTheSeedTable) {
       auto r =
           store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
                                   [&](Transaction&) { return "r_" + k.id(); });
-      EXPECT_EQ(ClaimStatus::kClaimed, r.status) << k.id();
+      EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status) << k.id();
     }
     EXPECT_EQ("r_Order_1", store.lookup(upper)->response);
     EXPECT_EQ("r_order_1", store.lookup(lower)->response);
@@ -644,7 +644,7 @@ TEST_F(MysqlStoreTest, SchemaSqlMatchesTheMigration) {
   o.connection.database = db;
   MysqlStore store{o};  // migrate(): version 1 found, nothing to do
   auto k = key("schema");
-  EXPECT_EQ(ClaimStatus::kClaimed,
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted,
             store
                 .run_transactional(k, "", idem::OwnerToken::generate(), std::chrono::seconds(60),
                                    [](Transaction&) { return std::string("x"); })
