@@ -124,7 +124,7 @@ inline constexpr bool kTakesTransaction =
     !std::is_same_v<Tx, NoTransaction> && std::is_invocable_v<Fn&, Tx&>;
 
 template <class R>
-using stored_t = std::conditional_t<std::is_void_v<R>, Unit, std::decay_t<R>>;
+using stored_t = typename stored_type<R>::type;  // codec.hpp: the codec selection
 
 template <class Fn, class Tx, bool kTx = kTakesTransaction<Fn, Tx>>
 struct response_type {
@@ -144,7 +144,7 @@ R invoke_stored(Fn& fn, Args&... args) {
     std::invoke(fn, args...);
     return Unit{};
   } else {
-    return std::invoke(fn, args...);
+    return R(std::invoke(fn, args...));  // explicit: a std::string_view result becomes a string
   }
 }
 
@@ -165,6 +165,7 @@ class IdempotencyGuard {
  public:
   /// The durable store's transaction type, as transactional handlers receive it.
   using Transaction = typename Durable::Transaction;
+  /// False for a fast-store-only guard (Durable is NoDurableStore).
   static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
   // A durable store that does not fit the contract fails here, naming the missing member.
   static_assert(detail::check_durable_store<Durable>());
@@ -269,8 +270,9 @@ class IdempotencyGuard {
   /// One call whose steps a caller ran itself, for a whole batch at once
   /// (IdempotentConsumer::consume_batch). See report().
   struct ReportedCall {
+    /// The call of `k`, ended with `o`, answered by `s`.
     ReportedCall(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
-    const Key& key;
+    const Key& key;             ///< the call's key
     Outcome outcome;            ///< any but a handler error (report_handler_error)
     Source source;              ///< kHandler when executed, else who recognised the duplicate
     bool fast_claimed = false;  ///< the fast store granted this call's claim
@@ -403,7 +405,14 @@ class IdempotencyGuard {
       bytes = encoded;
     }
     // In a fast-only guard the fast store is the only record: its failures propagate.
-    if (!fast_->complete(call.key, call.owner, bytes, options_.retention)) {
+    bool completed = false;
+    try {
+      completed = fast_->complete(call.key, call.owner, bytes, options_.retention);
+    } catch (const Error& e) {
+      store_error(call.key, StoreRole::kFast, e);
+      throw;
+    }
+    if (!completed) {
       note_lease_lost(call.key, "fast");
       throw LeaseLost("idem: the lease on '" + call.key.str() +
                       "' expired and was taken over before the handler completed; "
@@ -446,6 +455,7 @@ class IdempotencyGuard {
       if (handler_threw) {
         handler_failed(call);
       } else {
+        durable_failed(call.key);
         release_fast(call);
       }
       throw;
@@ -478,6 +488,7 @@ class IdempotencyGuard {
       d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
     } catch (...) {
       call.durable = call.since(t0);
+      durable_failed(call.key);
       release_fast(call);
       throw;
     }
@@ -500,6 +511,7 @@ class IdempotencyGuard {
         durable_->release(call.key, call.owner);
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
+        durable_failed(call.key);
       }
       handler_failed(call);
       throw;
@@ -509,7 +521,13 @@ class IdempotencyGuard {
     auto c0 = call.now();
     // If this throws, the durable record stays in progress (owned by us) until the lease ends,
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
-    bool completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+    bool completed = false;
+    try {
+      completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+    } catch (...) {
+      durable_failed(call.key);
+      throw;
+    }
     call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
@@ -576,8 +594,12 @@ class IdempotencyGuard {
             r.value.emplace(Codec<R>::decode(c.response));
           }
         } catch (const std::exception& e) {
-          throw CorruptRecord("idem: the stored response of '" + call.key.str() +
-                              "' cannot be decoded: " + e.what());
+          CorruptRecord corrupt("idem: the stored response of '" + call.key.str() +
+                                "' cannot be decoded: " + e.what());
+          store_error(call.key,
+                      source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
+                      corrupt);
+          throw corrupt;
         }
         break;
       case ClaimStatus::kBusy:
@@ -690,12 +712,38 @@ class IdempotencyGuard {
     if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
   }
 
+  // Every store failure reaches the observer (on_store_error) with the key and its errc.
+  void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
+    auto* o = options_.observer.get();
+    if (o == nullptr) return;
+    std::string_view store = role == StoreRole::kFast ? fast_->name() : durable_name();
+    o->on_store_error(StoreErrorEvent{&key, role, store, e});
+  }
+  // Called inside a catch block: reports the durable store's exception in flight.
+  void durable_failed(const Key& key) noexcept {
+    if (options_.observer == nullptr) return;
+    try {
+      throw;
+    } catch (const Error& e) {
+      store_error(key, StoreRole::kDurable, e);
+    } catch (...) {
+    }
+  }
+  std::string_view durable_name() const noexcept {
+    if constexpr (kHasDurable) {
+      return durable_->name();
+    } else {
+      return "none";
+    }
+  }
+
   // Degraded-mode bookkeeping: count every failing call, report once per burst.
   void fast_failed(const Key& key, const Error& e) noexcept {
     stats_.degraded.fetch_add(1, std::memory_order_relaxed);
     fast_burst(key, e);
   }
   void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
+    store_error(key, StoreRole::kFast, e);
     burst_failures_.fetch_add(calls, std::memory_order_relaxed);
     if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
       if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
