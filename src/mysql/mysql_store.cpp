@@ -145,7 +145,7 @@ std::string blob_for(const std::string& data_type) {
 
 }  // namespace
 
-struct MysqlStore::Impl {
+struct IDEM_LOCAL MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 
 struct st_mysql;  // MYSQL of <mysql.h>
 
@@ -76,11 +77,11 @@ struct ConnectionOptions {
 /// tls (true/false), tls_ca (a file).
 /// @throws idem::UsageError naming what is wrong (a bad URI is a configuration error: retrying
 ///         cannot help).
-ConnectionOptions parse_uri(std::string_view uri);
+IDEM_EXPORT ConnectionOptions parse_uri(std::string_view uri);
 
 /// The server's error number and SQLSTATE, carried by every idem exception the MySQL adapter
 /// throws for a server or client-library error (catch `const idem::mysql::ServerError&`).
-class ServerError {
+class IDEM_EXPORT ServerError {
  public:
   ServerError(unsigned number, std::string sqlstate)
       : number_(number), sqlstate_(std::move(sqlstate)) {}
@@ -105,7 +106,7 @@ class Failure final : public Base, public ServerError {
 
 /// A business statement hit a unique key (error 1062): another row holds the value. Not
 /// retryable as such; the transaction is still open and usable.
-class DuplicateKey final : public StorageError, public ServerError {
+class IDEM_EXPORT DuplicateKey final : public StorageError, public ServerError {
  public:
   DuplicateKey(const std::string& what, unsigned number, std::string sqlstate)
       : StorageError(what), ServerError(number, std::move(sqlstate)) {}
@@ -127,7 +128,7 @@ struct Param {
 };
 
 /// One column of a result row.
-class Field {
+class IDEM_EXPORT Field {
  public:
   /// True for SQL NULL.
   bool is_null() const noexcept { return null_; }
@@ -161,8 +162,8 @@ class Connection;  // src/mysql/connection.hpp
 /// For idem's SQL helpers (SqlDriver): runs `sql`; answers the first column of the first row
 /// when it returns rows, else the value LAST_INSERT_ID reports when it changed rows; nullopt
 /// when there is no row, a NULL, no changed row, or a duplicate key (1062).
-std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
-                                         const Param* params, std::size_t count);
+IDEM_EXPORT std::optional<std::int64_t> helper_value(Session& session, std::string_view sql,
+                                                     const Param* params, std::size_t count);
 
 /// The connection under a session (for idem's store, which runs its statements on it).
 Connection& connection_of(Session& session) noexcept;
@@ -217,7 +218,7 @@ Param to_param(const std::optional<T>& v) {
 
 /// A pooled connection lent for statements (autocommit outside a Transaction). Not
 /// thread-safe; use it only inside the call that lent it. Made by MysqlStore.
-class Session {
+class IDEM_EXPORT Session {
  public:
   /// A view of `connection` (src/mysql); users receive sessions, they do not make them.
   explicit Session(detail::Connection& connection) noexcept : conn_(&connection) {}
@@ -289,7 +290,7 @@ class Session {
 /// statement commits it implicitly) the statement that saw it throws, and so does every later
 /// statement of this object, without being sent: nothing the handler does afterwards runs
 /// outside the transaction.
-class Transaction : public Session {
+class IDEM_EXPORT Transaction : public Session {
  public:
   using Session::Session;
   /// True while the transaction is open (false once the server ended it, see above).

@@ -72,6 +72,7 @@
 
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/mysql/client.hpp"
@@ -145,7 +146,7 @@ struct MysqlStoreStats {
 
 /// The MySQL / MariaDB durable store (see the file comment). Thread-safe; share one per
 /// process and table.
-class MysqlStore {
+class IDEM_EXPORT MysqlStore {
  public:
   /// What transactional handlers receive.
   using Transaction = idem::mysql::Transaction;
