@@ -76,7 +76,11 @@ idem_component(spdlog OPTION IDEM_WITH_SPDLOG TARGETS idem_spdlog COMPONENTS cor
                DEPENDS fmt spdlog HEADERS idem/log/spdlog_sink.hpp SUMMARY "spdlog log sink")
 idem_component(prometheus OPTION IDEM_WITH_PROMETHEUS TARGETS idem_prometheus COMPONENTS core
                DEPENDS prometheus HEADERS idem/prometheus SUMMARY "Prometheus metrics observer")
-idem_component(http OPTION IDEM_WITH_HTTP TARGETS idem_http COMPONENTS core DEPENDS httplib
+# nlohmann-json: the canonical-JSON fingerprint of idem/http/json.hpp (header-only).
+idem_dependency(nlohmann_json FIND "CONFIG nlohmann_json nlohmann_json::nlohmann_json"
+                PKG_CONFIG nlohmann_json DEB nlohmann-json3-dev)
+idem_component(http OPTION IDEM_WITH_HTTP TARGETS idem_http COMPONENTS core
+               DEPENDS httplib nlohmann_json
                HEADERS idem/http/httplib.hpp SUMMARY "cpp-httplib adapter of the HTTP layer")
 # rabbitmq-c 0.11 (Debian librabbitmq-dev) installs a CMake config with rabbitmq::rabbitmq; its
 # pkg-config file librabbitmq is the fallback. Linked PRIVATE by idem::rabbitmq.

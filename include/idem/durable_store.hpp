@@ -125,6 +125,7 @@ constexpr std::string_view transactional_status_name(TransactionalStatus s) noex
 
 /// The answer of `run_transactional`.
 struct TransactionalResult {
+  /// Committed, replayed, busy or mismatch.
   TransactionalStatus status = TransactionalStatus::kCommitted;
   /// kCommitted: the handler's encoded response; kReplayed: the stored response.
   std::string response;
@@ -161,6 +162,7 @@ struct TransactionalResult {
 
 /// Marker for a guard without a durable store (fast store only; best effort).
 struct NoDurableStore {
+  /// No transaction: handlers take no argument.
   using Transaction = void;
 };
 

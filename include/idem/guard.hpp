@@ -47,17 +47,26 @@
 // @endcode
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "idem/codec.hpp"
+#include "idem/detail/plain_transaction.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
@@ -109,6 +118,41 @@ struct GuardOptions {
   /// injection in tests, which kill the process inside it. Whatever it throws propagates; claims
   /// it leaves behind end with their lease, as after a crash.
   std::function<void(Step, const Key&)> step_hook;
+  /// Kill switch: every call runs its handler directly, with no store I/O and no
+  /// idempotency at all (transactional handlers in a plain transaction of the durable store).
+  /// For an incident in which the stores themselves are the problem. The guard logs a warning
+  /// once (LogSink below) and tells the observer each call (on_passthrough, reason disabled).
+  bool bypass = false;
+  /// Where the guard's own warnings go (today: the bypass warning). Empty: standard error.
+  std::function<void(std::string_view)> warn;
+  /// A duplicate that finds the key in progress waits up to this long for the first attempt's
+  /// result and replays it (or, when the first attempt failed and released the key, runs the
+  /// handler itself), instead of answering kInProgress at once. 0 (the default) does not wait.
+  /// Waiters in one process wake as soon as a call of this guard completes the key; across
+  /// processes they try again after a backoff with jitter (5 ms doubling up to 100 ms), so a
+  /// waiter costs a claim per backoff step, not a busy loop. Per call: CallOptions.
+  std::chrono::milliseconds wait_for_result{0};
+  /// Transient failures (idem::StorageUnavailable, StorageTimeout, OutcomeUnknown) of the
+  /// durable store's begin, complete and run_transactional are tried again up to this many
+  /// times in all (1: no retry), after a backoff with full jitter between
+  /// `store_retry_backoff` and 8 times it. Safe because the call keeps its owner token: a claim
+  /// or commit that was applied before the failure is recognised as this attempt's own (a
+  /// transactional retry then replays what committed). A handler's own exceptions are never
+  /// retried, and two-phase handlers never run twice. Counted in GuardStats::store_retries.
+  unsigned store_attempts = 1;
+  /// The first backoff of store_attempts.
+  std::chrono::milliseconds store_retry_backoff{20};
+};
+
+/// What one call may set differently from the guard's options (a refund keeps its record 30
+/// days, a cart 10 minutes). Unset fields take the GuardOptions value.
+struct CallOptions {
+  /// GuardOptions::lease for this call. Must be positive.
+  std::optional<std::chrono::milliseconds> lease;
+  /// GuardOptions::retention for this call. Must be positive.
+  std::optional<std::chrono::seconds> retention;
+  /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
+  std::optional<std::chrono::milliseconds> wait_for_result;
 };
 
 namespace detail {
@@ -210,12 +254,44 @@ class IdempotencyGuard {
   ///         its lease before completing; idem::CorruptRecord if a stored response cannot be
   ///         decoded.
   template <class Fn>
-  auto run(const Key& key, std::string_view fingerprint, Fn&& handler)
-      -> GuardResult<typename detail::response_type<std::decay_t<Fn>,
-                                                    detail::transaction_t<Durable>>::type> {
+  auto run(const Key& key, std::string_view fingerprint, Fn&& handler) -> GuardResult<
+      typename detail::response_type<std::decay_t<Fn>, detail::transaction_t<Durable>>::type> {
+    return run(key, fingerprint, CallOptions{}, std::forward<Fn>(handler));
+  }
+
+  /// As run(key, fingerprint, handler), with this call's own lease, retention and wait.
+  /// @throws idem::UsageError for a lease or retention that is not positive, or a negative
+  ///         wait; otherwise as run().
+  template <class Fn>
+  auto run(const Key& key, std::string_view fingerprint, const CallOptions& call_options,
+           Fn&& handler)
+      -> GuardResult<
+          typename detail::response_type<std::decay_t<Fn>, detail::transaction_t<Durable>>::type> {
     using Tx = detail::transaction_t<Durable>;
     using R = typename detail::response_type<std::decay_t<Fn>, Tx>::type;
+    const auto lease = call_options.lease.value_or(options_.lease);
+    const auto retention = call_options.retention.value_or(options_.retention);
+    const auto wait = call_options.wait_for_result.value_or(options_.wait_for_result);
+    if (lease.count() <= 0) throw UsageError("idem::CallOptions::lease must be positive");
+    if (retention.count() <= 0) {
+      throw UsageError("idem::CallOptions::retention must be positive");
+    }
+    if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
+    if (options_.bypass) return bypassed<R>(key, handler);
+    GuardResult<R> r = run_once<R>(key, fingerprint, lease, retention, handler);
+    if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
+    return wait_for_first<R>(key, fingerprint, lease, retention, wait, handler, std::move(r));
+  }
+
+ private:
+  template <class R, class Fn>
+  GuardResult<R> run_once(const Key& key, std::string_view fingerprint,
+                          std::chrono::milliseconds lease, std::chrono::seconds retention,
+                          Fn& handler) {
+    using Tx = detail::transaction_t<Durable>;
     Call<R> call{key, fingerprint, options_.observer != nullptr};
+    call.lease = lease;
+    call.retention = retention;
     call.start = call.now();
     stats_.calls.fetch_add(1, std::memory_order_relaxed);
     if constexpr (!kHasDurable) {
@@ -230,7 +306,7 @@ class IdempotencyGuard {
     if (fast_ != nullptr) {
       auto t0 = call.now();
       try {
-        ClaimResult c = fast_->claim(key, fingerprint, call.owner, options_.lease);
+        ClaimResult c = fast_->claim(key, fingerprint, call.owner, call.lease);
         call.fast_claim = call.since(t0);
         fast_ok();
         if (c.status == ClaimStatus::kClaimed) {
@@ -260,6 +336,107 @@ class IdempotencyGuard {
     }
   }
 
+  // GuardOptions::bypass: the handler alone, no store I/O.
+  template <class R, class Fn>
+  GuardResult<R> bypassed(const Key& key, Fn& handler) {
+    using Tx = detail::transaction_t<Durable>;
+    if (!bypass_warned_.exchange(true)) {
+      const std::string text =
+          "idem: WARNING: GuardOptions::bypass is on: handlers run with NO idempotency (no "
+          "store I/O; duplicates run again) until it is turned off";
+      if (options_.warn) {
+        options_.warn(text);
+      } else {
+        std::fprintf(stderr, "%s\n", text.c_str());
+      }
+    }
+    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    stats_.bypassed.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) {
+      o->on_passthrough(PassthroughEvent{key.scope(), PassthroughReason::kDisabled});
+    }
+    GuardResult<R> r;
+    r.outcome = Outcome::kExecuted;
+    if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
+      auto body = [&](Tx& tx) { return detail::invoke_stored<R>(handler, tx); };
+      r.value.emplace(detail::run_plain_transaction(*durable_, body));
+    } else {
+      r.value.emplace(detail::invoke_stored<R>(handler));
+    }
+    stats_.executed.fetch_add(1, std::memory_order_relaxed);
+    return r;
+  }
+
+  // GuardOptions::wait_for_result: tries again until the key is no longer in progress or the
+  // bound passes. Woken early by completions of this guard (notify_waiters).
+  template <class R, class Fn>
+  GuardResult<R> wait_for_first(const Key& key, std::string_view fingerprint,
+                                std::chrono::milliseconds lease, std::chrono::seconds retention,
+                                std::chrono::milliseconds wait, Fn& handler, GuardResult<R> r) {
+    stats_.waits.fetch_add(1, std::memory_order_relaxed);
+    const auto deadline = detail::SteadyClock::now() + wait;
+    std::chrono::milliseconds step{5};
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    struct Leave {
+      std::atomic<int>& n;
+      ~Leave() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{waiting_};
+    while (r.outcome == Outcome::kInProgress) {
+      const auto now = detail::SteadyClock::now();
+      if (now >= deadline) break;
+      auto pause = std::chrono::duration_cast<std::chrono::milliseconds>(
+          jittered(step) + std::chrono::milliseconds{1});
+      pause = std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - now + std::chrono::milliseconds{1}));
+      {
+        std::unique_lock<std::mutex> lock(wait_mutex_);
+        const std::uint64_t seen = completions_;
+        wait_cv_.wait_for(lock, pause, [&] { return completions_ != seen; });
+      }
+      step = std::min(step * 2, std::chrono::milliseconds{100});
+      r = run_once<R>(key, fingerprint, lease, retention, handler);
+    }
+    return r;
+  }
+
+  // Wakes the waiters of wait_for_first after a call completed a key.
+  void notify_waiters() noexcept {
+    if (waiting_.load(std::memory_order_relaxed) == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(wait_mutex_);
+      ++completions_;
+    }
+    wait_cv_.notify_all();
+  }
+
+  // A duration drawn uniformly from [d/2, d] (jitter against synchronised retries).
+  static std::chrono::nanoseconds jittered(std::chrono::nanoseconds d) {
+    thread_local std::minstd_rand rng{std::random_device{}()};
+    std::uniform_int_distribution<std::int64_t> pick(d.count() / 2, d.count());
+    return std::chrono::nanoseconds{pick(rng)};
+  }
+
+  // Runs `op` (a durable-store operation that keeps the call's owner token) again after a
+  // transient failure, up to GuardOptions::store_attempts in all.
+  // `handler_threw`: set when the failure came out of the handler (never retried).
+  template <class Op>
+  auto with_store_retry(const Key& key, Op&& op, const bool* handler_threw = nullptr)
+      -> decltype(op()) {
+    for (unsigned attempt = 1;; ++attempt) {
+      try {
+        return op();
+      } catch (const StorageError& e) {
+        if (attempt >= options_.store_attempts || !e.retryable()) throw;
+        if (handler_threw != nullptr && *handler_threw) throw;
+        store_error(key, StoreRole::kDurable, e);
+        stats_.store_retries.fetch_add(1, std::memory_order_relaxed);
+        std::this_thread::sleep_for(
+            jittered(options_.store_retry_backoff * (1u << std::min(attempt - 1, 3u))));
+      }
+    }
+  }
+
+ public:
   /// Convenience overload: builds the key from scope and id. @throws idem::InvalidKey.
   template <class Fn>
   auto run(std::string_view scope, std::string_view id, std::string_view fingerprint,
@@ -352,6 +529,8 @@ class IdempotencyGuard {
     bool timed = false;
     detail::SteadyClock::time_point start{};
     OwnerToken owner = OwnerToken::generate();
+    std::chrono::milliseconds lease{0};
+    std::chrono::seconds retention{0};
     Mode mode = Mode::kFastOnly;
     bool fast_claimed = false;
     bool degraded = false;
@@ -407,7 +586,7 @@ class IdempotencyGuard {
     // In a fast-only guard the fast store is the only record: its failures propagate.
     bool completed = false;
     try {
-      completed = fast_->complete(call.key, call.owner, bytes, options_.retention);
+      completed = fast_->complete(call.key, call.owner, bytes, call.retention);
     } catch (const Error& e) {
       store_error(call.key, StoreRole::kFast, e);
       throw;
@@ -432,6 +611,7 @@ class IdempotencyGuard {
       auto body = [&](Transaction& tx) -> std::string {
         auto h0 = call.now();
         value.reset();  // the store may retry the transaction (serialization failure)
+        handler_threw = false;
         try {
           step(Step::kDurableClaimed, call.key);
           value.emplace(detail::invoke_stored<R>(handler, tx));
@@ -444,8 +624,13 @@ class IdempotencyGuard {
         handler_time += call.since(h0);
         return Codec<R>::encode(*value);
       };
-      d = durable_->run_transactional(call.key, call.fingerprint, call.owner, options_.retention,
-                                      body, hint(call));
+      d = with_store_retry(
+          call.key,
+          [&] {
+            return durable_->run_transactional(call.key, call.fingerprint, call.owner,
+                                               call.retention, body, hint(call));
+          },
+          &handler_threw);
     } catch (...) {
       // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
       // durable record replays it to the retry). Either way the fast claim must not block the
@@ -485,7 +670,9 @@ class IdempotencyGuard {
     auto t0 = call.now();
     ClaimResult d;
     try {
-      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
+      d = with_store_retry(call.key, [&] {
+        return durable_->begin(call.key, call.fingerprint, call.owner, call.lease, hint(call));
+      });
     } catch (...) {
       call.durable = call.since(t0);
       durable_failed(call.key);
@@ -523,7 +710,9 @@ class IdempotencyGuard {
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
     bool completed = false;
     try {
-      completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+      completed = with_store_retry(call.key, [&] {
+        return durable_->complete(call.key, call.owner, bytes, call.retention);
+      });
     } catch (...) {
       durable_failed(call.key);
       throw;
@@ -573,6 +762,7 @@ class IdempotencyGuard {
     r.source = Source::kHandler;
     r.degraded = call.degraded;
     emit_call(call, r);
+    notify_waiters();
     return r;
   }
 
@@ -636,7 +826,7 @@ class IdempotencyGuard {
     if (fast_ == nullptr) return;
     try {
       if (call.fast_claimed) {
-        if (fast_->complete(call.key, call.owner, response, options_.retention)) {
+        if (fast_->complete(call.key, call.owner, response, call.retention)) {
           step(Step::kFastCompleted, call.key);
           return;
         }
@@ -645,7 +835,7 @@ class IdempotencyGuard {
       } else if (call.degraded) {
         return;  // the fast store failed moments ago; do not pay a second timeout
       }
-      fast_->fill(call.key, call.fingerprint, response, options_.retention);
+      fast_->fill(call.key, call.fingerprint, response, call.retention);
       stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
       step(Step::kFastCompleted, call.key);
     } catch (const StorageError& e) {
@@ -671,6 +861,7 @@ class IdempotencyGuard {
     release_fast(call);
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
     if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+    notify_waiters();  // the key is free again: a waiter may run it
   }
 
   // The outcome's counter (run() and report() alike).
@@ -761,6 +952,12 @@ class IdempotencyGuard {
   Durable* durable_;
   GuardOptions options_;
   GuardStats stats_;
+  std::atomic<bool> bypass_warned_{false};
+  // wait_for_first: calls waiting for a key's first result, woken by completions of this guard.
+  std::atomic<int> waiting_{0};
+  std::mutex wait_mutex_;
+  std::condition_variable wait_cv_;
+  std::uint64_t completions_ = 0;  // guarded by wait_mutex_
   std::atomic<bool> fast_down_{false};
   std::atomic<std::uint64_t> burst_failures_{0};
 };

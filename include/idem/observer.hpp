@@ -85,6 +85,7 @@ struct StoreErrorEvent {
   /// The call's key; null when the failure was outside a keyed call (the plain transaction of
   /// an HTTP pass-through).
   const Key* key;
+  /// Which of the guard's stores failed (fast or durable).
   StoreRole role;
   /// The store's name() ("redis", "postgres", "sqlite", "memory", ...).
   std::string_view store;
@@ -117,6 +118,7 @@ struct RejectedRequestEvent {
   /// The endpoint's scope ("http.orders.create"); empty when the server library refused the
   /// request before any endpoint saw it.
   std::string_view scope;
+  /// Why it was refused.
   RejectReason reason;
   /// The status answered (400, 413, 422).
   int status;
@@ -143,6 +145,7 @@ constexpr std::string_view passthrough_reason_name(PassthroughReason r) noexcept
 struct PassthroughEvent {
   /// The endpoint's or the key's scope.
   std::string_view scope;
+  /// Why no idempotency applied.
   PassthroughReason reason;
 };
 
@@ -261,6 +264,13 @@ struct GuardStatsSnapshot {
   std::uint64_t leases_lost = 0;
   /// Fast-store records rewritten from the durable store.
   std::uint64_t fast_refills = 0;
+  /// Durable-store operations run again after a transient failure (GuardOptions::store_retry).
+  std::uint64_t store_retries = 0;
+  /// Calls that found the key in progress and waited for the first result
+  /// (GuardOptions::wait_for_result, CallOptions::wait_for_result).
+  std::uint64_t waits = 0;
+  /// Calls run without any idempotency because GuardOptions::bypass was on.
+  std::uint64_t bypassed = 0;
 
   /// Share of detected duplicates that the fast store stopped (0 when there were none).
   double fast_hit_rate() const noexcept {
@@ -276,7 +286,7 @@ class GuardStats {
   /// The counters, as in GuardStatsSnapshot.
   std::atomic<std::uint64_t> calls{0}, executed{0}, replayed{0}, in_progress{0}, mismatched{0},
       handler_errors{0}, fast_hits{0}, fast_claims{0}, durable_conflicts{0}, degraded{0},
-      takeovers{0}, leases_lost{0}, fast_refills{0};
+      takeovers{0}, leases_lost{0}, fast_refills{0}, store_retries{0}, waits{0}, bypassed{0};
   ///@}
 
   /// A consistent-enough copy (each counter read once, relaxed).
@@ -295,6 +305,9 @@ class GuardStats {
     s.takeovers = takeovers.load(std::memory_order_relaxed);
     s.leases_lost = leases_lost.load(std::memory_order_relaxed);
     s.fast_refills = fast_refills.load(std::memory_order_relaxed);
+    s.store_retries = store_retries.load(std::memory_order_relaxed);
+    s.waits = waits.load(std::memory_order_relaxed);
+    s.bypassed = bypassed.load(std::memory_order_relaxed);
     return s;
   }
 };

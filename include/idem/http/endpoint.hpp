@@ -18,7 +18,10 @@
 //   same key, same payload, completed       the first response replayed: its status, the chosen
 //                                           headers (EndpointOptions::replay_headers) and the
 //                                           body byte for byte, plus `Idempotent-Replayed: true`
-//   same key, first request still running   409 in_progress + `Retry-After`
+//   same key, first request still running   409 in_progress + `Retry-After` (with
+//                                           EndpointOptions::wait_for_result, or a client's
+//                                           `Prefer: wait=N` under max_prefer_wait: the first
+//                                           result once it is done, if within the wait)
 //   same key, different payload             422 fingerprint_mismatch
 //   key refused by EndpointOptions::admit_key  the refusal it returned, never stored (e.g. 403
 //                                           unknown_token: http/form_token.hpp)
@@ -53,6 +56,7 @@
 // @endcode
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -171,6 +175,13 @@ struct EndpointOptions {
   /// released and the guard counts a handler error). nullopt accepts the key. Whatever it
   /// throws propagates as from the handler. Empty: every well-formed key is accepted.
   std::function<std::optional<Response>(const RequestView&, std::string_view key)> admit_key;
+  /// A duplicate that finds its key in progress waits up to this long for the first request's
+  /// result and replays it, instead of answering 409 in_progress at once (GuardOptions::
+  /// wait_for_result, for this endpoint). 0 (default): the guard's own setting.
+  std::chrono::milliseconds wait_for_result{0};
+  /// The longest wait a client may ask for with `Prefer: wait=<seconds>` (RFC 7240). 0
+  /// (default): the header is ignored. The wait is the client's, capped by this.
+  std::chrono::milliseconds max_prefer_wait{0};
 };
 
 namespace detail {
@@ -230,6 +241,7 @@ class Endpoint {
 
     Key key =
         scoped_key(options_.scope, request.principal, request.method, request.route, client_key);
+    CallOptions call = call_options(request);
     std::string fp = request_fingerprint(request);
     std::optional<Response> first;  // the handler's full response, for this caller
     auto admit = [&] {              // EndpointOptions::admit_key: a refusal is sent, never stored
@@ -250,7 +262,7 @@ class Endpoint {
       using Tx = ::idem::detail::transaction_t<Durable>;
       if constexpr (::idem::detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
         return answer(key,
-                      guard_.run(key, fp,
+                      guard_.run(key, fp, call,
                                  [&](Tx& tx) {
                                    admit();
                                    return keep(handler(tx));
@@ -258,7 +270,7 @@ class Endpoint {
                       first);
       } else {
         return answer(key,
-                      guard_.run(key, fp,
+                      guard_.run(key, fp, call,
                                  [&] {
                                    admit();
                                    return keep(handler());
@@ -318,6 +330,52 @@ class Endpoint {
   const std::shared_ptr<Observer>& observer() const noexcept { return guard_.options().observer; }
 
  private:
+  // The wait of this request: `Prefer: wait=N` (capped by max_prefer_wait) when allowed, else
+  // the endpoint's wait_for_result; nothing set: the guard's own.
+  CallOptions call_options(const RequestView& request) const {
+    CallOptions c;
+    if (options_.wait_for_result.count() > 0) c.wait_for_result = options_.wait_for_result;
+    if (options_.max_prefer_wait.count() > 0) {
+      for (const auto& [name, value] : request.headers) {
+        if (!iequals(name, "Prefer")) continue;
+        if (auto seconds = prefer_wait_seconds(value)) {
+          c.wait_for_result = std::min<std::chrono::milliseconds>(
+              std::chrono::seconds{*seconds}, options_.max_prefer_wait);
+        }
+      }
+    }
+    return c;
+  }
+
+  // `wait=<delta-seconds>` among the comma-separated preferences of one Prefer field value
+  // (RFC 7240 section 4.3; the name is case-insensitive); nullopt when absent or malformed.
+  static std::optional<long> prefer_wait_seconds(std::string_view field) {
+    std::optional<long> found;
+    while (!field.empty()) {
+      const std::size_t comma = field.find(',');
+      std::string_view pref = field.substr(0, comma);
+      field = comma == std::string_view::npos ? std::string_view{} : field.substr(comma + 1);
+      pref = pref.substr(0, pref.find(';'));  // parameters of a preference are not used
+      auto trim = [](std::string_view v) {
+        while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+        while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+        return v;
+      };
+      const std::size_t eq = pref.find('=');
+      if (eq == std::string_view::npos || !iequals(trim(pref.substr(0, eq)), "wait")) continue;
+      std::string_view digits = trim(pref.substr(eq + 1));
+      if (digits.empty() || digits.size() > 9) continue;
+      long v = 0;
+      bool ok = true;
+      for (char ch : digits) {
+        if (ch < '0' || ch > '9') ok = false;
+        v = v * 10 + (ch - '0');
+      }
+      if (ok) found = v;
+    }
+    return found;
+  }
+
   static std::vector<std::string_view> key_fields(const RequestView& request) {
     std::vector<std::string_view> fields;
     for (const auto& [name, value] : request.headers) {

@@ -233,6 +233,7 @@ class IDEM_EXPORT PostgresStore {
   /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
   /// is down) the record is read first, so a duplicate is answered in one round trip (see
   /// PostgresStoreOptions::read_first). A hint never changes an answer.
+  /// @param hint what the guard knows (DurableHint); never changes the answer
   /// @param key the operation's key; @param fingerprint the payload's fingerprint;
   /// @param owner this attempt's token; @param retention how long the completed record is kept
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization

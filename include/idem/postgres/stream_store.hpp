@@ -102,6 +102,8 @@ class ChunkStore {
 
   /// Stores several chunks of `request_id` inside the caller's transaction (one statement per
   /// chunk; the same call as idem::sqlite::ChunkStore::append_all).
+  /// @param tx the caller's open transaction (the guard's)
+  /// @param request_id the streamed request's id
   /// @param chunks a range of elements with `offset` and `body` members, as idem::stream::Chunk
   /// @return how many were stored (the others were stored before)
   template <class Chunks>

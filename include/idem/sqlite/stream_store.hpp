@@ -105,6 +105,8 @@ class ChunkStore {
   /// Stores several chunks of `request_id` inside the caller's transaction, 64 rows per
   /// statement (`INSERT ... VALUES (...), (...) ... ON CONFLICT DO NOTHING`): what a producer
   /// emitted between two commits, at about 3/4 of the cost of one append per chunk.
+  /// @param tx the caller's open transaction (the guard's)
+  /// @param request_id the streamed request's id
   /// @param chunks a range of elements with `offset` (unsigned) and `body` (bytes) members, as
   ///               idem::stream::Chunk
   /// @return how many were stored (the others were stored before)

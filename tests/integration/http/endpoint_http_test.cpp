@@ -2,13 +2,15 @@
 // idem::http::Endpoint's options through a real cpp-httplib server on loopback and a real
 // httplib::Client: bare-token keys, guarded methods, the pass-through of an absent optional
 // key, canonical-JSON fingerprints, the body limit (413 before anything is stored), over-long
-// key headers as problem+json, the error formatter, the replay hook, and store failures that
-// leave a log line and a metric behind.
+// key headers as problem+json, the error formatter, the replay hook, store failures that
+// leave a log line and a metric behind, and duplicates that wait for the first result.
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -401,6 +403,73 @@ TEST_F(EndpointHttp, StoreFailuresAnswerTheirCodeAndLeaveALogLineAndAMetric) {
   EXPECT_NE(std::string::npos, lines[1].find("no such table"));
   EXPECT_EQ(1, metric("idem_store_errors_total", {{"store", "switchable"}}));
   EXPECT_EQ(1, metric("idem_store_errors_total", {{"store", "sqlite"}, {"code", "storage_error"}}));
+}
+
+// A client's `Prefer: wait=N` (allowed by max_prefer_wait) waits for the first request instead
+// of 409; a duplicate without it is answered 409 at once; the handler runs once.
+TEST_F(EndpointHttp, ADuplicateThatPrefersToWaitGetsTheFirstResult) {
+  idem::http::EndpointOptions o;
+  o.max_prefer_wait = std::chrono::seconds{20};
+  auto& e = endpoint(o);
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  server_.Post("/slow",
+               idem::http::httplib_handler(
+                   e, "/slow", [](const httplib::Request&) { return std::string("alice"); },
+                   [&](const httplib::Request&, Tx& tx) {
+                     ++runs_;
+                     std::unique_lock<std::mutex> lock(m);
+                     cv.wait(lock, [&] { return open; });
+                     tx.exec("INSERT INTO orders (body) VALUES ('slow')");
+                     return Response{201, {{"Content-Type", "application/json"}}, "{\"order\":1}"};
+                   }));
+  serve();
+  // Status and body of one POST, with an optional Prefer field (-1: no answer).
+  struct Answer {
+    int status = -1;
+    std::string body, replayed, code;
+  };
+  auto post = [this](const std::string& prefer) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    httplib::Headers h{{"Idempotency-Key", "\"slow-1\""}};
+    if (!prefer.empty()) h.emplace("Prefer", prefer);
+    auto r = c.Post("/slow", h, "{}", "application/json");
+    Answer out;
+    if (r) {
+      out.status = r->status;
+      out.body = r->body;
+      out.replayed = r->get_header_value("Idempotent-Replayed");
+      out.code = code_of(r);
+    }
+    return out;
+  };
+  Answer first, waiter;
+  std::thread a([&] { first = post(""); });
+  while (runs_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  std::thread b([&] { waiter = post("respond-async, wait=15"); });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{20};
+  while (guard_->stats().snapshot().waits == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until);
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  Answer impatient = post("");
+  EXPECT_EQ(409, impatient.status);
+  EXPECT_EQ("in_progress", impatient.code);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    open = true;
+  }
+  cv.notify_all();
+  a.join();
+  b.join();
+  EXPECT_EQ(201, first.status);
+  EXPECT_EQ(201, waiter.status);
+  EXPECT_EQ("true", waiter.replayed);
+  EXPECT_EQ(first.body, waiter.body);
+  EXPECT_EQ(1, runs_.load());
+  EXPECT_EQ(1, count("orders"));
 }
 
 }  // namespace
