@@ -100,3 +100,9 @@ idem_dependency(grpc FIND "CONFIG gRPC gRPC::grpc++" PKG_CONFIG grpc++
 idem_component(grpc OPTION IDEM_WITH_GRPC TARGETS idem_grpc COMPONENTS core
                DEPENDS protobuf grpc HEADERS idem/grpc
                SUMMARY "idempotent unary gRPC methods (grpc++)")
+# MariaDB Connector/C (libmariadb-dev; speaks to MySQL 5.7/8.x and MariaDB): no CMake config on
+# Debian, pkg-config only. Linked PRIVATE by idem::mysql (its headers never include it).
+idem_dependency(mariadb FIND "PKG_CONFIG libmariadb" PKG_CONFIG libmariadb DEB libmariadb-dev)
+idem_component(mysql OPTION IDEM_WITH_MYSQL TARGETS idem_mysql COMPONENTS core
+               PRIVATE_DEPENDS mariadb HEADERS idem/mysql
+               SUMMARY "MySQL / MariaDB durable store (MariaDB Connector/C)")

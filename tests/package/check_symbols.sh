@@ -16,6 +16,8 @@ internal=(
   'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error|TlsConnector|make_tls)'
   # called by the inline StateMachine driver of include/idem/postgres/state_machine.hpp
   'idem::postgres::detail::state_machine_(update|current)'
+  # called by the inline SqlDriver of include/idem/mysql/sql_driver.hpp
+  'idem::mysql::detail::helper_value'
 )
 internal_re="$(IFS='|'; echo "${internal[*]}")"
 status=0

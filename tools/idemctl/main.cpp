@@ -17,6 +17,9 @@
 #ifdef IDEMCTL_WITH_POSTGRES
 #include "idemctl_postgres.hpp"
 #endif
+#ifdef IDEMCTL_WITH_MYSQL
+#include "idemctl_mysql.hpp"
+#endif
 
 namespace {
 
@@ -47,7 +50,9 @@ constexpr const char* kUsage =
     "\n"
     "options:\n"
     "  --db DB          SQLite file, or PostgreSQL: a postgresql:// URI or a libpq\n"
-    "                   conninfo string (\"host=... dbname=...\") (env IDEMCTL_DB)\n"
+    "                   conninfo string (\"host=... dbname=...\"), or MySQL / MariaDB:\n"
+    "                   a mysql:// URI (env IDEMCTL_DB)\n"
+    "  --mysql URI      the same as --db mysql://user:pass@host:port/database\n"
     "  --table NAME     record table (default api_idempotency)\n"
     "  --mq             the MQ consume record table (mq_consume_record)\n"
     "  --fast URL       also read the fast store at URL (redis://host:port[/db]) in the\n"
@@ -87,6 +92,9 @@ Args parse_global(const std::vector<std::string>& argv) {
     const std::string& s = argv[i];
     if (s == "--db") {
       a.db = take_value(argv, i);
+    } else if (s == "--mysql") {
+      a.db = take_value(argv, i);
+      if (a.db.find("://") == std::string::npos) a.db = "mysql://" + a.db;
     } else if (s == "--table") {
       a.table = take_value(argv, i);
     } else if (s == "--mq") {
@@ -112,9 +120,24 @@ idem::sqlite::SqliteStoreOptions store_options(const Args& a) {
   return o;
 }
 
-// The durable store named by --db: PostgreSQL for a URI or conninfo, else an SQLite file.
-// Both are a RecordSource and an Admin.
+// The durable store named by --db: MySQL for a mysql:// URI, PostgreSQL for a URI or
+// conninfo, else an SQLite file. Each is a RecordSource and an Admin.
 std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
+  // First: a mysql:// URI may carry '=' in its query, which would look like a conninfo.
+#ifdef IDEMCTL_WITH_MYSQL
+  if (idemctl::is_mysql_uri(a.db)) {
+    auto o = a.mq ? idem::mysql::MysqlStoreOptions::mq_consume_record(a.db)
+                  : idem::mysql::MysqlStoreOptions{};
+    o.uri = a.db;
+    if (!a.table.empty()) o.table = a.table;
+    return std::make_unique<idemctl::MysqlSource>(std::move(o));
+  }
+#else
+  if (a.db.rfind("mysql://", 0) == 0 || a.db.rfind("mariadb://", 0) == 0) {
+    throw idemctl::StoreError("cannot open " + idemctl::redact_dsn(a.db) +
+                              ": this idemctl was built without MySQL (idem::mysql)");
+  }
+#endif
 #ifdef IDEMCTL_WITH_POSTGRES
   if (idemctl::is_postgres_dsn(a.db)) {
     auto o = a.mq ? idem::postgres::PostgresStoreOptions::mq_consume_record(a.db)
