@@ -250,7 +250,9 @@ class IdempotencyGuard {
       }
     }
 
-    // 3. Durable store (or the handler alone, fast-only).
+    // 3. Durable store (or the handler alone, fast-only). From here on the call uses its own
+    //    copies of the key and fingerprint (the handler may reassign the caller's).
+    call.own();
     if constexpr (!kHasDurable) {
       return run_fast_only<R>(call, handler);
     } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
@@ -344,9 +346,32 @@ class IdempotencyGuard {
   Durable* durable_store() const noexcept { return durable_; }
 
  private:
+  // One call's own state. Until the fast store answers, the key and fingerprint are the
+  // caller's (a duplicate answered there costs no copy). Before anything can run the handler,
+  // own() copies them into the call, so a handler that reassigns or destroys the variables it
+  // was passed cannot make the call complete another key or bind freed bytes: the call
+  // finishes exactly the key, fingerprint and owner token it acquired.
   template <class R>
   struct Call {
-    const Key& key;
+    Call(const Key& k, std::string_view fp, bool t) noexcept
+        : key_(&k), fingerprint(fp), timed(t) {}
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+    const Key& key() const noexcept { return *key_; }
+    void own() {
+      owned_key_.emplace(*key_);
+      key_ = &*owned_key_;
+      owned_fingerprint_.assign(fingerprint.data(), fingerprint.size());
+      fingerprint = owned_fingerprint_;
+    }
+
+   private:
+    const Key* key_;
+    std::optional<Key> owned_key_;
+    std::string owned_fingerprint_;
+
+   public:
     std::string_view fingerprint;
     // Timings feed only the observer's CallEvent: without an observer the clock is not read.
     bool timed = false;
@@ -407,14 +432,14 @@ class IdempotencyGuard {
     // In a fast-only guard the fast store is the only record: its failures propagate.
     bool completed = false;
     try {
-      completed = fast_->complete(call.key, call.owner, bytes, options_.retention);
+      completed = fast_->complete(call.key(), call.owner, bytes, options_.retention);
     } catch (const Error& e) {
-      store_error(call.key, StoreRole::kFast, e);
+      store_error(call.key(), StoreRole::kFast, e);
       throw;
     }
     if (!completed) {
-      note_lease_lost(call.key, "fast");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
+      note_lease_lost(call.key(), "fast");
+      throw LeaseLost("idem: the lease on '" + call.key().str() +
                       "' expired and was taken over before the handler completed; "
                       "raise GuardOptions::lease above the handler's duration");
     }
@@ -433,9 +458,9 @@ class IdempotencyGuard {
         auto h0 = call.now();
         value.reset();  // the store may retry the transaction (serialization failure)
         try {
-          step(Step::kDurableClaimed, call.key);
+          step(Step::kDurableClaimed, call.key());
           value.emplace(detail::invoke_stored<R>(handler, tx));
-          step(Step::kHandlerReturned, call.key);
+          step(Step::kHandlerReturned, call.key());
         } catch (...) {
           handler_time += call.since(h0);
           handler_threw = true;
@@ -444,7 +469,7 @@ class IdempotencyGuard {
         handler_time += call.since(h0);
         return Codec<R>::encode(*value);
       };
-      d = durable_->run_transactional(call.key, call.fingerprint, call.owner, options_.retention,
+      d = durable_->run_transactional(call.key(), call.fingerprint, call.owner, options_.retention,
                                       body, hint(call));
     } catch (...) {
       // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
@@ -455,7 +480,7 @@ class IdempotencyGuard {
       if (handler_threw) {
         handler_failed(call);
       } else {
-        durable_failed(call.key);
+        durable_failed(call.key());
         release_fast(call);
       }
       throw;
@@ -463,8 +488,8 @@ class IdempotencyGuard {
     call.handler = handler_time;
     call.durable = call.since(t0) - handler_time;
     if (d.status == TransactionalStatus::kCommitted) {
-      if (d.took_over) note_takeover(call.key, "durable");
-      step(Step::kDurableCommitted, call.key);
+      if (d.took_over) note_takeover(call.key(), "durable");
+      step(Step::kDurableCommitted, call.key());
       ClaimResult c;
       c.response = std::move(d.response);
       return after_durable<R>(call, c, std::move(value));
@@ -485,10 +510,10 @@ class IdempotencyGuard {
     auto t0 = call.now();
     ClaimResult d;
     try {
-      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
+      d = durable_->begin(call.key(), call.fingerprint, call.owner, options_.lease, hint(call));
     } catch (...) {
       call.durable = call.since(t0);
-      durable_failed(call.key);
+      durable_failed(call.key());
       release_fast(call);
       throw;
     }
@@ -496,22 +521,22 @@ class IdempotencyGuard {
     if (d.status != ClaimStatus::kClaimed) {
       return after_durable<R>(call, d, std::nullopt);
     }
-    if (d.took_over) note_takeover(call.key, "durable");
+    if (d.took_over) note_takeover(call.key(), "durable");
 
     std::optional<R> value;
     auto h0 = call.now();
     try {
-      step(Step::kDurableClaimed, call.key);
+      step(Step::kDurableClaimed, call.key());
       value.emplace(detail::invoke_stored<R>(handler));
-      step(Step::kHandlerReturned, call.key);
+      step(Step::kHandlerReturned, call.key());
     } catch (...) {
       call.handler = call.since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
       try {
-        durable_->release(call.key, call.owner);
+        durable_->release(call.key(), call.owner);
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
-        durable_failed(call.key);
+        durable_failed(call.key());
       }
       handler_failed(call);
       throw;
@@ -523,20 +548,20 @@ class IdempotencyGuard {
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
     bool completed = false;
     try {
-      completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+      completed = durable_->complete(call.key(), call.owner, bytes, options_.retention);
     } catch (...) {
-      durable_failed(call.key);
+      durable_failed(call.key());
       throw;
     }
     call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
-      note_lease_lost(call.key, "durable");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
+      note_lease_lost(call.key(), "durable");
+      throw LeaseLost("idem: the lease on '" + call.key().str() +
                       "' expired and was taken over before the handler completed; "
                       "raise GuardOptions::lease above the handler's duration");
     }
-    step(Step::kDurableCommitted, call.key);
+    step(Step::kDurableCommitted, call.key());
     d.status = ClaimStatus::kClaimed;
     d.response = std::move(bytes);
     return after_durable<R>(call, d, std::move(value));
@@ -594,9 +619,9 @@ class IdempotencyGuard {
             r.value.emplace(Codec<R>::decode(c.response));
           }
         } catch (const std::exception& e) {
-          CorruptRecord corrupt("idem: the stored response of '" + call.key.str() +
+          CorruptRecord corrupt("idem: the stored response of '" + call.key().str() +
                                 "' cannot be decoded: " + e.what());
-          store_error(call.key,
+          store_error(call.key(),
                       source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
                       corrupt);
           throw corrupt;
@@ -613,7 +638,7 @@ class IdempotencyGuard {
     }
     count_outcome(r.outcome);
     if (auto* o = options_.observer.get()) {
-      o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
+      o->on_duplicate(DuplicateEvent{call.key(), r.outcome, dup_source, c.first_seen, c.holder});
     }
     r.holder = std::move(c.holder);
     emit_call(call, r);
@@ -623,9 +648,9 @@ class IdempotencyGuard {
   template <class R>
   void emit_call(Call<R>& call, const GuardResult<R>& r) {
     if (auto* o = options_.observer.get()) {
-      CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
-                  call.degraded,  call.fast_claim, call.durable, call.handler,
-                  call.since(call.start)};
+      CallEvent e{call.key(),   r.outcome,     call.mode,
+                  r.source,     call.degraded, call.fast_claim,
+                  call.durable, call.handler,  call.since(call.start)};
       e.fast_claimed = call.fast_claimed;
       o->on_call(e);
     }
@@ -636,8 +661,8 @@ class IdempotencyGuard {
     if (fast_ == nullptr) return;
     try {
       if (call.fast_claimed) {
-        if (fast_->complete(call.key, call.owner, response, options_.retention)) {
-          step(Step::kFastCompleted, call.key);
+        if (fast_->complete(call.key(), call.owner, response, options_.retention)) {
+          step(Step::kFastCompleted, call.key());
           return;
         }
         // Our fast claim expired and was taken over (or released) while the durable store
@@ -645,12 +670,12 @@ class IdempotencyGuard {
       } else if (call.degraded) {
         return;  // the fast store failed moments ago; do not pay a second timeout
       }
-      fast_->fill(call.key, call.fingerprint, response, options_.retention);
+      fast_->fill(call.key(), call.fingerprint, response, options_.retention);
       stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
-      step(Step::kFastCompleted, call.key);
+      step(Step::kFastCompleted, call.key());
     } catch (const StorageError& e) {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
-      fast_failed(call.key, e);
+      fast_failed(call.key(), e);
     }
   }
 
@@ -658,10 +683,10 @@ class IdempotencyGuard {
   void release_fast(Call<R>& call) noexcept {
     if (fast_ == nullptr || !call.fast_claimed) return;
     try {
-      fast_->release(call.key, call.owner);
+      fast_->release(call.key(), call.owner);
     } catch (const StorageError& e) {
       // The claim ends with its lease; duplicates answer "in progress" until then.
-      fast_failed(call.key, e);
+      fast_failed(call.key(), e);
     } catch (...) {
     }
   }
@@ -670,7 +695,7 @@ class IdempotencyGuard {
   void handler_failed(Call<R>& call) {
     release_fast(call);
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+    if (auto* o = options_.observer.get()) o->on_handler_error(call.key());
   }
 
   // The outcome's counter (run() and report() alike).
