@@ -587,6 +587,10 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
           if (conn) conn->mark_broken();
           detail::rethrow_translated("transaction");  // the server went away under the handler
         }
+        // A database error of the handler's own statements (40001/40P01 after the re-runs,
+        // 55P03 on a business row, 57014, a constraint): typed as idem's own statements are,
+        // the pqxx exception nested as the cause. Anything else is the handler's: unchanged.
+        if (detail::is_pqxx_exception(e)) detail::rethrow_translated("handler statement");
         throw;
       }
       if (state == "55P03" && !handler_ran) {

@@ -36,10 +36,13 @@
 // a wrong database, role, password or conninfo/URI is idem::UsageError (not retryable: it stays
 // wrong), statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking
 // the server (`txid_status`) and re-reading the record on a fresh connection — success, a
-// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
-// Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
-// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
-// connection failed under it (then StorageUnavailable: nothing was committed).
+// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run
+// blind. Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
+// `max_retries` times. Database errors of the handler's own statements are typed the same way
+// (a deadlock after the re-runs StorageUnavailable, lock_timeout StorageTimeout, a lost
+// connection StorageUnavailable, other server errors StorageError); every translated error
+// nests the libpqxx exception as its cause (std::rethrow_if_nested). Other exceptions of the
+// handler propagate unchanged.
 //
 // @code
 //   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
@@ -240,8 +243,11 @@ class IDEM_EXPORT PostgresStore {
   /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,
   ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
   ///         lease), kMismatch.
-  /// @throws whatever the handler throws (after rollback), except a lost connection, which is
-  ///         idem::StorageUnavailable; idem::StorageError subclasses.
+  /// @throws whatever the handler throws (after rollback) when it is not a libpqxx exception;
+  ///         idem::StorageError subclasses for database errors, the handler's statements
+  ///         included (a deadlock after `max_retries` re-runs or a lost connection:
+  ///         StorageUnavailable; lock_timeout or statement_timeout: StorageTimeout), each with
+  ///         the libpqxx exception nested as its cause (std::rethrow_if_nested).
   template <class Handler>
   TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
                                         const OwnerToken& owner, std::chrono::seconds retention,

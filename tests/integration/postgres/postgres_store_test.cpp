@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -813,6 +815,201 @@ TEST_F(PostgresStoreTest, ForeignStatusInAnAdoptedTableIsACorruptRecord) {
                idem::CorruptRecord);
   EXPECT_THROW((void)store.lookup(key), idem::CorruptRecord);
   EXPECT_FALSE(ran);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database errors of a transactional handler's own statements are typed as idem's own are, the
+// libpqxx exception nested as the cause; other handler exceptions propagate unchanged.
+
+// The SQLSTATE of the libpqxx exception nested in `e` ("" when none is nested).
+std::string nested_sqlstate(const std::exception& e) {
+  try {
+    std::rethrow_if_nested(e);
+  } catch (const pqxx::sql_error& s) {  // libpqxx 7: every server error, rollbacks included
+    return s.sqlstate();
+  } catch (const pqxx::deadlock_detected&) {  // libpqxx 6: rollbacks carry no SQLSTATE
+    return "40P01";
+  } catch (const pqxx::serialization_failure&) {
+    return "40001";
+  } catch (const pqxx::broken_connection&) {
+    return "broken_connection";
+  } catch (const std::exception& other) {
+    return std::string("not pqxx: ") + other.what();
+  }
+  return "";
+}
+
+TEST_F(PostgresStoreTest, HandlerDeadlockAfterTheRetriesIsStorageUnavailableWithItsCause) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.max_retries = 0;  // the first deadlock is final
+  PostgresStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  auto base = unique_key();
+  const std::string a = base.id() + "_a", b = base.id() + "_b";
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + a + "', 0), ('" + b + "', 0)");
+  std::atomic<int> at_barrier{0};
+  auto body = [&](const std::string& id, const std::string& first, const std::string& second) {
+    return [&, id, first, second](pqxx::work& tx) {
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     first);
+      ++at_barrier;  // both hold their first row, then each asks for the other's
+      while (at_barrier.load() < 2) std::this_thread::yield();
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     second);
+      pg::insert_effect(tx, id);
+      return std::string("done");
+    };
+  };
+  const Key k1 = Key::make("transfer", base.id() + "_t1");
+  const Key k2 = Key::make("transfer", base.id() + "_t2");
+  std::atomic<int> executed{0}, unavailable{0}, other{0};
+  std::string state, retry_key;
+  std::mutex mutex;
+  auto transfer = [&](const Key& k, const std::string& first, const std::string& second) {
+    try {
+      auto r = guard.run(k, "", body(k.id(), first, second));
+      if (r.outcome == Outcome::kExecuted) ++executed;
+    } catch (const idem::StorageUnavailable& e) {
+      ++unavailable;
+      EXPECT_TRUE(e.retryable());
+      EXPECT_NE(std::string(e.what()).find("40P01"), std::string::npos) << e.what();
+      std::lock_guard<std::mutex> lock(mutex);
+      state = nested_sqlstate(e);
+      retry_key = k.id();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "untyped: " << e.what();
+      ++other;
+    }
+  };
+  std::thread t1([&] { transfer(k1, a, b); });
+  std::thread t2([&] { transfer(k2, b, a); });
+  t1.join();
+  t2.join();
+  ASSERT_EQ(1, executed.load());
+  ASSERT_EQ(1, unavailable.load());
+  EXPECT_EQ(0, other.load());
+  EXPECT_EQ("40P01", state);
+  EXPECT_EQ(0u, store.stats().retries);
+  // The failed call left no record and released its fast claim: the retry runs at once.
+  const Key& failed = retry_key == k1.id() ? k1 : k2;
+  EXPECT_FALSE(store.lookup(failed).has_value());
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", failed.id()));
+  at_barrier = 2;
+  auto retry = guard.run(failed, "", body(failed.id(), failed == k1 ? a : b, failed == k1 ? b : a));
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k1.id()));
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k2.id()));
+  EXPECT_EQ(4, pg::scalar("SELECT sum(balance) FROM " + pg::table("account") + " WHERE id IN ('" +
+                          a + "', '" + b + "')"));
+}
+
+TEST_F(PostgresStoreTest, HandlerLockTimeoutOnABusinessRowIsStorageTimeoutWithItsCause) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.lock_timeout = std::chrono::milliseconds(200);
+  PostgresStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  auto key = unique_key();
+  const std::string account = key.id();
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + account + "', 0)");
+  int runs = 0;
+  auto debit = [&](pqxx::work& tx) {
+    ++runs;
+    tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance - 1 WHERE id = $1",
+                   account);
+    pg::insert_effect(tx, key.id());
+    return std::string("debited");
+  };
+  {
+    // Another connection holds the business row for longer than lock_timeout.
+    pqxx::connection holder(pg::dsn());
+    pqxx::work lock(holder);
+    lock.exec_params("SELECT 1 FROM " + pg::table("account") + " WHERE id = $1 FOR UPDATE",
+                     account);
+    try {
+      (void)guard.run(key, "", debit);
+      ADD_FAILURE() << "the handler's statement did not time out";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_TRUE(e.retryable());
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+      EXPECT_EQ("55P03", nested_sqlstate(e));
+      EXPECT_NE(std::string(e.what()).find("55P03"), std::string::npos) << e.what();
+    }
+    lock.abort();
+  }
+  EXPECT_EQ(1, runs);
+  EXPECT_FALSE(store.lookup(key).has_value());  // rolled back with the handler's writes
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", key.id()));
+  auto retry = guard.run(key, "", debit);  // the fast claim was released: runs at once
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+  EXPECT_EQ(-1, pg::scalar("SELECT balance FROM " + pg::table("account") + " WHERE id = '" +
+                           account + "'"));
+}
+
+TEST_F(PostgresStoreTest, HandlerStatementErrorsAreTypedAndOtherExceptionsUnchanged) {
+  idem::IdempotencyGuard guard{*store_};
+  // A constraint violation of the handler's own statement: StorageError (not retryable), the
+  // pqxx::unique_violation nested.
+  auto key = unique_key();
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + key.id() + "', 0)");
+  try {
+    (void)guard.run(key, "", [&](pqxx::work& tx) {
+      tx.exec_params("INSERT INTO " + pg::table("account") + " VALUES ($1, 0)", key.id());
+      return std::string("never");
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable());
+    EXPECT_EQ("23505", nested_sqlstate(e));
+    bool unique = false;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const pqxx::unique_violation&) {
+      unique = true;
+    } catch (...) {
+    }
+    EXPECT_TRUE(unique);
+  }
+  EXPECT_FALSE(store_->lookup(key).has_value());
+  // The handler's own connection killed under it: StorageUnavailable, cause nested.
+  auto killed = unique_key();
+  try {
+    (void)guard.run(killed, "", [&](pqxx::work& tx) {
+      tx.exec("SELECT pg_terminate_backend(pg_backend_pid())");
+      return std::string("never");
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_FALSE(nested_sqlstate(e).empty());
+    EXPECT_EQ(std::string::npos, nested_sqlstate(e).find("not pqxx")) << nested_sqlstate(e);
+  }
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run(killed, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+  // Exceptions that are not database errors propagate as they were thrown.
+  struct NotADatabaseError {
+    int code;
+  };
+  try {
+    (void)guard.run(unique_key(), "",
+                    [](pqxx::work&) -> std::string { throw NotADatabaseError{7}; });
+    ADD_FAILURE() << "no exception";
+  } catch (const NotADatabaseError& e) {
+    EXPECT_EQ(7, e.code);
+  }
+  EXPECT_THROW((void)guard.run(
+                   unique_key(), "",
+                   [](pqxx::work&) -> std::string { throw std::invalid_argument("bad amount"); }),
+               std::invalid_argument);
+  // An idem error the handler throws itself is not re-wrapped either.
+  EXPECT_THROW((void)guard.run(
+                   unique_key(), "",
+                   [](pqxx::work&) -> std::string { throw idem::UsageError("from the handler"); }),
+               idem::UsageError);
 }
 
 }  // namespace
