@@ -100,6 +100,18 @@ struct PostgresStoreOptions {
   /// statement_timeout set on every pooled connection (StorageTimeout when it fires).
   /// 0 means the server's setting (usually none).
   std::chrono::milliseconds statement_timeout{0};
+  /// Client-side bound on every wait of idem on the server, whatever the network does: each
+  /// idem statement (a claim, a completion, BEGIN, COMMIT, the session setup of a new
+  /// connection) that gets no answer within it is cancelled (pg_cancel_backend) and its
+  /// connection dropped; the call throws StorageTimeout (OutcomeUnknown for a COMMIT of
+  /// with_transaction; a transactional COMMIT is resolved as when its connection is lost).
+  /// It also sets TCP keepalives (idle after half of it), tcp_user_timeout and
+  /// connect_timeout (at least 2 s, libpq's minimum) on every connection, unless `conninfo`
+  /// sets them, so a peer that stops answering at the TCP level ends the wait of any
+  /// statement, the handler's own included. A transactional handler's statements are not
+  /// armed (their duration is the handler's). 0 means no bound (wait as long as TCP does).
+  /// Keep it well under GuardOptions::lease.
+  std::chrono::milliseconds client_timeout{5'000};
   /// Schema of the record table and of idem_schema_version (a validated identifier; created
   /// by the migration if missing).
   std::string schema = "public";
@@ -394,6 +406,7 @@ class IDEM_EXPORT PostgresStore {
   struct Impl;
   PostgresStoreOptions options_;
   std::string qualified_table_;
+  std::string connect_info_;  // conninfo with the client-side bounds of client_timeout
   std::unique_ptr<ConnectionPool> pool_;
   std::unique_ptr<Impl> impl_;
 };

@@ -1012,4 +1012,128 @@ TEST_F(PostgresStoreTest, HandlerStatementErrorsAreTypedAndOtherExceptionsUnchan
                idem::UsageError);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Every wait is bounded on the client (client_timeout): a proxy that stops forwarding without
+// closing anything (the TCP connection stays up, the client's bytes are acknowledged).
+
+TEST_F(PostgresStoreTest, StalledServerAnswersATypedErrorWithinTheClientTimeout) {
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo = pg::dsn_with_port(proxy.port());
+  o.client_timeout = std::chrono::milliseconds(500);
+  PostgresStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  int runs = 0;
+  auto transactional = [&](const Key& k) {
+    return [&runs, k](pqxx::work& tx) {
+      ++runs;
+      pg::insert_effect(tx, k.id());
+      return std::string("paid");
+    };
+  };
+  auto warm = unique_key();
+  ASSERT_EQ(Outcome::kExecuted, guard.run(warm, "", transactional(warm)).outcome);
+  ASSERT_EQ(1u, store.pool().open_connections());
+  proxy.stalled = true;
+  // Transactional, on the pooled connection: its claim waits; the deadline cancels it and cuts
+  // the connection. Typed and retryable, well before the 30 s lease.
+  auto k1 = unique_key();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)guard.run(k1, "", transactional(k1));
+    ADD_FAILURE() << "a stalled claim answered";
+  } catch (const idem::StorageTimeout& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("client_timeout")) << e.what();
+  }
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(3));
+  EXPECT_EQ(1, runs);                              // only the warm-up ran
+  EXPECT_EQ(0u, store.pool().open_connections());  // the cut connection was dropped
+  // Two-phase, on a new connection: its start-up waits; connect_timeout (libpq's minimum is
+  // 2 s) ends it: StorageUnavailable, retryable.
+  auto k2 = unique_key();
+  t0 = std::chrono::steady_clock::now();
+  int external = 0;
+  try {
+    (void)guard.run(k2, "", [&] {
+      ++external;
+      return std::string("sent");
+    });
+    ADD_FAILURE() << "a stalled begin answered";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.code() == idem::errc::kStoreTimeout || e.code() == idem::errc::kStoreUnavailable)
+        << e.what();
+  }
+  waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(6));
+  EXPECT_EQ(0, external);
+  // Forwarding again: both retries run at once (the fast claims were released), each effect
+  // once, and nothing of the cut attempts committed.
+  proxy.stalled = false;
+  EXPECT_EQ(Outcome::kExecuted, guard.run(k1, "", transactional(k1)).outcome);
+  EXPECT_EQ(Outcome::kExecuted, guard
+                                    .run(k2, "",
+                                         [&] {
+                                           ++external;
+                                           return std::string("sent");
+                                         })
+                                    .outcome);
+  EXPECT_EQ(1, external);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k1.id()));
+  EXPECT_EQ(Outcome::kReplayed, guard.run(k1, "", transactional(k1)).outcome);
+  EXPECT_EQ(2, runs);
+}
+
+TEST_F(PostgresStoreTest, StalledTwoPhaseCompletionIsBoundedAndTheRecordStaysHeld) {
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo = pg::dsn_with_port(proxy.port());
+  o.client_timeout = std::chrono::milliseconds(500);
+  PostgresStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)guard.run(key, "", [&] {
+      proxy.stalled = true;  // the gateway answered; then the database path hangs
+      return std::string("sent");
+    });
+    ADD_FAILURE() << "a stalled completion answered";
+  } catch (const idem::StorageTimeout& e) {
+    EXPECT_TRUE(e.retryable());
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  proxy.stalled = false;
+  // The record is still this attempt's, in progress: a duplicate is told "in progress" (the
+  // lease decides, as after a crash between the phases), never run twice.
+  auto rec = store.lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, rec->status);
+  int again = 0;
+  auto dup = guard.run(key, "", [&] {
+    ++again;
+    return std::string("twice");
+  });
+  EXPECT_EQ(Outcome::kInProgress, dup.outcome);
+  EXPECT_EQ(0, again);
+}
+
+TEST_F(PostgresStoreTest, ClientTimeoutIsValidated) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.client_timeout = std::chrono::milliseconds(-1);
+  EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  o.client_timeout = std::chrono::milliseconds(0);  // no bound: allowed
+  PostgresStore unbounded(o);
+  idem::IdempotencyGuard guard{unbounded};
+  auto key = unique_key();
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run(key, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+}
+
 }  // namespace
