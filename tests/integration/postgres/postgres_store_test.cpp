@@ -1016,13 +1016,18 @@ TEST_F(PostgresStoreTest, HandlerStatementErrorsAreTypedAndOtherExceptionsUnchan
 // Every wait is bounded on the client (client_timeout): a proxy that stops forwarding without
 // closing anything (the TCP connection stays up, the client's bytes are acknowledged).
 
-TEST_F(PostgresStoreTest, StalledServerAnswersATypedErrorWithinTheClientTimeout) {
-  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+// A store that reaches the server through `proxy`, with client_timeout 500 ms.
+idem::postgres::PostgresStoreOptions behind(const idem::test::CommitDroppingProxy& proxy) {
   auto o = pg::options();
   o.migrate = false;
   o.conninfo = pg::dsn_with_port(proxy.port());
   o.client_timeout = std::chrono::milliseconds(500);
-  PostgresStore store(o);
+  return o;
+}
+
+TEST_F(PostgresStoreTest, StalledServerAnswersATypedErrorWithinTheClientTimeout) {
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+  PostgresStore store(behind(proxy));
   idem::MemoryStore fast;
   idem::IdempotencyGuard guard{fast, store};
   int runs = 0;
@@ -1090,11 +1095,7 @@ TEST_F(PostgresStoreTest, StalledServerAnswersATypedErrorWithinTheClientTimeout)
 
 TEST_F(PostgresStoreTest, StalledTwoPhaseCompletionIsBoundedAndTheRecordStaysHeld) {
   idem::test::CommitDroppingProxy proxy(pg::dsn_port());
-  auto o = pg::options();
-  o.migrate = false;
-  o.conninfo = pg::dsn_with_port(proxy.port());
-  o.client_timeout = std::chrono::milliseconds(500);
-  PostgresStore store(o);
+  PostgresStore store(behind(proxy));
   idem::IdempotencyGuard guard{store};
   auto key = unique_key();
   auto t0 = std::chrono::steady_clock::now();
