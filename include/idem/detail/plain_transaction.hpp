@@ -12,23 +12,23 @@
 namespace idem::detail {
 
 template <class D, class Fn, class = void>
-struct has_with_transaction : std::false_type {};
+struct runs_with_transaction : std::false_type {};
 template <class D, class Fn>
-struct has_with_transaction<
+struct runs_with_transaction<
     D, Fn, std::void_t<decltype(std::declval<D&>().with_transaction(std::declval<Fn&>()))>>
     : std::true_type {};
 
 template <class D, class Fn, class = void>
-struct has_database_write : std::false_type {};
+struct runs_database_write : std::false_type {};
 template <class D, class Fn>
-struct has_database_write<
+struct runs_database_write<
     D, Fn, std::void_t<decltype(std::declval<D&>().database().write(std::declval<Fn&>()))>>
     : std::true_type {};
 
 /// Whether `run_plain_transaction(durable, fn)` can run `fn` for store type D.
 template <class D, class Fn>
 inline constexpr bool kHasPlainTransaction =
-    has_with_transaction<D, Fn>::value || has_database_write<D, Fn>::value;
+    runs_with_transaction<D, Fn>::value || runs_database_write<D, Fn>::value;
 
 /// Runs `fn(tx)` in one committed transaction of `durable` that holds no idempotency record:
 /// `durable.with_transaction(fn)` (PostgreSQL) or `durable.database().write(fn)` (SQLite).
@@ -36,9 +36,9 @@ inline constexpr bool kHasPlainTransaction =
 /// @throws what the store or `fn` throws; idem::UsageError when the store offers neither.
 template <class D, class Fn>
 std::invoke_result_t<Fn&, typename D::Transaction&> run_plain_transaction(D& durable, Fn& fn) {
-  if constexpr (has_with_transaction<D, Fn>::value) {
+  if constexpr (runs_with_transaction<D, Fn>::value) {
     return durable.with_transaction(fn);
-  } else if constexpr (has_database_write<D, Fn>::value) {
+  } else if constexpr (runs_database_write<D, Fn>::value) {
     return durable.database().write(fn);
   } else {
     (void)durable;
