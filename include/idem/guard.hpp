@@ -163,7 +163,7 @@ struct CallOptions {
   std::optional<std::chrono::seconds> retention;
   /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
   std::optional<std::chrono::milliseconds> wait_for_result;
-  /// GuardOptions::heartbeat for this call (a report that may outlive its lease).
+  /// GuardOptions::heartbeat for this call (a handler that may outlive its lease).
   std::optional<bool> heartbeat;
 };
 
@@ -350,7 +350,9 @@ class IdempotencyGuard {
       }
     }
 
-    // 3. Durable store (or the handler alone, fast-only).
+    // 3. Durable store (or the handler alone, fast-only). From here on the call uses its own
+    //    copies of the key and fingerprint (the handler may reassign the caller's).
+    call.own();
     if constexpr (!kHasDurable) {
       return run_fast_only<R>(call, handler);
     } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
@@ -546,9 +548,32 @@ class IdempotencyGuard {
   Durable* durable_store() const noexcept { return durable_; }
 
  private:
+  // One call's own state. Until the fast store answers, the key and fingerprint are the
+  // caller's (a duplicate answered there costs no copy). Before anything can run the handler,
+  // own() copies them into the call, so a handler that reassigns or destroys the variables it
+  // was passed cannot make the call complete another key or bind freed bytes: the call
+  // finishes exactly the key, fingerprint and owner token it acquired.
   template <class R>
   struct Call {
-    const Key& key;
+    Call(const Key& k, std::string_view fp, bool t) noexcept
+        : key_(&k), fingerprint(fp), timed(t) {}
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+    const Key& key() const noexcept { return *key_; }
+    void own() {
+      owned_key_.emplace(*key_);
+      key_ = &*owned_key_;
+      owned_fingerprint_.assign(fingerprint.data(), fingerprint.size());
+      fingerprint = owned_fingerprint_;
+    }
+
+   private:
+    const Key* key_;
+    std::optional<Key> owned_key_;
+    std::string owned_fingerprint_;
+
+   public:
     std::string_view fingerprint;
     // Timings feed only the observer's CallEvent: without an observer the clock is not read.
     bool timed = false;
@@ -613,14 +638,14 @@ class IdempotencyGuard {
     // In a fast-only guard the fast store is the only record: its failures propagate.
     bool completed = false;
     try {
-      completed = fast_->complete(call.key, call.owner, bytes, call.retention);
+      completed = fast_->complete(call.key(), call.owner, bytes, call.retention);
     } catch (const Error& e) {
-      store_error(call.key, StoreRole::kFast, e);
+      store_error(call.key(), StoreRole::kFast, e);
       throw;
     }
     if (!completed) {
-      note_lease_lost(call.key, "fast");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
+      note_lease_lost(call.key(), "fast");
+      throw LeaseLost("idem: the lease on '" + call.key().str() +
                       "' expired and was taken over before the handler completed; "
                       "raise GuardOptions::lease above the handler's duration");
     }
@@ -640,10 +665,10 @@ class IdempotencyGuard {
         value.reset();  // the store may retry the transaction (serialization failure)
         handler_threw = false;
         try {
-          step(Step::kDurableClaimed, call.key);
+          step(Step::kDurableClaimed, call.key());
           Beating beating(*this, call, false);  // the open transaction holds the record
           value.emplace(detail::invoke_stored<R>(handler, tx));
-          step(Step::kHandlerReturned, call.key);
+          step(Step::kHandlerReturned, call.key());
         } catch (...) {
           handler_time += call.since(h0);
           handler_threw = true;
@@ -653,9 +678,9 @@ class IdempotencyGuard {
         return Codec<R>::encode(*value);
       };
       d = with_store_retry(
-          call.key,
+          call.key(),
           [&] {
-            return durable_->run_transactional(call.key, call.fingerprint, call.owner,
+            return durable_->run_transactional(call.key(), call.fingerprint, call.owner,
                                                call.retention, body, hint(call));
           },
           &handler_threw);
@@ -668,7 +693,7 @@ class IdempotencyGuard {
       if (handler_threw) {
         handler_failed(call);
       } else {
-        durable_failed(call.key);
+        durable_failed(call.key());
         release_fast(call);
       }
       throw;
@@ -676,8 +701,8 @@ class IdempotencyGuard {
     call.handler = handler_time;
     call.durable = call.since(t0) - handler_time;
     if (d.status == TransactionalStatus::kCommitted) {
-      if (d.took_over) note_takeover(call.key, "durable");
-      step(Step::kDurableCommitted, call.key);
+      if (d.took_over) note_takeover(call.key(), "durable");
+      step(Step::kDurableCommitted, call.key());
       ClaimResult c;
       c.response = std::move(d.response);
       return after_durable<R>(call, c, std::move(value));
@@ -698,12 +723,12 @@ class IdempotencyGuard {
     auto t0 = call.now();
     ClaimResult d;
     try {
-      d = with_store_retry(call.key, [&] {
-        return durable_->begin(call.key, call.fingerprint, call.owner, call.lease, hint(call));
+      d = with_store_retry(call.key(), [&] {
+        return durable_->begin(call.key(), call.fingerprint, call.owner, call.lease, hint(call));
       });
     } catch (...) {
       call.durable = call.since(t0);
-      durable_failed(call.key);
+      durable_failed(call.key());
       release_fast(call);
       throw;
     }
@@ -711,23 +736,23 @@ class IdempotencyGuard {
     if (d.status != ClaimStatus::kClaimed) {
       return after_durable<R>(call, d, std::nullopt);
     }
-    if (d.took_over) note_takeover(call.key, "durable");
+    if (d.took_over) note_takeover(call.key(), "durable");
 
     std::optional<R> value;
     auto h0 = call.now();
     try {
-      step(Step::kDurableClaimed, call.key);
+      step(Step::kDurableClaimed, call.key());
       Beating beating(*this, call, true);
       value.emplace(detail::invoke_stored<R>(handler));
-      step(Step::kHandlerReturned, call.key);
+      step(Step::kHandlerReturned, call.key());
     } catch (...) {
       call.handler = call.since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
       try {
-        durable_->release(call.key, call.owner);
+        durable_->release(call.key(), call.owner);
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
-        durable_failed(call.key);
+        durable_failed(call.key());
       }
       handler_failed(call);
       throw;
@@ -739,22 +764,22 @@ class IdempotencyGuard {
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
     bool completed = false;
     try {
-      completed = with_store_retry(call.key, [&] {
-        return durable_->complete(call.key, call.owner, bytes, call.retention);
+      completed = with_store_retry(call.key(), [&] {
+        return durable_->complete(call.key(), call.owner, bytes, call.retention);
       });
     } catch (...) {
-      durable_failed(call.key);
+      durable_failed(call.key());
       throw;
     }
     call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
-      note_lease_lost(call.key, "durable");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
+      note_lease_lost(call.key(), "durable");
+      throw LeaseLost("idem: the lease on '" + call.key().str() +
                       "' expired and was taken over before the handler completed; "
                       "raise GuardOptions::lease above the handler's duration");
     }
-    step(Step::kDurableCommitted, call.key);
+    step(Step::kDurableCommitted, call.key());
     d.status = ClaimStatus::kClaimed;
     d.response = std::move(bytes);
     return after_durable<R>(call, d, std::move(value));
@@ -813,9 +838,9 @@ class IdempotencyGuard {
             r.value.emplace(Codec<R>::decode(c.response));
           }
         } catch (const std::exception& e) {
-          CorruptRecord corrupt("idem: the stored response of '" + call.key.str() +
+          CorruptRecord corrupt("idem: the stored response of '" + call.key().str() +
                                 "' cannot be decoded: " + e.what());
-          store_error(call.key,
+          store_error(call.key(),
                       source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
                       corrupt);
           throw corrupt;
@@ -832,7 +857,7 @@ class IdempotencyGuard {
     }
     count_outcome(r.outcome);
     if (auto* o = options_.observer.get()) {
-      o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
+      o->on_duplicate(DuplicateEvent{call.key(), r.outcome, dup_source, c.first_seen, c.holder});
     }
     r.holder = std::move(c.holder);
     emit_call(call, r);
@@ -842,9 +867,9 @@ class IdempotencyGuard {
   template <class R>
   void emit_call(Call<R>& call, const GuardResult<R>& r) {
     if (auto* o = options_.observer.get()) {
-      CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
-                  call.degraded,  call.fast_claim, call.durable, call.handler,
-                  call.since(call.start)};
+      CallEvent e{call.key(),   r.outcome,     call.mode,
+                  r.source,     call.degraded, call.fast_claim,
+                  call.durable, call.handler,  call.since(call.start)};
       e.fast_claimed = call.fast_claimed;
       o->on_call(e);
     }
@@ -855,8 +880,8 @@ class IdempotencyGuard {
     if (fast_ == nullptr) return;
     try {
       if (call.fast_claimed) {
-        if (fast_->complete(call.key, call.owner, response, call.retention)) {
-          step(Step::kFastCompleted, call.key);
+        if (fast_->complete(call.key(), call.owner, response, call.retention)) {
+          step(Step::kFastCompleted, call.key());
           return;
         }
         // Our fast claim expired and was taken over (or released) while the durable store
@@ -864,12 +889,12 @@ class IdempotencyGuard {
       } else if (call.degraded) {
         return;  // the fast store failed moments ago; do not pay a second timeout
       }
-      fast_->fill(call.key, call.fingerprint, response, call.retention);
+      fast_->fill(call.key(), call.fingerprint, response, call.retention);
       stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
-      step(Step::kFastCompleted, call.key);
+      step(Step::kFastCompleted, call.key());
     } catch (const StorageError& e) {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
-      fast_failed(call.key, e);
+      fast_failed(call.key(), e);
     }
   }
 
@@ -877,10 +902,10 @@ class IdempotencyGuard {
   void release_fast(Call<R>& call) noexcept {
     if (fast_ == nullptr || !call.fast_claimed) return;
     try {
-      fast_->release(call.key, call.owner);
+      fast_->release(call.key(), call.owner);
     } catch (const StorageError& e) {
       // The claim ends with its lease; duplicates answer "in progress" until then.
-      fast_failed(call.key, e);
+      fast_failed(call.key(), e);
     } catch (...) {
     }
   }
@@ -889,7 +914,7 @@ class IdempotencyGuard {
   void handler_failed(Call<R>& call) {
     release_fast(call);
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
+    if (auto* o = options_.observer.get()) o->on_handler_error(call.key());
     notify_waiters();  // the key is free again: a waiter may run it
   }
 
@@ -955,7 +980,7 @@ class IdempotencyGuard {
       (void)durable_record;
       const bool fast = g.fast_ != nullptr && (call.fast_claimed || call.mode == Mode::kFastOnly);
       if (!fast && !durable) return;
-      beat_ = std::make_shared<Beat>(call.key, call.owner, call.lease, fast, durable);
+      beat_ = std::make_shared<Beat>(call.key(), call.owner, call.lease, fast, durable);
       beat_->next = detail::SteadyClock::now() + beat_period(call.lease);
       g_.start_beating(beat_);
     }

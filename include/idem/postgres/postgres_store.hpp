@@ -36,10 +36,13 @@
 // a wrong database, role, password or conninfo/URI is idem::UsageError (not retryable: it stays
 // wrong), statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking
 // the server (`txid_status`) and re-reading the record on a fresh connection — success, a
-// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
-// Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
-// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
-// connection failed under it (then StorageUnavailable: nothing was committed).
+// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run
+// blind. Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
+// `max_retries` times. Database errors of the handler's own statements are typed the same way
+// (a deadlock after the re-runs StorageUnavailable, lock_timeout StorageTimeout, a lost
+// connection StorageUnavailable, other server errors StorageError); every translated error
+// nests the libpqxx exception as its cause (std::rethrow_if_nested). Other exceptions of the
+// handler propagate unchanged.
 //
 // @code
 //   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
@@ -97,6 +100,18 @@ struct PostgresStoreOptions {
   /// statement_timeout set on every pooled connection (StorageTimeout when it fires).
   /// 0 means the server's setting (usually none).
   std::chrono::milliseconds statement_timeout{0};
+  /// Client-side bound on every wait of idem on the server, whatever the network does: each
+  /// idem statement (a claim, a completion, BEGIN, COMMIT, the session setup of a new
+  /// connection) that gets no answer within it is cancelled (pg_cancel_backend) and its
+  /// connection dropped; the call throws StorageTimeout (OutcomeUnknown for a COMMIT of
+  /// with_transaction; a transactional COMMIT is resolved as when its connection is lost).
+  /// It also sets TCP keepalives (idle after half of it), tcp_user_timeout and
+  /// connect_timeout (at least 2 s, libpq's minimum) on every connection, unless `conninfo`
+  /// sets them, so a peer that stops answering at the TCP level ends the wait of any
+  /// statement, the handler's own included. A transactional handler's statements are not
+  /// armed (their duration is the handler's). 0 means no bound (wait as long as TCP does).
+  /// Keep it well under GuardOptions::lease.
+  std::chrono::milliseconds client_timeout{5'000};
   /// Schema of the record table and of idem_schema_version (a validated identifier; created
   /// by the migration if missing).
   std::string schema = "public";
@@ -241,8 +256,11 @@ class IDEM_EXPORT PostgresStore {
   /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,
   ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
   ///         lease), kMismatch.
-  /// @throws whatever the handler throws (after rollback), except a lost connection, which is
-  ///         idem::StorageUnavailable; idem::StorageError subclasses.
+  /// @throws whatever the handler throws (after rollback) when it is not a libpqxx exception;
+  ///         idem::StorageError subclasses for database errors, the handler's statements
+  ///         included (a deadlock after `max_retries` re-runs or a lost connection:
+  ///         StorageUnavailable; lock_timeout or statement_timeout: StorageTimeout), each with
+  ///         the libpqxx exception nested as its cause (std::rethrow_if_nested).
   template <class Handler>
   TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
                                         const OwnerToken& owner, std::chrono::seconds retention,
@@ -392,6 +410,7 @@ class IDEM_EXPORT PostgresStore {
   struct Impl;
   PostgresStoreOptions options_;
   std::string qualified_table_;
+  std::string connect_info_;  // conninfo with the client-side bounds of client_timeout
   std::unique_ptr<ConnectionPool> pool_;
   std::unique_ptr<Impl> impl_;
 };
