@@ -57,22 +57,39 @@ inline unsigned char status_code(char letter) noexcept {
   return letter == 'P' ? 1 : letter == 'C' ? 2 : 3;
 }
 
-inline int base64url_value(char c) noexcept {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '-') return 62;
-  if (c == '_') return 63;
-  return -1;
-}
+inline constexpr char kBase64url[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-// Whether `owner` is a generated token's shape (OwnerToken::kLength base64url characters).
-inline bool packable_owner(std::string_view owner) noexcept {
-  if (owner.size() != OwnerToken::kLength) return false;
-  for (char c : owner) {
-    if (base64url_value(c) < 0) return false;
+// The 6-bit value of every base64url character (0xFF: not one).
+struct Base64urlTable {
+  unsigned char value[256];
+  constexpr Base64urlTable() : value() {
+    for (int c = 0; c < 256; ++c) value[c] = 0xFF;
+    for (int i = 0; i < 64; ++i) {
+      value[static_cast<unsigned char>(kBase64url[i])] = static_cast<unsigned char>(i);
+    }
   }
-  return true;
+};
+inline constexpr Base64urlTable kBase64urlValue{};
+
+// Packs `owner` into `out` (12 bytes) when it is a generated token's shape
+// (OwnerToken::kLength base64url characters, 6 bits each, then 6 zero bits); false otherwise.
+inline bool try_pack_owner(std::string_view owner, char* out) noexcept {
+  if (owner.size() != OwnerToken::kLength) return false;
+  unsigned bad = 0;
+  for (std::size_t i = 0, o = 0; i < OwnerToken::kLength + 1; i += 4, o += 3) {
+    unsigned v[4];
+    for (std::size_t j = 0; j < 4; ++j) {
+      v[j] = i + j < owner.size() ? kBase64urlValue.value[static_cast<unsigned char>(owner[i + j])]
+                                  : 0;
+      bad |= v[j];
+    }
+    const unsigned w = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | (v[3] & 0x3F);
+    out[o] = static_cast<char>(w >> 16);
+    out[o + 1] = static_cast<char>((w >> 8) & 0xFF);
+    out[o + 2] = static_cast<char>(w & 0xFF);
+  }
+  return (bad & 0xC0) == 0;
 }
 
 // A buffer with append(std::string_view) (SmallBuf, std::string).
@@ -95,10 +112,9 @@ inline long long read_time(const char* p) noexcept {
 
 template <class Out>
 void append_fingerprint(Out& out, std::string_view fp) {
-  if (idem::detail::packable_fingerprint(fp)) {
-    std::array<char, 1 + kPackedFingerprint> b{};
+  std::array<char, 1 + kPackedFingerprint> b;
+  if (idem::detail::try_pack_fingerprint(fp, b.data() + 1)) {
     b[0] = 'H';
-    idem::detail::pack_fingerprint(fp, b.data() + 1);
     out.append(std::string_view(b.data(), b.size()));
     return;
   }
@@ -113,30 +129,18 @@ void append_fingerprint(Out& out, std::string_view fp) {
 // <tag> <owner>: the prefix of `owner`'s in-progress record.
 template <class Out>
 void append_claim_prefix(Out& out, std::string_view owner) {
-  const char tag = static_cast<char>(kTagBase | (packable_owner(owner) ? kTagPackedOwner : 0) |
-                                     status_code('P'));
-  out.append(std::string_view(&tag, 1));
-  if (packable_owner(owner)) {
-    std::array<char, kPackedOwner> b{};
-    unsigned acc = 0;
-    int bits = 0;
-    std::size_t n = 0;
-    for (std::size_t i = 0; i <= owner.size(); ++i) {  // one more 6-bit group of zeros
-      acc = (acc << 6) | static_cast<unsigned>(i < owner.size() ? base64url_value(owner[i]) : 0);
-      bits += 6;
-      if (bits >= 8) {
-        bits -= 8;
-        b[n++] = static_cast<char>((acc >> bits) & 0xFF);
-      }
-    }
+  std::array<char, 1 + kPackedOwner> b;
+  if (try_pack_owner(owner, b.data() + 1)) {
+    b[0] = static_cast<char>(kTagBase | kTagPackedOwner | status_code('P'));
     out.append(std::string_view(b.data(), b.size()));
     return;
   }
   if (owner.size() > kMaxOwner) {
     throw UsageError("idem::redis: an owner token must be at most 255 bytes");
   }
-  const char len = static_cast<char>(owner.size());
-  out.append(std::string_view(&len, 1));
+  const char head[] = {static_cast<char>(kTagBase | status_code('P')),
+                       static_cast<char>(owner.size())};
+  out.append(std::string_view(head, sizeof head));
   out.append(owner);
 }
 
@@ -242,8 +246,6 @@ inline bool decode_v2(std::string_view v, Decoded& out) {
     if (tag & kTagPackedOwner) return false;
   } else if (tag & kTagPackedOwner) {
     if (kPackedOwner > v.size() - p) return false;
-    static constexpr char kAlphabet[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     unsigned acc = 0;
     int bits = 0;
     std::size_t n = 0;
@@ -252,7 +254,7 @@ inline bool decode_v2(std::string_view v, Decoded& out) {
       bits += 8;
       while (bits >= 6 && n < out.owner_chars.size()) {
         bits -= 6;
-        out.owner_chars[n++] = kAlphabet[(acc >> bits) & 0x3F];
+        out.owner_chars[n++] = kBase64url[(acc >> bits) & 0x3F];
       }
     }
     out.owner = std::string_view(out.owner_chars.data(), out.owner_chars.size());

@@ -375,9 +375,8 @@ constexpr int kPackedColumn = 8;
 // BLOB) when it packs (idem::fingerprint's form), else its text as given.
 template <class Fn>
 decltype(auto) with_stored_fingerprint(int layout, std::string_view fp, Fn&& fn) {
-  if (layout == 2 && idem::detail::packable_fingerprint(fp)) {
-    std::array<char, idem::detail::kPackedFingerprintSize> packed;
-    idem::detail::pack_fingerprint(fp, packed.data());
+  std::array<char, idem::detail::kPackedFingerprintSize> packed;
+  if (layout == 2 && idem::detail::try_pack_fingerprint(fp, packed.data())) {
     return fn(Blob{std::string_view(packed.data(), packed.size())});
   }
   return fn(fp);

@@ -19,20 +19,30 @@ constexpr int lower_hex_value(char c) noexcept {
   return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/// Whether `fp` packs into 32 bytes and unpacks to the same characters.
-inline bool packable_fingerprint(std::string_view fp) noexcept {
-  if (fp.size() != 2 * kPackedFingerprintSize) return false;
-  for (char c : fp) {
-    if (lower_hex_value(c) < 0) return false;
+/// lower_hex_value of every byte, as a table (0xFF: not a lowercase hex digit).
+struct LowerHexTable {
+  unsigned char value[256];
+  constexpr LowerHexTable() : value() {
+    for (int c = 0; c < 256; ++c) {
+      const int v = lower_hex_value(static_cast<char>(c));
+      value[c] = static_cast<unsigned char>(v < 0 ? 0xFF : v);
+    }
   }
-  return true;
-}
+};
+inline constexpr LowerHexTable kLowerHex{};
 
-/// Writes the 32 bytes of a packable `fp` to `out`.
-inline void pack_fingerprint(std::string_view fp, char* out) noexcept {
+/// Packs `fp` into `out` (32 bytes) when it is 64 lowercase hex characters; false otherwise
+/// (`out` then holds garbage). One pass: a packed fingerprint unpacks to the same characters.
+inline bool try_pack_fingerprint(std::string_view fp, char* out) noexcept {
+  if (fp.size() != 2 * kPackedFingerprintSize) return false;
+  unsigned bad = 0;
   for (std::size_t i = 0; i < kPackedFingerprintSize; ++i) {
-    out[i] = static_cast<char>((lower_hex_value(fp[2 * i]) << 4) | lower_hex_value(fp[2 * i + 1]));
+    const unsigned hi = kLowerHex.value[static_cast<unsigned char>(fp[2 * i])];
+    const unsigned lo = kLowerHex.value[static_cast<unsigned char>(fp[2 * i + 1])];
+    bad |= hi | lo;
+    out[i] = static_cast<char>((hi << 4) | (lo & 0x0F));
   }
+  return (bad & 0xF0) == 0;
 }
 
 /// Writes the 64 hex characters of the packed fingerprint `in` (32 bytes) to `out`.

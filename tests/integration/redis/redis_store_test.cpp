@@ -253,6 +253,38 @@ TEST_F(RedisStoreTest, CompletedRecordIsCompact) {
   EXPECT_LE(raw_->integer({"MEMORY", "USAGE", store_->redis_key(k3), "SAMPLES", "0"}), 150);
 }
 
+// Owner tokens that do not pack (not 15 base64url characters) are stored as given; every one
+// holds, completes and releases its own claim only.
+TEST_F(RedisStoreTest, AnyOwnerTokenHoldsItsClaim) {
+  const std::string token = OwnerToken::generate().str();
+  for (const std::string& o :
+       {token, std::string("AAAAAAAAAAAAAAA"), std::string("_______________"), token.substr(1),
+        token + "A", std::string("abcdefghijklmn!"), std::string(32, 'f'), std::string(255, 'x'),
+        std::string("a\0b", 3)}) {
+    SCOPED_TRACE(o);
+    const OwnerToken owner = OwnerToken::from_string(o);
+    for (int path = 0; path < 3; ++path) {  // native complete, general complete, release
+      auto k = key();
+      ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", owner, 30'000ms).status);
+      auto busy = store_->claim(k, "fp", OwnerToken::generate(), 30'000ms);
+      EXPECT_EQ(ClaimStatus::kBusy, busy.status);
+      EXPECT_EQ(o, busy.holder);
+      EXPECT_EQ(o, store_->lookup(k)->owner);
+      RedisStore other(RedisStoreOptions{url_});
+      EXPECT_FALSE(other.release(k, OwnerToken::generate()));
+      if (path == 2) {
+        EXPECT_TRUE(other.release(k, owner));
+        EXPECT_FALSE(store_->lookup(k).has_value());
+        continue;
+      }
+      ASSERT_TRUE((path == 0 ? *store_ : other).complete(k, owner, "r", std::chrono::seconds(60)));
+      EXPECT_EQ("r", store_->claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
+    }
+  }
+  EXPECT_THROW(store_->claim(key(), "fp", OwnerToken::from_string(std::string(256, 'x')), 30'000ms),
+               idem::UsageError);
+}
+
 // Fingerprints that do not pack (not 64 lowercase hex characters) are stored as given.
 TEST_F(RedisStoreTest, AnyFingerprintRoundTrips) {
   const std::string hex = idem::fingerprint("x");
