@@ -20,6 +20,7 @@
 #include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "pool.hpp"
+#include "record_codec.hpp"
 #include "router.hpp"
 #include "scripts.hpp"
 #include "uri.hpp"
@@ -104,12 +105,15 @@ class RedisKey : public SmallBuf {
   }
 };
 
-// "I1P<#owner>:<owner>": the prefix of `owner`'s in-progress record (see scripts.hpp).
+// The prefix of `owner`'s in-progress record (record_codec.hpp), in format 2 or format 1.
 class ClaimPrefix : public SmallBuf {
  public:
-  explicit ClaimPrefix(const OwnerToken& owner) {
-    append("I1P").append(Num(static_cast<long long>(owner.str().size())).view()).append(':');
-    append(owner.str());
+  explicit ClaimPrefix(const OwnerToken& owner, int format = 2) {
+    if (format == 2) {
+      detail::append_claim_prefix(*this, owner.str());
+    } else {
+      detail::append_v1_claim_prefix(*this, owner.str());
+    }
   }
 };
 
@@ -135,9 +139,8 @@ int append_command(redisContext* c, int argc, const char** argv, const std::size
 struct HeldClaim {
   std::string owner;
   std::string redis_key;
-  std::string record;          // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
-  std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
-  std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
+  std::string record;         // the in-progress record (detail::append_claim_record)
+  std::size_t owner_end = 0;  // where its creation time starts
   std::chrono::steady_clock::time_point sent_at{};  // just before the claim was sent
   std::chrono::milliseconds lease{0};
   bool used = false;
@@ -226,46 +229,8 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
   detail::throw_error(Failure{Failure::Kind::kCorrupt, what, reason});
 }
 
-// The C++ side of scripts.hpp's encoding.
-struct Decoded {
-  char status = 0;
-  long long created = 0;
-  long long deadline = 0;
-  std::string_view owner, fingerprint, response;
-};
-
-bool decode(std::string_view v, Decoded& out) {
-  if (v.size() < 4 || v[0] != 'I' || v[1] != '1' ||
-      !idem::detail::record_status_from_letter(v[2])) {
-    return false;
-  }
-  out.status = v[2];
-  const char* p = v.data() + 3;
-  const char* const end = v.data() + v.size();
-  auto number = [&](long long& n) {
-    auto res = std::from_chars(p, end, n);
-    if (res.ec != std::errc() || res.ptr == p || res.ptr == end || *res.ptr != ':' || n < 0) {
-      return false;
-    }
-    p = res.ptr + 1;
-    return true;
-  };
-  auto bytes = [&](long long n, std::string_view& field) {
-    if (static_cast<unsigned long long>(n) > static_cast<unsigned long long>(end - p)) {
-      return false;
-    }
-    field = std::string_view(p, static_cast<std::size_t>(n));
-    p += n;
-    return true;
-  };
-  long long ol = 0, fl = 0;
-  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(out.deadline) ||
-      !number(fl) || !bytes(fl, out.fingerprint)) {
-    return false;
-  }
-  out.response = std::string_view(p, static_cast<std::size_t>(end - p));
-  return out.status != 'P' || out.response.empty();
-}
+using detail::decode;
+using detail::Decoded;
 
 template <class Duration>
 std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fallback) {
@@ -410,12 +375,12 @@ class IDEM_LOCAL RedisStore::Impl {
     detail::throw_error(Failure{Failure::Kind::kServer, what, text_of(r)});
   }
 
-  // EVALSHA with up to 5 arguments; on NOSCRIPT (a restarted or flushed server) runs the
+  // EVALSHA with up to 7 arguments; on NOSCRIPT (a restarted or flushed server) runs the
   // script once with EVAL, which also loads it. Error replies throw.
   ReplyUPtr eval(const Script& script, Op op, std::string_view key,
                  std::initializer_list<std::string_view> args) {
-    const char* argv[9];
-    std::size_t lens[9];
+    const char* argv[11];
+    std::size_t lens[11];
     argv[0] = "EVALSHA";
     lens[0] = 7;
     argv[1] = script.sha.data();
@@ -461,8 +426,8 @@ class IDEM_LOCAL RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num lease_ms(lease.count());
     SmallBuf record;  // the in-progress record this claim writes if the key is absent
-    std::size_t head_end = 0, tail_begin = 0;
-    build_claim_record(record, owner, fingerprint, lease, head_end, tail_begin);
+    std::size_t owner_end = 0;
+    build_claim_record(record, owner, fingerprint, lease, owner_end);
     const auto sent_at = std::chrono::steady_clock::now();
     ReplyUPtr r;
     if (native_claim_.load(std::memory_order_relaxed)) {
@@ -491,7 +456,7 @@ class IDEM_LOCAL RedisStore::Impl {
       result.status = ClaimStatus::kClaimed;
       LastClaim& lc = last_claim;
       lc.store = this;
-      hold(lc.claim, owner, rk.view(), record.view(), head_end, tail_begin, sent_at, lease);
+      hold(lc.claim, owner, rk.view(), record.view(), owner_end, sent_at, lease);
       return result;
     }
     if (r->type != REDIS_REPLY_STRING) {
@@ -503,25 +468,19 @@ class IDEM_LOCAL RedisStore::Impl {
 
   static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
                                  std::string_view fingerprint, std::chrono::milliseconds lease,
-                                 std::size_t& head_end, std::size_t& tail_begin) {
+                                 std::size_t& owner_end) {
     const long long now = to_millis(system_now());
-    record.append(ClaimPrefix(owner).view());
-    record.append(Num(now).view());
-    head_end = record.view().size();
-    record.append(':').append(Num(now + lease.count()).view()).append(':');
-    tail_begin = record.view().size();
-    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
-    record.append(fingerprint);
+    detail::append_claim_record(record, owner.str(), fingerprint, now, now + lease.count(),
+                                owner_end);
   }
 
   static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
-                   std::string_view record, std::size_t head_end, std::size_t tail_begin,
+                   std::string_view record, std::size_t owner_end,
                    std::chrono::steady_clock::time_point sent_at, std::chrono::milliseconds lease) {
     h.owner.assign(owner.str());
     h.redis_key.assign(rk.data(), rk.size());
     h.record.assign(record.data(), record.size());
-    h.head_end = head_end;
-    h.tail_begin = tail_begin;
+    h.owner_end = owner_end;
     h.sent_at = sent_at;
     h.lease = lease;
     h.used = false;
@@ -578,13 +537,9 @@ class IDEM_LOCAL RedisStore::Impl {
     return age < margin;
   }
 
-  // "I1C<#owner>:<owner><created>:<deadline>:<#fp>:<fp><response>" from the held claim.
-  static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view deadline,
-                               std::string_view response) {
-    std::string_view rec = h.record;
-    out.append("I1C").append(rec.substr(3, h.head_end - 3)).append(':');
-    out.append(deadline).append(':').append(rec.substr(h.tail_begin));
-    out.append(response);
+  // The completed record of the held claim (detail::append_completed).
+  static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view response) {
+    detail::append_completed(out, h.record, h.owner_end, response);
   }
 
   // Reads one pipelined reply. A connection-level failure drops the connection and throws.
@@ -627,7 +582,7 @@ class IDEM_LOCAL RedisStore::Impl {
     std::vector<ClaimResult> out(requests.size());
     if (requests.empty()) return out;
     struct Pending {
-      std::size_t head_end = 0, tail_begin = 0;
+      std::size_t owner_end = 0;
       std::string_view key, record;
     };
     std::vector<Pending> pending(requests.size());
@@ -637,7 +592,7 @@ class IDEM_LOCAL RedisStore::Impl {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       SmallBuf record;
       build_claim_record(record, *requests[i].owner, requests[i].fingerprint, lease,
-                         pending[i].head_end, pending[i].tail_begin);
+                         pending[i].owner_end);
       buffer.add(rk.view());
       buffer.add(record.view());
     }
@@ -675,7 +630,7 @@ class IDEM_LOCAL RedisStore::Impl {
         out[i].status = ClaimStatus::kClaimed;
         if (lb.size == lb.claims.size()) lb.claims.emplace_back();
         hold(lb.claims[lb.size++], *requests[i].owner, pending[i].key, pending[i].record,
-             pending[i].head_end, pending[i].tail_begin, sent_at, lease);
+             pending[i].owner_end, sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
         answer(text_of(r), requests[i].fingerprint, *requests[i].owner, pending[i].key, out[i]);
       } else if (r->type == REDIS_REPLY_ERROR &&
@@ -707,7 +662,6 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     std::vector<std::size_t> native, scripted;
     // keys[i] and expected[i] view the held claim (this thread's, untouched until the next
     // claim); the completed records go into one buffer.
@@ -722,7 +676,7 @@ class IDEM_LOCAL RedisStore::Impl {
           !router_.clustered()) {
         h->used = true;
         SmallBuf completed;
-        completed_record(completed, *h, deadline.view(), requests[i].response);
+        completed_record(completed, *h, requests[i].response);
         keys[i] = h->redis_key;
         value_slot[i] = buffer.add(completed.view());
         expected[i] = h->record;
@@ -752,7 +706,7 @@ class IDEM_LOCAL RedisStore::Impl {
       for (std::size_t j = 0; j < native.size(); ++j) {
         const std::size_t i = native[j];
         try {
-          out[i] = settle_native(conn, replies[j].get(), expected[i], keys[i]);
+          out[i] = settle_native(conn, replies[j].get(), expected[i], keys[i], ms.view());
         } catch (const CorruptRecord&) {
           if (!first_error) first_error = std::current_exception();
         }
@@ -771,7 +725,7 @@ class IDEM_LOCAL RedisStore::Impl {
   // so the previous value is put back at once (an idem record with its own deadline) and the
   // lease counts as lost, or the value is reported as foreign.
   bool settle_native(detail::Pool::Lease& conn, const redisReply* r, std::string_view expected,
-                     std::string_view key) {
+                     std::string_view key, std::string_view retention_ms) {
     if (r->type == REDIS_REPLY_NIL) return false;
     if (r->type == REDIS_REPLY_STRING && text_of(r) == expected) return true;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -787,6 +741,10 @@ class IDEM_LOCAL RedisStore::Impl {
       Num at(d.deadline);
       const char* argv[] = {"SET", key.data(), old.data(), "PXAT", at.view().data()};
       const std::size_t lens[] = {3, key.size(), old.size(), 4, at.view().size()};
+      back = exec(conn, 5, argv, lens, Op::kComplete, key);
+    } else if (ours) {  // a completed record of format 2 keeps no deadline: the retention
+      const char* argv[] = {"SET", key.data(), old.data(), "PX", retention_ms.data()};
+      const std::size_t lens[] = {3, key.size(), old.size(), 2, retention_ms.size()};
       back = exec(conn, 5, argv, lens, Op::kComplete, key);
     } else {
       const char* argv[] = {"SET", key.data(), old.data()};
@@ -805,14 +763,13 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
     // on servers older than 7.0 (and with claim_script), which then take the general script.
     HeldClaim* h = find_held(owner, rk.view());
     if (h != nullptr && native_claim_.load(std::memory_order_relaxed)) {
       h->used = true;  // one use
       SmallBuf completed;
-      completed_record(completed, *h, deadline.view(), response);
+      completed_record(completed, *h, response);
       if (within_margin(*h) && !router_.clustered()) {
         // Nobody else can hold the key yet (see RedisStoreOptions::native_complete_fraction):
         // one native SET, no script. (In a cluster the routed script path follows redirects.)
@@ -823,7 +780,7 @@ class IDEM_LOCAL RedisStore::Impl {
         detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, rk.view());
         ReplyUPtr r = exec(conn, 7, argv, lens, Op::kComplete, rk.view());
         native_completes_.fetch_add(1, std::memory_order_relaxed);
-        return settle_native(conn, r.get(), h->record, rk.view());
+        return settle_native(conn, r.get(), h->record, rk.view(), ms.view());
       }
       script_completes_.fetch_add(1, std::memory_order_relaxed);
       ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
@@ -831,10 +788,8 @@ class IDEM_LOCAL RedisStore::Impl {
       return flag(r, Op::kComplete, rk.view());
     }
     script_completes_.fetch_add(1, std::memory_order_relaxed);
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
-                       {mine.view(), response, ms.view(), deadline.view(), "C"});
-    return flag(r, Op::kComplete, rk.view());
+    return complete_script(Op::kComplete, rk.view(), owner, response, ms.view(),
+                           to_millis(system_now()) + ret_ms, 'C');
   }
 
   // The general complete script writing a failed record ('F'): always owner-checked.
@@ -845,28 +800,40 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(complete_, Op::kFail, rk.view(),
-                       {mine.view(), reason, ms.view(), deadline.view(), "F"});
-    return flag(r, Op::kFail, rk.view());
+    return complete_script(Op::kFail, rk.view(), owner, reason, ms.view(),
+                           to_millis(system_now()) + ret_ms, 'F');
+  }
+
+  // kCompleteScript: writes a completed ('C') or failed ('F') record over `owner`'s claim, in
+  // the claim's own format (a format-1 claim of an earlier version stays format 1).
+  bool complete_script(Op op, std::string_view rk, const OwnerToken& owner,
+                       std::string_view response, std::string_view retention_ms,
+                       long long deadline, char status) {
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    const char tag = detail::final_tag(status);
+    Num decimal(deadline);  // format 1 keeps the deadline
+    ReplyUPtr r = eval(complete_, op, rk,
+                       {mine.view(), response, retention_ms, std::string_view(&tag, 1),
+                        std::string_view(&status, 1), mine_v1.view(), decimal.view()});
+    return flag(r, op, rk);
   }
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
     if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view(), mine_v1.view()});
     return flag(r, Op::kRelease, rk.view());
   }
 
   bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
     if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
     RedisKey rk(options_.key_prefix, key);
-    ClaimPrefix mine(owner);
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
     Num ms(lease.count());
-    ReplyUPtr r = eval(extend_, Op::kExtend, rk.view(), {mine.view(), ms.view()});
+    ReplyUPtr r =
+        eval(extend_, Op::kExtend, rk.view(), {mine.view(), mine_v1.view(), ms.view()});
     return flag(r, Op::kExtend, rk.view());
   }
 
@@ -877,15 +844,9 @@ class IDEM_LOCAL RedisStore::Impl {
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
     // Owner unknown (the durable store decided): stored empty.
     std::string value;
-    value.reserve(40 + fingerprint.size() + response.size());
+    value.reserve(64 + fingerprint.size() + response.size());
     const long long now = to_millis(system_now());
-    value.append("I1C0:").append(Num(now).view()).append(1, ':');
-    value
-        .append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
-                    .view())
-        .append(1, ':');
-    value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
-    value.append(fingerprint).append(response);
+    detail::append_filled(value, fingerprint, now, response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
     ReplyUPtr r = command(Op::kFill, rk.view(), 5, argv, lens);

@@ -272,8 +272,10 @@ class SqliteSource final : public RecordSource, public Admin {
       // Short batches: the service's writers wait at most one batch.
       int n = guarded([&] {
         return db_->write([&](idem::sqlite::Transaction& tx) {
-          return tx.exec("DELETE FROM " + table_ + " WHERE id IN (SELECT id FROM " + table_ +
-                             where + " LIMIT 1000)",
+          // Rows named by their unique key: schema 2 tables have no id column.
+          const std::string key = options_.key_column + ", " + options_.scope_column;
+          return tx.exec("DELETE FROM " + table_ + " WHERE (" + key + ") IN (SELECT " + key +
+                             " FROM " + table_ + where + " LIMIT 1000)",
                          t);
         });
       });

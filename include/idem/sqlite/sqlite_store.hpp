@@ -5,7 +5,10 @@
 //
 // `SqliteStore` keeps idempotency records in a table with a unique key on (key, scope) — by
 // default `api_idempotency (idem_key, biz_type)`, or `mq_consume_record (message_id,
-// consumer_group)` for MQ consumers — created by an idempotent, versioned migration.
+// consumer_group)` for MQ consumers — created by an idempotent, versioned migration. Tables
+// created now are schema version 2: `WITHOUT ROWID`, keyed by (key, scope), idem fingerprints
+// stored as their 32 bytes, one expiry index for the purge. Tables of version 1 (created
+// before, or adopted by name) keep their layout and work unchanged (docs/versioning.md).
 //
 // Concurrency: SQLite allows one writer at a time. A `Database` serialises this process's
 // writers on a timed mutex (FIFO-ish, no busy polling) and takes the file lock with

@@ -37,9 +37,9 @@ std::unique_ptr<idem::FastStore> make_cluster_script_claim(const std::string& ur
 }  // namespace
 
 IDEM_FAST_STORE_CONFORMANCE(
-    RedisCluster, (FastStoreFactory{"redis_cluster", "IDEM_TEST_REDIS_CLUSTER_URL", make_cluster}),
+    RedisCluster, (FastStoreFactory{"redis_cluster", "IDEM_TEST_REDIS_CLUSTER_URL", make_cluster, false}),
     (FastStoreFactory{"redis_cluster_script_claim", "IDEM_TEST_REDIS_CLUSTER_URL",
-                      make_cluster_script_claim}))
+                      make_cluster_script_claim, false}))
 
 namespace {
 
