@@ -1021,7 +1021,7 @@ bool PostgresStore::release(const Key& key, const OwnerToken& owner) {
 bool PostgresStore::extend(const Key& key, const OwnerToken& owner,
                            std::chrono::milliseconds lease) {
   if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
-  return autocommit(*pool_, "extend", true, [&](pqxx::nontransaction& nt) {
+  return autocommit(*pool_, impl_->watch.get(), "extend", true, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kExtend, key.id(), key.scope(), owner.str(),
                                   static_cast<long long>(lease.count()))
                 .empty();
