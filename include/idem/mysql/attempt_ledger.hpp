@@ -38,7 +38,10 @@ namespace idem::mysql {
 /// Durable AttemptLedger in MySQL. Thread-safe. The store must outlive it.
 class MysqlAttemptLedger final : public AttemptLedger {
  public:
-  /// Creates the table if missing. @param table a validated identifier.
+  /// Creates the table if missing.
+  /// @param store supplies connections (it must outlive the ledger)
+  /// @param table a validated identifier
+  /// @param migrate create the table when it is missing
   /// @throws idem::UsageError for a bad table name, idem::StorageError subclasses.
   explicit MysqlAttemptLedger(MysqlStore& store, std::string table = "mq_consume_attempt",
                               bool migrate = true)

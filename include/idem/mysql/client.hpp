@@ -83,6 +83,7 @@ IDEM_EXPORT ConnectionOptions parse_uri(std::string_view uri);
 /// throws for a server or client-library error (catch `const idem::mysql::ServerError&`).
 class IDEM_EXPORT ServerError {
  public:
+  /// The error's number and SQLSTATE.
   ServerError(unsigned number, std::string sqlstate)
       : number_(number), sqlstate_(std::move(sqlstate)) {}
   virtual ~ServerError() = default;
@@ -100,6 +101,7 @@ class IDEM_EXPORT ServerError {
 template <class Base>
 class Failure final : public Base, public ServerError {
  public:
+  /// The message of `Base`, the server's error number and SQLSTATE.
   Failure(const std::string& what, unsigned number, std::string sqlstate)
       : Base(what), ServerError(number, std::move(sqlstate)) {}
 };
@@ -108,23 +110,25 @@ class Failure final : public Base, public ServerError {
 /// retryable as such; the transaction is still open and usable.
 class IDEM_EXPORT DuplicateKey final : public StorageError, public ServerError {
  public:
+  /// The message, the server's error number (1062) and SQLSTATE.
   DuplicateKey(const std::string& what, unsigned number, std::string sqlstate)
       : StorageError(what), ServerError(number, std::move(sqlstate)) {}
 };
 
 /// A value to bind as bytes (BLOB, VARBINARY): stored and read back exactly.
 struct Blob {
-  std::string_view bytes;
+  std::string_view bytes;  ///< the bytes (not copied: they must outlive the statement)
 };
 
 /// One bound value (built from the arguments of Session::exec and friends).
 struct Param {
+  /// Which member holds the value.
   enum class Kind : unsigned char { kNull, kInt, kUnsigned, kDouble, kText, kBlob };
-  Kind kind = Kind::kNull;
-  std::int64_t i = 0;
-  std::uint64_t u = 0;
-  double d = 0;
-  std::string_view bytes;
+  Kind kind = Kind::kNull;  ///< the value's kind
+  std::int64_t i = 0;       ///< kInt
+  std::uint64_t u = 0;      ///< kUnsigned
+  double d = 0;             ///< kDouble
+  std::string_view bytes;   ///< kText and kBlob (not copied)
 };
 
 /// One column of a result row.
@@ -279,6 +283,7 @@ class IDEM_EXPORT Session {
   friend std::optional<std::int64_t> detail::helper_value(Session&, std::string_view, const Param*,
                                                           std::size_t);
   friend detail::Connection& detail::connection_of(Session&) noexcept;
+  /// The pooled connection this session runs on.
   detail::Connection* conn_;
 };
 

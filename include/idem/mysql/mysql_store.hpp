@@ -165,6 +165,11 @@ class IDEM_EXPORT MysqlStore {
 
   /// Transactional mode (see the durable store contract, idem/durable_store.hpp, and the file
   /// comment).
+  /// @param key the operation's key
+  /// @param fingerprint the payload's fingerprint
+  /// @param owner this attempt's token
+  /// @param retention how long the completed record is kept
+  /// @param hint what the guard knows (DurableHint); never changes the answer
   /// @param handler `std::string(Transaction&)`; may be called again after a deadlock or lock
   ///        wait timeout (the earlier transaction was rolled back).
   /// @return kCommitted (ran and committed; `response` holds its bytes), kReplayed, kBusy,

@@ -57,6 +57,7 @@ using StreamResume = stream::StreamResume;
 class ChunkStore {
  public:
   /// @param store supplies connections (its pool).
+  /// @param options the table and its columns
   /// @throws idem::UsageError for a bad table name; idem::StorageError subclasses when the
   ///         table cannot be created.
   explicit ChunkStore(MysqlStore& store, ChunkStoreOptions options = {})
