@@ -84,25 +84,6 @@ Found parse_found(Row& row, const Key& key) {
   return f;
 }
 
-// The rulebook's view of a row (liveness and expiry by the database clock).
-idem::detail::FoundRecord found_record(const Found& f) noexcept {
-  idem::detail::FoundRecord r;
-  r.status = f.record.status;
-  r.fingerprint = f.record.fingerprint;
-  r.owner = f.record.owner;
-  r.response = f.record.response;
-  r.created_at = f.record.created_at;
-  r.lease_live = f.live;
-  r.retention_over = f.expired;
-  return r;
-}
-
-ClaimResult busy() {
-  ClaimResult c;
-  c.status = ClaimStatus::kBusy;
-  return c;
-}
-
 // Whether `s` is well-formed UTF-8 (for text response columns).
 bool valid_utf8(std::string_view s) noexcept {
   std::size_t i = 0;
@@ -150,8 +131,7 @@ struct IDEM_LOCAL MysqlStore::Impl {
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
   std::string claim, read, probe, probe_locked, takeover, remove_expired, complete, fail, release,
-      extend,
-      purge_select, purge_delete_head, resolve, batch_head, batch_row;
+      extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
@@ -248,8 +228,9 @@ struct IDEM_LOCAL MysqlStore::Impl {
       exec(c, locked ? probe_locked : probe, "claim", &rows, key.id(), key.scope());
       if (rows.empty()) continue;  // deleted meanwhile (released, purged): claim again
       Found f = parse_found(rows[0], key);
-      idem::detail::ClaimDecision d =
-          idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+      idem::detail::ClaimDecision d = idem::detail::decide_claim(
+          idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
+          owner.str());
       switch (d.action) {
         case idem::detail::ClaimAction::kAnswer:
         case idem::detail::ClaimAction::kKeep:
@@ -265,7 +246,7 @@ struct IDEM_LOCAL MysqlStore::Impl {
       if (u.affected == 1) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
-    return busy();
+    return idem::detail::busy_claim();
   }
 
   // Reads the response column's definition and the server's max_allowed_packet once.
@@ -471,8 +452,9 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
         impl_->exec(c, impl_->probe, "read", &rows, key.id(), key.scope());
         if (!rows.empty()) {
           Found f = parse_found(rows[0], key);
-          idem::detail::ClaimDecision d =
-              idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+          idem::detail::ClaimDecision d = idem::detail::decide_claim(
+              idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
+              owner.str());
           if (d.action == idem::detail::ClaimAction::kAnswer &&
               (d.result.status == ClaimStatus::kDone ||
                d.result.status == ClaimStatus::kMismatch)) {
@@ -522,7 +504,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
         // The claim waited lock_wait_timeout on a transaction holding the key. Only the claim
         // ran in this (now rolled back) transaction: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return TransactionalResult::found(busy());
+        return TransactionalResult::found(idem::detail::busy_claim());
       }
       // Deadlocks and lock wait timeouts re-run the transaction, whoever raised them (the
       // handler's own statements included): the earlier attempt was rolled back entirely.
@@ -559,7 +541,7 @@ ClaimResult MysqlStore::begin(const Key& key, std::string_view fingerprint, cons
     } catch (const ServerError& e) {
       if (e.error_number() != detail::kLockWaitTimeout) throw;
       impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-      return busy();
+      return idem::detail::busy_claim();
     }
   });
 }
@@ -621,8 +603,9 @@ bool MysqlStore::extend(const Key& key, const OwnerToken& owner, std::chrono::mi
   if (lease.count() <= 0) throw UsageError("idem::mysql: the lease must be positive");
   const long long lease_us = lease.count() * 1000;
   return impl_->autocommit(true, [&](detail::Connection& c) {
-    return impl_->exec(c, impl_->extend, "extend", nullptr, key.id(), key.scope(), owner.str(),
-                       lease_us)
+    return impl_
+               ->exec(c, impl_->extend, "extend", nullptr, key.id(), key.scope(), owner.str(),
+                      lease_us)
                .affected == 1;
   });
 }
@@ -640,7 +623,7 @@ ClaimResult MysqlStore::claim_in(Transaction& tx, const Key& key, std::string_vi
     // statement says so).
     if (e.error_number() != detail::kLockWaitTimeout) throw;
     impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-    return busy();
+    return idem::detail::busy_claim();
   }
 }
 

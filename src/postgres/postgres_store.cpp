@@ -87,25 +87,6 @@ Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key)
   return f;
 }
 
-// The rulebook's view of a row (liveness and expiry by the database clock).
-idem::detail::FoundRecord found_record(const Found& f) noexcept {
-  idem::detail::FoundRecord r;
-  r.status = f.record.status;
-  r.fingerprint = f.record.fingerprint;
-  r.owner = f.record.owner;
-  r.response = f.record.response;
-  r.created_at = f.record.created_at;
-  r.lease_live = f.live;
-  r.retention_over = f.expired;
-  return r;
-}
-
-ClaimResult busy() {
-  ClaimResult c;
-  c.status = ClaimStatus::kBusy;
-  return c;
-}
-
 bool is_retryable_rollback(const std::string& state) {
   return state == "40001" || state == "40P01";
 }
@@ -286,7 +267,8 @@ struct IDEM_LOCAL PostgresStore::Impl {
     v.emplace_back(kExtend, "UPDATE " + t +
                                 " SET lease_until = clock_timestamp() + $4::bigint * interval"
                                 " '1 millisecond', updated_at = now()" +
-                                where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
+                                where +
+                                " AND owner = $3 AND status = 'in_progress' RETURNING true");
     // Short batches; SKIP LOCKED never waits on a row a claim or completion is touching.
     // Rows by their key (tables of either schema version; unique across partitions too).
     v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE (" + k + ", " + s + ") IN (SELECT " + k +
@@ -314,8 +296,9 @@ struct IDEM_LOCAL PostgresStore::Impl {
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
       if (!again.empty()) found = parse_found(again[0], 0, key);
       if (!found) continue;  // deleted meanwhile (released, purged): claim again
-      idem::detail::ClaimDecision d =
-          idem::detail::decide_claim(found_record(*found), fingerprint, owner.str());
+      idem::detail::ClaimDecision d = idem::detail::decide_claim(
+          idem::detail::found_by_store_clock(found->record, found->live, found->expired),
+          fingerprint, owner.str());
       switch (d.action) {
         case idem::detail::ClaimAction::kAnswer:
         case idem::detail::ClaimAction::kKeep:
@@ -331,14 +314,14 @@ struct IDEM_LOCAL PostgresStore::Impl {
       if (!u.empty()) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
-    return busy();
+    return idem::detail::busy_claim();
   }
 
   // Resolves a COMMIT whose connection was lost: ask the server on a fresh connection whether
   // transaction `xid` committed, and re-read the record.
-  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key,
-                                     const OwnerToken& owner, long long xid, std::string response,
-                                     bool took_over, const std::string& cause) {
+  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key, const OwnerToken& owner,
+                                     long long xid, std::string response, bool took_over,
+                                     const std::string& cause) {
     // At most ~1 s of asking, and never past client_timeout (the server may be unreachable).
     const auto give_up = std::chrono::steady_clock::now() + options.client_timeout;
     for (int i = 0; i < 50; ++i) {
@@ -603,8 +586,9 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
           pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
           if (!r.empty()) {
             Found f = parse_found(r[0], 0, key);
-            idem::detail::ClaimDecision d =
-                idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+            idem::detail::ClaimDecision d = idem::detail::decide_claim(
+                idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
+                owner.str());
             if (d.action == idem::detail::ClaimAction::kAnswer &&
                 (d.result.status == ClaimStatus::kDone ||
                  d.result.status == ClaimStatus::kMismatch)) {
@@ -699,7 +683,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         // The claim waited lock_timeout on a transaction holding the key. Only the claim ran in
         // this (now rolled back) transaction, so nothing is lost: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return TransactionalResult::found(busy());
+        return TransactionalResult::found(idem::detail::busy_claim());
       }
       detail::rethrow_translated("transaction");
     } catch (...) {
@@ -729,7 +713,7 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
         tx.exec("ROLLBACK TO SAVEPOINT idem_claim");
         tx.exec("RELEASE SAVEPOINT idem_claim");
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return busy();
+        return idem::detail::busy_claim();
       }
     } catch (...) {
       detail::rethrow_translated("claim");
@@ -965,7 +949,7 @@ ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() != "55P03") throw;
       impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-      return busy();
+      return idem::detail::busy_claim();
     }
   });
 }

@@ -79,6 +79,29 @@ inline FoundRecord found_at(const Record& r, TimePoint now) noexcept {
   return f;
 }
 
+/// The same description from a Record whose liveness and expiry the store's own clock decided
+/// (SQL stores compute both in the statement that read the row).
+inline FoundRecord found_by_store_clock(const Record& r, bool lease_live,
+                                        bool retention_over) noexcept {
+  FoundRecord f;
+  f.status = r.status;
+  f.fingerprint = r.fingerprint;
+  f.owner = r.owner;
+  f.response = r.response;
+  f.created_at = r.created_at;
+  f.lease_live = lease_live;
+  f.retention_over = retention_over;
+  return f;
+}
+
+/// A claim's answer when another attempt holds the key and the store cannot say who (a lock
+/// wait gave up, a uniqueness race was lost to a writer still in flight).
+inline ClaimResult busy_claim() {
+  ClaimResult c;
+  c.status = ClaimStatus::kBusy;
+  return c;
+}
+
 /// What a store does after a claim found a record (see the file comment).
 enum class ClaimAction {
   kAnswer,    ///< write nothing; answer `ClaimDecision::result` (busy, done, mismatch)
