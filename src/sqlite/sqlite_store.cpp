@@ -30,11 +30,6 @@ class WriterLock {
     held_ = true;
     return true;
   }
-  void lock() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !held_; });
-    held_ = true;
-  }
   void unlock() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -275,8 +270,11 @@ class IDEM_LOCAL Database::Impl {
 
   Connection* acquire_reader() {
     if (memory_) {
-      // One connection: readers share the writer's lock.
-      writer_mutex_.lock();
+      // One connection: readers share the writer's lock, and wait for it as long as a writer.
+      if (!writer_mutex_.try_lock_for(options_.busy_timeout)) {
+        throw StorageTimeout("sqlite: no lock on '" + path_ + "' for a read within " +
+                             std::to_string(options_.busy_timeout.count()) + " ms");
+      }
       return writer_.get();
     }
     std::unique_lock<std::mutex> lock(pool_mutex_);

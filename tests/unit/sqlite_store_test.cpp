@@ -21,8 +21,9 @@ struct SqliteTraits {
     static idem::test::TempDir dir;
     auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
     store->database().write([](idem::sqlite::Transaction& tx) {
-      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
-              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS idem_test_effects ("
+          " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
     });
     return store;
   }
@@ -78,8 +79,9 @@ struct HintedSqliteTraits : SqliteTraits {
     static idem::test::TempDir dir;
     auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
     store->database().write([](idem::sqlite::Transaction& tx) {
-      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
-              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS idem_test_effects ("
+          " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
     });
     return store;
   }
@@ -212,10 +214,9 @@ void create_schema_one_table(idem::sqlite::Transaction& tx) {
 std::string stored_type(idem::sqlite::SqliteStore& store, const idem::Key& key) {
   return store.database()
       .read([&](idem::sqlite::Session& s) {
-        return s.query_text(
-            "SELECT typeof(fingerprint) FROM " + store.table() +
-                " WHERE idem_key = ? AND biz_type = ?",
-            key.id(), key.scope());
+        return s.query_text("SELECT typeof(fingerprint) FROM " + store.table() +
+                                " WHERE idem_key = ? AND biz_type = ?",
+                            key.id(), key.scope());
       })
       .value_or("absent");
 }
@@ -242,8 +243,8 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
       tx.exec(insert, "done", "completed", fp, owner, idem::sqlite::Blob{"pay_1"}, now,
               now + 3'600'000, now);
       tx.exec(insert, "held", "in_progress", fp, owner, nullptr, now + 60'000, nullptr, now);
-      tx.exec(insert, "old", "completed", fp, owner, idem::sqlite::Blob{"gone"}, now - 10,
-              now - 5, now - 20);
+      tx.exec(insert, "old", "completed", fp, owner, idem::sqlite::Blob{"gone"}, now - 10, now - 5,
+              now - 20);
     });
   }
   idem::sqlite::SqliteStore store(path);
@@ -261,8 +262,9 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
   EXPECT_EQ("pay_1", replay.response);
   EXPECT_EQ(owner, replay.holder);
   EXPECT_EQ(idem::ClaimStatus::kMismatch,
-            store.begin(done, idem::fingerprint("amount=11"), idem::OwnerToken::generate(),
-                        std::chrono::seconds(30))
+            store
+                .begin(done, idem::fingerprint("amount=11"), idem::OwnerToken::generate(),
+                       std::chrono::seconds(30))
                 .status);
   const auto held = idem::Key::make("pay", "held");
   EXPECT_EQ(idem::ClaimStatus::kBusy,
@@ -273,9 +275,9 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
   EXPECT_EQ(fp, store.lookup(held)->fingerprint);
   // New records keep the table's layout (text fingerprints an earlier version reads).
   const auto fresh = idem::Key::make("pay", "fresh");
-  auto r = store.run_transactional(fresh, fp, idem::OwnerToken::generate(),
-                                   std::chrono::seconds(60),
-                                   [](idem::sqlite::Transaction&) { return std::string("p3"); });
+  auto r =
+      store.run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("p3"); });
   EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
   EXPECT_EQ("text", stored_type(store, fresh));
   EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
@@ -294,10 +296,11 @@ TEST(SqliteStore, SchemaOneTableMovedToVersionTwoKeepsItsRecords) {
     auto db = std::make_shared<idem::sqlite::Database>(path);
     db->write([&](idem::sqlite::Transaction& tx) {
       create_schema_one_table(tx);
-      tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-              " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-              " ('done', 'pay', 'completed', ?1, 'o', x'7061795f31', ?2, ?3, ?2, ?2)",
-              fp, now, now + 3'600'000);
+      tx.exec(
+          "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+          " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+          " ('done', 'pay', 'completed', ?1, 'o', x'7061795f31', ?2, ?3, ?2, ?2)",
+          fp, now, now + 3'600'000);
     });
     db->write([](idem::sqlite::Transaction& tx) {
       tx.exec_script(
@@ -327,12 +330,12 @@ TEST(SqliteStore, SchemaOneTableMovedToVersionTwoKeepsItsRecords) {
   EXPECT_EQ("pay_1", replay.response);
   EXPECT_EQ("text", stored_type(store, done));  // copied as it was
   const auto fresh = idem::Key::make("pay", "fresh");
-  EXPECT_EQ(idem::TransactionalStatus::kCommitted,
-            store
-                .run_transactional(fresh, fp, idem::OwnerToken::generate(),
-                                   std::chrono::seconds(60),
-                                   [](idem::sqlite::Transaction&) { return std::string("p"); })
-                .status);
+  EXPECT_EQ(
+      idem::TransactionalStatus::kCommitted,
+      store
+          .run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                             [](idem::sqlite::Transaction&) { return std::string("p"); })
+          .status);
   EXPECT_EQ("blob", stored_type(store, fresh));  // new rows are packed
   EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
 }
@@ -398,16 +401,17 @@ TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
       if (two_phase) {
         ASSERT_EQ(idem::ClaimStatus::kClaimed,
                   store.begin(key, fp, owner, std::chrono::seconds(30)).status);
-        EXPECT_EQ(idem::ClaimStatus::kBusy,
-                  store.begin(key, fp, idem::OwnerToken::generate(), std::chrono::seconds(30))
-                      .status);
+        EXPECT_EQ(
+            idem::ClaimStatus::kBusy,
+            store.begin(key, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
         ASSERT_TRUE(store.complete(key, owner, "r", std::chrono::seconds(60)));
       } else {
-        ASSERT_EQ(idem::TransactionalStatus::kCommitted,
-                  store
-                      .run_transactional(key, fp, owner, std::chrono::seconds(60),
-                                         [](idem::sqlite::Transaction&) { return std::string("r"); })
-                      .status);
+        ASSERT_EQ(
+            idem::TransactionalStatus::kCommitted,
+            store
+                .run_transactional(key, fp, owner, std::chrono::seconds(60),
+                                   [](idem::sqlite::Transaction&) { return std::string("r"); })
+                .status);
       }
       EXPECT_EQ(fp == hex ? "blob" : "text", stored_type(store, key));
       EXPECT_EQ(fp, store.lookup(key)->fingerprint);
@@ -446,8 +450,7 @@ TEST(SqliteStore, RejectsBadIdentifiers) {
 }
 
 TEST(SqliteStore, UnopenablePathIsUnavailable) {
-  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"),
-               idem::StorageUnavailable);
+  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"), idem::StorageUnavailable);
 }
 
 TEST(SqliteStore, FailedRecordReplaysItsReason) {
@@ -455,8 +458,7 @@ TEST(SqliteStore, FailedRecordReplaysItsReason) {
   idem::sqlite::SqliteStore store(dir.file("f.sqlite"));
   auto key = idem::Key::make("billing", "poison");
   auto o = idem::OwnerToken::generate();
-  ASSERT_EQ(idem::ClaimStatus::kClaimed,
-            store.begin(key, "", o, std::chrono::seconds(30)).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.begin(key, "", o, std::chrono::seconds(30)).status);
   EXPECT_TRUE(store.fail(key, o, "too many attempts", std::chrono::seconds(60)));
   auto r = store.begin(key, "", idem::OwnerToken::generate(), std::chrono::seconds(30));
   EXPECT_EQ(idem::ClaimStatus::kDone, r.status);
@@ -500,9 +502,9 @@ TEST(SqliteStore, TransactionalRunTakesOverAnExpiredTwoPhaseRecord) {
   auto crashed = idem::OwnerToken::generate();
   ASSERT_EQ(idem::ClaimStatus::kClaimed,
             store.begin(key, "fp", crashed, std::chrono::milliseconds(100)).status);
-  auto busy = store.run_transactional(key, "fp", idem::OwnerToken::generate(),
-                                      std::chrono::seconds(60),
-                                      [](idem::sqlite::Transaction&) { return std::string("x"); });
+  auto busy =
+      store.run_transactional(key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("x"); });
   EXPECT_EQ(idem::TransactionalStatus::kBusy, busy.status);
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   auto fresh = idem::OwnerToken::generate();
@@ -531,6 +533,82 @@ TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {
   EXPECT_EQ(idem::Outcome::kReplayed, b.outcome);
   EXPECT_EQ("v", b.value.value());
   (void)a;
+}
+
+// Every SQLite wait is bounded by DatabaseOptions::busy_timeout and ends in a typed error:
+// another process holding the file's write lock (BEGIN IMMEDIATE waits in SQLite's busy
+// handler), this process's writer lock, and the one connection of a ":memory:" database.
+TEST(SqliteStore, AWriteLockHeldElsewhereEndsInStorageTimeoutAndTheRetryRunsOnce) {
+  idem::test::TempDir dir;
+  const std::string path = dir.file("busy.sqlite");
+  idem::sqlite::DatabaseOptions quick;
+  quick.busy_timeout = std::chrono::milliseconds(200);
+  auto db = std::make_shared<idem::sqlite::Database>(path, quick);
+  idem::sqlite::SqliteStore store(db);
+  idem::IdempotencyGuard guard{store};
+  idem::sqlite::Database other_process(path);  // its own connections: its own file locks
+  auto key = idem::Key::make("billing", "held");
+  int effects = 0;
+  auto charge = [&](idem::sqlite::Transaction&) {
+    ++effects;
+    return std::string("charged");
+  };
+  {
+    auto held = other_process.begin();
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)guard.run(key, "", charge);
+      ADD_FAILURE() << "a held file lock did not stop the call";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+    }
+    // Ended by the bound, not by the default 10 s (nor never).
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    held.rollback();
+  }
+  {
+    // A write transaction of this process (a long business transaction, say) holds the
+    // in-process writer lock: a call on another thread waits for it, bounded the same way.
+    auto mine = db->begin();
+    std::thread other_thread([&] {
+      try {
+        (void)guard.run(key, "", charge);
+        ADD_FAILURE() << "two write transactions at once";
+      } catch (const idem::StorageTimeout& e) {
+        EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+      }
+    });
+    other_thread.join();
+    mine.rollback();
+  }
+  EXPECT_EQ(0, effects);
+  auto r = guard.run(key, "", charge);
+  EXPECT_EQ(idem::Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(idem::Outcome::kReplayed, guard.run(key, "", charge).outcome);
+  EXPECT_EQ(1, effects);
+}
+
+TEST(SqliteStore, AnInMemoryDatabaseReaderWaitsForTheWriterNoLongerThanBusyTimeout) {
+  idem::sqlite::DatabaseOptions quick;
+  quick.busy_timeout = std::chrono::milliseconds(200);
+  idem::sqlite::Database db(":memory:", quick);
+  db.write([](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE t (v INTEGER)"); });
+  auto tx = db.begin();
+  tx.exec("INSERT INTO t (v) VALUES (1)");
+  std::thread reader([&] {
+    try {
+      (void)db.read(
+          [](idem::sqlite::Session& s) { return s.query_int64("SELECT count(*) FROM t"); });
+      ADD_FAILURE() << "read the one connection while a writer held it";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+    }
+  });
+  reader.join();
+  tx.commit();
+  EXPECT_EQ(1, db.read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM t").value_or(-1);
+  }));
 }
 
 }  // namespace
@@ -581,10 +659,11 @@ TEST(GuardSteps, CrashBeforeTheFastStoreUpdateLosesNothing) {
   int runs = 0;
   {
     idem::IdempotencyGuard guard{fast, durable, options};
-    EXPECT_THROW((void)guard.run(key, "", [&](idem::sqlite::Transaction&) {
-      ++runs;
-      return std::string("pay_1");
-    }),
+    EXPECT_THROW((void)guard.run(key, "",
+                                 [&](idem::sqlite::Transaction&) {
+                                   ++runs;
+                                   return std::string("pay_1");
+                                 }),
                  std::runtime_error);
   }
   idem::IdempotencyGuard guard{fast, durable};
@@ -614,27 +693,30 @@ TEST(SqliteStore, ForeignStatusAndLeaseValuesAreCorruptRecords) {
   auto status = idem::Key::make("pay", "odd_status");
   auto expiry = idem::Key::make("pay", "text_expiry");
   store.database().write([&](idem::sqlite::Transaction& tx) {
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
-            " 'tomorrow', 1, 1)",
-            lease.id(), lease.scope());
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-            " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
-            expiry.id(), expiry.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
+        " 'tomorrow', 1, 1)",
+        lease.id(), lease.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+        " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
+        expiry.id(), expiry.scope());
     tx.exec_script("PRAGMA ignore_check_constraints = ON");
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
-            " 1, 1, 1)",
-            status.id(), status.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
+        " 1, 1, 1)",
+        status.id(), status.scope());
     tx.exec_script("PRAGMA ignore_check_constraints = OFF");
   });
   for (const auto& key : {lease, status, expiry}) {
     SCOPED_TRACE(key.str());
     bool ran = false;
-    EXPECT_THROW((void)store.begin(key, "fp", idem::OwnerToken::generate(),
-                                   std::chrono::seconds(30)),
-                 idem::CorruptRecord);
+    EXPECT_THROW(
+        (void)store.begin(key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)),
+        idem::CorruptRecord);
     EXPECT_THROW((void)store.run_transactional(key, "fp", idem::OwnerToken::generate(),
                                                std::chrono::seconds(60),
                                                [&](idem::sqlite::Transaction&) {
