@@ -13,7 +13,7 @@
 #include "errors.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
-#include "pqxx_compat.hpp"
+#include "idem/postgres/detail/pqxx_compat.hpp"
 
 namespace idem::postgres {
 

@@ -74,13 +74,10 @@
 #include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
+#include "idem/postgres/connection_pool.hpp"
 #include "idem/store.hpp"
 
 namespace idem::postgres {
-
-namespace detail {
-struct PoolSlot;  // one pooled connection (src/postgres/connection_pool.cpp)
-}  // namespace detail
 
 /// Options of a PostgresStore.
 struct PostgresStoreOptions {
@@ -159,57 +156,6 @@ struct PostgresStoreOptions {
     o.scope_column = "consumer_group";
     return o;
   }
-};
-
-/// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
-class IDEM_EXPORT PooledConnection {
- public:
-  /// Takes over `other`'s loan (`other` then returns nothing).
-  PooledConnection(PooledConnection&& other) noexcept;
-  PooledConnection& operator=(PooledConnection&&) = delete;
-  PooledConnection(const PooledConnection&) = delete;
-  /// Returns the connection to the pool, or closes it if it broke.
-  ~PooledConnection();
-  /// The libpqxx connection (valid while this object lives).
-  pqxx::connection& get() const noexcept;
-  /// Marks the connection unusable: it is closed instead of returned.
-  void mark_broken() noexcept { broken_ = true; }
-
- private:
-  friend class ConnectionPool;
-  PooledConnection(class ConnectionPool* pool, detail::PoolSlot* slot) noexcept
-      : pool_(pool), slot_(slot) {}
-  ConnectionPool* pool_;
-  detail::PoolSlot* slot_;
-  bool broken_ = false;
-};
-
-/// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
-/// store's prepared statements and session settings, and are replaced when they break.
-class IDEM_EXPORT ConnectionPool {
- public:
-  /// Connection setup run once per new connection (prepare statements, SET ...).
-  using Setup = std::function<void(pqxx::connection&)>;
-  /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
-  /// long `acquire` waits when all are in use; @param setup run on each new connection.
-  ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
-                 Setup setup);
-  /// Closes the idle connections. Every PooledConnection must have been returned.
-  ~ConnectionPool();
-  ConnectionPool(const ConnectionPool&) = delete;
-  ConnectionPool& operator=(const ConnectionPool&) = delete;
-
-  /// Lends a connection. @throws idem::StorageUnavailable when none is free within the wait,
-  /// or a new connection cannot be opened.
-  PooledConnection acquire();
-  /// Connections currently open (idle + lent).
-  std::size_t open_connections() const;
-
- private:
-  friend class PooledConnection;
-  void give_back(detail::PoolSlot* slot, bool broken) noexcept;
-  class Impl;
-  std::unique_ptr<Impl> impl_;
 };
 
 /// Counters of a PostgresStore (always on).
@@ -365,8 +311,8 @@ class IDEM_EXPORT PostgresStore {
   }
   /// Contract: after decide_in granted the claim, the record completed (complete_in).
   void record_in(pqxx::work& tx, const Key& key, std::string_view /*fingerprint*/,
-                 const OwnerToken& owner, std::string_view response,
-                 std::chrono::seconds retention, const ClaimResult& /*decided*/) {
+                 const OwnerToken& owner, std::string_view response, std::chrono::seconds retention,
+                 const ClaimResult& /*decided*/) {
     complete_in(tx, key, owner, response, retention);
   }
   /// Contract: with `hint.fast_claimed`, the plain insert (insert_new_completed_batch_in;
@@ -403,8 +349,9 @@ class IDEM_EXPORT PostgresStore {
     std::string operator()(pqxx::work& tx) const { return call(self, tx); }
   };
   TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                     const OwnerToken& owner, std::chrono::seconds retention,
-                                     HandlerRef handler, bool read_first);
+                                             const OwnerToken& owner,
+                                             std::chrono::seconds retention, HandlerRef handler,
+                                             bool read_first);
   void run_in_transaction(const std::function<void(pqxx::work&)>& fn);
 
   struct Impl;
