@@ -235,15 +235,8 @@ class MemoryStore final : public FastStore {
 
   // The rulebook's view of an entry at `now`.
   static detail::FoundRecord found(const Entry& e, TimePoint now) noexcept {
-    detail::FoundRecord f;
-    f.status = e.status;
-    f.fingerprint = e.fingerprint;
-    f.owner = e.owner;
-    f.response = e.response;
-    f.created_at = e.created_at;
-    f.lease_live = e.status == Record::Status::kInProgress && e.lease_until > now;
-    f.retention_over = expired(e, now);
-    return f;
+    return detail::found_by_store_clock(
+        e, e.status == Record::Status::kInProgress && e.lease_until > now, expired(e, now));
   }
 
   static void check_lease(std::chrono::milliseconds lease) {
