@@ -142,18 +142,19 @@ inline constexpr const char* kCompleteScript = IDEM_REDIS_LUA_VALID
 // bytes start with ARGV[1], the claim prefix in format 2, or ARGV[2], in format 1) and well
 // formed, run `call` (the arguments of one redis.call) and answer 1; another idem record: 0;
 // anything else: {9, reason}.
-#define IDEM_REDIS_LUA_IF_MINE(call)                                \
-  IDEM_REDIS_LUA_VALID                                              \
-  "local v = redis.pcall('GET', KEYS[1])\n"                         \
-  "if type(v) == 'table' then return {9, tostring(v.err)} end\n"    \
-  "if not v then return 0 end\n"                                    \
-  "local mine = string.sub(v, 1, #ARGV[1]) == ARGV[1] or\n"         \
-  "             string.sub(v, 1, #ARGV[2]) == ARGV[2]\n"            \
-  "if mine and parse(v) then\n"                                     \
-  "  redis.call(" call ")\n"                                        \
-  "  return 1\n"                                                    \
-  "end\n"                                                           \
-  "if parse(v) then return 0 end\n"                                 \
+#define IDEM_REDIS_LUA_IF_MINE(call)                             \
+  IDEM_REDIS_LUA_VALID                                           \
+  "local v = redis.pcall('GET', KEYS[1])\n"                      \
+  "if type(v) == 'table' then return {9, tostring(v.err)} end\n" \
+  "if not v then return 0 end\n"                                 \
+  "local mine = string.sub(v, 1, #ARGV[1]) == ARGV[1] or\n"      \
+  "             string.sub(v, 1, #ARGV[2]) == ARGV[2]\n"         \
+  "if mine and parse(v) then\n"                                  \
+  "  redis.call(" call                                           \
+  ")\n"                                                          \
+  "  return 1\n"                                                 \
+  "end\n"                                                        \
+  "if parse(v) then return 0 end\n"                              \
   "return {9, 'not an idem record'}\n"
 
 /// release: ARGV claim prefix in format 2, in format 1 (as kCompleteScript).
@@ -163,8 +164,7 @@ inline constexpr const char* kReleaseScript = IDEM_REDIS_LUA_IF_MINE("'DEL', KEY
 /// extend (the guard's heartbeat): ARGV claim prefix in format 2, in format 1 (as
 /// kCompleteScript), lease_ms. Only the TTL changes, so the bytes a native complete compares
 /// stay this claim's. -> 1 | 0 (not held) | {9, reason}.
-inline constexpr const char* kExtendScript =
-    IDEM_REDIS_LUA_IF_MINE("'PEXPIRE', KEYS[1], ARGV[3]");
+inline constexpr const char* kExtendScript = IDEM_REDIS_LUA_IF_MINE("'PEXPIRE', KEYS[1], ARGV[3]");
 
 /// lookup: no ARGV. -> 0 absent | {record, pttl} | {9, reason} (the record is decoded in C++).
 inline constexpr const char* kLookupScript =
