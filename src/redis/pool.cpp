@@ -5,6 +5,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <exception>
 #include <string>
@@ -41,6 +42,7 @@ void setup_command(redisContext* c, int argc, const char** argv, const std::size
 
 Pool::Pool(PoolSettings settings) : settings_(std::move(settings)) {
   idle_.reserve(settings_.size);
+  if (settings_.auto_pipeline) pipeline_ = std::make_unique<Pipeline>(*this);
 }
 
 Pool::~Pool() = default;
@@ -195,12 +197,208 @@ void Pool::count_script_load() noexcept {
   ++stats_.script_loads;
 }
 
+bool Pool::current(const Lease& lease) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lease.conn_.epoch == epoch_;
+}
+
 RedisPoolStats Pool::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   RedisPoolStats s = stats_;
   s.open = open_;
   s.idle = idle_.size();
+  if (pipeline_) {
+    s.pipelined_flushes = pipeline_->flushes();
+    s.pipelined_commands = pipeline_->commands();
+  }
   return s;
+}
+
+// One caller of Pipeline::call, on its own stack. Every field but `command` is guarded by the
+// pipeline's mutex.
+struct Pipeline::Waiter {
+  std::string_view command;
+  const char* op = "call";
+  ReplyUPtr reply;
+  std::exception_ptr error;  // the connect failed (Pool::acquire's exception)
+  bool failed = false;       // the connection failed: err, sys_errno, errstr
+  int err = 0;
+  int sys_errno = 0;
+  std::string errstr;
+  bool done = false;     // reply, error or failure set
+  bool flusher = false;  // this caller writes the next batch
+  bool sent = false;
+  std::chrono::steady_clock::time_point sent_at{};
+  std::condition_variable wake;
+};
+
+Pipeline::Pipeline(Pool& pool) : pool_(pool) {
+  pending_.reserve(64);
+  inflight_.reserve(64);
+}
+
+Pipeline::~Pipeline() = default;
+
+ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string_view key,
+                         bool write_may_apply) {
+  using Clock = std::chrono::steady_clock;
+  const PoolSettings& s = pool_.settings();
+  Waiter self;
+  self.command = formatted;
+  self.op = op;
+  std::unique_lock<std::mutex> lock(mutex_);
+  pending_.push_back(&self);
+  if (!busy_) {
+    busy_ = true;
+    self.flusher = true;
+  } else {
+    // Queued behind a batch on the wire: at most a connect, a batch and the pool's wait before
+    // it is written, then command_timeout for its reply.
+    const Clock::time_point queued_until =
+        Clock::now() + s.connect_timeout + s.command_timeout + s.wait_timeout;
+    while (!self.done && !self.flusher) {
+      const Clock::time_point until = self.sent ? self.sent_at + s.command_timeout : queued_until;
+      if (self.wake.wait_until(lock, until) != std::cv_status::timeout) continue;
+      if (self.done || self.flusher) break;
+      if (Clock::now() < (self.sent ? self.sent_at + s.command_timeout : queued_until)) continue;
+      // Gives up alone: unqueued (never written), or its reply will be dropped on arrival.
+      const bool sent = self.sent;
+      if (sent) {
+        std::replace(inflight_.begin(), inflight_.end(), &self, static_cast<Waiter*>(nullptr));
+      } else {
+        pending_.erase(std::find(pending_.begin(), pending_.end(), &self));
+      }
+      lock.unlock();
+      std::string what = op;
+      what.push_back(' ');
+      what.append(key);
+      if (sent) {
+        throw_error(Failure{Failure::Kind::kContext, what, "pipelined reply timed out",
+                            REDIS_ERR_IO, EAGAIN, write_may_apply});
+      }
+      throw_error(Failure{Failure::Kind::kPoolExhausted, what,
+                          "not sent: the pipelined connection stayed busy (command_timeout)"});
+    }
+  }
+  if (self.flusher && !self.done) flush(lock, self);
+  lock.unlock();
+  if (self.error) std::rethrow_exception(self.error);
+  if (self.failed) {
+    std::string what = op;
+    what.push_back(' ');
+    what.append(key);
+    throw_error(Failure{Failure::Kind::kContext, what, self.errstr, self.err, self.sys_errno,
+                        write_may_apply});
+  }
+  return std::move(self.reply);
+}
+
+void Pipeline::fail_pending(std::unique_lock<std::mutex>& lock, std::exception_ptr error) {
+  for (Waiter* w : pending_) {
+    w->error = error;
+    w->done = true;
+    w->wake.notify_one();
+  }
+  pending_.clear();
+  (void)lock;
+}
+
+// Runs batches while holding the flusher role (`lock` held on entry and exit), until `self`
+// is answered; then hands the role to a caller queued meanwhile, if any.
+void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
+  while (!self.done) {
+    if (conn_ && !pool_.current(*conn_)) {
+      // Opened before the server went away (another connection of the pool saw it): a batch
+      // on it would fail whole, so it is dropped unused.
+      conn_->discard(false);
+      conn_.reset();
+    }
+    if (!conn_) {
+      lock.unlock();
+      try {
+        conn_.emplace(pool_.acquire(self.op));
+      } catch (...) {
+        // Nothing was written: every queued caller gets the connect's error.
+        lock.lock();
+        fail_pending(lock, std::current_exception());
+        break;
+      }
+      lock.lock();
+    }
+    redisContext* c = conn_->get();
+    // Written while the lock keeps every queued caller (and its command bytes) in place.
+    const auto now = std::chrono::steady_clock::now();
+    bool buffered = true;
+    for (Waiter* w : pending_) {
+      if (redisAppendFormattedCommand(c, w->command.data(), w->command.size()) != REDIS_OK) {
+        buffered = false;
+        break;
+      }
+      w->sent = true;
+      w->sent_at = now;
+    }
+    if (!buffered) {  // hiredis out of memory: the connection's buffer is unusable
+      conn_->discard(false);
+      conn_.reset();
+      try {
+        throw_error(Failure{Failure::Kind::kContext, "pipelined call", "cannot buffer a command",
+                            REDIS_ERR_OOM, 0});
+      } catch (...) {
+        fail_pending(lock, std::current_exception());
+      }
+      break;
+    }
+    inflight_.swap(pending_);
+    pending_.clear();
+    const std::size_t n = inflight_.size();
+    flushes_.fetch_add(1, std::memory_order_relaxed);
+    commands_.fetch_add(n, std::memory_order_relaxed);
+    lock.unlock();
+    std::size_t answered = 0;
+    for (; answered < n; ++answered) {
+      errno = 0;
+      void* raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) break;
+      ReplyUPtr reply(static_cast<redisReply*>(raw));
+      lock.lock();
+      if (Waiter* w = inflight_[answered]) {
+        w->reply = std::move(reply);
+        w->done = true;
+        if (w != &self) w->wake.notify_one();
+      }
+      lock.unlock();
+      // A dropped reply (its caller gave up) is freed here, outside the lock.
+    }
+    if (answered < n) {
+      // The connection broke: every caller still on the wire gets its error.
+      const int saved_errno = errno;
+      const int err = c->err;
+      const std::string errstr = c->errstr;
+      conn_->discard(server_gone(err, saved_errno));
+      conn_.reset();
+      lock.lock();
+      for (std::size_t i = answered; i < n; ++i) {
+        if (Waiter* w = inflight_[i]) {
+          w->failed = true;
+          w->err = err;
+          w->sys_errno = saved_errno;
+          w->errstr = errstr;
+          w->done = true;
+          if (w != &self) w->wake.notify_one();
+        }
+      }
+    } else {
+      lock.lock();
+    }
+    inflight_.clear();
+  }
+  // Answered: the next batch is written by a caller that queued meanwhile.
+  if (pending_.empty()) {
+    busy_ = false;
+  } else {
+    pending_.front()->flusher = true;
+    pending_.front()->wake.notify_one();
+  }
 }
 
 }  // namespace idem::redis::detail
