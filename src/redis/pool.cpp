@@ -2,11 +2,14 @@
 // A bounded, thread-safe pool of hiredis connections (see pool.hpp).
 #include "pool.hpp"
 
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -198,8 +201,7 @@ void Pool::count_script_load() noexcept {
 }
 
 bool Pool::current(const Lease& lease) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return lease.conn_.epoch == epoch_;
+  return lease.conn_.epoch == epoch_.load(std::memory_order_relaxed);
 }
 
 RedisPoolStats Pool::stats() const {
@@ -326,66 +328,133 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
       lock.lock();
     }
     redisContext* c = conn_->get();
-    // Written while the lock keeps every queued caller (and its command bytes) in place.
+    // Copied while the lock keeps every queued caller (and its command bytes) in place.
     const auto now = std::chrono::steady_clock::now();
-    bool buffered = true;
+    out_.clear();
     for (Waiter* w : pending_) {
-      if (redisAppendFormattedCommand(c, w->command.data(), w->command.size()) != REDIS_OK) {
-        buffered = false;
-        break;
-      }
+      out_.append(w->command.data(), w->command.size());
       w->sent = true;
       w->sent_at = now;
     }
-    if (!buffered) {  // hiredis out of memory: the connection's buffer is unusable
-      conn_->discard(false);
-      conn_.reset();
-      try {
-        throw_error(Failure{Failure::Kind::kContext, "pipelined call", "cannot buffer a command",
-                            REDIS_ERR_OOM, 0});
-      } catch (...) {
-        fail_pending(lock, std::current_exception());
-      }
-      break;
-    }
+    // `self` is in this batch (queued, not yet written): its reply needs no lock.
+    const std::size_t mine = static_cast<std::size_t>(
+        std::find(pending_.begin(), pending_.end(), &self) - pending_.begin());
     inflight_.swap(pending_);
     pending_.clear();
     const std::size_t n = inflight_.size();
     flushes_.fetch_add(1, std::memory_order_relaxed);
     commands_.fetch_add(n, std::memory_order_relaxed);
     lock.unlock();
+    // One write for the batch: send(2) with MSG_NOSIGNAL, so a connection the server closed
+    // fails with EPIPE instead of raising SIGPIPE (hiredis writes with write(2)); the socket's
+    // send timeout (command_timeout) bounds it. Then the replies: one read (blocking), every
+    // further reply already parsed, handed over under one lock.
+    std::array<redisReply*, 64> got{};
     std::size_t answered = 0;
-    for (; answered < n; ++answered) {
+    bool broken = false;
+    int saved_errno = 0;
+    int err = 0;
+    std::string errstr;
+    bool reconnected = false;
+    for (std::size_t off = 0; off < out_.size();) {
+      const ssize_t w = ::send(c->fd, out_.data() + off, out_.size() - off, MSG_NOSIGNAL);
+      if (w > 0) {
+        off += static_cast<std::size_t>(w);
+      } else if (w < 0 && errno == EINTR) {
+        continue;
+      } else if (w < 0 && off == 0 && !reconnected && (errno == EPIPE || errno == ECONNRESET)) {
+        // The server closed this idle connection (CLIENT KILL, timeout, restart): nothing of
+        // the batch reached it, so it goes once more on a new connection.
+        reconnected = true;
+        conn_->discard(true);
+        conn_.reset();
+        try {
+          conn_.emplace(pool_.acquire(self.op));
+        } catch (...) {
+          const std::exception_ptr error = std::current_exception();
+          lock.lock();
+          for (Waiter* x : inflight_) {
+            if (x == nullptr) continue;
+            x->error = error;
+            x->done = true;
+            if (x != &self) x->wake.notify_one();
+          }
+          inflight_.clear();
+          c = nullptr;
+          break;
+        }
+        c = conn_->get();
+      } else {
+        saved_errno = w < 0 ? errno : EPIPE;
+        err = REDIS_ERR_IO;
+        errstr = saved_errno == EAGAIN || saved_errno == EWOULDBLOCK
+                     ? std::string("write timed out")
+                     : std::string(std::strerror(saved_errno));
+        broken = true;
+        break;
+      }
+    }
+    if (c == nullptr) continue;  // no new connection: every caller of the batch has the error
+    while (answered < n && !broken) {
+      std::size_t count = 0;
       errno = 0;
       void* raw = nullptr;
-      if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) break;
-      ReplyUPtr reply(static_cast<redisReply*>(raw));
-      lock.lock();
-      if (Waiter* w = inflight_[answered]) {
-        w->reply = std::move(reply);
-        w->done = true;
-        if (w != &self) w->wake.notify_one();
+      if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+        saved_errno = errno;
+        err = c->err;
+        errstr = c->errstr;
+        broken = true;
+      } else {
+        got[count++] = static_cast<redisReply*>(raw);
+        while (answered + count < n && count < got.size()) {
+          raw = nullptr;
+          if (redisReaderGetReply(c->reader, &raw) != REDIS_OK || raw == nullptr) break;
+          got[count++] = static_cast<redisReply*>(raw);
+        }
       }
-      lock.unlock();
-      // A dropped reply (its caller gave up) is freed here, outside the lock.
+      std::size_t dropped = 0;
+      const std::size_t first = answered;
+      if (first <= mine && mine < first + count) {
+        self.reply.reset(got[mine - first]);
+        got[mine - first] = nullptr;
+      }
+      if (count > (first <= mine && mine < first + count ? 1U : 0U)) {
+        lock.lock();
+        for (std::size_t k = 0; k < count; ++k) {
+          if (got[k] == nullptr) continue;
+          if (Waiter* w = inflight_[first + k]) {
+            w->reply.reset(got[k]);
+            w->done = true;
+            w->wake.notify_one();
+            got[k] = nullptr;
+          } else {
+            ++dropped;  // its caller gave up: freed below, outside the lock
+          }
+        }
+        lock.unlock();
+      }
+      if (first <= mine && mine < first + count) self.done = true;  // read by this thread only
+      if (dropped > 0) {
+        for (std::size_t k = 0; k < count; ++k) {
+          if (got[k] != nullptr) freeReplyObject(got[k]);
+        }
+      }
+      answered += count;
     }
-    if (answered < n) {
+    if (broken) {
       // The connection broke: every caller still on the wire gets its error.
-      const int saved_errno = errno;
-      const int err = c->err;
-      const std::string errstr = c->errstr;
       conn_->discard(server_gone(err, saved_errno));
       conn_.reset();
       lock.lock();
       for (std::size_t i = answered; i < n; ++i) {
-        if (Waiter* w = inflight_[i]) {
-          w->failed = true;
-          w->err = err;
-          w->sys_errno = saved_errno;
-          w->errstr = errstr;
-          w->done = true;
-          if (w != &self) w->wake.notify_one();
-        }
+        Waiter* w = i == mine ? &self : inflight_[i];
+        if (w == nullptr) continue;
+        w->failed = true;
+        w->err = err;
+        w->sys_errno = saved_errno;
+        w->errstr = errstr;
+        w->done = true;
+        if (w != &self) w->wake.notify_one();
       }
     } else {
       lock.lock();

@@ -117,8 +117,8 @@ class IDEM_EXPORT Pool {
   mutable std::mutex mutex_;
   std::condition_variable freed_;
   std::vector<Connection> idle_;
-  std::size_t open_ = 0;  // idle + lent + being connected
-  std::uint64_t epoch_ = 0;
+  std::size_t open_ = 0;                 // idle + lent + being connected
+  std::atomic<std::uint64_t> epoch_{0};  // written under mutex_; read without by current()
   // Server-down state: set by a failed connect, cleared by a successful one.
   bool down_ = false;
   bool probing_ = false;
@@ -166,6 +166,7 @@ class IDEM_EXPORT Pipeline {
   std::vector<Waiter*> inflight_;    // the batch on the wire, in order; null: its caller gave up
   bool busy_ = false;                // a flusher is at work
   std::optional<Pool::Lease> conn_;  // touched by the flusher only
+  std::string out_;                  // the batch being written (flusher only)
   std::atomic<std::uint64_t> flushes_{0}, commands_{0};
 };
 
