@@ -229,6 +229,33 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (a.only == "pipeline") {
+    // The lone caller's price of auto-pipelining: the same guard replay over a store with
+    // auto_pipeline on (ours) and off (the pooled connection), interleaved.
+    idem::redis::RedisStoreOptions off_options = options;
+    off_options.auto_pipeline = false;
+    idem::redis::RedisStore off_store(off_options);
+    idem::IdempotencyGuard off_guard{off_store, gopt};
+    constexpr int kKeys = 1000;
+    std::vector<idem::Key> keys;
+    for (int i = 0; i < kKeys; ++i) {
+      keys.push_back(idem::Key::make("bench.pipeline", id + "_" + tag + "_" + std::to_string(i)));
+      auto r = guard.run(keys.back(), fp, [&] { return response; });
+      (void)r;
+    }
+    std::atomic<long> bad{0};
+    auto replay = [&](idem::IdempotencyGuard<>& g, int i) {
+      auto r = g.run(keys[static_cast<std::size_t>(i % kKeys)], fp,
+                     [&] { return std::string("never"); });
+      if (r.outcome != idem::Outcome::kReplayed) ++bad;
+    };
+    auto c = idem::bench::interleave(
+        a.rounds, a.threads, a.ops, [&](int, int, int i) { replay(guard, i); },
+        [&](int, int, int i) { replay(off_guard, i); });
+    if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
+    idem::bench::report("guard_replay_autopipeline_vs_pooled_" + tag, "pipelined:", "pooled:", c);
+  }
+
   if (want("first")) {
     // A new key every call: guard (claim + complete: 2 round trips) vs SET NX + SET XX.
     std::atomic<long> bad{0};

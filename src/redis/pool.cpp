@@ -222,8 +222,12 @@ struct Pipeline::Waiter {
   std::string_view command;
   const char* op = "call";
   ReplyUPtr reply;
-  std::exception_ptr error;  // the connect failed (Pool::acquire's exception)
-  bool failed = false;       // the connection failed: err, sys_errno, errstr
+  // The connect failed: Pool::acquire's error, as code and message (each caller throws its
+  // own exception object: none is shared between threads).
+  bool refused = false;
+  errc code = errc::kStorageError;
+  std::string message;
+  bool failed = false;  // the connection failed: err, sys_errno, errstr
   int err = 0;
   int sys_errno = 0;
   std::string errstr;
@@ -284,7 +288,16 @@ ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string
   }
   if (self.flusher && !self.done) flush(lock, self);
   lock.unlock();
-  if (self.error) std::rethrow_exception(self.error);
+  if (self.refused) {
+    switch (self.code) {
+      case errc::kStoreUnavailable:
+        throw StorageUnavailable(self.message);
+      case errc::kStoreTimeout:
+        throw StorageTimeout(self.message);
+      default:
+        throw StorageError(self.message);
+    }
+  }
   if (self.failed) {
     std::string what = op;
     what.push_back(' ');
@@ -295,14 +308,24 @@ ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string
   return std::move(self.reply);
 }
 
-void Pipeline::fail_pending(std::unique_lock<std::mutex>& lock, std::exception_ptr error) {
-  for (Waiter* w : pending_) {
-    w->error = error;
-    w->done = true;
-    w->wake.notify_one();
+void Pipeline::refuse(Waiter& w, const Refusal& why) {
+  w.refused = true;
+  w.code = why.code;
+  w.message = why.message;
+  w.done = true;
+  w.wake.notify_one();
+}
+
+Pipeline::Refusal Pipeline::refusal() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return Refusal{e.code(), e.what()};
+  } catch (const std::exception& e) {
+    return Refusal{errc::kStorageError, e.what()};
+  } catch (...) {
+    return Refusal{errc::kStorageError, "redis: connect failed"};
   }
-  pending_.clear();
-  (void)lock;
 }
 
 // Runs batches while holding the flusher role (`lock` held on entry and exit), until `self`
@@ -321,8 +344,10 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
         conn_.emplace(pool_.acquire(self.op));
       } catch (...) {
         // Nothing was written: every queued caller gets the connect's error.
+        const Refusal why = refusal();
         lock.lock();
-        fail_pending(lock, std::current_exception());
+        for (Waiter* w : pending_) refuse(*w, why);
+        pending_.clear();
         break;
       }
       lock.lock();
@@ -371,13 +396,10 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
         try {
           conn_.emplace(pool_.acquire(self.op));
         } catch (...) {
-          const std::exception_ptr error = std::current_exception();
+          const Refusal why = refusal();
           lock.lock();
           for (Waiter* x : inflight_) {
-            if (x == nullptr) continue;
-            x->error = error;
-            x->done = true;
-            if (x != &self) x->wake.notify_one();
+            if (x != nullptr) refuse(*x, why);
           }
           inflight_.clear();
           c = nullptr;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hiredis_handles.hpp"
+#include "idem/errors.hpp"
 #include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "tls.hpp"
@@ -157,8 +158,13 @@ class IDEM_EXPORT Pipeline {
 
  private:
   struct Waiter;
+  struct Refusal {
+    errc code;
+    std::string message;
+  };
   void flush(std::unique_lock<std::mutex>& lock, Waiter& self);
-  void fail_pending(std::unique_lock<std::mutex>& lock, std::exception_ptr error);
+  static void refuse(Waiter& w, const Refusal& why);  // lock held
+  static Refusal refusal();                           // of the exception being handled
 
   Pool& pool_;
   std::mutex mutex_;
