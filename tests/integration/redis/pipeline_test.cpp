@@ -93,8 +93,9 @@ void run_threads(int n, const std::function<void(int)>& body) {
 // password, reached through db 2. Stopped on destruction.
 class PrivateRedis {
  public:
-  PrivateRedis()
-      : sock_(dir_.file("r.sock")),
+  explicit PrivateRedis(std::string extra = "")
+      : extra_(std::move(extra)),
+        sock_(dir_.file("r.sock")),
         pid_(dir_.file("r.pid")),
         ping_("redis-cli -s " + sock_ +
               " -a pw --no-auth-warning PING 2>/dev/null | grep -q PONG") {
@@ -108,7 +109,7 @@ class PrivateRedis {
     const std::string cmd = "redis-server --port 0 --unixsocket " + sock_ + " --dir " +
                             dir_.file("") + " --save '' --appendonly no --daemonize yes" +
                             " --pidfile " + pid_ + " --logfile " + dir_.file("r.log") +
-                            " --requirepass pw";
+                            " --requirepass pw " + extra_;
     ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
     for (int i = 0; i < 200; ++i) {
       if (std::system(ping_.c_str()) == 0) return;
@@ -135,7 +136,7 @@ class PrivateRedis {
 
  private:
   idem::test::TempDir dir_;
-  std::string sock_, pid_, ping_;
+  std::string extra_, sock_, pid_, ping_;
 };
 
 class RedisPipeline : public ::testing::Test {
@@ -503,6 +504,81 @@ TEST_F(RedisPipeline, ConcurrentPipelinedServerKillNineKeepsExactlyOnce) {
   EXPECT_EQ(static_cast<std::int64_t>(guard.stats().snapshot().executed), rows.value_or(-1));
   EXPECT_EQ(kKeys, rows.value_or(-1));  // every key was called: each ran once
   EXPECT_GT(guard_calls.load(), at_kill + 600);
+}
+
+// The server stalls (DEBUG SLEEP 3) under 32 threads with command_timeout 300 ms: every call,
+// written or still queued, ends within its own deadline with a typed error (StorageTimeout or
+// StorageUnavailable; a complete also OutcomeUnknown), none waits for the stall to end, and
+// calls work again once it has.
+TEST_F(RedisPipeline, ConcurrentPipelinedCallsKeepTheirDeadlinesOnAStalledServer) {
+  PrivateRedis server("--enable-debug-command yes");
+  RedisStoreOptions o{server.uri()};
+  o.command_timeout = 300ms;
+  o.connect_timeout = 300ms;
+  o.pool_wait_timeout = 100ms;
+  o.reconnect_backoff = 10ms;
+  RedisStore store(o);
+  constexpr int kCallers = 32;
+  std::vector<Key> keys;
+  std::vector<OwnerToken> owners;
+  for (int i = 0; i < kCallers; ++i) {
+    keys.push_back(key("stall" + std::to_string(i)));
+    owners.push_back(OwnerToken::generate());
+    ASSERT_EQ(ClaimStatus::kClaimed,
+              store.claim(keys.back(), "fp", owners.back(), 60'000ms).status);
+  }
+  idem::test::RawRedis raw(server.raw_uri());
+  raw.cmd({"AUTH", "pw"});
+  raw.send({"DEBUG", "SLEEP", "3"});
+  std::this_thread::sleep_for(50ms);  // the server is asleep now
+  Tally tally;
+  std::atomic<long> late{0}, wrong_code{0};
+  // The longest a call may take: queued (connect + command + pool wait), then its reply.
+  const auto limit = o.connect_timeout + 2 * o.command_timeout + o.pool_wait_timeout + 400ms;
+  const auto started = std::chrono::steady_clock::now();
+  run_threads(kCallers, [&](int t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool complete = t % 2 == 1;
+    try {
+      if (complete) {
+        (void)store.complete(keys[static_cast<std::size_t>(t)], owners[static_cast<std::size_t>(t)],
+                             "r", 60s);
+      } else {
+        (void)store.claim(key("stalled_claim"), "fp", OwnerToken::generate(), 60'000ms);
+      }
+      ++tally.wrong;  // the server is asleep: nothing can have answered
+    } catch (const idem::Error& e) {
+      const auto c = e.code();
+      // A written complete that timed out may have applied: OutcomeUnknown. A call still queued
+      // gets what its connect got (the stalled server: AUTH timed out) or, past its wait,
+      // StorageUnavailable: nothing of it was sent.
+      const bool ok = c == idem::errc::kStoreTimeout || c == idem::errc::kStoreUnavailable ||
+                      (complete && c == idem::errc::kOutcomeUnknown);
+      if (!ok) {
+        ++wrong_code;
+        tally.problem(e.what());
+      }
+    }
+    if (std::chrono::steady_clock::now() - t0 > limit) ++late;
+  });
+  const auto took = std::chrono::steady_clock::now() - started;
+  std::printf(
+      "32 calls on a stalled server ended in %lld ms\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  EXPECT_EQ(0, tally.wrong.load());
+  EXPECT_EQ(0, wrong_code.load()) << tally.first_problem;
+  EXPECT_EQ(0, late.load());
+  EXPECT_LT(took, 2500ms) << "calls waited for the stall to end";
+  (void)raw.receive();  // the stall is over
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    try {
+      back = store.lookup(keys.front()).has_value();
+    } catch (const idem::StorageError&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  EXPECT_TRUE(back);
 }
 
 // A lone caller sends at once (one batch per call, nothing waits for company); with the option
