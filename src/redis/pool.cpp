@@ -483,7 +483,15 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     }
     inflight_.clear();
   }
-  // Answered: the next batch is written by a caller that queued meanwhile.
+  // Answered. Nothing queued: the connection goes back to the pool while the pipeline is idle
+  // (claim_batch, complete_batch and ASK redirects take pooled connections, even with
+  // pool_size 1); under load the next batch keeps it.
+  if (pending_.empty() && conn_) {
+    lock.unlock();
+    conn_.reset();  // still the flusher: nobody else touches conn_
+    lock.lock();
+  }
+  // The next batch is written by a caller that queued meanwhile.
   if (pending_.empty()) {
     busy_ = false;
   } else {

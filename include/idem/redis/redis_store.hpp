@@ -114,7 +114,8 @@ struct RedisStoreOptions {
   /// delayed (no timer: it sends at once), and pays one mutex more than without. A broken
   /// connection fails every call on the wire with the error the call would get alone; each
   /// call keeps its own deadline (command_timeout once written). claim_batch, complete_batch
-  /// and ASK redirects use the pool's other connections (pool_size counts the shared one).
+  /// and ASK redirects take pooled connections of their own (the shared one is
+  /// pooled too: taken while batches follow each other, given back when no call is queued).
   /// See docs/redis.md ("Auto-pipelining") for the figures behind the default.
   bool auto_pipeline = true;
   /// `rediss://` only: the CA file, expected server name and client certificate. The server's

@@ -598,6 +598,27 @@ TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {
   EXPECT_EQ(1u, s.connects);
   EXPECT_EQ(20u, on.command_stats().native_completes);  // the claiming thread's native SET
 
+  // The shared connection goes back to the pool when idle: with pool_size 1, batch calls
+  // (pooled connections of their own) still find it.
+  RedisStoreOptions one{url_};
+  one.pool_size = 1;
+  RedisStore single(one);
+  auto lone = key("lone_then_batch");
+  auto lone_owner = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, single.claim(lone, "fp", lone_owner, 30'000ms).status);
+  std::vector<Key> batch_keys = {key("b0"), key("b1"), key("b2")};
+  std::vector<OwnerToken> batch_owners;
+  for (int i = 0; i < 3; ++i) batch_owners.push_back(OwnerToken::generate());
+  std::vector<idem::ClaimRequest> requests;
+  for (std::size_t i = 0; i < batch_keys.size(); ++i) {
+    requests.push_back(idem::ClaimRequest{&batch_keys[i], "fp", &batch_owners[i]});
+  }
+  for (const auto& r : single.claim_batch(requests, 30'000ms)) {
+    EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+  }
+  EXPECT_TRUE(single.complete(lone, lone_owner, "r", 60s));
+  EXPECT_EQ(1u, single.pool_stats().connects);
+
   o.auto_pipeline = false;
   RedisStore off(o);
   auto k = key("off");
