@@ -581,6 +581,31 @@ TEST_F(RedisPipeline, ConcurrentPipelinedCallsKeepTheirDeadlinesOnAStalledServer
   EXPECT_TRUE(back);
 }
 
+// Without auto-pipelining, a pooled connection the server closed while idle fails its next
+// call with a typed error (over a Unix socket a write to it is EPIPE: never a SIGPIPE).
+TEST_F(RedisPipeline, AKilledIdlePooledConnectionFailsTypedWithoutSigpipe) {
+  PrivateRedis server;
+  RedisStoreOptions o{server.uri()};
+  o.auto_pipeline = false;
+  RedisStore store(o);
+  auto k = key("pooled_kill");
+  auto owner = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store.claim(k, "fp", owner, 30'000ms).status);
+  idem::test::RawRedis raw(server.raw_uri());
+  raw.cmd({"AUTH", "pw"});
+  EXPECT_GE(raw.integer({"CLIENT", "KILL", "TYPE", "normal"}), 1);
+  std::this_thread::sleep_for(20ms);
+  bool completed = false;
+  for (int attempt = 0; attempt < 3 && !completed; ++attempt) {
+    try {
+      completed = store.complete(k, owner, "r", 60s);
+    } catch (const idem::StorageError& e) {
+      EXPECT_TRUE(outage_error(e)) << e.what();
+    }
+  }
+  EXPECT_TRUE(completed);
+}
+
 // A lone caller sends at once (one batch per call, nothing waits for company); with the option
 // off no call goes through a pipeline.
 TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {
