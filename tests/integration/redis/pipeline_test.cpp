@@ -372,8 +372,11 @@ TEST_F(RedisPipeline, ConcurrentPipelinedClientKillAnswersEveryCallerOnceTyped) 
   EXPECT_EQ(0, tally.wrong.load()) << tally.first_problem;
   EXPECT_EQ(tally.started.load(), tally.answered.load());
   EXPECT_GT(kills.load(), 0);
-  EXPECT_GT(tally.typed.load(), 0) << "no call was on a killed connection";
+  // A kill between batches is absorbed (the next batch, refused at its first byte, goes on a
+  // new connection: no error); a kill under a batch fails its callers, typed. Either way the
+  // shared connection was replaced, and the keys below are checked exactly once.
   EXPECT_GE(ps.dropped, 1u);
+  EXPECT_GE(ps.connects, 2u);
   // Every key that was touched: one effect, completed by its holder.
   for (std::size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(1, effects[i].load()) << "key " << i;
