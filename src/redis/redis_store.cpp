@@ -3,12 +3,15 @@
 #include "idem/redis/redis_store.hpp"
 
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -117,16 +120,47 @@ class ClaimPrefix : public SmallBuf {
   }
 };
 
-// Buffers one command on `c`, formatted here as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n"
-// per argument) on the stack: hiredis's own argv formatting builds the command from several
-// heap strings per call, a measurable share of a one-round-trip claim's client CPU.
-int append_command(redisContext* c, int argc, const char** argv, const std::size_t* lens) {
-  SmallBuf cmd;
+// Formats one command as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n" per argument) on the
+// stack: hiredis's own argv formatting builds the command from several heap strings per call,
+// a measurable share of a one-round-trip claim's client CPU.
+void format_command(SmallBuf& cmd, int argc, const char** argv, const std::size_t* lens) {
   cmd.append('*').append(Num(argc).view()).append("\r\n");
   for (int i = 0; i < argc; ++i) {
     cmd.append('$').append(Num(static_cast<long long>(lens[i])).view()).append("\r\n");
     cmd.append(std::string_view(argv[i], lens[i])).append("\r\n");
   }
+}
+
+// Writes what `c` has buffered with send(2) and MSG_NOSIGNAL: hiredis writes with write(2),
+// which raises SIGPIPE on a connection the server closed (at once over a Unix socket). On
+// failure sets c->err / c->errstr like hiredis and leaves errno set.
+int write_buffered(redisContext* c) {
+  const std::size_t len = sdslen(c->obuf);
+  std::size_t off = 0;
+  while (off < len) {
+    const ssize_t w = ::send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
+    if (w > 0) {
+      off += static_cast<std::size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else {
+      const int e = w < 0 ? errno : EPIPE;
+      c->err = REDIS_ERR_IO;
+      std::snprintf(c->errstr, sizeof(c->errstr), "%s",
+                    e == EAGAIN || e == EWOULDBLOCK ? "write timed out" : std::strerror(e));
+      errno = e;
+      return REDIS_ERR;
+    }
+  }
+  sdssetlen(c->obuf, 0);  // sdsclear (sds.h, inline: libhiredis's sds symbols are C, undeclared)
+  c->obuf[0] = '\0';
+  return REDIS_OK;
+}
+
+// Buffers one command on `c` (format_command).
+int append_command(redisContext* c, int argc, const char** argv, const std::size_t* lens) {
+  SmallBuf cmd;
+  format_command(cmd, argc, argv, lens);
   const std::string_view v = cmd.view();
   return redisAppendFormattedCommand(c, v.data(), v.size());
 }
@@ -289,6 +323,7 @@ class IDEM_LOCAL RedisStore::Impl {
     s.command_timeout = o.command_timeout;
     s.wait_timeout = o.pool_wait_timeout;
     s.reconnect_backoff = o.reconnect_backoff;
+    s.auto_pipeline = o.auto_pipeline;
     // TLS for rediss:// (one server). Sentinel and Cluster parse their nodes as redis://.
     detail::Topology t = detail::parse_topology(o.uri);
     if (t.kind == detail::Topology::Kind::kSingle) {
@@ -322,6 +357,19 @@ class IDEM_LOCAL RedisStore::Impl {
         Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
   }
 
+  // One command on `pool`: queued on its auto-pipeline when it has one, else on a lent
+  // connection. A connection-level failure throws; an error reply is returned.
+  ReplyUPtr send(detail::Pool& pool, Op op, std::string_view key, int argc, const char** argv,
+                 const std::size_t* lens) {
+    if (detail::Pipeline* pipeline = pool.pipeline()) {
+      SmallBuf cmd;
+      format_command(cmd, argc, argv, lens);
+      return pipeline->call(cmd.view(), op_name(op), key, write_may_apply(op));
+    }
+    detail::Pool::Lease conn = pool.acquire(op_name(op));
+    return exec(conn, argc, argv, lens, op, key);
+  }
+
   // One command for `key`, sent to the node that serves it. In a cluster, MOVED (slot moved:
   // the map is re-read) and ASK (slot being migrated: ASKING, then this one command on the
   // importing node) are followed, a few hops at most. Connection failures and replies saying
@@ -333,15 +381,16 @@ class IDEM_LOCAL RedisStore::Impl {
       bool asking = false;
       for (int hop = 0;; ++hop) {
         ReplyUPtr r;
-        {
+        if (asking) {
+          // ASKING and the command on one connection, back to back: never pipelined.
           detail::Pool::Lease conn = pool->acquire(op_name(op));
-          if (asking) {
-            const char* ask_argv[] = {"ASKING"};
-            const std::size_t ask_lens[] = {6};
-            ReplyUPtr ok = exec(conn, 1, ask_argv, ask_lens, op, key);
-            if (ok->type == REDIS_REPLY_ERROR) server_error(ok.get(), op, key);
-          }
+          const char* ask_argv[] = {"ASKING"};
+          const std::size_t ask_lens[] = {6};
+          ReplyUPtr ok = exec(conn, 1, ask_argv, ask_lens, op, key);
+          if (ok->type == REDIS_REPLY_ERROR) server_error(ok.get(), op, key);
           r = exec(conn, argc, argv, lens, op, key);
+        } else {
+          r = send(*pool, op, key, argc, argv, lens);
         }
         if (r->type != REDIS_REPLY_ERROR) return r;
         const std::string_view text = text_of(r.get());
@@ -546,6 +595,9 @@ class IDEM_LOCAL RedisStore::Impl {
   ReplyUPtr read_reply(detail::Pool::Lease& conn, Op op, std::string_view key) {
     errno = 0;
     void* raw = nullptr;
+    if (sdslen(conn.get()->obuf) > 0 && write_buffered(conn.get()) != REDIS_OK) {
+      context_failure(conn, op, key);
+    }
     if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {
       context_failure(conn, op, key);
     }
@@ -558,6 +610,16 @@ class IDEM_LOCAL RedisStore::Impl {
   detail::Pool::Lease acquire_unrouted(Op op, std::string_view key) {
     try {
       return router_.pool_for(key).acquire(op_name(op));
+    } catch (const StorageError&) {
+      router_.failed();
+      throw;
+    }
+  }
+
+  // The pool of the one server (as acquire_unrouted; a failure to find it re-discovers).
+  detail::Pool& unrouted_pool(Op, std::string_view key) {
+    try {
+      return router_.pool_for(key);
     } catch (const StorageError&) {
       router_.failed();
       throw;
@@ -611,10 +673,10 @@ class IDEM_LOCAL RedisStore::Impl {
       detail::Pool::Lease conn = acquire_unrouted(Op::kClaim, pending.front().key);
       sent_at = std::chrono::steady_clock::now();
       for (const Pending& p : pending) {
-        const char* argv[] = {"SET", p.key.data(), p.record.data(), "NX", "PX",
-                              lease_ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, p.key.size(), p.record.size(), 2, 2,
-                                    lease_ms.view().size(), 3};
+        const char* argv[] = {
+            "SET", p.key.data(), p.record.data(), "NX", "PX", lease_ms.view().data(), "GET"};
+        const std::size_t lens[] = {3, p.key.size(), p.record.size(), 2, 2, lease_ms.view().size(),
+                                    3};
         append(conn, 7, argv, lens, Op::kClaim, p.key);
       }
       for (std::size_t i = 0; i < pending.size(); ++i) {
@@ -633,8 +695,7 @@ class IDEM_LOCAL RedisStore::Impl {
              pending[i].owner_end, sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
         answer(text_of(r), requests[i].fingerprint, *requests[i].owner, pending[i].key, out[i]);
-      } else if (r->type == REDIS_REPLY_ERROR &&
-                 text_of(r).substr(0, 16) == "ERR syntax error") {
+      } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 16) == "ERR syntax error") {
         native_claim_.store(false, std::memory_order_relaxed);
         redo.push_back(i);
       } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 4) == "OOM ") {
@@ -691,10 +752,9 @@ class IDEM_LOCAL RedisStore::Impl {
       replies.reserve(native.size());
       detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, keys[native.front()]);
       for (std::size_t i : native) {
-        const char* argv[] = {"SET", keys[i].data(), values[i].data(), "XX", "PX",
-                              ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, keys[i].size(), values[i].size(), 2, 2,
-                                    ms.view().size(), 3};
+        const char* argv[] = {"SET", keys[i].data(), values[i].data(), "XX", "PX", ms.view().data(),
+                              "GET"};
+        const std::size_t lens[] = {3, keys[i].size(), values[i].size(), 2, 2, ms.view().size(), 3};
         append(conn, 7, argv, lens, Op::kComplete, keys[i]);
       }
       for (std::size_t i : native) replies.push_back(read_reply(conn, Op::kComplete, keys[i]));
@@ -706,7 +766,10 @@ class IDEM_LOCAL RedisStore::Impl {
       for (std::size_t j = 0; j < native.size(); ++j) {
         const std::size_t i = native[j];
         try {
-          out[i] = settle_native(conn, replies[j].get(), expected[i], keys[i], ms.view());
+          auto run = [&](int argc, const char** argv, const std::size_t* lens) {
+            return exec(conn, argc, argv, lens, Op::kComplete, keys[i]);
+          };
+          out[i] = settle_native(run, replies[j].get(), expected[i], keys[i], ms.view());
         } catch (const CorruptRecord&) {
           if (!first_error) first_error = std::current_exception();
         }
@@ -724,7 +787,9 @@ class IDEM_LOCAL RedisStore::Impl {
   // else: the margin's assumption failed (a pause longer than the margin, a foreign writer),
   // so the previous value is put back at once (an idem record with its own deadline) and the
   // lease counts as lost, or the value is reported as foreign.
-  bool settle_native(detail::Pool::Lease& conn, const redisReply* r, std::string_view expected,
+  // `run(argc, argv, lens)` sends the put-back command.
+  template <class Run>
+  bool settle_native(Run&& run, const redisReply* r, std::string_view expected,
                      std::string_view key, std::string_view retention_ms) {
     if (r->type == REDIS_REPLY_NIL) return false;
     if (r->type == REDIS_REPLY_STRING && text_of(r) == expected) return true;
@@ -741,15 +806,15 @@ class IDEM_LOCAL RedisStore::Impl {
       Num at(d.deadline);
       const char* argv[] = {"SET", key.data(), old.data(), "PXAT", at.view().data()};
       const std::size_t lens[] = {3, key.size(), old.size(), 4, at.view().size()};
-      back = exec(conn, 5, argv, lens, Op::kComplete, key);
+      back = run(5, argv, lens);
     } else if (ours) {  // a completed record of format 2 keeps no deadline: the retention
       const char* argv[] = {"SET", key.data(), old.data(), "PX", retention_ms.data()};
       const std::size_t lens[] = {3, key.size(), old.size(), 2, retention_ms.size()};
-      back = exec(conn, 5, argv, lens, Op::kComplete, key);
+      back = run(5, argv, lens);
     } else {
       const char* argv[] = {"SET", key.data(), old.data()};
       const std::size_t lens[] = {3, key.size(), old.size()};
-      back = exec(conn, 3, argv, lens, Op::kComplete, key);
+      back = run(3, argv, lens);
     }
     if (back->type == REDIS_REPLY_ERROR) server_error(back.get(), Op::kComplete, key);
     if (!ours) corrupt(Op::kComplete, key, "not an idem record");
@@ -773,18 +838,26 @@ class IDEM_LOCAL RedisStore::Impl {
       if (within_margin(*h) && !router_.clustered()) {
         // Nobody else can hold the key yet (see RedisStoreOptions::native_complete_fraction):
         // one native SET, no script. (In a cluster the routed script path follows redirects.)
-        const char* argv[] = {"SET", rk.view().data(), completed.view().data(), "XX", "PX",
-                              ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, rk.view().size(), completed.view().size(), 2, 2,
-                                    ms.view().size(), 3};
-        detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, rk.view());
-        ReplyUPtr r = exec(conn, 7, argv, lens, Op::kComplete, rk.view());
+        const char* argv[] = {
+            "SET", rk.view().data(), completed.view().data(), "XX", "PX", ms.view().data(), "GET"};
+        const std::size_t lens[] = {
+            3, rk.view().size(), completed.view().size(), 2, 2, ms.view().size(), 3};
+        detail::Pool& pool = unrouted_pool(Op::kComplete, rk.view());
+        auto run = [&](int argc, const char** av, const std::size_t* ls) {
+          try {
+            return send(pool, Op::kComplete, rk.view(), argc, av, ls);
+          } catch (const StorageError&) {
+            router_.failed();
+            throw;
+          }
+        };
+        ReplyUPtr r = run(7, argv, lens);
         native_completes_.fetch_add(1, std::memory_order_relaxed);
-        return settle_native(conn, r.get(), h->record, rk.view(), ms.view());
+        return settle_native(run, r.get(), h->record, rk.view(), ms.view());
       }
       script_completes_.fetch_add(1, std::memory_order_relaxed);
-      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
-                         {h->record, completed.view(), ms.view()});
+      ReplyUPtr r =
+          eval(complete_fast_, Op::kComplete, rk.view(), {h->record, completed.view(), ms.view()});
       return flag(r, Op::kComplete, rk.view());
     }
     script_completes_.fetch_add(1, std::memory_order_relaxed);
@@ -808,8 +881,8 @@ class IDEM_LOCAL RedisStore::Impl {
   // kCompleteScript: writes a completed ('C') or failed ('F') record over `owner`'s claim, in
   // the claim's own format (a format-1 claim of an earlier version stays format 1).
   bool complete_script(Op op, std::string_view rk, const OwnerToken& owner,
-                       std::string_view response, std::string_view retention_ms,
-                       long long deadline, char status) {
+                       std::string_view response, std::string_view retention_ms, long long deadline,
+                       char status) {
     ClaimPrefix mine(owner), mine_v1(owner, 1);
     const char tag = detail::final_tag(status);
     Num decimal(deadline);  // format 1 keeps the deadline
@@ -832,8 +905,7 @@ class IDEM_LOCAL RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     ClaimPrefix mine(owner), mine_v1(owner, 1);
     Num ms(lease.count());
-    ReplyUPtr r =
-        eval(extend_, Op::kExtend, rk.view(), {mine.view(), mine_v1.view(), ms.view()});
+    ReplyUPtr r = eval(extend_, Op::kExtend, rk.view(), {mine.view(), mine_v1.view(), ms.view()});
     return flag(r, Op::kExtend, rk.view());
   }
 
