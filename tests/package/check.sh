@@ -37,9 +37,10 @@ as_root() {
 }
 
 step_install() {
-  # As after demo.sh, which builds one target: the libraries are missing, and the install
-  # builds them instead of failing.
-  rm -f "$BUILD"/libidem_*.a
+  # As after demo.sh, which builds one target: a library is missing, and the install builds
+  # what is missing instead of failing (one library stands for all: the install's check is
+  # the same for each, and rebuilding every one cost a minute of this run).
+  rm -f "$BUILD"/libidem_sqlite.a
   cmake --install "$BUILD" --prefix "$work/prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log" >&2; return 1; }
   grep -q "not built yet" "$work/install.log" || { cat "$work/install.log" >&2; echo "install: did not build the missing libraries" >&2; return 1; }
   ls "$BUILD"/libidem_sqlite.a >/dev/null
