@@ -138,7 +138,7 @@ class IDEM_EXPORT Pool {
 /// connection fails every command on the wire with the connection's error (typed per caller,
 /// by throw_error); a caller that waits longer than its deadline gives up alone (its reply, if
 /// it comes, is dropped).
-class IDEM_EXPORT Pipeline {
+class Pipeline {
  public:
   explicit Pipeline(Pool& pool);
   ~Pipeline();

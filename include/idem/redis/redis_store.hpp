@@ -171,8 +171,9 @@ struct RedisPoolStats {
   /// Connections idle in the pool now.
   std::size_t idle = 0;
   /// Auto-pipelining (RedisStoreOptions::auto_pipeline): batches written on the shared
-  /// connection, and commands they carried (commands / flushes is the mean batch size).
+  /// connection (pipelined_commands / pipelined_flushes is the mean batch size).
   std::uint64_t pipelined_flushes = 0;
+  /// Auto-pipelining: commands those batches carried.
   std::uint64_t pipelined_commands = 0;
 };
 
