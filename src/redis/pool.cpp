@@ -328,6 +328,22 @@ Pipeline::Refusal Pipeline::refusal() {
   }
 }
 
+bool Pipeline::open(std::unique_lock<std::mutex>& lock, const char* op,
+                    std::vector<Waiter*>& callers) {
+  try {
+    conn_.emplace(pool_.acquire(op));
+    return true;
+  } catch (...) {
+    const Refusal why = refusal();
+    lock.lock();
+    for (Waiter* w : callers) {
+      if (w != nullptr) refuse(*w, why);
+    }
+    callers.clear();
+    return false;
+  }
+}
+
 // Runs batches while holding the flusher role (`lock` held on entry and exit), until `self`
 // is answered; then hands the role to a caller queued meanwhile, if any.
 void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
@@ -340,16 +356,8 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     }
     if (!conn_) {
       lock.unlock();
-      try {
-        conn_.emplace(pool_.acquire(self.op));
-      } catch (...) {
-        // Nothing was written: every queued caller gets the connect's error.
-        const Refusal why = refusal();
-        lock.lock();
-        for (Waiter* w : pending_) refuse(*w, why);
-        pending_.clear();
-        break;
-      }
+      // Nothing was written: every queued caller gets the connect's error.
+      if (!open(lock, self.op, pending_)) break;
       lock.lock();
     }
     redisContext* c = conn_->get();
@@ -393,15 +401,7 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
         reconnected = true;
         conn_->discard(true);
         conn_.reset();
-        try {
-          conn_.emplace(pool_.acquire(self.op));
-        } catch (...) {
-          const Refusal why = refusal();
-          lock.lock();
-          for (Waiter* x : inflight_) {
-            if (x != nullptr) refuse(*x, why);
-          }
-          inflight_.clear();
+        if (!open(lock, self.op, inflight_)) {
           c = nullptr;
           break;
         }

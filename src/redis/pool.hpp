@@ -165,6 +165,9 @@ class Pipeline {
   void flush(std::unique_lock<std::mutex>& lock, Waiter& self);
   static void refuse(Waiter& w, const Refusal& why);  // lock held
   static Refusal refusal();                           // of the exception being handled
+  // Opens conn_ (`lock` released). If the connect fails, every caller of `callers` (null
+  // entries skipped) gets its error, `callers` is emptied, `lock` is held again: false.
+  bool open(std::unique_lock<std::mutex>& lock, const char* op, std::vector<Waiter*>& callers);
 
   Pool& pool_;
   std::mutex mutex_;
