@@ -23,6 +23,7 @@ namespace {
 
 using idem::redis::detail::Failure;
 using idem::redis::detail::Pool;
+using idem::redis::detail::write_buffered;
 using ReplyPtr = idem::redis::detail::ReplyUPtr;
 
 timeval to_timeval(std::chrono::milliseconds ms) {
@@ -114,9 +115,15 @@ class IDEM_LOCAL RedisStreams::Impl {
     redisContext* c = conn.get();
     if (extra_timeout.count() > 0) redisSetTimeout(c, to_timeval(command_timeout_ + extra_timeout));
     errno = 0;
-    auto* raw = static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    if (raw == nullptr) fail(conn, args[0], write);
+    if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+        REDIS_OK) {
+      fail(conn, args[0], false);
+    }
+    std::size_t sent = 0;
+    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, args[0], write && sent > 0);
+    void* got = nullptr;
+    if (redisGetReply(c, &got) != REDIS_OK || got == nullptr) fail(conn, args[0], write);
+    auto* raw = static_cast<redisReply*>(got);
     if (extra_timeout.count() > 0) redisSetTimeout(c, to_timeval(command_timeout_));
     ReplyPtr reply(raw);
     throw_if_error(reply.get(), args[0]);
@@ -139,6 +146,9 @@ class IDEM_LOCAL RedisStreams::Impl {
         fail(conn, what, false);
       }
     }
+    errno = 0;
+    std::size_t sent = 0;
+    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, what, write && sent > 0);
     std::vector<ReplyPtr> replies;
     replies.reserve(commands.size());
     for (std::size_t i = 0; i < commands.size(); ++i) {
@@ -183,8 +193,7 @@ class IDEM_LOCAL RedisStreams::Impl {
   Pool pool_;
 };
 
-RedisStreams::RedisStreams(RedisStreamsOptions options)
-    : impl_(std::make_unique<Impl>(options)) {}
+RedisStreams::RedisStreams(RedisStreamsOptions options) : impl_(std::make_unique<Impl>(options)) {}
 RedisStreams::RedisStreams(std::string_view uri)
     : RedisStreams(RedisStreamsOptions{std::string(uri)}) {}
 RedisStreams::~RedisStreams() = default;
@@ -278,13 +287,12 @@ std::uint64_t RedisStreams::ack(std::string_view stream, std::string_view group,
 
 AutoClaimResult RedisStreams::auto_claim(std::string_view stream, std::string_view group,
                                          std::string_view consumer,
-                                         std::chrono::milliseconds min_idle,
-                                         std::string_view start, std::size_t count) {
+                                         std::chrono::milliseconds min_idle, std::string_view start,
+                                         std::size_t count) {
   if (count == 0) throw UsageError("idem::mq::RedisStreams: claim count must be positive");
   std::string idle = std::to_string(min_idle.count());
   std::string n = std::to_string(count);
-  auto r = impl_->command(
-      {"XAUTOCLAIM", stream, group, consumer, idle, start, "COUNT", n});
+  auto r = impl_->command({"XAUTOCLAIM", stream, group, consumer, idle, start, "COUNT", n});
   check_type(r.get(), REDIS_REPLY_ARRAY, "XAUTOCLAIM");
   AutoClaimResult out;
   if (r->elements >= 1) out.next_start = str(r->element[0]);
@@ -302,8 +310,8 @@ AutoClaimResult RedisStreams::auto_claim(std::string_view stream, std::string_vi
   if (out.entries.empty()) return out;
   // Exact delivery counts: one XPENDING over the claimed id range, for this consumer.
   std::string m = std::to_string(out.entries.size() * 2 + 16);
-  auto p = impl_->command({"XPENDING", stream, group, out.entries.front().id,
-                           out.entries.back().id, m, consumer});
+  auto p = impl_->command(
+      {"XPENDING", stream, group, out.entries.front().id, out.entries.back().id, m, consumer});
   std::unordered_map<std::string, std::uint32_t> counts;
   if (p->type == REDIS_REPLY_ARRAY) {
     for (std::size_t i = 0; i < p->elements; ++i) {

@@ -2,6 +2,7 @@
 // A bounded, thread-safe pool of hiredis connections (see pool.hpp).
 #include "pool.hpp"
 
+#include <hiredis/sds.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -18,6 +20,50 @@
 #include "idem/errors.hpp"
 
 namespace idem::redis::detail {
+
+int send_all(int fd, std::string_view bytes, std::size_t& written) noexcept {
+  written = 0;
+  while (written < bytes.size()) {
+    const ssize_t w = ::send(fd, bytes.data() + written, bytes.size() - written, MSG_NOSIGNAL);
+    if (w > 0) {
+      written += static_cast<std::size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return w < 0 ? errno : EPIPE;
+    }
+  }
+  return 0;
+}
+
+const char* send_error_text(int err) noexcept {
+  return err == EAGAIN || err == EWOULDBLOCK ? "write timed out" : std::strerror(err);
+}
+
+int write_buffered(redisContext* c, std::size_t* written) noexcept {
+  std::size_t sent = 0;
+  const int e = send_all(c->fd, std::string_view(c->obuf, sdslen(c->obuf)), sent);
+  if (written != nullptr) *written = sent;
+  if (e != 0) {
+    c->err = REDIS_ERR_IO;
+    std::snprintf(c->errstr, sizeof(c->errstr), "%s", send_error_text(e));
+    errno = e;
+    return REDIS_ERR;
+  }
+  sdssetlen(c->obuf, 0);  // sdsclear (sds.h, inline: libhiredis's sds symbols are C, undeclared)
+  c->obuf[0] = '\0';
+  return REDIS_OK;
+}
+
+redisReply* command_argv(redisContext* c, int argc, const char** argv,
+                         const std::size_t* lens) noexcept {
+  if (redisAppendCommandArgv(c, argc, argv, lens) != REDIS_OK) return nullptr;
+  if (write_buffered(c) != REDIS_OK) return nullptr;
+  void* raw = nullptr;
+  if (redisGetReply(c, &raw) != REDIS_OK) return nullptr;
+  return static_cast<redisReply*>(raw);
+}
+
 namespace {
 
 timeval to_timeval(std::chrono::milliseconds ms) noexcept {
@@ -31,7 +77,7 @@ timeval to_timeval(std::chrono::milliseconds ms) noexcept {
 void setup_command(redisContext* c, int argc, const char** argv, const std::size_t* lens,
                    const std::string& what) {
   errno = 0;
-  ReplyUPtr reply(static_cast<redisReply*>(redisCommandArgv(c, argc, argv, lens)));
+  ReplyUPtr reply(command_argv(c, argc, argv, lens));
   int saved_errno = errno;
   if (!reply) {
     throw_error(Failure{Failure::Kind::kContext, what, c->errstr, c->err, saved_errno});
@@ -249,15 +295,17 @@ ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string
                          bool write_may_apply) {
   using Clock = std::chrono::steady_clock;
   const PoolSettings& s = pool_.settings();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!busy_) {  // nothing on the wire (and so nothing queued): no queue, no copy
+    busy_ = true;
+    lock.unlock();
+    return call_alone(formatted, op, key, write_may_apply);
+  }
   Waiter self;
   self.command = formatted;
   self.op = op;
-  std::unique_lock<std::mutex> lock(mutex_);
   pending_.push_back(&self);
-  if (!busy_) {
-    busy_ = true;
-    self.flusher = true;
-  } else {
+  {
     // Queued behind a batch on the wire: at most a connect, a batch and the pool's wait before
     // it is written, then command_timeout for its reply.
     const Clock::time_point queued_until =
@@ -328,20 +376,99 @@ Pipeline::Refusal Pipeline::refusal() {
   }
 }
 
+void Pipeline::refuse_all(std::unique_lock<std::mutex>& lock, std::vector<Waiter*>& callers) {
+  const Refusal why = refusal();
+  lock.lock();
+  for (Waiter* w : callers) {
+    if (w != nullptr) refuse(*w, why);
+  }
+  callers.clear();
+}
+
 bool Pipeline::open(std::unique_lock<std::mutex>& lock, const char* op,
                     std::vector<Waiter*>& callers) {
   try {
     conn_.emplace(pool_.acquire(op));
     return true;
   } catch (...) {
-    const Refusal why = refusal();
-    lock.lock();
-    for (Waiter* w : callers) {
-      if (w != nullptr) refuse(*w, why);
-    }
-    callers.clear();
+    refuse_all(lock, callers);
     return false;
   }
+}
+
+int Pipeline::send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op) {
+  std::size_t written = 0;
+  const int err = send_all(lease->get()->fd, bytes, written);
+  if (err == 0 || written != 0 || (err != EPIPE && err != ECONNRESET)) return err;
+  // The server closed this idle connection (CLIENT KILL, timeout, restart): nothing reached
+  // it, so the bytes go once more on a new connection.
+  lease->discard(true);
+  lease.reset();
+  lease.emplace(pool_.acquire(op));
+  return send_all(lease->get()->fd, bytes, written);
+}
+
+ReplyUPtr Pipeline::call_alone(std::string_view formatted, const char* op, std::string_view key,
+                               bool write_may_apply) {
+  std::optional<Pool::Lease> lease;
+  int sys_errno = 0;
+  try {
+    lease.emplace(pool_.acquire(op));
+    sys_errno = send_on(lease, formatted, op);
+  } catch (...) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    hand_off(lock, std::nullopt);
+    throw;
+  }
+  flushes_.fetch_add(1, std::memory_order_relaxed);
+  commands_.fetch_add(1, std::memory_order_relaxed);
+  redisContext* c = lease->get();
+  int err = REDIS_ERR_IO;
+  std::string errstr;
+  if (sys_errno == 0) {
+    errno = 0;
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) == REDIS_OK && raw != nullptr) {
+      ReplyUPtr reply(static_cast<redisReply*>(raw));
+      std::unique_lock<std::mutex> lock(mutex_);
+      hand_off(lock, std::move(lease));
+      return reply;
+    }
+    sys_errno = errno;
+    err = c->err;
+    errstr = c->errstr;
+  } else {
+    errstr = send_error_text(sys_errno);
+  }
+  lease->discard(server_gone(err, sys_errno));
+  lease.reset();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    hand_off(lock, std::nullopt);
+  }
+  std::string what = op;
+  what.push_back(' ');
+  what.append(key);
+  throw_error(Failure{Failure::Kind::kContext, what, errstr, err, sys_errno, write_may_apply});
+}
+
+void Pipeline::hand_off(std::unique_lock<std::mutex>& lock, std::optional<Pool::Lease> lease) {
+  if (pending_.empty() && lease) {
+    // Idle: the connection goes back to the pool (claim_batch, complete_batch and ASK
+    // redirects take pooled connections, even with pool_size 1).
+    lock.unlock();
+    lease.reset();
+    lock.lock();
+  }
+  if (pending_.empty()) {
+    busy_ = false;
+    return;
+  }
+  // Callers queued meanwhile: the first writes their batch, on this connection if it is good.
+  conn_.reset();
+  if (lease) conn_.emplace(std::move(*lease));
+  pending_.front()->flusher = true;
+  pending_.front()->wake.notify_one();
 }
 
 // Runs batches while holding the flusher role (`lock` held on entry and exit), until `self`
@@ -360,7 +487,6 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
       if (!open(lock, self.op, pending_)) break;
       lock.lock();
     }
-    redisContext* c = conn_->get();
     // Copied while the lock keeps every queued caller (and its command bytes) in place.
     const auto now = std::chrono::steady_clock::now();
     out_.clear();
@@ -378,9 +504,8 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     flushes_.fetch_add(1, std::memory_order_relaxed);
     commands_.fetch_add(n, std::memory_order_relaxed);
     lock.unlock();
-    // One write for the batch: send(2) with MSG_NOSIGNAL, so a connection the server closed
-    // fails with EPIPE instead of raising SIGPIPE (hiredis writes with write(2)); the socket's
-    // send timeout (command_timeout) bounds it. Then the replies: one read (blocking), every
+    // One write for the batch (send_on: no SIGPIPE, bounded by the socket's send timeout,
+    // command_timeout). Then the replies: one read (blocking), every
     // further reply already parsed, handed over under one lock.
     std::array<redisReply*, 64> got{};
     std::size_t answered = 0;
@@ -388,35 +513,19 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     int saved_errno = 0;
     int err = 0;
     std::string errstr;
-    bool reconnected = false;
-    for (std::size_t off = 0; off < out_.size();) {
-      const ssize_t w = ::send(c->fd, out_.data() + off, out_.size() - off, MSG_NOSIGNAL);
-      if (w > 0) {
-        off += static_cast<std::size_t>(w);
-      } else if (w < 0 && errno == EINTR) {
-        continue;
-      } else if (w < 0 && off == 0 && !reconnected && (errno == EPIPE || errno == ECONNRESET)) {
-        // The server closed this idle connection (CLIENT KILL, timeout, restart): nothing of
-        // the batch reached it, so it goes once more on a new connection.
-        reconnected = true;
-        conn_->discard(true);
-        conn_.reset();
-        if (!open(lock, self.op, inflight_)) {
-          c = nullptr;
-          break;
-        }
-        c = conn_->get();
-      } else {
-        saved_errno = w < 0 ? errno : EPIPE;
-        err = REDIS_ERR_IO;
-        errstr = saved_errno == EAGAIN || saved_errno == EWOULDBLOCK
-                     ? std::string("write timed out")
-                     : std::string(std::strerror(saved_errno));
-        broken = true;
-        break;
-      }
+    try {
+      saved_errno = send_on(conn_, out_, self.op);
+    } catch (...) {
+      // No new connection: every caller of the batch gets its error (`self` too).
+      refuse_all(lock, inflight_);
+      continue;
     }
-    if (c == nullptr) continue;  // no new connection: every caller of the batch has the error
+    redisContext* c = conn_->get();
+    if (saved_errno != 0) {
+      err = REDIS_ERR_IO;
+      errstr = send_error_text(saved_errno);
+      broken = true;
+    }
     while (answered < n && !broken) {
       std::size_t count = 0;
       errno = 0;
@@ -483,21 +592,12 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     }
     inflight_.clear();
   }
-  // Answered. Nothing queued: the connection goes back to the pool while the pipeline is idle
-  // (claim_batch, complete_batch and ASK redirects take pooled connections, even with
-  // pool_size 1); under load the next batch keeps it.
-  if (pending_.empty() && conn_) {
-    lock.unlock();
-    conn_.reset();  // still the flusher: nobody else touches conn_
-    lock.lock();
-  }
-  // The next batch is written by a caller that queued meanwhile.
-  if (pending_.empty()) {
-    busy_ = false;
-  } else {
-    pending_.front()->flusher = true;
-    pending_.front()->wake.notify_one();
-  }
+  // Answered: the next batch is written by a caller that queued meanwhile, on this
+  // connection; nothing queued, the connection goes back to the pool.
+  std::optional<Pool::Lease> lease;
+  if (conn_) lease.emplace(std::move(*conn_));
+  conn_.reset();
+  hand_off(lock, std::move(lease));
 }
 
 }  // namespace idem::redis::detail

@@ -42,6 +42,27 @@ struct PoolSettings {
 
 class Pipeline;
 
+/// Writes all of `bytes` to `fd` with send(2) and MSG_NOSIGNAL (hiredis writes with write(2),
+/// which raises SIGPIPE on a connection the server closed); EINTR is retried, the socket's send
+/// timeout bounds it. Returns 0, or the errno of the failure (EPIPE for a zero-byte write);
+/// `written` says how much went out (0: nothing of it reached the server).
+int send_all(int fd, std::string_view bytes, std::size_t& written) noexcept;
+
+/// The error text of a failed send_all ("write timed out" for the send timeout).
+const char* send_error_text(int err) noexcept;
+
+/// Writes what `c` has buffered with send_all. On failure sets c->err / c->errstr like hiredis,
+/// leaves errno set and returns REDIS_ERR; `written` (if given) says how many bytes went out
+/// (0: the server got nothing, so no command of the buffer was applied). Every write to a Redis
+/// connection goes through it (hiredis' own write(2) would raise SIGPIPE on a connection the
+/// server closed).
+IDEM_EXPORT int write_buffered(redisContext* c, std::size_t* written = nullptr) noexcept;
+
+/// redisCommandArgv without SIGPIPE: buffers the command, writes it (write_buffered), reads
+/// its reply. Null on a connection failure (c->err set), as redisCommandArgv.
+IDEM_EXPORT redisReply* command_argv(redisContext* c, int argc, const char** argv,
+                                     const std::size_t* lens) noexcept;
+
 /// Connections are made on demand up to `size`, kept idle between calls, and dropped when
 /// they break. When one breaks because the server went away (EOF, reset, refused), every
 /// connection opened before is stale too: the pool's epoch moves on and idle connections of
@@ -163,11 +184,28 @@ class Pipeline {
     std::string message;
   };
   void flush(std::unique_lock<std::mutex>& lock, Waiter& self);
+  // The lone caller (nothing on the wire, nothing queued): writes its command straight from
+  // `formatted` on a lent connection and reads its reply, with no queue and no copy; callers
+  // that queue meanwhile are written by the next flusher (hand_off).
+  ReplyUPtr call_alone(std::string_view formatted, const char* op, std::string_view key,
+                       bool write_may_apply);
+  // Ends a flusher's turn (`lock` held on entry and exit): nothing queued, `lease` goes back
+  // to the pool (claim_batch, complete_batch and ASK redirects take pooled connections, even
+  // with pool_size 1); else it stays for the caller queued first, which becomes the flusher.
+  void hand_off(std::unique_lock<std::mutex>& lock, std::optional<Pool::Lease> lease);
   static void refuse(Waiter& w, const Refusal& why);  // lock held
   static Refusal refusal();                           // of the exception being handled
   // Opens conn_ (`lock` released). If the connect fails, every caller of `callers` (null
   // entries skipped) gets its error, `callers` is emptied, `lock` is held again: false.
   bool open(std::unique_lock<std::mutex>& lock, const char* op, std::vector<Waiter*>& callers);
+  // Gives every caller of `callers` the error of the exception being handled (`lock` released
+  // on entry, held on exit) and empties `callers`.
+  static void refuse_all(std::unique_lock<std::mutex>& lock, std::vector<Waiter*>& callers);
+  // Sends `bytes` on `lease` (send_all). A connection the server closed while it was idle
+  // (EPIPE / ECONNRESET with nothing written) is replaced once by a new one from the pool and
+  // the bytes go again. Returns 0 or the errno of the failure.
+  // @throws as Pool::acquire (the lease is then empty).
+  int send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op);
 
   Pool& pool_;
   std::mutex mutex_;

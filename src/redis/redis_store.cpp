@@ -5,7 +5,6 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <openssl/evp.h>
-#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
@@ -129,32 +128,6 @@ void format_command(SmallBuf& cmd, int argc, const char** argv, const std::size_
     cmd.append('$').append(Num(static_cast<long long>(lens[i])).view()).append("\r\n");
     cmd.append(std::string_view(argv[i], lens[i])).append("\r\n");
   }
-}
-
-// Writes what `c` has buffered with send(2) and MSG_NOSIGNAL: hiredis writes with write(2),
-// which raises SIGPIPE on a connection the server closed (at once over a Unix socket). On
-// failure sets c->err / c->errstr like hiredis and leaves errno set.
-int write_buffered(redisContext* c) {
-  const std::size_t len = sdslen(c->obuf);
-  std::size_t off = 0;
-  while (off < len) {
-    const ssize_t w = ::send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
-    if (w > 0) {
-      off += static_cast<std::size_t>(w);
-    } else if (w < 0 && errno == EINTR) {
-      continue;
-    } else {
-      const int e = w < 0 ? errno : EPIPE;
-      c->err = REDIS_ERR_IO;
-      std::snprintf(c->errstr, sizeof(c->errstr), "%s",
-                    e == EAGAIN || e == EWOULDBLOCK ? "write timed out" : std::strerror(e));
-      errno = e;
-      return REDIS_ERR;
-    }
-  }
-  sdssetlen(c->obuf, 0);  // sdsclear (sds.h, inline: libhiredis's sds symbols are C, undeclared)
-  c->obuf[0] = '\0';
-  return REDIS_OK;
 }
 
 // Buffers one command on `c` (format_command).
@@ -595,7 +568,7 @@ class IDEM_LOCAL RedisStore::Impl {
   ReplyUPtr read_reply(detail::Pool::Lease& conn, Op op, std::string_view key) {
     errno = 0;
     void* raw = nullptr;
-    if (sdslen(conn.get()->obuf) > 0 && write_buffered(conn.get()) != REDIS_OK) {
+    if (sdslen(conn.get()->obuf) > 0 && detail::write_buffered(conn.get()) != REDIS_OK) {
       context_failure(conn, op, key);
     }
     if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {

@@ -88,7 +88,7 @@ ReplyUPtr run_command(Pool& pool, std::string_view what, int argc, const char** 
   Pool::Lease conn = pool.acquire(what);
   redisContext* c = conn.get();
   errno = 0;
-  void* raw = redisCommandArgv(c, argc, argv, lens);
+  void* raw = command_argv(c, argc, argv, lens);
   if (raw == nullptr) {
     const int saved_errno = errno;
     const int err = c->err;

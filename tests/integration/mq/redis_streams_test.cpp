@@ -4,12 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <type_traits>
 
 #include "idem/errors.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "support/private_redis.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -49,8 +53,7 @@ TEST_F(RedisStreamsTest, GroupReadAckRoundTrip) {
   EXPECT_EQ(2u, redis_->ack(stream_, "g", {batch[0].id, batch[1].id}));
   EXPECT_EQ(0u, redis_->pending(stream_, "g").count);
   EXPECT_TRUE(redis_->read_group(stream_, "g", "c1", 10, std::nullopt).empty());
-  EXPECT_TRUE(
-      redis_->read_group(stream_, "g", "c1", 10, std::chrono::milliseconds(50)).empty());
+  EXPECT_TRUE(redis_->read_group(stream_, "g", "c1", 10, std::chrono::milliseconds(50)).empty());
 }
 
 TEST_F(RedisStreamsTest, AutoClaimTakesOverIdleEntriesWithDeliveryCounts) {
@@ -113,6 +116,47 @@ TEST(RedisStreamsConnect, ConstructedFromAUriLikeRedisStore) {
   EXPECT_THROW(from_options.ping(), idem::StorageUnavailable);
   RedisStreams from_literal{{"redis://127.0.0.1:1"}};
   EXPECT_THROW(from_literal.ping(), idem::StorageUnavailable);
+}
+
+// The server closes the idle connections (CLIENT KILL). Over a Unix socket the next write to
+// such a connection fails at once with EPIPE: every command (one XADD, a pipelined XADD batch,
+// PING) then either fails typed or goes on a new connection, and never raises SIGPIPE, which
+// would end the test process. Each is retried until it succeeds; nothing is added twice.
+TEST(RedisStreamsFaults, KilledIdleConnectionsFailTypedWithoutSigpipe) {
+  idem::test::PrivateRedis server;
+  RedisStreams redis{idem::mq::RedisStreamsOptions{server.uri()}};
+  const std::string stream = idem::test::unique_name("idem-test:mq-kill");
+  ASSERT_FALSE(redis.add(stream, {{"n", "0"}}).empty());
+  std::uint64_t added = 1;
+  int typed = 0;
+  auto until_done = [&](const std::function<void()>& call) {
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      try {
+        call();
+        return true;
+      } catch (const idem::OutcomeUnknown& e) {
+        ADD_FAILURE() << "a write refused at its first byte was reported unknown: " << e.what();
+        return false;
+      } catch (const idem::StorageError& e) {
+        ++typed;
+      }
+    }
+    return false;
+  };
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_GE(server.kill_clients(), 1);
+    EXPECT_TRUE(until_done([&] { redis.ping(); }));
+    EXPECT_GE(server.kill_clients(), 1);
+    EXPECT_TRUE(until_done([&] { redis.add(stream, {{"n", std::to_string(round)}}); }));
+    ++added;
+    EXPECT_GE(server.kill_clients(), 1);
+    EXPECT_TRUE(until_done([&] {
+      EXPECT_EQ(2u, redis.add_many(stream, {{{"n", "a"}}, {{"n", "b"}}}).size());
+    }));
+    added += 2;
+  }
+  EXPECT_EQ(added, redis.length(stream));
+  std::printf("typed errors after kills: %d\n", typed);
 }
 
 }  // namespace
