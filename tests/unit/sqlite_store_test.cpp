@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <string>
@@ -136,6 +137,39 @@ TEST(SqliteStore, ReadmeQuickStartCreatesBusinessTablesAndChargesOnce) {
     EXPECT_EQ(900, db.query_int64("SELECT balance FROM account WHERE id = 1").value_or(-1));
     EXPECT_EQ(1, db.query_int64("SELECT count(*) FROM payment").value_or(-1));
   });
+}
+
+// The write lock is first come first served: a thread that commits and writes again at once
+// (the purge's batches, a batch consumer) queues behind a writer that was already waiting,
+// instead of taking the lock back ahead of it for as long as it keeps writing.
+TEST(SqliteStore, AWaitingWriterGoesBeforeAThreadThatWritesAgainAtOnce) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store{dir.file("fifo.db")};
+  idem::sqlite::Database& db = store.database();
+  db.write([](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE t (x TEXT)"); });
+  std::atomic<bool> inside{false};
+  std::atomic<bool> other_started{false};
+  std::thread looping([&] {
+    db.write([&](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO t VALUES ('first')");
+      inside = true;
+      while (!other_started) std::this_thread::yield();
+      // The other writer is blocked on the lock by now (it asked right after saying so).
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    });
+    for (int i = 0; i < 20; ++i) {
+      db.write([&](idem::sqlite::Transaction& tx) { tx.exec("INSERT INTO t VALUES ('again')"); });
+    }
+  });
+  while (!inside) std::this_thread::yield();
+  other_started = true;
+  db.write([](idem::sqlite::Transaction& tx) { tx.exec("INSERT INTO t VALUES ('waiting')"); });
+  looping.join();
+  const auto order = db.read([](idem::sqlite::Session& s) {
+    return s.query_text(
+        "SELECT group_concat(x, ',') FROM (SELECT x FROM t ORDER BY rowid LIMIT 3)");
+  });
+  EXPECT_EQ("first,waiting,again", order.value_or(""));
 }
 
 TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
