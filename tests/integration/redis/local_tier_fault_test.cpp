@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: MIT
+// Faults of the local tier's invalidation connection (serial: they disturb every tracking
+// client of the shared server): CLIENT KILL TYPE pubsub drops the tier until tracking is back,
+// a flush-all message (FLUSHDB of another db) drops it, and a user whose ACL refuses CLIENT
+// gets the ttl_when_untracked bound, logged once.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/redis/redis_store.hpp"
+#include "raw_redis.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using idem::ClaimStatus;
+using idem::Key;
+using idem::OwnerToken;
+using idem::redis::RedisStore;
+using idem::redis::RedisStoreOptions;
+using namespace std::chrono_literals;
+
+template <class F>
+bool eventually(F&& done, std::chrono::milliseconds limit = 5000ms) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+class LocalTierFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    IDEM_REQUIRE_ENV(url_, "IDEM_TEST_REDIS_URL");
+    prefix_ = idem::test::unique_name("idemltf") + ":";
+  }
+  RedisStoreOptions options(const std::string& url) const {
+    RedisStoreOptions o{url};
+    o.key_prefix = prefix_;
+    o.local_tier.enabled = true;
+    return o;
+  }
+  static void complete(RedisStore& s, const Key& k, const std::string& response) {
+    OwnerToken owner = OwnerToken::generate();
+    ASSERT_EQ(ClaimStatus::kClaimed, s.claim(k, "fp", owner, 5000ms).status);
+    ASSERT_TRUE(s.complete(k, owner, response, 60s));
+  }
+  static bool warm(RedisStore& s, const Key& k) {
+    return eventually([&] {
+      const auto before = s.local_tier_stats().hits;
+      s.claim(k, "fp", OwnerToken::generate(), 5000ms);
+      return s.local_tier_stats().hits > before;
+    });
+  }
+  std::string url_, prefix_;
+};
+
+TEST_F(LocalTierFaultTest, KilledInvalidationConnectionDropsTheTierUntilTrackingIsBack) {
+  RedisStore s(options(url_));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().tracking; }));
+  const Key k = Key::make("tier", "killed");
+  complete(s, k, "v1");
+  ASSERT_TRUE(warm(s, k));
+  const auto before = s.local_tier_stats();
+  idem::test::RawRedis raw(url_);
+  ASSERT_GE(raw.integer({"CLIENT", "KILL", "TYPE", "pubsub"}), 1);
+  // Deleted while no invalidation can arrive: the drop, not a message, keeps this correct.
+  ASSERT_EQ(1, raw.integer({"DEL", s.redis_key(k)}));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().drops > before.drops; }));
+  EXPECT_EQ(0U, s.local_tier_stats().entries);
+  EXPECT_EQ(ClaimStatus::kClaimed, s.claim(k, "fp", OwnerToken::generate(), 5000ms).status);
+  // Tracking comes back on a new connection, and the tier serves again.
+  ASSERT_TRUE(eventually([&] {
+    auto st = s.local_tier_stats();
+    return st.tracking && st.tracking_starts > before.tracking_starts;
+  }));
+  const Key k2 = Key::make("tier", "after_kill");
+  complete(s, k2, "v2");
+  ASSERT_TRUE(warm(s, k2));
+  raw.integer({"DEL", s.redis_key(k2)});
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().entries == 0; }));
+  EXPECT_EQ(ClaimStatus::kClaimed, s.claim(k2, "fp", OwnerToken::generate(), 5000ms).status);
+}
+
+TEST_F(LocalTierFaultTest, FlushAllMessageDropsTheWholeTier) {
+  RedisStore s(options(url_));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().tracking; }));
+  for (int i = 0; i < 3; ++i) {
+    const Key k = Key::make("tier", "flush" + std::to_string(i));
+    complete(s, k, "v");
+    ASSERT_TRUE(warm(s, k));
+  }
+  const auto before = s.local_tier_stats();
+  ASSERT_EQ(3U, before.entries);
+  // FLUSHDB of another (empty) db: Redis tells every tracking client "everything changed".
+  idem::test::RawRedis raw(url_);
+  ASSERT_EQ("OK", raw.text({"SELECT", "13"}));
+  ASSERT_EQ("OK", raw.text({"FLUSHDB"}));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().drops > before.drops; }));
+  EXPECT_EQ(0U, s.local_tier_stats().entries);
+  EXPECT_TRUE(s.local_tier_stats().tracking);  // the connection itself is fine
+}
+
+TEST_F(LocalTierFaultTest, RefusedTrackingFallsBackToTheShortTtlLoggedOnce) {
+  idem::test::RawRedis raw(url_);
+  const std::string user = "idem_lt_noclient";
+  ASSERT_EQ("OK", raw.text({"ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "&*", "+@all",
+                            "-client"}));
+  auto ep = idem::redis::detail::parse_uri(url_);
+  const std::string url = "redis://" + user + ":pw@" + ep.host + ":" + std::to_string(ep.port);
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  RedisStoreOptions o = options(url);
+  o.local_tier.ttl_when_untracked = 300ms;
+  o.local_tier.log = [&](idem::LogLevel level, std::string_view line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    lines.push_back(std::string(idem::log_level_name(level)) + " " + std::string(line));
+  };
+  {
+    RedisStore s(o);
+    ASSERT_TRUE(eventually([&] { return s.local_tier_stats().untracked; }));
+    const Key k = Key::make("tier", "untracked");
+    complete(s, k, "v1");
+    ASSERT_TRUE(warm(s, k));
+    EXPECT_FALSE(s.local_tier_stats().tracking);
+    // Nobody tells this process about the delete: the TTL bound does.
+    const auto deleted_at = std::chrono::steady_clock::now();
+    ASSERT_EQ(1, raw.integer({"DEL", s.redis_key(k)}));
+    ASSERT_TRUE(eventually([&] {
+      return s.claim(k, "fp", OwnerToken::generate(), 5000ms).status == ClaimStatus::kClaimed;
+    }));
+    EXPECT_LE(std::chrono::steady_clock::now() - deleted_at, 300ms + 200ms);
+  }
+  raw.integer({"ACL", "DELUSER", user});
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(1U, lines.size());
+  EXPECT_NE(std::string::npos, lines[0].find("warn idem redis local tier untracked"));
+  EXPECT_NE(std::string::npos, lines[0].find("ttl_ms=300"));
+}
+
+}  // namespace
