@@ -146,4 +146,85 @@ TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   EXPECT_EQ(new_master, master_now);
 }
 
+// The local tier through Sentinel: a record kept from the old master; after a forced failover
+// the tier is dropped and tracking re-established on the new master, where a delete is heard.
+TEST(SentinelFaultTest, LocalTierFollowsAFailoverAndHearsTheNewMaster) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_SENTINEL_URL");
+  idem::test::SentinelAdmin admin(url);
+  int old_master = 0;
+  ASSERT_TRUE(admin.wait_healthy(60s, &old_master)) << "sentinel setup unhealthy before the test";
+  const int new_master = admin.other_node(old_master);
+  RedisStoreOptions o{url};
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  o.key_prefix = idem::test::unique_name("idemlts") + ":";
+  o.local_tier.enabled = true;
+  RedisStore fast(o);
+  auto eventually = [](auto&& done, std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(5ms);
+    }
+    return true;
+  };
+  ASSERT_TRUE(eventually([&] { return fast.local_tier_stats().tracking; }, 10s));
+  const Key k = Key::make("tier", "failover");
+  idem::OwnerToken owner = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, fast.claim(k, "fp", owner, 5000ms).status);
+  ASSERT_TRUE(fast.complete(k, owner, "v1", 300s));
+  auto claim = [&] { return fast.claim(k, "fp", idem::OwnerToken::generate(), 5000ms); };
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto before = fast.local_tier_stats().hits;
+        claim();
+        return fast.local_tier_stats().hits > before;
+      },
+      10s));
+  const auto before = fast.local_tier_stats();
+  const auto& s0 = admin.sentinels().front();
+  std::string answer;
+  const auto forced_at = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < forced_at + 30s) {
+    answer = idem::test::reply_text(
+        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
+    if (answer == "OK") break;
+    std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_EQ("OK", answer);
+  ASSERT_TRUE(eventually(
+      [&] { return admin.master_port(0) == new_master && admin.role(new_master) == "master"; },
+      60s));
+  // The store follows on its next calls; the tier's thread re-checks the master every 100 ms.
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          (void)fast.lookup(Key::make("tier", "probe"));
+        } catch (const idem::Error&) {
+        }
+        auto st = fast.local_tier_stats();
+        return st.drops > before.drops && st.tracking_starts > before.tracking_starts &&
+               st.tracking;
+      },
+      60s));
+  // Kept again from the new master, then deleted there: the invalidation reaches the tier.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto hits = fast.local_tier_stats().hits;
+        try {
+          claim();
+        } catch (const idem::Error&) {
+          return false;
+        }
+        return fast.local_tier_stats().hits > hits;
+      },
+      30s));
+  auto del = idem::test::node_cmd(admin.host(), new_master, {"DEL", fast.redis_key(k)});
+  ASSERT_TRUE(del && del->type == REDIS_REPLY_INTEGER && del->integer == 1);
+  ASSERT_TRUE(eventually([&] { return fast.local_tier_stats().entries == 0; }, 10s));
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, claim().status);
+  EXPECT_TRUE(admin.wait_healthy(60s, nullptr));
+}
+
 }  // namespace
