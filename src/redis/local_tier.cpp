@@ -41,8 +41,16 @@ std::string_view text(const redisReply* r) noexcept { return {r->str, r->len}; }
 
 }  // namespace
 
-LocalTier::LocalTier(LocalTierSettings settings, std::function<Pool&()> server)
-    : settings_(std::move(settings)), server_(std::move(server)) {
+struct LocalTier::Conn {
+  Pool* server = nullptr;
+  std::unique_ptr<Pool> pool;        // of this connection alone (the node's settings, size 1)
+  std::optional<Pool::Lease> lease;  // open
+  std::optional<NodeState> state;    // set while established (tracking) or refused (untracked)
+  std::chrono::steady_clock::time_point next_try{};
+};
+
+LocalTier::LocalTier(LocalTierSettings settings, std::function<std::vector<Pool*>()> servers)
+    : settings_(std::move(settings)), servers_(std::move(servers)) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw StorageError("idem::redis: local tier: cannot create an eventfd");
   index_.reserve(std::min<std::size_t>(settings_.max_entries, 1 << 16));
@@ -66,12 +74,6 @@ LocalTier::Ticket LocalTier::ticket(std::string_view redis_key) const noexcept {
   t.generation = generation_.load(std::memory_order_acquire);
   t.stripe = stripes_[stripe_of(redis_key)].load(std::memory_order_acquire);
   return t;
-}
-
-bool LocalTier::filling() const noexcept {
-  const State s = state_.load(std::memory_order_relaxed);
-  return s == State::kTracking ||
-         (s == State::kUntracked && settings_.ttl_when_untracked.count() > 0);
 }
 
 LocalTier::List::iterator LocalTier::find_fresh(std::string_view redis_key) {
@@ -137,10 +139,10 @@ LocalTier::Answer LocalTier::lookup(std::string_view redis_key, Record& out) {
   return Answer::kMiss;
 }
 
-void LocalTier::fill(std::string_view redis_key, const Ticket& t, std::string_view fingerprint,
-                     std::string_view owner, std::string_view response, long long created_ms,
-                     long long pttl_ms, std::chrono::steady_clock::time_point sent_at,
-                     TimePoint sent_at_system) {
+void LocalTier::fill(std::string_view redis_key, const Ticket& t, const Pool* server,
+                     std::string_view fingerprint, std::string_view owner,
+                     std::string_view response, long long created_ms, long long pttl_ms,
+                     std::chrono::steady_clock::time_point sent_at, TimePoint sent_at_system) {
   const std::size_t bytes =
       redis_key.size() + fingerprint.size() + owner.size() + response.size() + kEntryOverhead;
   if (pttl_ms <= 0 || bytes > settings_.max_bytes) {
@@ -158,16 +160,19 @@ void LocalTier::fill(std::string_view redis_key, const Ticket& t, std::string_vi
   e.created_ms = created_ms;
   e.bytes = bytes;
   std::lock_guard<std::mutex> lock(mutex_);
-  const State s = state_.load(std::memory_order_relaxed);
-  if (s == State::kUntracked) {
+  auto node = nodes_.find(server);
+  bool keep = node != nodes_.end() && generation_.load(std::memory_order_relaxed) == t.generation &&
+              stripes_[stripe_of(redis_key)].load(std::memory_order_relaxed) == t.stripe;
+  if (keep && node->second == NodeState::kUntracked) {
+    // No invalidations from that node: kept at most ttl_when_untracked.
+    keep = settings_.ttl_when_untracked.count() > 0;
     const auto cap = std::chrono::steady_clock::now() + settings_.ttl_when_untracked;
     if (cap < expires) {
       expires = cap;
       expires_system = std::min(expires_system, system_now() + settings_.ttl_when_untracked);
     }
   }
-  if (!filling() || generation_.load(std::memory_order_relaxed) != t.generation ||
-      stripes_[stripe_of(redis_key)].load(std::memory_order_relaxed) != t.stripe) {
+  if (!keep) {
     fills_skipped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -195,7 +200,7 @@ void LocalTier::invalidate(std::string_view redis_key) {
   forget(redis_key);
 }
 
-void LocalTier::drop_all(State next) {
+void LocalTier::drop_all() {
   List gone;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -203,14 +208,25 @@ void LocalTier::drop_all(State next) {
     index_.clear();
     bytes_ = 0;
     generation_.fetch_add(1, std::memory_order_acq_rel);  // every ticket taken before is stale
-    state_.store(next, std::memory_order_relaxed);
   }
+  drops_.fetch_add(1, std::memory_order_relaxed);
   // `gone` is freed here, outside the lock.
 }
 
-void LocalTier::set_state(State next) {
+void LocalTier::set_node(const Pool* server, std::optional<NodeState> state) {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_.store(next, std::memory_order_relaxed);
+  if (state) {
+    nodes_[server] = *state;
+    // Reads sent before this node was heard may have missed its invalidations.
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    nodes_.erase(server);
+  }
+  bool any = false;
+  for (const auto& n : nodes_) {
+    any = any || n.second == NodeState::kTracking || settings_.ttl_when_untracked.count() > 0;
+  }
+  filling_.store(any, std::memory_order_relaxed);
 }
 
 RedisLocalTierStats LocalTier::stats() const {
@@ -227,8 +243,8 @@ RedisLocalTierStats LocalTier::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   s.entries = lru_.size();
   s.bytes = bytes_;
-  s.tracking = state_.load(std::memory_order_relaxed) == State::kTracking;
-  s.untracked = state_.load(std::memory_order_relaxed) == State::kUntracked;
+  s.tracking = all_tracked_.load(std::memory_order_relaxed);
+  s.untracked = any_untracked_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -236,44 +252,96 @@ void LocalTier::log(LogLevel level, const std::string& line) const {
   if (settings_.log) settings_.log(level, line);
 }
 
-bool LocalTier::sleep_for(std::chrono::milliseconds d) {
-  pollfd p{wake_fd_, POLLIN, 0};
-  if (!stop_.load()) ::poll(&p, 1, static_cast<int>(std::max<long long>(d.count(), 1)));
-  return stop_.load();
-}
-
 void LocalTier::run() {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::unique_ptr<Conn>> conns;
+  Clock::time_point next_recheck = Clock::now();
   while (!stop_.load()) {
-    Pool* server = nullptr;
-    try {
-      server = &server_();
-    } catch (...) {
-      // No server known yet (Sentinel without an answer): nothing kept, asked again later.
-      if (sleep_for(settings_.retry)) return;
-      continue;
+    Clock::time_point now = Clock::now();
+    if (now >= next_recheck) {
+      next_recheck = now + settings_.recheck;
+      try {
+        const std::vector<Pool*> want = servers_();
+        // A node that no longer serves (failover, new slot map): its keys are served where this
+        // process may not have heard every write yet.
+        bool removed = false;
+        for (auto it = conns.begin(); it != conns.end();) {
+          if (std::find(want.begin(), want.end(), (*it)->server) == want.end()) {
+            removed = removed || (*it)->state == NodeState::kTracking;
+            close(**it, false);
+            it = conns.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        if (removed) drop_all();
+        for (Pool* p : want) {
+          auto same = [p](const std::unique_ptr<Conn>& c) { return c->server == p; };
+          if (std::none_of(conns.begin(), conns.end(), same)) {
+            conns.push_back(std::make_unique<Conn>());
+            conns.back()->server = p;
+            conns.back()->next_try = now;
+          }
+        }
+      } catch (...) {
+        // Nothing known now (no master, no slot map): the connections stay as they are.
+      }
     }
-    if (serve(*server)) return;
+    for (auto& c : conns) {
+      if (!c->lease && Clock::now() >= c->next_try && !stop_.load()) open(*c);
+    }
+    bool all = !conns.empty(), untracked = false;
+    for (const auto& c : conns) {
+      all = all && c->state == NodeState::kTracking;
+      untracked = untracked || c->state == NodeState::kUntracked;
+    }
+    all_tracked_.store(all, std::memory_order_relaxed);
+    any_untracked_.store(untracked, std::memory_order_relaxed);
+
+    std::vector<pollfd> fds;
+    std::vector<Conn*> polled;
+    Clock::time_point until = next_recheck;
+    for (auto& c : conns) {
+      if (c->lease) {
+        fds.push_back(pollfd{c->lease->get()->fd, POLLIN, 0});
+        polled.push_back(c.get());
+      } else {
+        until = std::min(until, c->next_try);
+      }
+    }
+    fds.push_back(pollfd{wake_fd_, POLLIN, 0});
+    now = Clock::now();
+    const auto wait =
+        until > now ? std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1
+                    : 0;
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait));
+    if (stop_.load()) break;
+    if (n <= 0) continue;  // timeout, EINTR
+    for (std::size_t i = 0; i < polled.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && !read(*polled[i])) {
+        close(*polled[i], true);
+      }
+    }
   }
+  for (auto& c : conns) close(*c, false);
 }
 
-bool LocalTier::serve(Pool& server) {
-  PoolSettings ps = server.settings();  // same address, TLS, credentials and db as the store
+void LocalTier::open(Conn& conn) {
+  using Clock = std::chrono::steady_clock;
+  PoolSettings ps = conn.server->settings();  // same address, TLS, credentials and db
   ps.size = 1;
   ps.auto_pipeline = false;
   ps.wait_timeout = std::chrono::milliseconds(0);
-  Pool pool(ps);
-  std::optional<Pool::Lease> conn;
+  conn.pool = std::make_unique<Pool>(ps);
   try {
-    conn.emplace(pool.acquire("local tier invalidation connection"));
+    conn.lease.emplace(conn.pool->acquire("local tier invalidation connection"));
   } catch (const std::exception&) {
-    if (state_.load() != State::kDown) {
-      drop_all(State::kDown);
-      drops_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return sleep_for(settings_.retry);
+    conn.pool.reset();
+    conn.next_try = Clock::now() + settings_.retry;
+    return;
   }
-  redisContext* c = conn->get();
-  // Setup: CLIENT ID, tracking in broadcast mode redirected to this very connection, then the
+  redisContext* c = conn.lease->get();
+  // CLIENT ID, tracking in broadcast mode redirected to this very connection, then the
   // subscription (RESP2: the invalidations arrive as messages of __redis__:invalidate).
   std::string refused;
   ReplyUPtr id = setup(c, {"CLIENT", "ID"});
@@ -296,82 +364,78 @@ bool LocalTier::serve(Pool& server) {
     if (!broken && r->type == REDIS_REPLY_ERROR) refused = text(r.get());
   }
   if (broken) {
-    conn->discard(true);
-    if (state_.load() != State::kDown) {
-      drop_all(State::kDown);
-      drops_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return sleep_for(settings_.retry);
+    close(conn, true);
+    conn.next_try = Clock::now() + settings_.retry;
+    return;
   }
   if (!refused.empty()) {
-    // No invalidations: entries live at most ttl_when_untracked. Asked again now and then (an
-    // ACL may change), the bound in force meanwhile.
-    if (state_.load() != State::kUntracked) drop_all(State::kUntracked);
+    // No invalidations from this node: its records live at most ttl_when_untracked. Asked
+    // again now and then (an ACL may change), the bound in force meanwhile.
+    conn.lease.reset();
+    conn.pool.reset();
+    conn.state = NodeState::kUntracked;
+    set_node(conn.server, NodeState::kUntracked);
     if (!untracked_logged_) {
       untracked_logged_ = true;
       log(LogLevel::kWarn,
           "idem redis local tier untracked error=" + idem::log::quote_field(refused) +
               " ttl_ms=" + std::to_string(settings_.ttl_when_untracked.count()));
     }
-    conn.reset();
-    return sleep_for(std::max(settings_.retry, std::chrono::milliseconds(10000)));
+    conn.next_try = Clock::now() + std::max(settings_.retry, std::chrono::milliseconds(10000));
+    return;
   }
-  // Tracking established: every record kept from now on is heard of when it changes. Tickets
-  // taken before (reads that may have missed an invalidation) are stale.
-  drop_all(State::kTracking);
+  // Tracking established: every record of this node kept from now on is heard of when it
+  // changes (tickets taken before are stale).
+  conn.state = NodeState::kTracking;
+  set_node(conn.server, NodeState::kTracking);
   tracking_starts_.fetch_add(1, std::memory_order_relaxed);
   if (untracked_logged_) log(LogLevel::kInfo, "idem redis local tier tracking established");
-  const int timeout_ms =
-      settings_.recheck.count() > 0 ? static_cast<int>(settings_.recheck.count()) : -1;
-  for (;;) {
-    // Every message hiredis has buffered, then wait for more.
-    void* raw = nullptr;
-    while (redisReaderGetReply(c->reader, &raw) == REDIS_OK && raw != nullptr) {
-      ReplyUPtr m(static_cast<redisReply*>(raw));
-      raw = nullptr;
-      if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
-          m->element[0]->type != REDIS_REPLY_STRING || text(m->element[0]) != "message") {
-        continue;  // the subscription's confirmation
-      }
-      const redisReply* keys = m->element[2];
-      if (keys->type == REDIS_REPLY_ARRAY) {
-        for (std::size_t i = 0; i < keys->elements; ++i) {
-          if (keys->element[i]->type == REDIS_REPLY_STRING) invalidate(text(keys->element[i]));
-        }
-      } else if (keys->type == REDIS_REPLY_STRING) {
-        invalidate(text(keys));
-      } else {
-        // nil: FLUSHDB / FLUSHALL (every key changed). Tracking stays on.
-        drop_all(State::kTracking);
-        drops_.fetch_add(1, std::memory_order_relaxed);
-      }
+  if (!read(conn)) close(conn, true);  // whatever arrived with the subscription's reply
+}
+
+// Reads what the socket has (when `conn` was polled readable; a no-op read otherwise is not
+// made) and handles every complete message. false: the connection broke.
+bool LocalTier::read(Conn& conn) {
+  redisContext* c = conn.lease->get();
+  pollfd p{c->fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) > 0 && redisBufferRead(c) != REDIS_OK) return false;
+  void* raw = nullptr;
+  while (redisReaderGetReply(c->reader, &raw) == REDIS_OK && raw != nullptr) {
+    ReplyUPtr m(static_cast<redisReply*>(raw));
+    raw = nullptr;
+    if (m->type != REDIS_REPLY_ARRAY || m->elements != 3 ||
+        m->element[0]->type != REDIS_REPLY_STRING || text(m->element[0]) != "message") {
+      continue;  // the subscription's confirmation
     }
-    if (c->reader->err != 0) break;
-    pollfd fds[2] = {{c->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    const int n = ::poll(fds, 2, timeout_ms);
-    if (stop_.load()) return true;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    if (n == 0) {
-      // Sentinel: a failover moved the master; this connection no longer hears its writes.
-      Pool* now = nullptr;
-      try {
-        now = &server_();
-      } catch (...) {
-        now = &server;  // none known now: keep listening where we are
+    const redisReply* keys = m->element[2];
+    if (keys->type == REDIS_REPLY_ARRAY) {
+      for (std::size_t i = 0; i < keys->elements; ++i) {
+        if (keys->element[i]->type == REDIS_REPLY_STRING) invalidate(text(keys->element[i]));
       }
-      if (now != &server) break;
-      continue;
-    }
-    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && redisBufferRead(c) != REDIS_OK) {
-      break;
+    } else if (keys->type == REDIS_REPLY_STRING) {
+      invalidate(text(keys));
+    } else {
+      drop_all();  // nil: FLUSHDB / FLUSHALL (every key changed); tracking stays on
     }
   }
-  // Broken (EOF, CLIENT KILL, restart) or replaced: invalidations may have been missed.
-  drop_all(State::kDown);
-  drops_.fetch_add(1, std::memory_order_relaxed);
-  conn->discard(true);
-  return stop_.load();
+  return c->reader->err == 0;
+}
+
+void LocalTier::close(Conn& conn, bool broken) {
+  const bool was_tracking = conn.state == NodeState::kTracking;
+  if (conn.lease) {
+    if (broken) {
+      conn.lease->discard(true);
+    }
+    conn.lease.reset();
+  }
+  conn.pool.reset();
+  if (conn.state) set_node(conn.server, std::nullopt);
+  conn.state.reset();
+  // Broken: invalidations may have been missed, so nothing kept can be trusted. Reconnected
+  // at once (a restarting server makes that connect fail, then `retry` paces the attempts).
+  if (broken && was_tracking) drop_all();
+  conn.next_try = std::chrono::steady_clock::now();
 }
 
 }  // namespace idem::redis::detail

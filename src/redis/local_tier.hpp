@@ -10,11 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "idem/clock.hpp"
 #include "idem/log.hpp"
@@ -34,25 +37,26 @@ struct LocalTierSettings {
   std::string key_prefix;
   /// Least time between two attempts to open the invalidation connection.
   std::chrono::milliseconds retry{100};
-  /// How often the invalidation thread asks `server` whether the server changed (Sentinel
-  /// failover); 0: never (one server).
-  std::chrono::milliseconds recheck{0};
+  /// How often the invalidation thread asks `servers` which nodes serve keys now (a Sentinel
+  /// failover, a new Cluster slot map).
+  std::chrono::milliseconds recheck{100};
 };
 
 /// Completed records by Redis key, bounded in entries and bytes (least recently used first),
 /// each until min(its expiry in Redis, as read with PTTL, and, untracked, ttl_when_untracked).
-/// A thread of its own holds the invalidation connection (`CLIENT TRACKING ON REDIRECT <own
-/// id> BCAST PREFIX <prefix>`, then `SUBSCRIBE __redis__:invalidate`): each message removes
-/// its keys, a flush-all message (nil) removes everything, and a broken connection drops the
-/// tier and stops fills until tracking is back. A fill carries the Ticket taken before its read
-/// was sent: an invalidation of that key's stripe (or a drop) since then makes it a no-op, so
-/// a fill never brings back a record deleted while its read was on the wire.
+/// A thread of its own holds one invalidation connection per serving node (the one server, the
+/// Sentinel master, every Cluster master owning slots): `CLIENT TRACKING ON REDIRECT <own id>
+/// BCAST PREFIX <prefix>`, then `SUBSCRIBE __redis__:invalidate`. Each message removes its
+/// keys, a flush-all message (nil) removes everything, and a broken (or no longer serving)
+/// connection drops the tier. A record is kept only when the node serving its key is tracked,
+/// and a fill carries the Ticket taken before its read was sent: an invalidation of that key's
+/// stripe, a drop, or a node's tracking start since then makes it a no-op, so a fill never
+/// brings back a record deleted while its read was on the wire.
 class LocalTier {
  public:
-  /// `server` names the pool of the server whose writes the tier must hear (the one server, or
-  /// the Sentinel master now); it may throw (no master known), and is called from the tier's
-  /// thread only.
-  LocalTier(LocalTierSettings settings, std::function<Pool&()> server);
+  /// `servers` names the pools of the nodes whose writes the tier must hear now; it may throw,
+  /// and is called from the tier's thread only (every `recheck`).
+  LocalTier(LocalTierSettings settings, std::function<std::vector<Pool*>()> servers);
   ~LocalTier();
   LocalTier(const LocalTier&) = delete;
   LocalTier& operator=(const LocalTier&) = delete;
@@ -72,24 +76,24 @@ class LocalTier {
   /// A lookup: kHit (and `out` set) when a fresh entry is kept.
   Answer lookup(std::string_view redis_key, Record& out);
 
-  /// Keeps a completed record read from Redis with `pttl_ms` to live, the read sent at
-  /// `sent_at` (steady) / `sent_at_system`. A no-op when `t` is stale, tracking is down, or the
-  /// record does not fit.
-  void fill(std::string_view redis_key, const Ticket& t, std::string_view fingerprint,
-            std::string_view owner, std::string_view response, long long created_ms,
-            long long pttl_ms, std::chrono::steady_clock::time_point sent_at,
+  /// Keeps a completed record that `server` (the node serving the key) answered with `pttl_ms`
+  /// to live, the read sent at `sent_at` (steady) / `sent_at_system`. A no-op when `t` is
+  /// stale, `server` is not tracked, or the record does not fit.
+  void fill(std::string_view redis_key, const Ticket& t, const Pool* server,
+            std::string_view fingerprint, std::string_view owner, std::string_view response,
+            long long created_ms, long long pttl_ms, std::chrono::steady_clock::time_point sent_at,
             TimePoint sent_at_system);
 
   /// Removes `redis_key` (a write of this process) and invalidates its stripe.
   void forget(std::string_view redis_key);
 
-  /// Whether a fill could be kept now (tracking established, or untracked with a TTL).
-  bool filling() const noexcept;
+  /// Whether some node is tracked (or untracked with a TTL): a fill may be kept.
+  bool filling() const noexcept { return filling_.load(std::memory_order_relaxed); }
 
   RedisLocalTierStats stats() const;
 
  private:
-  enum class State { kDown, kTracking, kUntracked };
+  enum class NodeState { kTracking, kUntracked };
   struct Entry {
     std::string key, fingerprint, owner, response;
     long long created_ms = 0;
@@ -98,30 +102,32 @@ class LocalTier {
     std::size_t bytes = 0;
   };
   using List = std::list<Entry>;
+  struct Conn;
   static constexpr std::size_t kStripes = 256;
 
   static std::size_t stripe_of(std::string_view redis_key) noexcept;
   List::iterator find_fresh(std::string_view redis_key);  // mutex_ held; end() when none
   void erase(List::iterator it);                          // mutex_ held
   void invalidate(std::string_view redis_key);
-  void drop_all(State next);
-  void set_state(State next);
+  void drop_all();  // counted in drops
+  void set_node(const Pool* server, std::optional<NodeState> state);
   void run();
-  // One connection's life: true when it ended because the tier is stopping.
-  bool serve(Pool& server);
-  bool sleep_for(std::chrono::milliseconds d);  // true when stopping
+  void open(Conn& conn);                // tier thread
+  bool read(Conn& conn);                // false: broken
+  void close(Conn& conn, bool broken);  // tier thread
   void log(LogLevel level, const std::string& line) const;
 
   const LocalTierSettings settings_;
-  const std::function<Pool&()> server_;
+  const std::function<std::vector<Pool*>()> servers_;
 
-  mutable std::mutex mutex_;  // guards the entries, bytes_, and the stripes' changes
+  mutable std::mutex mutex_;  // guards the entries, bytes_, nodes_, and the stripes' changes
   List lru_;                  // most recently used first
   std::unordered_map<std::string_view, List::iterator> index_;  // views lru_'s keys
   std::size_t bytes_ = 0;
+  std::unordered_map<const Pool*, NodeState> nodes_;  // nodes with an established connection
   std::array<std::atomic<std::uint64_t>, kStripes> stripes_{};
   std::atomic<std::uint64_t> generation_{0};
-  std::atomic<State> state_{State::kDown};
+  std::atomic<bool> filling_{false}, all_tracked_{false}, any_untracked_{false};
   bool untracked_logged_ = false;  // tier thread only
 
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, fingerprint_misses_{0}, fills_{0},

@@ -301,14 +301,22 @@ class IDEM_LOCAL RedisStore::Impl {
     s.log = t.log;
     s.key_prefix = options_.key_prefix;
     s.retry = std::max(options_.reconnect_backoff, std::chrono::milliseconds(100));
-    if (router_.name() == "redis-sentinel") s.recheck = std::chrono::milliseconds(100);
-    return std::make_unique<detail::LocalTier>(std::move(s),
-                                               [this]() -> detail::Pool& { return server_pool(); });
+    return std::make_unique<detail::LocalTier>(std::move(s), [this] { return serving_nodes(); });
   }
 
-  // The pool of the server whose writes the local tier must hear (the one server, or the
-  // Sentinel master now; called from the tier's thread).
-  detail::Pool& server_pool() { return router_.pool_for(std::string_view()); }
+  // The nodes whose writes the local tier must hear (called from the tier's thread every
+  // 100 ms): the one server, the Sentinel master now, every Cluster master owning slots.
+  // pool_for drives discovery and the Sentinel's periodic master check.
+  std::vector<detail::Pool*> serving_nodes() {
+    if (router_.name() != "redis") {
+      try {
+        (void)router_.pool_for(std::string_view());
+      } catch (const Error&) {
+        // None known now: the router's last view stands.
+      }
+    }
+    return router_.serving_nodes();
+  }
 
   static RedisStoreOptions normalise(RedisStoreOptions o) {
     if (o.pool_size == 0) o.pool_size = 8;
@@ -331,11 +339,6 @@ class IDEM_LOCAL RedisStore::Impl {
           "idem::redis: RedisStoreOptions::native_complete_fraction must be in [0, 0.9]");
     }
     if (o.local_tier.enabled) {
-      if (detail::parse_topology(o.uri).kind == detail::Topology::Kind::kCluster) {
-        throw UsageError(
-            "idem::redis: RedisStoreOptions::local_tier is not available for redis-cluster:// "
-            "URIs (invalidations are per node: docs/redis.md, \"Local tier\")");
-      }
       if (o.local_tier.max_entries == 0) o.local_tier.max_entries = 10000;
       if (o.local_tier.max_bytes == 0) o.local_tier.max_bytes = std::size_t{16} << 20;
       if (o.local_tier.ttl_when_untracked.count() < 0) {
@@ -607,8 +610,14 @@ class IDEM_LOCAL RedisStore::Impl {
       rec.expires_at = until;
     }
     if (ticket != nullptr && rec.status == Record::Status::kCompleted) {
-      tier_->fill(rk, *ticket, d.fingerprint, d.owner, d.response, d.created, pttl, sent_at,
-                  sent_at_system);
+      // Kept only if the node serving the key now is heard (tracked by the tier).
+      try {
+        const detail::Pool* server = &router_.pool_for(rk);
+        tier_->fill(rk, *ticket, server, d.fingerprint, d.owner, d.response, d.created, pttl,
+                    sent_at, sent_at_system);
+      } catch (const Error&) {
+        // No node known for the key now: not kept.
+      }
     }
     return rec;
   }

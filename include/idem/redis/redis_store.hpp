@@ -70,11 +70,10 @@ namespace idem::redis {
 /// Redis); the fingerprint is compared on every hit (a mismatch goes to Redis); an entry never
 /// outlives the record's expiry in Redis. Coherence: Redis client-side caching in broadcast
 /// mode (`CLIENT TRACKING ON BCAST PREFIX <key_prefix>` on one invalidation connection per
-/// store, subscribed to `__redis__:invalidate`): every write under the prefix by any client
-/// drops the key from every process's tier. When that connection breaks the whole tier is
-/// dropped and nothing is kept until tracking is back. One server and Sentinel only (a
-/// `redis-cluster://` store with the tier enabled is a UsageError). See docs/redis.md
-/// ("Local tier").
+/// serving node: the server, the Sentinel master, each Cluster master; subscribed to
+/// `__redis__:invalidate`): every write under the prefix by any client drops the key from every
+/// process's tier. When such a connection breaks the whole tier is dropped, and a record is
+/// kept only while the node serving its key is tracked. See docs/redis.md ("Local tier").
 struct LocalTierOptions {
   /// Keep completed records in the process. false (the default): every call asks Redis.
   bool enabled = false;

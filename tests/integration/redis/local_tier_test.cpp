@@ -219,14 +219,6 @@ TEST_F(LocalTierTest, EntriesAndBytesBoundsEvictLeastRecentlyUsed) {
   }
 }
 
-TEST_F(LocalTierTest, ClusterUriWithTheTierIsAUsageError) {
-  RedisStoreOptions o{"redis-cluster://127.0.0.1:1"};
-  o.local_tier.enabled = true;
-  EXPECT_THROW(RedisStore{o}, idem::UsageError);
-  o.local_tier.enabled = false;
-  EXPECT_NO_THROW(RedisStore{o});
-}
-
 TEST_F(LocalTierTest, DisabledTierSendsEveryClaim) {
   RedisStoreOptions o{url_};
   o.key_prefix = prefix_;
