@@ -12,6 +12,7 @@
 
 #include "cluster_admin.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "local_tier_support.hpp"
 #include "router.hpp"
 #include "support/test_env.hpp"
 
@@ -24,15 +25,7 @@ using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
 
-template <class F>
-bool eventually(F&& done, std::chrono::milliseconds limit = 10000ms) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using idem::test::eventually;
 
 TEST(ClusterLocalTierTest, EveryMasterIsHeardDeletesOnEachNodeAndAKilledConnection) {
   std::string url;
@@ -54,17 +47,9 @@ TEST(ClusterLocalTierTest, EveryMasterIsHeardDeletesOnEachNodeAndAKilledConnecti
     owners.push_back(admin.slot_owner(slot, admin.masters().front()));
   }
   ASSERT_EQ(3U, std::set<int>(owners.begin(), owners.end()).size()) << "keys on every master";
-  auto warm = [&](const Key& k) {
-    return eventually([&] {
-      const auto before = s.local_tier_stats().hits;
-      EXPECT_EQ(ClaimStatus::kDone, s.claim(k, "fp", OwnerToken::generate(), 5000ms).status);
-      return s.local_tier_stats().hits > before;
-    });
-  };
+  auto warm = [&](const Key& k) { return idem::test::warm(s, k, "fp"); };
   for (const Key& k : keys) {
-    OwnerToken owner = OwnerToken::generate();
-    ASSERT_EQ(ClaimStatus::kClaimed, s.claim(k, "fp", owner, 5000ms).status);
-    ASSERT_TRUE(s.complete(k, owner, "r_" + k.id(), 300s));
+    ASSERT_TRUE(idem::test::complete_first(s, k, "fp", "r_" + k.id()));
     ASSERT_TRUE(warm(k));
   }
   const auto sent = s.pool_stats().pipelined_commands;

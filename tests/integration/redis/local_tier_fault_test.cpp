@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "idem/redis/redis_store.hpp"
+#include "local_tier_support.hpp"
 #include "raw_redis.hpp"
 #include "support/test_env.hpp"
 
@@ -25,15 +26,7 @@ using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
 
-template <class F>
-bool eventually(F&& done, std::chrono::milliseconds limit = 5000ms) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using idem::test::eventually;
 
 class LocalTierFaultTest : public ::testing::Test {
  protected:
@@ -48,17 +41,9 @@ class LocalTierFaultTest : public ::testing::Test {
     return o;
   }
   static void complete(RedisStore& s, const Key& k, const std::string& response) {
-    OwnerToken owner = OwnerToken::generate();
-    ASSERT_EQ(ClaimStatus::kClaimed, s.claim(k, "fp", owner, 5000ms).status);
-    ASSERT_TRUE(s.complete(k, owner, response, 60s));
+    ASSERT_TRUE(idem::test::complete_first(s, k, "fp", response));
   }
-  static bool warm(RedisStore& s, const Key& k) {
-    return eventually([&] {
-      const auto before = s.local_tier_stats().hits;
-      s.claim(k, "fp", OwnerToken::generate(), 5000ms);
-      return s.local_tier_stats().hits > before;
-    });
-  }
+  static bool warm(RedisStore& s, const Key& k) { return idem::test::warm(s, k, "fp"); }
   std::string url_, prefix_;
 };
 

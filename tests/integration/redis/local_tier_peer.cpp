@@ -15,20 +15,13 @@
 #include <thread>
 
 #include "idem/redis/redis_store.hpp"
+#include "local_tier_support.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-template <class F>
-bool eventually(F&& done) {
-  const auto until = std::chrono::steady_clock::now() + 5s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using idem::test::eventually;
 
 const char* status_name(idem::ClaimStatus s) {
   switch (s) {

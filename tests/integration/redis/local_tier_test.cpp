@@ -20,6 +20,7 @@
 #include "idem/errors.hpp"
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "local_tier_support.hpp"
 #include "raw_redis.hpp"
 #include "support/test_env.hpp"
 
@@ -32,16 +33,7 @@ using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
 
-// Waits (bounded) until `done()` holds.
-template <class F>
-bool eventually(F&& done, std::chrono::milliseconds limit = 5000ms) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using idem::test::eventually;
 
 class LocalTierTest : public ::testing::Test {
  protected:
@@ -65,22 +57,12 @@ class LocalTierTest : public ::testing::Test {
   // Commands the store sent (every single call goes through its auto-pipeline).
   static std::uint64_t sent(const RedisStore& s) { return s.pool_stats().pipelined_commands; }
   static Key key(const std::string& id) { return Key::make("tier", id); }
-  // A first execution: claim, then complete with `response`.
   static void complete(RedisStore& s, const Key& k, const std::string& fp,
                        const std::string& response, std::chrono::seconds retention = 60s) {
-    OwnerToken owner = OwnerToken::generate();
-    ASSERT_EQ(ClaimStatus::kClaimed, s.claim(k, fp, owner, 5000ms).status);
-    ASSERT_TRUE(s.complete(k, owner, response, retention));
+    ASSERT_TRUE(idem::test::complete_first(s, k, fp, response, retention));
   }
-  // Claims until one is answered from the tier (the first fills it once tracking is on and
-  // the complete's own invalidation has arrived).
   static void warm(RedisStore& s, const Key& k, const std::string& fp) {
-    ASSERT_TRUE(eventually([&] {
-      const auto before = s.local_tier_stats().hits;
-      auto r = s.claim(k, fp, OwnerToken::generate(), 5000ms);
-      EXPECT_EQ(ClaimStatus::kDone, r.status);
-      return s.local_tier_stats().hits > before;
-    }));
+    ASSERT_TRUE(idem::test::warm(s, k, fp));
   }
   std::string url_, prefix_;
 };

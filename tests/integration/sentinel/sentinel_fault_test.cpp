@@ -15,6 +15,7 @@
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "integration/redis/local_tier_support.hpp"
 #include "sentinel_admin.hpp"
 #include "support/test_env.hpp"
 
@@ -25,6 +26,21 @@ using idem::Outcome;
 using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
+
+// SENTINEL FAILOVER through the first sentinel, asked again while it answers -INPROG (an
+// earlier failover still settling), for up to 30 s. Its last answer ("OK" once accepted).
+std::string force_failover(const idem::test::SentinelAdmin& admin) {
+  const auto& s0 = admin.sentinels().front();
+  std::string answer;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < until) {
+    answer = idem::test::reply_text(
+        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
+    if (answer == "OK") break;
+    std::this_thread::sleep_for(200ms);
+  }
+  return answer;
+}
 
 TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   std::string url;
@@ -84,17 +100,8 @@ TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   wait_calls(300);
   EXPECT_EQ(0u, guard.stats().snapshot().degraded);
 
-  // SENTINEL FAILOVER answers -INPROG while an earlier failover is still settling.
-  const auto& s0 = admin.sentinels().front();
-  std::string answer;
   const auto forced_at = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() < forced_at + 30s) {
-    answer = idem::test::reply_text(
-        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
-    if (answer == "OK") break;
-    std::this_thread::sleep_for(200ms);
-  }
-  ASSERT_EQ("OK", answer);
+  ASSERT_EQ("OK", force_failover(admin));
   bool promoted = false;
   while (!promoted && std::chrono::steady_clock::now() < forced_at + 60s) {
     promoted = admin.master_port(0) == new_master && admin.role(new_master) == "master";
@@ -161,38 +168,14 @@ TEST(SentinelFaultTest, LocalTierFollowsAFailoverAndHearsTheNewMaster) {
   o.key_prefix = idem::test::unique_name("idemlts") + ":";
   o.local_tier.enabled = true;
   RedisStore fast(o);
-  auto eventually = [](auto&& done, std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > until) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
-  };
+  using idem::test::eventually;
   ASSERT_TRUE(eventually([&] { return fast.local_tier_stats().tracking; }, 10s));
   const Key k = Key::make("tier", "failover");
-  idem::OwnerToken owner = idem::OwnerToken::generate();
-  ASSERT_EQ(idem::ClaimStatus::kClaimed, fast.claim(k, "fp", owner, 5000ms).status);
-  ASSERT_TRUE(fast.complete(k, owner, "v1", 300s));
+  ASSERT_TRUE(idem::test::complete_first(fast, k, "fp", "v1"));
   auto claim = [&] { return fast.claim(k, "fp", idem::OwnerToken::generate(), 5000ms); };
-  ASSERT_TRUE(eventually(
-      [&] {
-        const auto before = fast.local_tier_stats().hits;
-        claim();
-        return fast.local_tier_stats().hits > before;
-      },
-      10s));
+  ASSERT_TRUE(idem::test::warm(fast, k, "fp"));
   const auto before = fast.local_tier_stats();
-  const auto& s0 = admin.sentinels().front();
-  std::string answer;
-  const auto forced_at = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() < forced_at + 30s) {
-    answer = idem::test::reply_text(
-        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
-    if (answer == "OK") break;
-    std::this_thread::sleep_for(200ms);
-  }
-  ASSERT_EQ("OK", answer);
+  ASSERT_EQ("OK", force_failover(admin));
   ASSERT_TRUE(eventually(
       [&] { return admin.master_port(0) == new_master && admin.role(new_master) == "master"; },
       60s));
