@@ -343,4 +343,49 @@ TEST_F(LocalTierTest, ConcurrentSixtyFourThreadsHotKeysWithReleasesExactlyOnce) 
   EXPECT_GT(s.local_tier_stats().hits, 0U);
 }
 
+// Readers look up (and so fill the tier with) the key a writer is working on, while the writer
+// completes it and then deletes it, key after key: a read answered before the delete whose fill
+// comes after the delete's invalidation must not be kept (its ticket is stale), or the deleted
+// record would be served forever (no later write would remove it). At the end every key is
+// deleted, so nothing may stay in the tier.
+TEST_F(LocalTierTest, ConcurrentFillsRacingDeletesNeverKeepAStaleRecord) {
+  RedisStore s(options(100000, 64 << 20));
+  wait_tracking(s);
+  RedisStoreOptions wo{url_};
+  wo.key_prefix = prefix_;
+  RedisStore writer(wo);
+  idem::test::RawRedis raw(url_);
+  constexpr int kKeys = 300;
+  std::vector<Key> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(key("race" + std::to_string(i)));
+  std::atomic<int> current{0};
+  std::atomic<bool> stop{false};
+  std::atomic<long> found{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 16; ++t) {
+    readers.emplace_back([&] {
+      while (!stop.load()) {
+        if (s.lookup(keys[static_cast<std::size_t>(current.load())])) ++found;
+      }
+    });
+  }
+  for (int i = 0; i < kKeys; ++i) {
+    current = i;
+    complete(writer, keys[static_cast<std::size_t>(i)], "fp", "v" + std::to_string(i));
+    std::this_thread::sleep_for(200us);  // the readers find it, and keep it
+    ASSERT_EQ(1, raw.integer({"DEL", s.redis_key(keys[static_cast<std::size_t>(i)])}));
+  }
+  stop = true;
+  for (auto& th : readers) th.join();
+  EXPECT_GT(found.load(), 0);
+  EXPECT_GT(s.local_tier_stats().fills, 0U);
+  // Every delete's invalidation arrives; then nothing is kept, nothing is found.
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().invalidations >= 3U * kKeys; }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(0U, s.local_tier_stats().entries) << "a deleted record stayed in the tier";
+  int stale = 0;
+  for (const Key& k : keys) stale += s.lookup(k).has_value() ? 1 : 0;
+  EXPECT_EQ(0, stale);
+}
+
 }  // namespace
