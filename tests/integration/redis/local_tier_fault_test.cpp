@@ -7,11 +7,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "idem/errors.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "local_tier_support.hpp"
 #include "raw_redis.hpp"
@@ -128,6 +130,46 @@ TEST_F(LocalTierFaultTest, RefusedTrackingFallsBackToTheShortTtlLoggedOnce) {
   ASSERT_EQ(1U, lines.size());
   EXPECT_NE(std::string::npos, lines[0].find("warn idem redis local tier untracked"));
   EXPECT_NE(std::string::npos, lines[0].find("ttl_ms=300"));
+}
+
+// kill -9 of redis-server and a restart (scripts/servers.sh; the records are gone with it): the
+// tier is dropped when its connection ends, so the restarted, empty server decides, and
+// tracking comes back with the server.
+TEST_F(LocalTierFaultTest, ServerKilledAndRestartedDropsTheTierAndTrackingComesBack) {
+  const std::string script = idem::test::server_env("IDEM_SERVERS_SCRIPT");
+  ASSERT_FALSE(script.empty()) << "IDEM_SERVERS_SCRIPT is not set (eval scripts/servers.sh env)";
+  auto servers = [&](const std::string& what) {
+    const std::string cmd = "\"" + script + "\" " + what + " >/dev/null 2>&1";
+    return std::system(cmd.c_str());
+  };
+  RedisStoreOptions o = options(url_);
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  RedisStore s(o);
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().tracking; }));
+  const Key k = Key::make("tier", "restart");
+  complete(s, k, "v1");
+  ASSERT_TRUE(warm(s, k));
+  const auto before = s.local_tier_stats();
+  ASSERT_EQ(0, servers("redis-kill"));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().drops > before.drops; }));
+  EXPECT_EQ(0U, s.local_tier_stats().entries);
+  EXPECT_FALSE(s.local_tier_stats().tracking);
+  // While the server is down the tier answers nothing: calls fail typed, as without it.
+  EXPECT_THROW(s.claim(k, "fp", OwnerToken::generate(), 5000ms), idem::StorageUnavailable);
+  ASSERT_EQ(0, servers("redis-start"));
+  ASSERT_TRUE(eventually([&] { return s.local_tier_stats().tracking; }));
+  // The restarted server has no record: a fresh claim, not the old replay.
+  ClaimStatus status = ClaimStatus::kDone;
+  ASSERT_TRUE(eventually([&] {
+    try {
+      status = s.claim(k, "fp", OwnerToken::generate(), 5000ms).status;
+      return true;
+    } catch (const idem::StorageError&) {
+      return false;  // the pool's reconnect backoff
+    }
+  }));
+  EXPECT_EQ(ClaimStatus::kClaimed, status);
 }
 
 }  // namespace
