@@ -20,9 +20,6 @@
 namespace idem::redis::detail {
 namespace {
 
-// Counted per entry on top of its strings (list node, index slot, allocator headers).
-constexpr std::size_t kEntryOverhead = 128;
-
 constexpr std::string_view kChannel = "__redis__:invalidate";
 
 ReplyUPtr setup(redisContext* c, std::initializer_list<std::string_view> args) {
@@ -143,8 +140,7 @@ void LocalTier::fill(std::string_view redis_key, const Ticket& t, const Pool* se
                      std::string_view fingerprint, std::string_view owner,
                      std::string_view response, long long created_ms, long long pttl_ms,
                      std::chrono::steady_clock::time_point sent_at, TimePoint sent_at_system) {
-  const std::size_t bytes =
-      redis_key.size() + fingerprint.size() + owner.size() + response.size() + kEntryOverhead;
+  const std::size_t bytes = cost(redis_key, fingerprint, owner, response);
   if (pttl_ms <= 0 || bytes > settings_.max_bytes) {
     fills_skipped_.fetch_add(1, std::memory_order_relaxed);
     return;

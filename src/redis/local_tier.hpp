@@ -87,6 +87,12 @@ class LocalTier {
   /// Removes `redis_key` (a write of this process) and invalidates its stripe.
   void forget(std::string_view redis_key);
 
+  /// Whether a record of these sizes fits max_bytes (else a fill is not worth its read).
+  bool fits(std::string_view redis_key, std::string_view fingerprint, std::string_view owner,
+            std::string_view response) const noexcept {
+    return cost(redis_key, fingerprint, owner, response) <= settings_.max_bytes;
+  }
+
   /// Whether some node is tracked (or untracked with a TTL): a fill may be kept.
   bool filling() const noexcept { return filling_.load(std::memory_order_relaxed); }
 
@@ -106,6 +112,13 @@ class LocalTier {
   static constexpr std::size_t kStripes = 256;
 
   static std::size_t stripe_of(std::string_view redis_key) noexcept;
+  // An entry's size as max_bytes counts it.
+  static std::size_t cost(std::string_view redis_key, std::string_view fingerprint,
+                          std::string_view owner, std::string_view response) noexcept {
+    return redis_key.size() + fingerprint.size() + owner.size() + response.size() + kEntryOverhead;
+  }
+  // Counted per entry on top of its strings (list node, index slot, allocator headers).
+  static constexpr std::size_t kEntryOverhead = 128;
   List::iterator find_fresh(std::string_view redis_key);  // mutex_ held; end() when none
   void erase(List::iterator it);                          // mutex_ held
   void invalidate(std::string_view redis_key);

@@ -559,8 +559,10 @@ class IDEM_LOCAL RedisStore::Impl {
       protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
     }
     answer(text_of(r.get()), fingerprint, owner, rk.view(), result);
-    if (tier_ && result.status == ClaimStatus::kDone && !result.failed)
+    if (tier_ && result.status == ClaimStatus::kDone && !result.failed &&
+        tier_->fits(rk.view(), fingerprint, result.holder, result.response)) {
       fill_tier(rk.view(), ticket);
+    }
     return result;
   }
 

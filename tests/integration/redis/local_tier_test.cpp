@@ -194,10 +194,12 @@ TEST_F(LocalTierTest, EntriesAndBytesBoundsEvictLeastRecentlyUsed) {
     // A record larger than max_bytes is never kept.
     const Key huge = key("huge");
     complete(s, huge, "fp", std::string(4000, 'y'));
+    const auto before = sent(s);
     for (int i = 0; i < 5; ++i) {
       EXPECT_EQ(ClaimStatus::kDone, s.claim(huge, "fp", OwnerToken::generate(), 5000ms).status);
     }
     EXPECT_EQ(0U, s.local_tier_stats().hits - st.hits);
+    EXPECT_EQ(before + 5, sent(s)) << "no read to fill the tier with a record it cannot keep";
   }
 }
 
