@@ -52,6 +52,8 @@ TEST(ClusterLocalTierTest, EveryMasterIsHeardDeletesOnEachNodeAndAKilledConnecti
     ASSERT_TRUE(idem::test::complete_first(s, k, "fp", "r_" + k.id()));
     ASSERT_TRUE(warm(k));
   }
+  // Every write's invalidation heard (2 per key), then every key kept again.
+  for (const Key& k : keys) ASSERT_TRUE(idem::test::warm(s, k, "fp", 2 * keys.size()));
   const auto sent = s.pool_stats().pipelined_commands;
   for (const Key& k : keys) {
     auto r = s.claim(k, "fp", OwnerToken::generate(), 5000ms);

@@ -2,12 +2,14 @@
 // A second process for the local tier tests: a RedisStore with the tier enabled, driven by one
 // command per line on stdin, one answer line on stdout (local_tier_test.cpp).
 //   wait_tracking            -> ok | timeout
-//   warm <id> <fp>           -> ok (a claim was answered from the tier) | timeout
+//   warm <id> <fp> <writes>  -> ok (a claim was answered from the tier, after <writes>
+//                               invalidations were heard) | timeout
 //   claim <id> <fp>          -> <claimed|busy|done|mismatch> [response] <local|remote>
 //   wait_gone <id>           -> ok (the tier no longer answers the key) | timeout
 //   invalidations            -> invalidations <n>
 // Usage: redis_local_tier_peer <redis url> <key prefix>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -52,7 +54,8 @@ int main(int argc, char** argv) {
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string cmd, id, fp;
-    in >> cmd >> id >> fp;
+    std::uint64_t writes = 0;
+    in >> cmd >> id >> fp >> writes;
     std::string answer;
     try {
       if (cmd == "wait_tracking") {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -33,9 +34,13 @@ inline bool complete_first(idem::redis::RedisStore& store, const Key& key, const
 }
 
 /// Claims `key` (completed) until a claim is answered from the tier: the first fills it once
-/// tracking is on and the complete's own invalidation has arrived. False if that never came, or
-/// a claim was not answered done.
-inline bool warm(idem::redis::RedisStore& store, const Key& key, const std::string& fp) {
+/// tracking is on. `writes`: how many invalidations this store must have heard first (the
+/// writes under the test's own prefix so far, e.g. 2 per first execution), so that a late one
+/// does not remove the entry afterwards. False if that never came, or a claim was not answered
+/// done.
+inline bool warm(idem::redis::RedisStore& store, const Key& key, const std::string& fp,
+                 std::uint64_t writes = 0) {
+  if (!eventually([&] { return store.local_tier_stats().invalidations >= writes; })) return false;
   bool all_done = true;
   const bool hit = eventually([&] {
     const auto before = store.local_tier_stats().hits;

@@ -61,8 +61,8 @@ class LocalTierTest : public ::testing::Test {
                        const std::string& response, std::chrono::seconds retention = 60s) {
     ASSERT_TRUE(idem::test::complete_first(s, k, fp, response, retention));
   }
-  static void warm(RedisStore& s, const Key& k, const std::string& fp) {
-    ASSERT_TRUE(idem::test::warm(s, k, fp));
+  static void warm(RedisStore& s, const Key& k, const std::string& fp, std::uint64_t writes = 0) {
+    ASSERT_TRUE(idem::test::warm(s, k, fp, writes));
   }
   std::string url_, prefix_;
 };
@@ -76,7 +76,7 @@ TEST_F(LocalTierTest, HotCompletedKeyIsReplayedWithNoCommandSent) {
   plain.key_prefix = prefix_;
   const auto remote = RedisStore(plain).claim(k, "fp", OwnerToken::generate(), 5000ms);
   ASSERT_EQ(ClaimStatus::kDone, remote.status);
-  warm(s, k, "fp");
+  warm(s, k, "fp", 2);
   const auto before = sent(s);
   const auto hits = s.local_tier_stats().hits;
   for (int i = 0; i < 1000; ++i) {
@@ -132,7 +132,7 @@ TEST_F(LocalTierTest, FingerprintMismatchGoesToRedisAndIsAMismatch) {
   wait_tracking(s);
   const Key k = key("mismatch");
   complete(s, k, "fp-a", "paid");
-  warm(s, k, "fp-a");
+  warm(s, k, "fp-a", 2);
   const auto before = sent(s);
   const auto st = s.local_tier_stats();
   auto r = s.claim(k, "fp-b", OwnerToken::generate(), 5000ms);
@@ -273,7 +273,7 @@ TEST_F(LocalTierTest, TwoProcessesDeleteFillAndReleaseReachTheOthersTier) {
   // Completed here, replayed there from its tier (no command sent).
   const Key k = key("shared");
   complete(here, k, "fp", "v1");
-  ASSERT_EQ("ok", peer.ask("warm " + k.id() + " fp"));
+  ASSERT_EQ("ok", peer.ask("warm " + k.id() + " fp 2"));
   EXPECT_EQ("done v1 local", peer.ask("claim " + k.id() + " fp"));
 
   // An operator delete (redis-cli DEL): the peer drops the entry, then asks Redis.
@@ -284,7 +284,7 @@ TEST_F(LocalTierTest, TwoProcessesDeleteFillAndReleaseReachTheOthersTier) {
   // A fill here (the durable store's answer written back) replaces the record there.
   const Key f = key("filled");
   complete(here, f, "fp", "old");
-  ASSERT_EQ("ok", peer.ask("warm " + f.id() + " fp"));
+  ASSERT_EQ("ok", peer.ask("warm " + f.id() + " fp 6"));
   here.fill(f, "fp", "new", 60s);
   ASSERT_EQ("ok", peer.ask("wait_gone " + f.id()));
   EXPECT_EQ("done new remote", peer.ask("claim " + f.id() + " fp"));

@@ -327,7 +327,7 @@ TEST_F(RedisTls, LocalTierOverTlsIsTrackedAndHearsWrites) {
   ASSERT_TRUE(idem::test::eventually([&] { return tiered.local_tier_stats().tracking; }));
   const idem::Key k = key("tier");
   ASSERT_TRUE(idem::test::complete_first(tiered, k, "fp", "v1"));
-  ASSERT_TRUE(idem::test::warm(tiered, k, "fp"));
+  ASSERT_TRUE(idem::test::warm(tiered, k, "fp", 2));
   const auto sent = tiered.pool_stats().pipelined_commands;
   EXPECT_EQ("v1",
             tiered.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(5)).response);
