@@ -4,7 +4,7 @@
 // `ratio <name> = <value>` (ours over raw, median of the per-round ratios; higher is better).
 //
 //   idem_redis_bench --url redis://127.0.0.1:6379 [--threads 1] [--ops 20000] [--rounds 7]
-//                    [--only replay|first|memory|token] [--name-suffix S]
+//                    [--only replay|first|memory|token|pipeline|local_tier] [--name-suffix S]
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   if (a.url.empty()) {
     std::fprintf(stderr,
                  "usage: idem_redis_bench --url redis://host:port [--threads N] "
-                 "[--ops N] [--rounds N] [--only replay|first|memory|token]\n");
+                 "[--ops N] [--rounds N] [--only replay|first|memory|token|pipeline|local_tier]\n");
     return 2;
   }
   auto want = [&](const char* part) { return a.only.empty() || a.only == part; };
@@ -227,6 +227,65 @@ int main(int argc, char** argv) {
           raw_set_nx_ex);
       report("store_claim_replay_vs_set_nx_ex_" + tag, d);
     }
+  }
+
+  if (a.only == "local_tier") {
+    // A hot completed key answered from the local tier (RedisStoreOptions::local_tier) vs one
+    // raw SET NX EX round trip on an existing key.
+    idem::redis::RedisStoreOptions tier_options = options;
+    tier_options.local_tier.enabled = true;
+    idem::redis::RedisStore tier_store(tier_options);
+    idem::IdempotencyGuard tier_guard{tier_store, gopt};
+    constexpr int kKeys = 16;
+    std::vector<idem::Key> keys;
+    std::vector<std::string> raw_keys;
+    for (int i = 0; i < kKeys; ++i) {
+      const std::string sid = id + "_" + tag + "_" + std::to_string(i);
+      keys.push_back(idem::Key::make("bench.local_tier", sid));
+      raw_keys.push_back("raw-bench:local_tier:" + sid);
+      auto r = tier_guard.run(keys.back(), fp, [&] { return response; });
+      (void)r;
+      const char* av[] = {"SET", raw_keys.back().c_str(), response.c_str(), "EX", "300"};
+      const std::size_t lv[] = {3, raw_keys.back().size(), response.size(), 2, 3};
+      raws[0]->run(5, av, lv);
+    }
+    // Tracking established, then every key replayed until it is kept.
+    const auto until = Clock::now() + 10s;
+    while (!tier_store.local_tier_stats().tracking && Clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    for (const idem::Key& k : keys) {
+      for (;;) {
+        const auto before = tier_store.local_tier_stats().hits;
+        auto r = tier_guard.run(k, fp, [&] { return std::string("never"); });
+        (void)r;
+        if (tier_store.local_tier_stats().hits > before || Clock::now() > until) break;
+      }
+    }
+    const auto sent_before = tier_store.pool_stats().pipelined_commands;
+    const auto hits_before = tier_store.local_tier_stats().hits;
+    std::atomic<long> bad{0};
+    auto c = compare(
+        a,
+        [&](int, int, int i) {
+          auto r = tier_guard.run(keys[static_cast<std::size_t>(i % kKeys)], fp,
+                                  [&] { return std::string("never"); });
+          if (r.outcome != idem::Outcome::kReplayed) ++bad;
+        },
+        [&](int, int t, int i) {
+          const std::string& rk = raw_keys[static_cast<std::size_t>(i % kKeys)];
+          const char* av[] = {"SET", rk.c_str(), response.c_str(), "NX", "EX", "300"};
+          const std::size_t lv[] = {3, rk.size(), response.size(), 2, 2, 3};
+          raws[static_cast<std::size_t>(t)]->run(6, av, lv);
+        });
+    if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
+    const auto st = tier_store.local_tier_stats();
+    std::printf(
+        "local tier: %llu hits, %llu commands sent during the runs (tracking %s)\n",
+        static_cast<unsigned long long>(st.hits - hits_before),
+        static_cast<unsigned long long>(tier_store.pool_stats().pipelined_commands - sent_before),
+        st.tracking ? "on" : "off");
+    report("guard_replay_local_tier_vs_set_nx_ex_" + tag, c);
   }
 
   if (a.only == "pipeline") {

@@ -52,6 +52,8 @@ taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only fir
 taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only replay --autopipeline-names 1
 taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only first --autopipeline-names 1
 taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only pipeline
+# The local tier: a hot completed key answered in the process vs one raw SET NX EX round trip.
+taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only local_tier
 # For reference: the same unpinned, against scripts/bench.sh's server (per-round ratios swing
 # 0.6-1.5 on 2 vCPUs, so their medians move by +-0.05 from run to run).
 "$BIN" --url "$URL" --threads 8 --ops 2000 --rounds 21 --only replay --name-suffix _unpinned

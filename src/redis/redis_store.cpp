@@ -21,6 +21,7 @@
 #include "hiredis_handles.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
+#include "local_tier.hpp"
 #include "pool.hpp"
 #include "record_codec.hpp"
 #include "router.hpp"
@@ -259,7 +260,36 @@ class IDEM_LOCAL RedisStore::Impl {
         release_(detail::kReleaseScript),
         extend_(detail::kExtendScript),
         lookup_(detail::kLookupScript),
-        native_claim_(!options_.claim_script) {}
+        native_claim_(!options_.claim_script),
+        tier_(make_tier()) {}
+
+  // The local tier (RedisStoreOptions::local_tier), or null.
+  std::unique_ptr<detail::LocalTier> make_tier() {
+    const LocalTierOptions& t = options_.local_tier;
+    if (!t.enabled) return nullptr;
+    detail::LocalTierSettings s;
+    s.max_entries = t.max_entries;
+    s.max_bytes = t.max_bytes;
+    s.ttl_when_untracked = t.ttl_when_untracked;
+    s.log = t.log;
+    s.key_prefix = options_.key_prefix;
+    s.retry = std::max(options_.reconnect_backoff, std::chrono::milliseconds(100));
+    return std::make_unique<detail::LocalTier>(std::move(s), [this] { return serving_nodes(); });
+  }
+
+  // The nodes whose writes the local tier must hear (called from the tier's thread every
+  // 100 ms): the one server, the Sentinel master now, every Cluster master owning slots.
+  // pool_for drives discovery and the Sentinel's periodic master check.
+  std::vector<detail::Pool*> serving_nodes() {
+    if (router_.name() != "redis") {
+      try {
+        (void)router_.pool_for(std::string_view());
+      } catch (const Error&) {
+        // None known now: the router's last view stands.
+      }
+    }
+    return router_.serving_nodes();
+  }
 
   static RedisStoreOptions normalise(RedisStoreOptions o) {
     if (o.pool_size == 0) o.pool_size = 8;
@@ -280,6 +310,14 @@ class IDEM_LOCAL RedisStore::Impl {
     if (!(o.native_complete_fraction >= 0.0 && o.native_complete_fraction <= 0.9)) {
       throw UsageError(
           "idem::redis: RedisStoreOptions::native_complete_fraction must be in [0, 0.9]");
+    }
+    if (o.local_tier.enabled) {
+      if (o.local_tier.max_entries == 0) o.local_tier.max_entries = 10000;
+      if (o.local_tier.max_bytes == 0) o.local_tier.max_bytes = std::size_t{16} << 20;
+      if (o.local_tier.ttl_when_untracked.count() < 0) {
+        throw UsageError(
+            "idem::redis: RedisStoreOptions::local_tier.ttl_when_untracked must not be negative");
+      }
     }
     if (o.key_prefix.find_first_of("{}") != std::string::npos) {
       throw UsageError(
@@ -446,6 +484,15 @@ class IDEM_LOCAL RedisStore::Impl {
                     std::chrono::milliseconds lease) {
     if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
     RedisKey rk(options_.key_prefix, key);
+    detail::LocalTier::Ticket ticket;
+    if (tier_) {
+      ClaimResult local;
+      if (tier_->claim(rk.view(), fingerprint, owner.str(), local) ==
+          detail::LocalTier::Answer::kHit) {
+        return local;
+      }
+      ticket = tier_->ticket(rk.view());
+    }
     Num lease_ms(lease.count());
     SmallBuf record;  // the in-progress record this claim writes if the key is absent
     std::size_t owner_end = 0;
@@ -485,7 +532,69 @@ class IDEM_LOCAL RedisStore::Impl {
       protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
     }
     answer(text_of(r.get()), fingerprint, owner, rk.view(), result);
+    if (tier_ && result.status == ClaimStatus::kDone && !result.failed &&
+        tier_->fits(rk.view(), fingerprint, result.holder, result.response)) {
+      fill_tier(rk.view(), ticket);
+    }
     return result;
+  }
+
+  // A claim answered done: the record (with its TTL, which the claim's reply lacks) is read
+  // once more with the lookup script and kept in the local tier. Best effort: the claim has its
+  // answer whatever happens here.
+  void fill_tier(std::string_view rk, const detail::LocalTier::Ticket& ticket) {
+    if (!tier_->filling()) return;
+    try {
+      read_record(rk, &ticket);
+    } catch (const Error&) {
+      // The claim's answer stands; the tier stays without the record.
+    }
+  }
+
+  // One lookup script: the record under `rk` and its PTTL, decoded; nullopt when absent. With a
+  // ticket (taken before the read was sent), a completed record fills the local tier.
+  std::optional<Record> read_record(std::string_view rk, const detail::LocalTier::Ticket* ticket) {
+    const auto sent_at = std::chrono::steady_clock::now();
+    const TimePoint sent_at_system = system_now();
+    ReplyUPtr r = eval(lookup_, Op::kLookup, rk, {});
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) return std::nullopt;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+      protocol_error(Op::kLookup, rk, "expected 0 or a pair");
+    }
+    if (r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
+      corrupt(Op::kLookup, rk, text_of(r->element[1]));
+    }
+    if (!is_string(r->element[0]) || r->element[1]->type != REDIS_REPLY_INTEGER) {
+      protocol_error(Op::kLookup, rk, "malformed lookup answer");
+    }
+    Decoded d;
+    if (!decode(text_of(r->element[0]), d)) corrupt(Op::kLookup, rk, "not an idem record");
+    const long long pttl = r->element[1]->integer;
+    Record rec;
+    rec.status = *idem::detail::record_status_from_letter(d.status);
+    rec.fingerprint = std::string(d.fingerprint);
+    rec.owner = std::string(d.owner);
+    rec.response = std::string(d.response);
+    rec.created_at = from_millis(d.created);
+    rec.updated_at = rec.created_at;
+    const TimePoint until =
+        pttl >= 0 ? system_now() + std::chrono::milliseconds(pttl) : TimePoint::max();
+    if (rec.status == Record::Status::kInProgress) {
+      rec.lease_until = until;
+    } else {
+      rec.expires_at = until;
+    }
+    if (ticket != nullptr && rec.status == Record::Status::kCompleted) {
+      // Kept only if the node serving the key now is heard (tracked by the tier).
+      try {
+        const detail::Pool* server = &router_.pool_for(rk);
+        tier_->fill(rk, *ticket, server, d.fingerprint, d.owner, d.response, d.created, pttl,
+                    sent_at, sent_at_system);
+      } catch (const Error&) {
+        // No node known for the key now: not kept.
+      }
+    }
+    return rec;
   }
 
   static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
@@ -867,6 +976,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
+    if (tier_) tier_->forget(rk.view());
     if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
     ClaimPrefix mine(owner), mine_v1(owner, 1);
     ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view(), mine_v1.view()});
@@ -886,6 +996,7 @@ class IDEM_LOCAL RedisStore::Impl {
             std::chrono::seconds retention) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
+    if (tier_) tier_->forget(rk.view());  // this process's own write is seen at once
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
     // Owner unknown (the durable store decided): stored empty.
     std::string value;
@@ -900,35 +1011,11 @@ class IDEM_LOCAL RedisStore::Impl {
 
   std::optional<Record> lookup(const Key& key) {
     RedisKey rk(options_.key_prefix, key);
-    ReplyUPtr r = eval(lookup_, Op::kLookup, rk.view(), {});
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) return std::nullopt;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-      protocol_error(Op::kLookup, rk.view(), "expected 0 or a pair");
-    }
-    if (r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
-      corrupt(Op::kLookup, rk.view(), text_of(r->element[1]));
-    }
-    if (!is_string(r->element[0]) || r->element[1]->type != REDIS_REPLY_INTEGER) {
-      protocol_error(Op::kLookup, rk.view(), "malformed lookup answer");
-    }
-    Decoded d;
-    if (!decode(text_of(r->element[0]), d)) corrupt(Op::kLookup, rk.view(), "not an idem record");
-    const long long pttl = r->element[1]->integer;
-    const TimePoint now = system_now();
-    Record rec;
-    rec.status = *idem::detail::record_status_from_letter(d.status);
-    rec.fingerprint = std::string(d.fingerprint);
-    rec.owner = std::string(d.owner);
-    rec.response = std::string(d.response);
-    rec.created_at = from_millis(d.created);
-    rec.updated_at = rec.created_at;
-    const TimePoint until = pttl >= 0 ? now + std::chrono::milliseconds(pttl) : TimePoint::max();
-    if (rec.status == Record::Status::kInProgress) {
-      rec.lease_until = until;
-    } else {
-      rec.expires_at = until;
-    }
-    return rec;
+    if (!tier_) return read_record(rk.view(), nullptr);
+    Record local;
+    if (tier_->lookup(rk.view(), local) == detail::LocalTier::Answer::kHit) return local;
+    const detail::LocalTier::Ticket ticket = tier_->ticket(rk.view());
+    return read_record(rk.view(), tier_->filling() ? &ticket : nullptr);
   }
 
   std::string redis_key(const Key& key) const {
@@ -938,6 +1025,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   const RedisStoreOptions& options() const noexcept { return options_; }
   RedisPoolStats stats() const { return router_.pool_stats(); }
+  RedisLocalTierStats tier_stats() const { return tier_ ? tier_->stats() : RedisLocalTierStats{}; }
   RedisRouteStats route_stats() const { return router_.route_stats(); }
   std::string_view name() const noexcept { return router_.name(); }
   RedisCommandStats command_stats() const {
@@ -958,6 +1046,8 @@ class IDEM_LOCAL RedisStore::Impl {
   std::atomic<bool> native_claim_;
   std::atomic<std::uint64_t> native_completes_{0}, script_completes_{0}, pipelined_claims_{0},
       pipelined_completes_{0};
+  // Last: its thread stops (and its connection closes) before the router goes.
+  std::unique_ptr<detail::LocalTier> tier_;
 };
 
 RedisStore::RedisStore(RedisStoreOptions options)
@@ -1011,6 +1101,8 @@ RedisRouteStats RedisStore::route_stats() const { return impl_->route_stats(); }
 std::string_view RedisStore::name() const noexcept { return impl_->name(); }
 
 RedisCommandStats RedisStore::command_stats() const { return impl_->command_stats(); }
+
+RedisLocalTierStats RedisStore::local_tier_stats() const { return impl_->tier_stats(); }
 
 std::vector<ClaimResult> RedisStore::claim_batch(const std::vector<ClaimRequest>& requests,
                                                  std::chrono::milliseconds lease) {

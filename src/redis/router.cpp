@@ -5,6 +5,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -158,6 +159,24 @@ Pool& Router::add_node(const std::string& host, int port) {
   s.endpoint.display = "redis://" + host + ":" + std::to_string(port);
   nodes_.push_back(std::make_unique<Pool>(std::move(s)));
   return *nodes_.back();
+}
+
+std::vector<Pool*> Router::serving_nodes() const {
+  std::vector<Pool*> out;
+  if (kind_ == Topology::Kind::kSingle) {
+    out.push_back(single_);
+  } else if (kind_ == Topology::Kind::kSentinel) {
+    if (Pool* m = master_.load(std::memory_order_acquire)) out.push_back(m);
+  } else {
+    for (const auto& slot : *slots_) {
+      Pool* p = slot.load(std::memory_order_acquire);
+      if (p != nullptr && (out.empty() || out.back() != p) &&
+          std::find(out.begin(), out.end(), p) == out.end()) {
+        out.push_back(p);
+      }
+    }
+  }
+  return out;
 }
 
 Pool& Router::node(const Redirect& r, const Pool& answered_by) {

@@ -92,6 +92,10 @@ class Router {
   /// MASTERDOWN, CLUSTERDOWN, LOADING): re-discover the layout soon.
   void failed() noexcept;
 
+  /// The nodes that serve keys now, as far as the router knows (no discovery): the one server,
+  /// the Sentinel master (none before discovery), or every master owning a slot of the map.
+  std::vector<Pool*> serving_nodes() const;
+
   /// Counts a script (re)loaded after NOSCRIPT.
   void count_script_load() noexcept { script_loads_.fetch_add(1, std::memory_order_relaxed); }
 

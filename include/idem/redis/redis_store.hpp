@@ -58,10 +58,39 @@
 #include <vector>
 
 #include "idem/export.hpp"
+#include "idem/log.hpp"
 #include "idem/redis/tls_options.hpp"
 #include "idem/store.hpp"
 
 namespace idem::redis {
+
+/// The local tier of a RedisStore (RedisStoreOptions::local_tier): completed records kept in
+/// the process, in front of Redis, so that a duplicate of a hot key is answered with no round
+/// trip. Only completed records are kept (in-progress and failed ones are always asked of
+/// Redis); the fingerprint is compared on every hit (a mismatch goes to Redis); an entry never
+/// outlives the record's expiry in Redis. Coherence: Redis client-side caching in broadcast
+/// mode (`CLIENT TRACKING ON BCAST PREFIX <key_prefix>` on one invalidation connection per
+/// serving node: the server, the Sentinel master, each Cluster master; subscribed to
+/// `__redis__:invalidate`): every write under the prefix by any client drops the key from every
+/// process's tier. When such a connection breaks the whole tier is dropped, and a record is
+/// kept only while the node serving its key is tracked. See docs/redis.md ("Local tier").
+struct LocalTierOptions {
+  /// Keep completed records in the process. false (the default): every call asks Redis.
+  bool enabled = false;
+  /// Most records kept; the least recently used goes first. 0 means 10000.
+  std::size_t max_entries = 10000;
+  /// Most bytes kept, counted as key + fingerprint + owner + response + 128 per entry; the
+  /// least recently used goes first, and a record larger than this is never kept. 0 means
+  /// 16 MiB.
+  std::size_t max_bytes = std::size_t{16} << 20;
+  /// When the server refuses tracking (an ACL without CLIENT, a server older than Redis 6.0),
+  /// entries are kept at most this long (and never beyond the record's expiry), so a delete
+  /// elsewhere is seen within it; logged once through `log`. 0 means do not keep entries then.
+  std::chrono::milliseconds ttl_when_untracked{1000};
+  /// Receives one warn line when tracking is unavailable and the TTL bound is in force (and one
+  /// info line when tracking is established after that). Empty: silent.
+  LogSink log;
+};
 
 /// Options of a RedisStore. `RedisStoreOptions{"redis://host:6379"}` sets the URI only.
 struct RedisStoreOptions {
@@ -122,6 +151,9 @@ struct RedisStoreOptions {
   /// certificate and name are always verified (docs/redis.md, "TLS"). Sentinel and Cluster
   /// URIs take no TLS.
   TlsOptions tls{};
+  /// Completed records kept in the process in front of Redis (off by default; see
+  /// LocalTierOptions and docs/redis.md, "Local tier").
+  LocalTierOptions local_tier{};
 };
 
 /// Routing counters of a RedisStore (Sentinel and Cluster; zero for one server).
@@ -175,6 +207,39 @@ struct RedisPoolStats {
   std::uint64_t pipelined_flushes = 0;
   /// Auto-pipelining: commands those batches carried.
   std::uint64_t pipelined_commands = 0;
+};
+
+/// Counters of a RedisStore's local tier (RedisStoreOptions::local_tier; zero when disabled).
+struct RedisLocalTierStats {
+  /// Claims and lookups answered from the tier (no round trip).
+  std::uint64_t hits = 0;
+  /// Claims and lookups the tier could not answer (absent, expired, or another fingerprint),
+  /// sent to Redis.
+  std::uint64_t misses = 0;
+  /// Of the misses: entries found with another fingerprint (Redis answers the mismatch).
+  std::uint64_t fingerprint_misses = 0;
+  /// Completed records put in the tier (after a claim answered done, or a lookup).
+  std::uint64_t fills = 0;
+  /// Fills skipped because the key was invalidated (or the tier dropped) while its read was on
+  /// the wire, or because tracking was down.
+  std::uint64_t fills_skipped = 0;
+  /// Keys named by invalidation messages (every write under the key prefix, by any client).
+  std::uint64_t invalidations = 0;
+  /// Entries removed to stay within max_entries / max_bytes.
+  std::uint64_t evictions = 0;
+  /// Times the whole tier was dropped: the invalidation connection broke or was replaced (server
+  /// restart, CLIENT KILL, Sentinel failover), or Redis sent a flush-all (FLUSHDB / FLUSHALL).
+  std::uint64_t drops = 0;
+  /// Times tracking was established on a new invalidation connection.
+  std::uint64_t tracking_starts = 0;
+  /// Entries kept now.
+  std::size_t entries = 0;
+  /// Bytes kept now (as counted by max_bytes).
+  std::size_t bytes = 0;
+  /// Tracking is established now (invalidations arrive; entries live until the record's expiry).
+  bool tracking = false;
+  /// Tracking was refused by the server: entries live at most ttl_when_untracked.
+  bool untracked = false;
 };
 
 /// The Redis FastStore (see the file comment). Thread-safe; share one per process and server.
@@ -249,6 +314,9 @@ class IDEM_EXPORT RedisStore final : public FastStore {
 
   /// How completes were sent (native SET or script).
   RedisCommandStats command_stats() const;
+
+  /// Local tier counters (RedisStoreOptions::local_tier).
+  RedisLocalTierStats local_tier_stats() const;
 
   /// The options in force (zeros replaced by their defaults, password not hidden).
   const RedisStoreOptions& options() const noexcept;

@@ -17,6 +17,7 @@
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "local_tier_support.hpp"
 #include "router.hpp"
 #include "support/test_env.hpp"
 
@@ -216,6 +217,56 @@ TEST_F(ClusterFaultTest, SlotMigratedDuringARunFollowsAskAndMovedWithoutErrors) 
     EXPECT_EQ("OK", idem::test::reply_text(
                         admin_->cmd(m, {"CLUSTER", "SETSLOT", slot_s, "NODE", source_id})));
   }
+  EXPECT_EQ(source, admin_->slot_owner(slot, target));
+}
+
+// The local tier across a slot migration: a record kept from the source master is removed when
+// MIGRATE deletes it there (heard from the source); kept again from the target, it is removed
+// when deleted on the target (heard from the target). The slot is moved back afterwards.
+TEST_F(ClusterFaultTest, LocalTierAcrossASlotMigrationHearsSourceAndTarget) {
+  RedisStoreOptions o{url_};
+  o.local_tier.enabled = true;
+  RedisStore fast(o);
+  ASSERT_TRUE(idem::test::eventually([&] { return fast.local_tier_stats().tracking; }));
+  const Key k = Key::make(idem::test::unique_name("cluster.tier"), "k");
+  const int slot = idem::redis::detail::key_slot(fast.redis_key(k));
+  const int source = admin_->slot_owner(slot, admin_->ports().front());
+  int target = 0;
+  for (int m : admin_->masters()) {
+    if (m != source) target = m;
+  }
+  ASSERT_NE(0, source);
+  ASSERT_NE(0, target);
+  const std::string slot_s = std::to_string(slot);
+  const std::string source_id = admin_->node_id(source), target_id = admin_->node_id(target);
+  auto move_slot = [&](int from, const std::string& from_id, int to, const std::string& to_id) {
+    EXPECT_EQ("OK", idem::test::reply_text(
+                        admin_->cmd(to, {"CLUSTER", "SETSLOT", slot_s, "IMPORTING", from_id})));
+    EXPECT_EQ("OK", idem::test::reply_text(
+                        admin_->cmd(from, {"CLUSTER", "SETSLOT", slot_s, "MIGRATING", to_id})));
+    EXPECT_GE(admin_->move_keys(slot, from, to), 0);
+    EXPECT_EQ("OK", idem::test::reply_text(
+                        admin_->cmd(to, {"CLUSTER", "SETSLOT", slot_s, "NODE", to_id})));
+    for (int m : admin_->masters()) {
+      if (m == to) continue;
+      EXPECT_EQ("OK", idem::test::reply_text(
+                          admin_->cmd(m, {"CLUSTER", "SETSLOT", slot_s, "NODE", to_id})));
+    }
+  };
+  ASSERT_TRUE(idem::test::complete_first(fast, k, "fp", "v1"));
+  ASSERT_TRUE(idem::test::warm(fast, k, "fp"));
+  move_slot(source, source_id, target, target_id);
+  // MIGRATE removed the key from the source: heard there.
+  ASSERT_TRUE(idem::test::eventually([&] { return fast.local_tier_stats().entries == 0; }));
+  // From the target now (MOVED followed), kept again, then deleted there.
+  ASSERT_TRUE(idem::test::warm(fast, k, "fp"));
+  auto del = admin_->cmd(target, {"DEL", fast.redis_key(k)});
+  ASSERT_TRUE(del && del->type == REDIS_REPLY_INTEGER && del->integer == 1);
+  ASSERT_TRUE(idem::test::eventually([&] { return fast.local_tier_stats().entries == 0; }));
+  idem::OwnerToken owner = idem::OwnerToken::generate();
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, fast.claim(k, "fp", owner, 5000ms).status);
+  EXPECT_TRUE(fast.release(k, owner));
+  move_slot(target, target_id, source, source_id);
   EXPECT_EQ(source, admin_->slot_owner(slot, target));
 }
 

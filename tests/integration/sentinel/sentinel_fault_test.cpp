@@ -15,6 +15,7 @@
 #include "idem/guard.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "integration/redis/local_tier_support.hpp"
 #include "sentinel_admin.hpp"
 #include "support/test_env.hpp"
 
@@ -25,6 +26,21 @@ using idem::Outcome;
 using idem::redis::RedisStore;
 using idem::redis::RedisStoreOptions;
 using namespace std::chrono_literals;
+
+// SENTINEL FAILOVER through the first sentinel, asked again while it answers -INPROG (an
+// earlier failover still settling), for up to 30 s. Its last answer ("OK" once accepted).
+std::string force_failover(const idem::test::SentinelAdmin& admin) {
+  const auto& s0 = admin.sentinels().front();
+  std::string answer;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < until) {
+    answer = idem::test::reply_text(
+        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
+    if (answer == "OK") break;
+    std::this_thread::sleep_for(200ms);
+  }
+  return answer;
+}
 
 TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   std::string url;
@@ -84,17 +100,8 @@ TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   wait_calls(300);
   EXPECT_EQ(0u, guard.stats().snapshot().degraded);
 
-  // SENTINEL FAILOVER answers -INPROG while an earlier failover is still settling.
-  const auto& s0 = admin.sentinels().front();
-  std::string answer;
   const auto forced_at = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() < forced_at + 30s) {
-    answer = idem::test::reply_text(
-        idem::test::node_cmd(s0.first, s0.second, {"SENTINEL", "FAILOVER", admin.service()}));
-    if (answer == "OK") break;
-    std::this_thread::sleep_for(200ms);
-  }
-  ASSERT_EQ("OK", answer);
+  ASSERT_EQ("OK", force_failover(admin));
   bool promoted = false;
   while (!promoted && std::chrono::steady_clock::now() < forced_at + 60s) {
     promoted = admin.master_port(0) == new_master && admin.role(new_master) == "master";
@@ -144,6 +151,63 @@ TEST(SentinelFaultTest, ForcedFailoverTheStoreFollowsToTheNewMaster) {
   int master_now = 0;
   EXPECT_TRUE(admin.wait_healthy(60s, &master_now));
   EXPECT_EQ(new_master, master_now);
+}
+
+// The local tier through Sentinel: a record kept from the old master; after a forced failover
+// the tier is dropped and tracking re-established on the new master, where a delete is heard.
+TEST(SentinelFaultTest, LocalTierFollowsAFailoverAndHearsTheNewMaster) {
+  std::string url;
+  IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_SENTINEL_URL");
+  idem::test::SentinelAdmin admin(url);
+  int old_master = 0;
+  ASSERT_TRUE(admin.wait_healthy(60s, &old_master)) << "sentinel setup unhealthy before the test";
+  const int new_master = admin.other_node(old_master);
+  RedisStoreOptions o{url};
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  o.key_prefix = idem::test::unique_name("idemlts") + ":";
+  o.local_tier.enabled = true;
+  RedisStore fast(o);
+  using idem::test::eventually;
+  ASSERT_TRUE(eventually([&] { return fast.local_tier_stats().tracking; }, 10s));
+  const Key k = Key::make("tier", "failover");
+  ASSERT_TRUE(idem::test::complete_first(fast, k, "fp", "v1"));
+  auto claim = [&] { return fast.claim(k, "fp", idem::OwnerToken::generate(), 5000ms); };
+  ASSERT_TRUE(idem::test::warm(fast, k, "fp"));
+  const auto before = fast.local_tier_stats();
+  ASSERT_EQ("OK", force_failover(admin));
+  ASSERT_TRUE(eventually(
+      [&] { return admin.master_port(0) == new_master && admin.role(new_master) == "master"; },
+      60s));
+  // The store follows on its next calls; the tier's thread re-checks the master every 100 ms.
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          (void)fast.lookup(Key::make("tier", "probe"));
+        } catch (const idem::Error&) {
+        }
+        auto st = fast.local_tier_stats();
+        return st.drops > before.drops && st.tracking_starts > before.tracking_starts &&
+               st.tracking;
+      },
+      60s));
+  // Kept again from the new master, then deleted there: the invalidation reaches the tier.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto hits = fast.local_tier_stats().hits;
+        try {
+          claim();
+        } catch (const idem::Error&) {
+          return false;
+        }
+        return fast.local_tier_stats().hits > hits;
+      },
+      30s));
+  auto del = idem::test::node_cmd(admin.host(), new_master, {"DEL", fast.redis_key(k)});
+  ASSERT_TRUE(del && del->type == REDIS_REPLY_INTEGER && del->integer == 1);
+  ASSERT_TRUE(eventually([&] { return fast.local_tier_stats().entries == 0; }, 10s));
+  EXPECT_EQ(idem::ClaimStatus::kClaimed, claim().status);
+  EXPECT_TRUE(admin.wait_healthy(60s, nullptr));
 }
 
 }  // namespace

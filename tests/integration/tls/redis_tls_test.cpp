@@ -16,6 +16,7 @@
 #include "idem/mq/redis_streams.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "integration/redis/local_tier_support.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -311,6 +312,31 @@ TEST_F(RedisTls, ClosingTheStoreClosesEveryConnection) {
     EXPECT_GT(open_fds(), before);  // TCP sockets, socketpairs and the relay's eventfd
   }
   EXPECT_EQ(before, open_fds());
+}
+
+// The local tier over rediss://: the invalidation connection is made like the pool's (TLS,
+// verified), tracking is established, a hot key is answered with no command sent, and a fill by
+// another store is heard.
+TEST_F(RedisTls, LocalTierOverTlsIsTrackedAndHearsWrites) {
+  RedisStoreOptions o = options(env_.url);
+  o.key_prefix = idem::test::unique_name("idemlttls") + ":";
+  o.local_tier.enabled = true;
+  RedisStore tiered(o);
+  o.local_tier.enabled = false;
+  RedisStore other(o);
+  ASSERT_TRUE(idem::test::eventually([&] { return tiered.local_tier_stats().tracking; }));
+  const idem::Key k = key("tier");
+  ASSERT_TRUE(idem::test::complete_first(tiered, k, "fp", "v1"));
+  ASSERT_TRUE(idem::test::warm(tiered, k, "fp", 2));
+  const auto sent = tiered.pool_stats().pipelined_commands;
+  EXPECT_EQ("v1",
+            tiered.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(5)).response);
+  EXPECT_EQ(sent, tiered.pool_stats().pipelined_commands);
+  other.fill(k, "fp", "v2", std::chrono::seconds(60));
+  EXPECT_TRUE(idem::test::eventually([&] {
+    return tiered.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(5)).response ==
+           "v2";
+  }));
 }
 
 }  // namespace
