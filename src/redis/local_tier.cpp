@@ -5,7 +5,6 @@
 #include <hiredis/hiredis.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,25 +31,9 @@ ReplyUPtr setup(redisContext* c, std::initializer_list<std::string_view> args) {
     lens[argc] = a.size();
     ++argc;
   }
-  // Written with send(2) and MSG_NOSIGNAL (hiredis writes with write(2), which raises SIGPIPE
-  // on a connection the server closed meanwhile), then the reply read by hiredis.
-  char* cmd = nullptr;
-  const int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
-  if (len < 0) return ReplyUPtr();
-  std::size_t off = 0;
-  while (off < static_cast<std::size_t>(len)) {
-    const ssize_t w = ::send(c->fd, cmd + off, static_cast<std::size_t>(len) - off, MSG_NOSIGNAL);
-    if (w > 0) {
-      off += static_cast<std::size_t>(w);
-    } else if (!(w < 0 && errno == EINTR)) {
-      break;
-    }
-  }
-  redisFreeCommand(cmd);
-  if (off < static_cast<std::size_t>(len)) return ReplyUPtr();  // broken
-  void* reply = nullptr;
-  if (redisGetReply(c, &reply) != REDIS_OK) return ReplyUPtr();
-  return ReplyUPtr(static_cast<redisReply*>(reply));
+  // command_argv: written with send(MSG_NOSIGNAL), so a connection the server closed meanwhile
+  // fails typed instead of raising SIGPIPE.
+  return ReplyUPtr(command_argv(c, argc, argv, lens));
 }
 
 std::string_view text(const redisReply* r) noexcept { return {r->str, r->len}; }
