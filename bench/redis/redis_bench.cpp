@@ -38,7 +38,7 @@ struct Args {
   std::string side;  // "ours" or "raw": run one side only (for profiling); "" both
   bool claim_script = false;
   std::string name_suffix;          // appended to the ratio names (e.g. "_unpinned")
-  bool auto_pipeline = true;        // RedisStoreOptions::auto_pipeline
+  bool auto_pipeline = false;       // RedisStoreOptions::auto_pipeline (its default: off)
   bool autopipeline_names = false;  // the many-thread names: guard_*_autopipeline_tN_vs_raw_*
 };
 
@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
     // raw SET NX EX round trip on an existing key.
     idem::redis::RedisStoreOptions tier_options = options;
     tier_options.local_tier.enabled = true;
+    tier_options.auto_pipeline = true;  // pipelined_commands counts the commands sent
     idem::redis::RedisStore tier_store(tier_options);
     idem::IdempotencyGuard tier_guard{tier_store, gopt};
     constexpr int kKeys = 16;

@@ -46,12 +46,15 @@ taskset -c 0 "$BIN" --url "$pinned" --threads 1 --only memory
 # threads and the server on CPU 0 (per-op cost with 8 connections in flight).
 taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only replay
 taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only first
+# The same 8 threads with auto-pipelining on (off by default: see docs/redis.md).
+taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only replay --auto-pipeline 1 --autopipeline-names 1
+taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only first --auto-pipeline 1 --autopipeline-names 1
 # 64 threads, pinned: auto-pipelining (the threads' calls share one connection, written in
 # batches) vs 64 raw connections, one command per round trip each; then the lone caller's
 # price of it (the same replay with auto_pipeline on and off, interleaved).
-taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only replay --autopipeline-names 1
-taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only first --autopipeline-names 1
-taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only pipeline
+taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only replay --auto-pipeline 1 --autopipeline-names 1
+taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only first --auto-pipeline 1 --autopipeline-names 1
+taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only pipeline --auto-pipeline 1
 # The local tier: a hot completed key answered in the process vs one raw SET NX EX round trip.
 taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only local_tier
 # For reference: the same unpinned, against scripts/bench.sh's server (per-round ratios swing

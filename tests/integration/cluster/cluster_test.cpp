@@ -132,6 +132,7 @@ TEST_F(ClusterTest, GuardedCallsSpreadOverAllThreeMastersExactlyOnce) {
 // record names its key) and the first claim of each key is the only one granted.
 TEST_F(ClusterTest, ConcurrentPipelinedCallsPerNodeReachTheirOwnCallers) {
   RedisStoreOptions o{url_};
+  o.auto_pipeline = true;
   o.command_timeout = std::chrono::milliseconds(5000);
   RedisStore store(o);
   const std::string scope = idem::test::unique_name("cluster.pipeline");

@@ -32,6 +32,7 @@ TEST(ClusterLocalTierTest, EveryMasterIsHeardDeletesOnEachNodeAndAKilledConnecti
   IDEM_REQUIRE_ENV(url, "IDEM_TEST_REDIS_CLUSTER_URL");
   idem::test::ClusterAdmin admin(url);
   RedisStoreOptions o{url};
+  o.auto_pipeline = true;  // pipelined_commands counts every command sent
   o.key_prefix = idem::test::unique_name("idemltc") + ":";
   o.local_tier.enabled = true;
   RedisStore s(o);

@@ -38,6 +38,7 @@ class LocalTierFaultTest : public ::testing::Test {
   }
   RedisStoreOptions options(const std::string& url) const {
     RedisStoreOptions o{url};
+    o.auto_pipeline = true;  // pipelined_commands counts every command sent
     o.key_prefix = prefix_;
     o.local_tier.enabled = true;
     return o;

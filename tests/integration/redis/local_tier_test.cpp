@@ -44,6 +44,7 @@ class LocalTierTest : public ::testing::Test {
   }
   RedisStoreOptions options(std::size_t entries = 1000, std::size_t bytes = 1 << 20) const {
     RedisStoreOptions o{url_};
+    o.auto_pipeline = true;  // so that pipelined_commands counts every command sent (sent())
     o.key_prefix = prefix_;
     o.local_tier.enabled = true;
     o.local_tier.max_entries = entries;
@@ -54,7 +55,8 @@ class LocalTierTest : public ::testing::Test {
     ASSERT_TRUE(eventually([&] { return s.local_tier_stats().tracking; }))
         << "tracking never established";
   }
-  // Commands the store sent (every single call goes through its auto-pipeline).
+  // Commands the store sent (every single call goes through its auto-pipeline, which the
+  // stores of these tests turn on).
   static std::uint64_t sent(const RedisStore& s) { return s.pool_stats().pipelined_commands; }
   static Key key(const std::string& id) { return Key::make("tier", id); }
   static void complete(RedisStore& s, const Key& k, const std::string& fp,
@@ -205,6 +207,7 @@ TEST_F(LocalTierTest, EntriesAndBytesBoundsEvictLeastRecentlyUsed) {
 
 TEST_F(LocalTierTest, DisabledTierSendsEveryClaim) {
   RedisStoreOptions o{url_};
+  o.auto_pipeline = true;  // counted by sent()
   o.key_prefix = prefix_;
   RedisStore s(o);
   const Key k = key("off");

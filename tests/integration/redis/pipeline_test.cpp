@@ -106,6 +106,7 @@ class RedisPipeline : public ::testing::Test {
 // effect, and every replay answers the winner's response.
 TEST_F(RedisPipeline, ConcurrentPipelinedMixedCallsOnFewKeysCountEachEffectOnce) {
   RedisStoreOptions o{url_};
+  o.auto_pipeline = true;
   o.command_timeout = 5000ms;
   RedisStore store(o);
   constexpr int kRounds = 12;
@@ -185,6 +186,7 @@ TEST_F(RedisPipeline, ConcurrentPipelinedMixedCallsOnFewKeysCountEachEffectOnce)
 // wrong caller shows as a response (or a status) that is not the caller's.
 TEST_F(RedisPipeline, ConcurrentPipelinedRepliesReachTheirOwnCallers) {
   RedisStoreOptions o{url_};
+  o.auto_pipeline = true;
   o.command_timeout = 5000ms;
   RedisStore store(o);
   constexpr int kOps = 60;
@@ -243,6 +245,7 @@ TEST_F(RedisPipeline, ConcurrentPipelinedRepliesReachTheirOwnCallers) {
 TEST_F(RedisPipeline, ConcurrentPipelinedClientKillAnswersEveryCallerOnceTyped) {
   PrivateRedis server;
   RedisStoreOptions o{server.uri()};
+  o.auto_pipeline = true;
   o.command_timeout = 5000ms;
   o.reconnect_backoff = 5ms;
   RedisStore store(o);
@@ -354,6 +357,7 @@ TEST_F(RedisPipeline, ConcurrentPipelinedServerKillNineKeepsExactlyOnce) {
   durable.database().write(
       [](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE effect (k TEXT NOT NULL)"); });
   RedisStoreOptions o{server.uri()};
+  o.auto_pipeline = true;
   o.command_timeout = 1000ms;
   o.connect_timeout = 300ms;
   o.reconnect_backoff = 20ms;
@@ -469,6 +473,7 @@ TEST_F(RedisPipeline, ConcurrentPipelinedServerKillNineKeepsExactlyOnce) {
 TEST_F(RedisPipeline, ConcurrentPipelinedCallsKeepTheirDeadlinesOnAStalledServer) {
   PrivateRedis server("--enable-debug-command yes");
   RedisStoreOptions o{server.uri()};
+  o.auto_pipeline = true;
   o.command_timeout = 300ms;
   o.connect_timeout = 300ms;
   o.pool_wait_timeout = 100ms;
@@ -563,9 +568,11 @@ TEST_F(RedisPipeline, AKilledIdlePooledConnectionFailsTypedWithoutSigpipe) {
 }
 
 // A lone caller sends at once (one batch per call, nothing waits for company); with the option
-// off no call goes through a pipeline.
+// off (the default) no call goes through a pipeline.
 TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {
+  EXPECT_FALSE(RedisStoreOptions{}.auto_pipeline) << "auto_pipeline is opt-in";
   RedisStoreOptions o{url_};
+  o.auto_pipeline = true;
   RedisStore on(o);
   for (int i = 0; i < 20; ++i) {
     auto k = key("lone" + std::to_string(i));
@@ -582,6 +589,7 @@ TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {
   // The shared connection goes back to the pool when idle: with pool_size 1, batch calls
   // (pooled connections of their own) still find it.
   RedisStoreOptions one{url_};
+  one.auto_pipeline = true;
   one.pool_size = 1;
   RedisStore single(one);
   auto lone = key("lone_then_batch");

@@ -320,6 +320,7 @@ TEST_F(RedisTls, ClosingTheStoreClosesEveryConnection) {
 TEST_F(RedisTls, LocalTierOverTlsIsTrackedAndHearsWrites) {
   RedisStoreOptions o = options(env_.url);
   o.key_prefix = idem::test::unique_name("idemlttls") + ":";
+  o.auto_pipeline = true;  // pipelined_commands counts every command sent
   o.local_tier.enabled = true;
   RedisStore tiered(o);
   o.local_tier.enabled = false;
