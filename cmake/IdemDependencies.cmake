@@ -30,6 +30,12 @@ if(NOT DEFINED IDEM_DEPS_FOR)
   if(IDEM_WITH_RABBITMQ)
     list(APPEND IDEM_DEPS_FOR rabbitmq)
   endif()
+  if(IDEM_WITH_ASYNC)
+    list(APPEND IDEM_DEPS_FOR async)
+    if(IDEM_WITH_POSTGRES)
+      list(APPEND IDEM_DEPS_FOR async_postgres)
+    endif()
+  endif()
 endif()
 
 set(THREADS_PREFER_PTHREAD_FLAG ON)
@@ -144,5 +150,38 @@ if("rabbitmq" IN_LIST IDEM_DEPS_FOR AND NOT DEFINED IDEM_RABBITMQ_C_TARGET)
       message(FATAL_ERROR "idem: rabbitmq-c not found (apt-get install librabbitmq-dev), "
                           "or configure with -DIDEM_WITH_RABBITMQ=OFF")
     endif()
+  endif()
+endif()
+
+# idem::async: Boost.Asio (headers only: Debian libboost-dev) by default, standalone Asio
+# (libasio-dev) with IDEM_ASIO_STANDALONE. idem::async_redis re-uses hiredis above;
+# idem::async_postgres needs libpq itself (it drives the socket; libpqxx has no async API).
+if(("async" IN_LIST IDEM_DEPS_FOR OR "async_redis" IN_LIST IDEM_DEPS_FOR OR
+    "async_postgres" IN_LIST IDEM_DEPS_FOR) AND NOT DEFINED IDEM_ASIO_TARGET)
+  if(IDEM_ASIO_STANDALONE)
+    find_path(IDEM_ASIO_INCLUDE_DIR asio.hpp)
+    if(NOT IDEM_ASIO_INCLUDE_DIR)
+      message(FATAL_ERROR "idem: standalone Asio not found (apt-get install libasio-dev), "
+                          "or configure with -DIDEM_ASIO_STANDALONE=OFF (Boost.Asio)")
+    endif()
+    add_library(idem_asio_headers INTERFACE IMPORTED)
+    set_target_properties(idem_asio_headers PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${IDEM_ASIO_INCLUDE_DIR}"
+      INTERFACE_COMPILE_DEFINITIONS "IDEM_ASIO_STANDALONE")
+    set(IDEM_ASIO_TARGET idem_asio_headers)
+  else()
+    find_package(Boost 1.74 CONFIG QUIET)
+    if(NOT TARGET Boost::headers)
+      message(FATAL_ERROR "idem: Boost (Asio) not found (apt-get install libboost-dev), "
+                          "or configure with -DIDEM_WITH_ASYNC=OFF")
+    endif()
+    set(IDEM_ASIO_TARGET Boost::headers)
+  endif()
+endif()
+if("async_postgres" IN_LIST IDEM_DEPS_FOR AND NOT TARGET PostgreSQL::PostgreSQL)
+  find_package(PostgreSQL QUIET)
+  if(NOT TARGET PostgreSQL::PostgreSQL)
+    message(FATAL_ERROR "idem: libpq not found (apt-get install libpq-dev), "
+                        "or configure with -DIDEM_WITH_ASYNC=OFF")
   endif()
 endif()
