@@ -67,6 +67,10 @@ class DownFastStore final : public idem::FastStore {
                 std::chrono::seconds) override {
     throw idem::StorageUnavailable("bench: fast store down");
   }
+  bool fail(const idem::Key&, const idem::OwnerToken&, std::string_view,
+            std::chrono::seconds) override {
+    throw idem::StorageUnavailable("bench: fast store down");
+  }
   bool release(const idem::Key&, const idem::OwnerToken&) override {
     throw idem::StorageUnavailable("bench: fast store down");
   }

@@ -36,6 +36,10 @@ class FailoverStore final : public idem::FastStore {
                 std::chrono::seconds retention) override {
     return store()->complete(key, owner, response, retention);
   }
+  bool fail(const idem::Key& key, const idem::OwnerToken& owner, std::string_view reason,
+            std::chrono::seconds retention) override {
+    return store()->fail(key, owner, reason, retention);
+  }
   bool release(const idem::Key& key, const idem::OwnerToken& owner) override {
     return store()->release(key, owner);
   }

@@ -235,7 +235,7 @@ template <class D>
 struct has_record_in<
     D, std::void_t<decltype(std::declval<D&>().find_in(
                        std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-                       std::string_view{})),
+                       std::string_view{}, std::declval<const OwnerToken&>())),
                    decltype(std::declval<D&>().insert_completed_in(
                        std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
                        std::string_view{}, std::declval<const OwnerToken&>(),
@@ -282,12 +282,6 @@ struct BatchRerun {};
 // the transaction rolls back and the first run starts again with the tolerant insert.
 struct BatchRecordsExist {};
 
-template <class D, class = void>
-struct has_fail : std::false_type {};
-template <class D>
-struct has_fail<D, std::void_t<decltype(std::declval<D&>().fail(
-                       std::declval<const Key&>(), std::declval<const OwnerToken&>(),
-                       std::string_view{}, std::chrono::seconds{}))>> : std::true_type {};
 }  // namespace detail
 
 /// Runs MQ message handlers once per (consumer group, message id). Thread-safe: one consumer
@@ -537,9 +531,7 @@ class IdempotentConsumer {
   bool dead_lettered(std::string_view message_id) {
     static_assert(IdempotencyGuard<Durable>::kHasDurable, "needs a durable store");
     auto rec = guard_->durable_store()->lookup(Key::make(group_, message_id));
-    return rec && (rec->status == Record::Status::kFailed ||
-                   rec->response.compare(0, detail::kDeadMarker.size(),
-                                         detail::kDeadMarker) == 0);
+    return rec && rec->status == Record::Status::kFailed;
   }
 
   /// The consumer group (the records' scope).
@@ -840,8 +832,7 @@ class IdempotentConsumer {
                                const Key& key, std::string_view fingerprint,
                                const OwnerToken& owner) {
     if constexpr (detail::has_record_in<Durable>::value) {
-      (void)owner;
-      return durable.find_in(tx, key, fingerprint);
+      return durable.find_in(tx, key, fingerprint, owner);
     } else {
       return durable.claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
     }
@@ -853,7 +844,7 @@ class IdempotentConsumer {
                         const ClaimResult& decided, std::chrono::seconds retention) {
     if constexpr (detail::has_record_in<Durable>::value) {
       durable.insert_completed_in(tx, key, fingerprint, owner, detail::kConsumedMarker,
-                                  retention, decided.took_over);
+                                  retention, decided.took_over || decided.kept);
     } else {
       (void)fingerprint;
       (void)decided;
@@ -959,17 +950,12 @@ class IdempotentConsumer {
     };
     if constexpr (IdempotencyGuard<Durable>::kHasDurable) {
       Durable& durable = *guard_->durable_store();
-      return apply(durable, durable.begin(key, d.fingerprint, owner, go.lease), [&] {
-        if constexpr (detail::has_fail<Durable>::value) {
-          durable.fail(key, owner, reason, go.retention);
-        } else {
-          durable.complete(key, owner, reason, go.retention);
-        }
-      });
+      return apply(durable, durable.begin(key, d.fingerprint, owner, go.lease),
+                   [&] { durable.fail(key, owner, reason, go.retention); });
     } else {
       FastStore& fast = *guard_->fast_store();
       return apply(fast, fast.claim(key, d.fingerprint, owner, go.lease),
-                   [&] { fast.complete(key, owner, reason, go.retention); });
+                   [&] { fast.fail(key, owner, reason, go.retention); });
     }
   }
 

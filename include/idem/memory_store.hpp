@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "idem/clock.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "idem/store.hpp"
 
@@ -59,62 +60,47 @@ class MemoryStore final : public FastStore {
     std::lock_guard<std::mutex> lock(shard.mutex);
     maybe_sweep(shard, now);
     auto it = shard.map.find(composed);
-    if (it != shard.map.end() && expired(it->second, now)) {
-      shard.map.erase(it);
-      it = shard.map.end();
-    }
     ClaimResult result;
-    if (it == shard.map.end()) {
-      Entry e;
-      e.status = Record::Status::kInProgress;
-      e.fingerprint = std::string(fingerprint);
-      e.owner = owner.str();
-      e.lease_until = now + lease;
-      e.created_at = now;
-      e.updated_at = now;
-      shard.map.emplace(std::move(composed), std::move(e));
-      result.status = ClaimStatus::kClaimed;
-      return result;
+    if (it != shard.map.end()) {
+      Entry& e = it->second;
+      detail::ClaimDecision d = detail::decide_claim(found(e, now), fingerprint, owner.str());
+      switch (d.action) {
+        case detail::ClaimAction::kAnswer:
+        case detail::ClaimAction::kKeep:
+          return std::move(d.result);
+        case detail::ClaimAction::kTakeOver:
+          // The holder's lease expired: take over with a new owner (fencing token).
+          e.owner = owner.str();
+          e.lease_until = now + lease;
+          e.updated_at = now;
+          return std::move(d.result);
+        case detail::ClaimAction::kReplace:
+          shard.map.erase(it);
+          break;
+      }
     }
-    Entry& e = it->second;
-    result.holder = e.owner;
-    result.first_seen = e.created_at;
-    if (e.fingerprint != fingerprint) {
-      result.status = ClaimStatus::kMismatch;
-    } else if (e.status == Record::Status::kCompleted) {
-      result.status = ClaimStatus::kDone;
-      result.response = e.response;
-    } else if (e.lease_until > now) {
-      result.status = ClaimStatus::kBusy;
-    } else {
-      // The holder's lease expired: take over with a new owner (fencing token).
-      e.owner = owner.str();
-      e.lease_until = now + lease;
-      e.updated_at = now;
-      result.status = ClaimStatus::kClaimed;
-      result.took_over = true;
-    }
+    Entry e;
+    e.status = Record::Status::kInProgress;
+    e.fingerprint = std::string(fingerprint);
+    e.owner = owner.str();
+    e.lease_until = now + lease;
+    e.created_at = now;
+    e.updated_at = now;
+    shard.map.emplace(std::move(composed), std::move(e));
+    result.status = ClaimStatus::kClaimed;
     return result;
   }
 
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention) override {
-    check_retention(retention);
-    auto now = options_.clock();
-    auto composed = key.str();
-    Shard& shard = shard_for(composed);
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    auto it = shard.map.find(composed);
-    if (it == shard.map.end()) return false;
-    Entry& e = it->second;
-    // An expired lease not yet taken over still belongs to its owner: completing it is safe,
-    // because nobody else can have run (a takeover would have changed the owner).
-    if (e.status != Record::Status::kInProgress || e.owner != owner.str()) return false;
-    e.status = Record::Status::kCompleted;
-    e.response = std::string(response);
-    e.updated_at = now;
-    e.expires_at = now + retention;
-    return true;
+    return finish(key, owner, Record::Status::kCompleted, response, retention);
+  }
+
+  /// Marks `owner`'s in-progress record failed with `reason` (a dead-lettered message), kept
+  /// for `retention`; claims then answer kDone with ClaimResult::failed.
+  bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+            std::chrono::seconds retention) override {
+    return finish(key, owner, Record::Status::kFailed, reason, retention);
   }
 
   bool release(const Key& key, const OwnerToken& owner) override {
@@ -123,9 +109,7 @@ class MemoryStore final : public FastStore {
     std::lock_guard<std::mutex> lock(shard.mutex);
     auto it = shard.map.find(composed);
     if (it == shard.map.end()) return false;
-    if (it->second.status != Record::Status::kInProgress || it->second.owner != owner.str()) {
-      return false;
-    }
+    if (!detail::may_finish(it->second.status, it->second.owner, owner.str())) return false;
     shard.map.erase(it);
     return true;
   }
@@ -215,6 +199,39 @@ class MemoryStore final : public FastStore {
     std::size_t writes = 0;
   };
 
+  // complete / fail: only while `owner` still holds the in-progress record (an expired lease
+  // not yet taken over still belongs to its owner: nobody else can have run).
+  bool finish(const Key& key, const OwnerToken& owner, Record::Status status,
+              std::string_view response, std::chrono::seconds retention) {
+    check_retention(retention);
+    auto now = options_.clock();
+    auto composed = key.str();
+    Shard& shard = shard_for(composed);
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end()) return false;
+    Entry& e = it->second;
+    if (!detail::may_finish(e.status, e.owner, owner.str())) return false;
+    e.status = status;
+    e.response = std::string(response);
+    e.updated_at = now;
+    e.expires_at = now + retention;
+    return true;
+  }
+
+  // The rulebook's view of an entry at `now`.
+  static detail::FoundRecord found(const Entry& e, TimePoint now) noexcept {
+    detail::FoundRecord f;
+    f.status = e.status;
+    f.fingerprint = e.fingerprint;
+    f.owner = e.owner;
+    f.response = e.response;
+    f.created_at = e.created_at;
+    f.lease_live = e.status == Record::Status::kInProgress && e.lease_until > now;
+    f.retention_over = expired(e, now);
+    return f;
+  }
+
   static void check_lease(std::chrono::milliseconds lease) {
     if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
   }
@@ -224,11 +241,11 @@ class MemoryStore final : public FastStore {
     }
   }
 
-  // A completed record expires with its retention. An in-progress record whose lease ended is
-  // kept (a claim takes it over, which counts as a takeover) unless it is a whole retention
-  // period stale, so abandoned claims do not pile up forever.
+  // A completed (or failed) record expires with its retention. An in-progress record whose
+  // lease ended is kept (a claim takes it over, which counts as a takeover) unless it is a whole
+  // retention period stale, so abandoned claims do not pile up forever.
   static bool expired(const Entry& e, TimePoint now) noexcept {
-    if (e.status == Record::Status::kCompleted) return e.expires_at <= now;
+    if (e.status != Record::Status::kInProgress) return e.expires_at <= now;
     return e.lease_until + kDefaultRetention <= now;
   }
 

@@ -70,6 +70,9 @@ struct ClaimResult {
   std::string response;
   /// kClaimed: true when an expired lease of another attempt was taken over.
   bool took_over = false;
+  /// kClaimed: the record was already this attempt's own in-progress claim (a claim retried
+  /// after its answer was lost); nothing was written, the record stays as it was.
+  bool kept = false;
   /// kDone: true when the record ended as failed (a poison MQ message); `response` holds the
   /// failure reason.
   bool failed = false;
@@ -143,6 +146,13 @@ class FastStore {
   /// @return false when the lease was lost (expired and taken over, released, or absent).
   virtual bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                         std::chrono::seconds retention) = 0;
+
+  /// Marks `owner`'s in-progress record failed, kept for `retention` with `reason` as its
+  /// response (a poison MQ message handed to the dead-letter sink): claims then answer kDone
+  /// with ClaimResult::failed and lookup reports Record::Status::kFailed.
+  /// @return false when the lease was lost (as complete).
+  virtual bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+                    std::chrono::seconds retention) = 0;
 
   /// Removes the in-progress claim of `owner` so a retry can run at once.
   /// @return false when `owner` did not hold it.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 #include "pqxx_compat.hpp"
 
@@ -56,53 +57,45 @@ struct Found {
   bool expired = false;  // completed/failed and its retention has ended
 };
 
-Record::Status parse_status(const std::string& s) {
-  if (s == "in_progress") return Record::Status::kInProgress;
-  if (s == "completed") return Record::Status::kCompleted;
-  if (s == "failed") return Record::Status::kFailed;
-  throw CorruptRecord("postgres: unknown record status '" + s + "'");
-}
-
 TimePoint millis_field(const pqxx::field& f) {
   return f.is_null() ? TimePoint{} : from_millis(f.as<long long>());
 }
 
-Found parse_found(const pqxx::row& row, pqxx::row::size_type at) {
+// A record row as kRecordColumns return it. The table's types (timestamptz, a CHECK on status)
+// keep foreign values out of idem's own table; an adopted table may not have them: a value
+// idem did not write is CorruptRecord.
+Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key) {
   Found f;
-  f.record.status = parse_status(row[at].as<std::string>());
-  f.record.fingerprint = row[at + 1].as<std::string>();
-  f.record.owner = row[at + 2].as<std::string>();
-  f.record.response = detail::read_bytea(row[at + 3]);
-  f.record.lease_until = millis_field(row[at + 4]);
-  f.record.created_at = millis_field(row[at + 5]);
-  f.record.updated_at = millis_field(row[at + 6]);
-  f.record.expires_at = millis_field(row[at + 7]);
-  f.live = row[at + 8].as<bool>();
-  f.expired = row[at + 9].as<bool>();
+  f.record.status = idem::detail::record_status_or_throw(row[at].c_str(), "postgres", key.str());
+  try {
+    f.record.fingerprint = row[at + 1].as<std::string>();
+    f.record.owner = row[at + 2].as<std::string>();
+    f.record.response = detail::read_bytea(row[at + 3]);
+    f.record.lease_until = millis_field(row[at + 4]);
+    f.record.created_at = millis_field(row[at + 5]);
+    f.record.updated_at = millis_field(row[at + 6]);
+    f.record.expires_at = millis_field(row[at + 7]);
+    f.live = row[at + 8].as<bool>();
+    f.expired = row[at + 9].as<bool>();
+  } catch (const idem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw idem::detail::corrupt_record("postgres", key.str(), e.what());
+  }
   return f;
 }
 
-// What a found record means to a claim by `owner` with `fingerprint`.
-ClaimResult classify(const Found& f, std::string_view fingerprint, const OwnerToken& owner) {
-  ClaimResult c;
-  c.holder = f.record.owner;
-  c.first_seen = f.record.created_at;
-  if (f.record.fingerprint != fingerprint) {
-    c.status = ClaimStatus::kMismatch;
-  } else if (f.record.status != Record::Status::kInProgress) {
-    c.status = ClaimStatus::kDone;
-    c.response = f.record.response;
-    c.failed = f.record.status == Record::Status::kFailed;
-  } else if (f.record.owner == owner.str()) {
-    // Our own claim (a begin retried after its connection broke): still ours.
-    c = ClaimResult{};
-  } else if (f.live) {
-    c.status = ClaimStatus::kBusy;
-  } else {
-    c.status = ClaimStatus::kClaimed;  // expired lease: the caller takes it over
-    c.took_over = true;
-  }
-  return c;
+// The rulebook's view of a row (liveness and expiry by the database clock).
+idem::detail::FoundRecord found_record(const Found& f) noexcept {
+  idem::detail::FoundRecord r;
+  r.status = f.record.status;
+  r.fingerprint = f.record.fingerprint;
+  r.owner = f.record.owner;
+  r.response = f.record.response;
+  r.created_at = f.record.created_at;
+  r.lease_live = f.live;
+  r.retention_over = f.expired;
+  return r;
 }
 
 ClaimResult busy() {
@@ -253,17 +246,23 @@ struct PostgresStore::Impl {
       if (!r.empty()) return ClaimResult{};  // inserted: ours
       std::optional<Found> found;
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
-      if (!again.empty()) found = parse_found(again[0], 0);
+      if (!again.empty()) found = parse_found(again[0], 0, key);
       if (!found) continue;  // deleted meanwhile (released, purged): claim again
-      if (found->expired) {
-        run(t, pooled, kRemoveExpired, key.id(), key.scope());
-        continue;
+      idem::detail::ClaimDecision d =
+          idem::detail::decide_claim(found_record(*found), fingerprint, owner.str());
+      switch (d.action) {
+        case idem::detail::ClaimAction::kAnswer:
+        case idem::detail::ClaimAction::kKeep:
+          return std::move(d.result);
+        case idem::detail::ClaimAction::kReplace:
+          run(t, pooled, kRemoveExpired, key.id(), key.scope());
+          continue;
+        case idem::detail::ClaimAction::kTakeOver:
+          break;
       }
-      ClaimResult c = classify(*found, fingerprint, owner);
-      if (c.status != ClaimStatus::kClaimed || !c.took_over) return c;
       pqxx::result u = run(t, pooled, kTakeover, key.id(), key.scope(), owner.str(), lease_ms,
                            found->record.owner);
-      if (!u.empty()) return c;
+      if (!u.empty()) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
     return busy();
@@ -514,11 +513,13 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
           pqxx::nontransaction nt(conn->get());
           pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
           if (!r.empty()) {
-            Found f = parse_found(r[0], 0);
-            ClaimResult c = classify(f, fingerprint, owner);
-            if (!f.expired &&
-                (c.status == ClaimStatus::kDone || c.status == ClaimStatus::kMismatch)) {
-              early = std::move(c);
+            Found f = parse_found(r[0], 0, key);
+            idem::detail::ClaimDecision d =
+                idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+            if (d.action == idem::detail::ClaimAction::kAnswer &&
+                (d.result.status == ClaimStatus::kDone ||
+                 d.result.status == ClaimStatus::kMismatch)) {
+              early = std::move(d.result);
             }
           }
         }
@@ -855,7 +856,7 @@ std::optional<Record> PostgresStore::lookup(const Key& key) {
   return autocommit(*pool_, "lookup", true, [&](pqxx::nontransaction& nt) -> std::optional<Record> {
     pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
     if (r.empty()) return std::nullopt;
-    return parse_found(r[0], 0).record;
+    return parse_found(r[0], 0, key).record;
   });
 }
 

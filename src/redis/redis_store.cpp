@@ -17,6 +17,7 @@
 
 #include "errors.hpp"
 #include "hiredis_handles.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "pool.hpp"
 #include "router.hpp"
@@ -174,7 +175,7 @@ struct Script {
   std::array<char, 40> sha{};
 };
 
-enum class Op { kClaim, kComplete, kRelease, kFill, kLookup };
+enum class Op { kClaim, kComplete, kFail, kRelease, kFill, kLookup };
 
 const char* op_name(Op op) noexcept {
   switch (op) {
@@ -182,6 +183,8 @@ const char* op_name(Op op) noexcept {
       return "claim";
     case Op::kComplete:
       return "complete";
+    case Op::kFail:
+      return "fail";
     case Op::kRelease:
       return "release";
     case Op::kFill:
@@ -195,7 +198,7 @@ const char* op_name(Op op) noexcept {
 // Whether a timed-out reply leaves the write's outcome unknown (claims are decided by the
 // durable store anyway, so a claim timeout stays a plain StorageTimeout).
 bool write_may_apply(Op op) noexcept {
-  return op == Op::kComplete || op == Op::kRelease || op == Op::kFill;
+  return op == Op::kComplete || op == Op::kFail || op == Op::kRelease || op == Op::kFill;
 }
 
 std::string describe(Op op, std::string_view key) {
@@ -229,7 +232,10 @@ struct Decoded {
 };
 
 bool decode(std::string_view v, Decoded& out) {
-  if (v.size() < 4 || v[0] != 'I' || v[1] != '1' || (v[2] != 'P' && v[2] != 'C')) return false;
+  if (v.size() < 4 || v[0] != 'I' || v[1] != '1' ||
+      !idem::detail::record_status_from_letter(v[2])) {
+    return false;
+  }
   out.status = v[2];
   const char* p = v.data() + 3;
   const char* const end = v.data() + v.size();
@@ -255,7 +261,7 @@ bool decode(std::string_view v, Decoded& out) {
     return false;
   }
   out.response = std::string_view(p, static_cast<std::size_t>(end - p));
-  return out.status == 'C' || out.response.empty();
+  return out.status != 'P' || out.response.empty();
 }
 
 template <class Duration>
@@ -391,12 +397,12 @@ class RedisStore::Impl {
     detail::throw_error(Failure{Failure::Kind::kServer, what, text_of(r)});
   }
 
-  // EVALSHA with up to 4 arguments; on NOSCRIPT (a restarted or flushed server) runs the
+  // EVALSHA with up to 5 arguments; on NOSCRIPT (a restarted or flushed server) runs the
   // script once with EVAL, which also loads it. Error replies throw.
   ReplyUPtr eval(const Script& script, Op op, std::string_view key,
                  std::initializer_list<std::string_view> args) {
-    const char* argv[8];
-    std::size_t lens[8];
+    const char* argv[9];
+    std::size_t lens[9];
     argv[0] = "EVALSHA";
     lens[0] = 7;
     argv[1] = script.sha.data();
@@ -478,7 +484,7 @@ class RedisStore::Impl {
     if (r->type != REDIS_REPLY_STRING) {
       protocol_error(Op::kClaim, rk.view(), "expected nil or the existing record");
     }
-    answer(text_of(r.get()), fingerprint, rk.view(), result);
+    answer(text_of(r.get()), fingerprint, owner, rk.view(), result);
     return result;
   }
 
@@ -508,21 +514,21 @@ class RedisStore::Impl {
     h.used = false;
   }
 
-  // Decodes the existing record a claim found: mismatch / done / busy.
+  // Decodes the existing record a claim found and asks the rulebook what it means: mismatch /
+  // done / busy, or `owner`'s own claim (kept). A key that exists holds a live lease (its TTL
+  // is the lease) or a record within its retention.
   static void answer(std::string_view existing, std::string_view fingerprint,
-                     std::string_view rk, ClaimResult& result) {
+                     const OwnerToken& owner, std::string_view rk, ClaimResult& result) {
     Decoded d;
     if (!decode(existing, d)) corrupt(Op::kClaim, rk, "not an idem record");
-    result.holder.assign(d.owner.data(), d.owner.size());
-    result.first_seen = from_millis(d.created);
-    if (d.fingerprint != fingerprint) {
-      result.status = ClaimStatus::kMismatch;
-    } else if (d.status == 'C') {
-      result.status = ClaimStatus::kDone;
-      result.response.assign(d.response.data(), d.response.size());
-    } else {
-      result.status = ClaimStatus::kBusy;
-    }
+    idem::detail::FoundRecord f;
+    f.status = *idem::detail::record_status_from_letter(d.status);
+    f.fingerprint = d.fingerprint;
+    f.owner = d.owner;
+    f.response = d.response;
+    f.created_at = from_millis(d.created);
+    f.lease_live = f.status == Record::Status::kInProgress;
+    result = std::move(idem::detail::decide_claim(f, fingerprint, owner.str()).result);
   }
 
   // The claim of `owner` on `rk` this thread made last (single or in its last batch), not yet
@@ -658,7 +664,7 @@ class RedisStore::Impl {
         hold(lb.claims[lb.size++], *requests[i].owner, pending[i].key, pending[i].record,
              pending[i].head_end, pending[i].tail_begin, sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
-        answer(text_of(r), requests[i].fingerprint, pending[i].key, out[i]);
+        answer(text_of(r), requests[i].fingerprint, *requests[i].owner, pending[i].key, out[i]);
       } else if (r->type == REDIS_REPLY_ERROR &&
                  text_of(r).substr(0, 16) == "ERR syntax error") {
         native_claim_.store(false, std::memory_order_relaxed);
@@ -814,8 +820,24 @@ class RedisStore::Impl {
     script_completes_.fetch_add(1, std::memory_order_relaxed);
     ClaimPrefix mine(owner);
     ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
-                       {mine.view(), response, ms.view(), deadline.view()});
+                       {mine.view(), response, ms.view(), deadline.view(), "C"});
     return flag(r, Op::kComplete, rk.view());
+  }
+
+  // The general complete script writing a failed record ('F'): always owner-checked.
+  bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+            std::chrono::seconds retention) {
+    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    const long long ret_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
+    Num ms(ret_ms);
+    Num deadline(to_millis(system_now()) + ret_ms);
+    if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
+    ClaimPrefix mine(owner);
+    ReplyUPtr r = eval(complete_, Op::kFail, rk.view(),
+                       {mine.view(), reason, ms.view(), deadline.view(), "F"});
+    return flag(r, Op::kFail, rk.view());
   }
 
   bool release(const Key& key, const OwnerToken& owner) {
@@ -866,7 +888,7 @@ class RedisStore::Impl {
     const long long pttl = r->element[1]->integer;
     const TimePoint now = system_now();
     Record rec;
-    rec.status = d.status == 'P' ? Record::Status::kInProgress : Record::Status::kCompleted;
+    rec.status = *idem::detail::record_status_from_letter(d.status);
     rec.fingerprint = std::string(d.fingerprint);
     rec.owner = std::string(d.owner);
     rec.response = std::string(d.response);
@@ -930,6 +952,11 @@ ClaimResult RedisStore::claim(const Key& key, std::string_view fingerprint, cons
 bool RedisStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
                           std::chrono::seconds retention) {
   return impl_->complete(key, owner, response, retention);
+}
+
+bool RedisStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+                      std::chrono::seconds retention) {
+  return impl_->fail(key, owner, reason, retention);
 }
 
 bool RedisStore::release(const Key& key, const OwnerToken& owner) {

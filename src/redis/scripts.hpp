@@ -3,13 +3,14 @@
 //
 // A record is one Redis string:
 //
-//   "I1" <status P|C> <#owner> ":" <owner> <created_ms> ":" <deadline_ms> ":" <#fingerprint> ":"
+//   "I1" <status P|C|F> <#owner> ":" <owner> <created_ms> ":" <deadline_ms> ":" <#fingerprint> ":"
 //   <fingerprint> <response bytes ...>
 //
 // e.g. "I1C32:<32 hex>1700000000000:1700086400000:64:<64 hex>pay_1". Lengths are decimal byte
 // counts, so any bytes may appear in the owner, fingerprint and response. An in-progress record
-// (P) has no response bytes; its PX TTL is the lease. A completed one (C) has the response; its
-// TTL is the retention. `deadline_ms` is when the TTL ends (the writer's clock); it is only used
+// (P) has no response bytes; its PX TTL is the lease. A completed one (C) has the response, a
+// failed one (F, a dead-lettered message) the failure reason; their TTL is the retention. The
+// letters are the rulebook's (idem/detail/record_rules.hpp, record_status_letter). `deadline_ms` is when the TTL ends (the writer's clock); it is only used
 // to put a record back exactly as it was (see kCompleteFastScript). Anything else under an idem
 // key (another type, a string without this header, a truncated one) is a foreign value:
 // idem::CorruptRecord, and a script never raises on it.
@@ -30,7 +31,7 @@ namespace idem::redis::detail {
 // Only called on the rare paths that must tell a lost lease from a foreign value.
 #define IDEM_REDIS_LUA_VALID                                            \
   "local function parse(v)\n"                                           \
-  "  local st, ol, p = string.match(v, '^I1([PC])(%d+):()')\n"          \
+  "  local st, ol, p = string.match(v, '^I1([PCF])(%d+):()')\n"         \
   "  if not st then return nil end\n"                                   \
   "  local q = p + tonumber(ol)\n"                                      \
   "  if q - 1 > #v then return nil end\n"                               \
@@ -73,7 +74,8 @@ inline constexpr const char* kCompleteFastScript = IDEM_REDIS_LUA_VALID
     "if d then return 0 end\n"
     "return {9, 'not an idem record'}\n";
 
-/// complete, general form: ARGV "I1P<#owner>:<owner>", response, retention_ms, deadline_ms.
+/// complete (and fail), general form: ARGV "I1P<#owner>:<owner>", response, retention_ms,
+/// deadline_ms, status letter ('C' completed, 'F' failed).
 /// -> 1 | 0 (lease lost: absent, completed, or another owner) | {9, reason} (foreign value).
 inline constexpr const char* kCompleteScript = IDEM_REDIS_LUA_VALID
     "local v = redis.pcall('GET', KEYS[1])\n"
@@ -83,7 +85,8 @@ inline constexpr const char* kCompleteScript = IDEM_REDIS_LUA_VALID
     "  local d, q = parse(v)\n"
     "  if not d then return {9, 'not an idem record'} end\n"
     "  local c, rest = string.match(v, '^(%d+):%d+:()', q)\n"
-    "  redis.call('SET', KEYS[1], 'I1C' .. string.sub(v, 4, q - 1) .. c .. ':' .. ARGV[4] ..\n"
+    "  redis.call('SET', KEYS[1], 'I1' .. ARGV[5] .. string.sub(v, 4, q - 1) .. c .. ':' ..\n"
+    "             ARGV[4] ..\n"
     "             ':' .. string.sub(v, rest) .. ARGV[2], 'PX', ARGV[3])\n"
     "  return 1\n"
     "end\n"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 
 namespace idem::sqlite {
@@ -141,6 +142,9 @@ bool Statement::step() {
 int Statement::changes() const noexcept { return sqlite3_changes(db_); }
 bool Statement::column_is_null(int col) const noexcept {
   return sqlite3_column_type(stmt_, col) == SQLITE_NULL;
+}
+bool Statement::column_is_integer(int col) const noexcept {
+  return sqlite3_column_type(stmt_, col) == SQLITE_INTEGER;
 }
 std::int64_t Statement::column_int64(int col) const noexcept {
   return sqlite3_column_int64(stmt_, col);
@@ -344,48 +348,29 @@ constexpr int kSchemaVersion = 1;
 constexpr const char* kStatusCheck =
     "status = 'in_progress' OR status = 'completed' OR status = 'failed'";
 
-Record::Status parse_status(const std::string& s) {
-  if (s == "in_progress") return Record::Status::kInProgress;
-  if (s == "completed") return Record::Status::kCompleted;
-  if (s == "failed") return Record::Status::kFailed;
-  throw CorruptRecord("sqlite: unknown record status '" + s + "'");
+// A time column of the record: an integer (milliseconds since the epoch). Anything else was not
+// written by idem (SQLite would read a text value as 0, and a claim would take the key over).
+TimePoint time_column(const Statement& st, int col, const char* name, const Key& key,
+                      bool nullable) {
+  if (nullable && st.column_is_null(col)) return TimePoint{};
+  if (!st.column_is_integer(col)) {
+    throw idem::detail::corrupt_record("sqlite", key.str(),
+                                       std::string(name) + " is not an integer (milliseconds)");
+  }
+  return from_millis(st.column_int64(col));
 }
 
-Record read_record(Statement& st) {
+Record read_record(const Statement& st, const Key& key) {
   Record r;
-  r.status = parse_status(st.column_bytes(0));
+  r.status = idem::detail::record_status_or_throw(st.column_bytes(0), "sqlite", key.str());
   r.fingerprint = st.column_bytes(1);
   r.owner = st.column_bytes(2);
   r.response = st.column_bytes(3);
-  r.lease_until = from_millis(st.column_int64(4));
-  r.created_at = from_millis(st.column_int64(5));
-  r.updated_at = from_millis(st.column_int64(6));
-  r.expires_at = st.column_is_null(7) ? TimePoint{} : from_millis(st.column_int64(7));
+  r.lease_until = time_column(st, 4, "lease_until", key, false);
+  r.created_at = time_column(st, 5, "created_at", key, false);
+  r.updated_at = time_column(st, 6, "updated_at", key, false);
+  r.expires_at = time_column(st, 7, "expires_at", key, true);
   return r;
-}
-
-bool retention_over(const Record& r, TimePoint now) {
-  return r.status != Record::Status::kInProgress && r.expires_at <= now;
-}
-
-// What a found record means to a claim with `fingerprint` at `now`.
-ClaimResult classify(const Record& r, std::string_view fingerprint, TimePoint now) {
-  ClaimResult c;
-  c.holder = r.owner;
-  c.first_seen = r.created_at;
-  if (r.fingerprint != fingerprint) {
-    c.status = ClaimStatus::kMismatch;
-  } else if (r.status != Record::Status::kInProgress) {
-    c.status = ClaimStatus::kDone;
-    c.response = r.response;
-    c.failed = r.status == Record::Status::kFailed;
-  } else if (r.lease_until > now) {
-    c.status = ClaimStatus::kBusy;
-  } else {
-    c.status = ClaimStatus::kClaimed;  // expired lease: the caller takes it over
-    c.took_over = true;
-  }
-  return c;
 }
 }  // namespace
 
@@ -495,18 +480,22 @@ std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_vie
     Statement st = session.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
-    Record r = read_record(st);
-    if (retention_over(r, t)) return std::nullopt;
-    ClaimResult c = classify(r, fingerprint, t);
-    if (c.status == ClaimStatus::kDone || c.status == ClaimStatus::kMismatch) return c;
+    Record r = read_record(st, key);
+    // Only the answers that need no write lock: a replay or a mismatch.
+    idem::detail::ClaimDecision d =
+        idem::detail::decide_claim(idem::detail::found_at(r, t), fingerprint, {});
+    if (d.action == idem::detail::ClaimAction::kAnswer &&
+        (d.result.status == ClaimStatus::kDone || d.result.status == ClaimStatus::kMismatch)) {
+      return std::move(d.result);
+    }
     return std::nullopt;
   });
 }
 
 ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                                   const OwnerToken& owner, std::chrono::milliseconds lease) {
-  ClaimResult c = find_in(tx, key, fingerprint);
-  if (c.status != ClaimStatus::kClaimed) return c;
+  ClaimResult c = find_in(tx, key, fingerprint, owner);
+  if (c.status != ClaimStatus::kClaimed || c.kept) return c;
   auto t = now();
   auto lease_until = to_millis(t + lease);
   if (!c.took_over) {  // absent (or its retention had ended): a new in-progress record
@@ -518,20 +507,23 @@ ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_v
   return c;
 }
 
-ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_view fingerprint) {
+ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                                 const OwnerToken& owner) {
   auto t = now();
   std::optional<Record> found;
   {
     Statement st = tx.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
-    if (st.step()) found = read_record(st);
-  }
-  if (found && retention_over(*found, t)) {
-    tx.exec(sql_->remove_expired, key.id(), key.scope());
-    found.reset();
+    if (st.step()) found = read_record(st, key);
   }
   if (!found) return ClaimResult{};
-  return classify(*found, fingerprint, t);
+  idem::detail::ClaimDecision d =
+      idem::detail::decide_claim(idem::detail::found_at(*found, t), fingerprint, owner.str());
+  if (d.action == idem::detail::ClaimAction::kReplace) {
+    tx.exec(sql_->remove_expired, key.id(), key.scope());
+    return ClaimResult{};
+  }
+  return std::move(d.result);
 }
 
 void SqliteStore::insert_completed_in(Transaction& tx, const Key& key,
@@ -618,7 +610,7 @@ std::optional<Record> SqliteStore::lookup(const Key& key) {
     Statement st = session.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
-    return read_record(st);
+    return read_record(st, key);
   });
 }
 

@@ -218,6 +218,39 @@ TYPED_TEST_P(DurableStoreConformance, TwoPhaseReleaseLetsARetryRun) {
                                        .status);
 }
 
+// fail() (a dead-lettered message) is reported as failed by every durable store, and a begin
+// retried by the attempt that holds the record keeps its claim (the rulebook's kKeep).
+TYPED_TEST_P(DurableStoreConformance, FailedRecordAndRetriedBeginFollowTheRulebook) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store.begin(k, "fp", a, this->lease_).status);
+  auto retried = store.begin(k, "fp", a, this->lease_);
+  EXPECT_EQ(ClaimStatus::kClaimed, retried.status);
+  EXPECT_TRUE(retried.kept);
+  EXPECT_FALSE(retried.took_over);
+  EXPECT_EQ(ClaimStatus::kBusy, store.begin(k, "fp", OwnerToken::generate(), this->lease_).status);
+  EXPECT_FALSE(store.fail(k, OwnerToken::generate(), "not mine", this->retention_));
+  EXPECT_TRUE(store.fail(k, a, "poison", this->retention_));
+  auto again = store.begin(k, "fp", OwnerToken::generate(), this->lease_);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_TRUE(again.failed);
+  EXPECT_EQ("poison", again.response);
+  auto rec = store.lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kFailed, rec->status);
+  bool ran = false;
+  auto tx = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                    [&](Tx&) {
+                                      ran = true;
+                                      return std::string("x");
+                                    });
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(tx.failed);
+  EXPECT_EQ("poison", tx.response);
+}
+
 TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
   using Tx = typename TestFixture::TxType;  // NOLINT
   auto& store = *this->store_;
@@ -377,7 +410,9 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance,
                             TransactionalRunCommitsRecordAndEffectTogether,
                             HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
                             TwoPhaseLeaseExpiryFencesTheStaleOwner,
-                            TwoPhaseReleaseLetsARetryRun, ResponsesAreByteIdentical,
+                            TwoPhaseReleaseLetsARetryRun,
+                            FailedRecordAndRetriedBeginFollowTheRulebook,
+                            ResponsesAreByteIdentical,
                             HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
                             GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
                             GuardTwoPhaseStormRunsOnce,

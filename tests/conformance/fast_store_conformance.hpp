@@ -72,6 +72,44 @@ TEST_P(FastStoreConformance, CompleteThenReplay) {
   EXPECT_EQ("order_42", rec->response);
 }
 
+// fail() records a dead-lettered message: every store reports it as failed (ClaimResult::failed,
+// Record::Status::kFailed), never as a completed record with a marker in its response.
+TEST_P(FastStoreConformance, FailedRecordIsReportedAsFailed) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  EXPECT_FALSE(store_->fail(k, OwnerToken::generate(), "not mine", retention_));
+  EXPECT_TRUE(store_->fail(k, a, "poison: bad amount", retention_));
+  auto again = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_TRUE(again.failed);
+  EXPECT_EQ("poison: bad amount", again.response);
+  auto rec = store_->lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kFailed, rec->status);
+  EXPECT_FALSE(store_->complete(k, a, "late", retention_));  // finished: nothing to complete
+  auto done = key();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(done, "fp", a, lease_).status);
+  ASSERT_TRUE(store_->complete(done, a, "ok", retention_));
+  EXPECT_FALSE(store_->claim(done, "fp", OwnerToken::generate(), lease_).failed);
+}
+
+// A claim retried by the attempt that holds it (its first answer was lost) is still that
+// attempt's: kClaimed with `kept`, not busy, and its completion works.
+TEST_P(FastStoreConformance, ClaimRetriedByItsOwnerIsKept) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  auto retried = store_->claim(k, "fp", a, lease_);
+  EXPECT_EQ(ClaimStatus::kClaimed, retried.status);
+  EXPECT_TRUE(retried.kept);
+  EXPECT_FALSE(retried.took_over);
+  EXPECT_EQ(ClaimStatus::kBusy, store_->claim(k, "fp", OwnerToken::generate(), lease_).status);
+  EXPECT_EQ(ClaimStatus::kMismatch, store_->claim(k, "other", a, lease_).status);
+  EXPECT_TRUE(store_->complete(k, a, "r", retention_));
+  EXPECT_EQ(ClaimStatus::kDone, store_->claim(k, "fp", a, lease_).status);
+}
+
 TEST_P(FastStoreConformance, MismatchWinsOverReplay) {
   auto k = key();
   auto a = OwnerToken::generate();

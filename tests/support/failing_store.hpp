@@ -24,6 +24,11 @@ class SwitchableFastStore final : public FastStore {
     hit();
     return inner_.complete(k, o, r, ret);
   }
+  bool fail(const Key& k, const OwnerToken& o, std::string_view reason,
+            std::chrono::seconds ret) override {
+    hit();
+    return inner_.fail(k, o, reason, ret);
+  }
   bool release(const Key& k, const OwnerToken& o) override {
     hit();
     return inner_.release(k, o);

@@ -335,6 +335,13 @@ TEST_F(ConsumerTest, FastStoreOnlyConsumer) {
   EXPECT_EQ(Verdict::kAckDuplicate, consumer.consume("m2", "", bad));
   EXPECT_EQ(1, calls);
   EXPECT_EQ(1u, sink.letters.size());
+  // The fast store records the dead letter as failed, as durable stores do.
+  auto rec = fast.lookup(idem::Key::make("g", "m2"));
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kFailed, rec->status);
+  EXPECT_TRUE(fast.claim(idem::Key::make("g", "m2"), "", idem::OwnerToken::generate(),
+                         std::chrono::seconds(30))
+                  .failed);
 }
 
 // --- consume_batch: one transaction per batch -------------------------------------------------

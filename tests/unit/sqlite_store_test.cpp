@@ -326,3 +326,45 @@ TEST(GuardSteps, CrashBeforeTheFastStoreUpdateLosesNothing) {
 }
 
 }  // namespace
+
+// A status or a time the store did not write is CorruptRecord, whatever reads it (SQLite would
+// read a text lease_until as 0, and a claim would then silently take the key over).
+TEST(SqliteStore, ForeignStatusAndLeaseValuesAreCorruptRecords) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("corrupt.sqlite"));
+  auto lease = idem::Key::make("pay", "text_lease");
+  auto status = idem::Key::make("pay", "odd_status");
+  auto expiry = idem::Key::make("pay", "text_expiry");
+  store.database().write([&](idem::sqlite::Transaction& tx) {
+    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+            " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
+            " 'tomorrow', 1, 1)",
+            lease.id(), lease.scope());
+    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+            " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+            " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
+            expiry.id(), expiry.scope());
+    tx.exec_script("PRAGMA ignore_check_constraints = ON");
+    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+            " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
+            " 1, 1, 1)",
+            status.id(), status.scope());
+    tx.exec_script("PRAGMA ignore_check_constraints = OFF");
+  });
+  for (const auto& key : {lease, status, expiry}) {
+    SCOPED_TRACE(key.str());
+    bool ran = false;
+    EXPECT_THROW((void)store.begin(key, "fp", idem::OwnerToken::generate(),
+                                   std::chrono::seconds(30)),
+                 idem::CorruptRecord);
+    EXPECT_THROW((void)store.run_transactional(key, "fp", idem::OwnerToken::generate(),
+                                               std::chrono::seconds(60),
+                                               [&](idem::sqlite::Transaction&) {
+                                                 ran = true;
+                                                 return std::string("x");
+                                               }),
+                 idem::CorruptRecord);
+    EXPECT_THROW((void)store.lookup(key), idem::CorruptRecord);
+    EXPECT_FALSE(ran);
+  }
+}

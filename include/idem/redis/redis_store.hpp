@@ -177,6 +177,11 @@ class RedisStore final : public FastStore {
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention) override;
 
+  /// Marks `owner`'s in-progress record failed with `reason` (status letter 'F'; an
+  /// owner-checked script), kept for `retention`. @return false when the lease was lost.
+  bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
+            std::chrono::seconds retention) override;
+
   /// Deletes `owner`'s in-progress record. @return false when `owner` did not hold it.
   bool release(const Key& key, const OwnerToken& owner) override;
 

@@ -96,6 +96,8 @@ class Statement {
   int changes() const noexcept;
 
   bool column_is_null(int col) const noexcept;
+  /// True when column `col` holds an INTEGER (not NULL, text, real or blob).
+  bool column_is_integer(int col) const noexcept;
   std::int64_t column_int64(int col) const noexcept;
   double column_double(int col) const noexcept;
   /// TEXT or BLOB column as bytes (empty for NULL).
@@ -302,10 +304,11 @@ class SqliteStore {
       if (auto early = precheck(key, fingerprint)) return std::move(*early);
     }
     Transaction tx = database_->begin();
-    ClaimResult claim = find_in(tx, key, fingerprint);
+    ClaimResult claim = find_in(tx, key, fingerprint, owner);
     if (claim.status != ClaimStatus::kClaimed) return claim;  // rolled back by ~Transaction
     std::string response = handler(tx);
-    insert_completed_in(tx, key, fingerprint, owner, response, retention, claim.took_over);
+    insert_completed_in(tx, key, fingerprint, owner, response, retention,
+                        claim.took_over || claim.kept);
     tx.commit();
     claim.response = std::move(response);
     return claim;
@@ -345,13 +348,15 @@ class SqliteStore {
   /// Inside an open write transaction: complete `owner`'s record. @throws LeaseLost if not held.
   void complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
                    std::string_view response, std::chrono::seconds retention);
-  /// Inside an open write transaction: what a claim would find, writing nothing (except
-  /// deleting a record whose retention ended). kClaimed when the record is absent, or
-  /// in progress with an expired lease (`took_over`); else kDone / kBusy / kMismatch.
-  ClaimResult find_in(Transaction& tx, const Key& key, std::string_view fingerprint);
+  /// Inside an open write transaction: what a claim by `owner` would find (the rulebook,
+  /// idem/detail/record_rules.hpp), writing nothing (except deleting a record whose retention
+  /// ended). kClaimed when the record is absent, in progress with an expired lease
+  /// (`took_over`), or `owner`'s own (`kept`); else kDone / kBusy / kMismatch.
+  ClaimResult find_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                      const OwnerToken& owner);
   /// Inside an open write transaction, after find_in answered kClaimed: writes the record
-  /// completed with `response` (INSERT; with `took_over`, completes the expired in-progress
-  /// record for `owner` instead). @throws LeaseLost if that record changed meanwhile.
+  /// completed with `response` (INSERT; with `took_over` — pass it for a `kept` claim too —
+  /// completes the existing in-progress record for `owner` instead). @throws LeaseLost if that record changed meanwhile.
   void insert_completed_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                            const OwnerToken& owner, std::string_view response,
                            std::chrono::seconds retention, bool took_over);

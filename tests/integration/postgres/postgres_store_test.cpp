@@ -760,4 +760,36 @@ TEST_F(PostgresStoreTest, StatementTimeoutIsAStorageTimeout) {
                idem::StorageTimeout);
 }
 
+// An adopted table without idem's CHECK on status: a status idem did not write is CorruptRecord
+// for every reader (never a busy key, never a takeover).
+TEST_F(PostgresStoreTest, ForeignStatusInAnAdoptedTableIsACorruptRecord) {
+  const std::string t = pg::table("adopted_no_check");
+  pg::exec("CREATE TABLE IF NOT EXISTS " + t +
+           " (idem_key varchar(128) NOT NULL, biz_type varchar(64) NOT NULL,"
+           " status varchar(32) NOT NULL, fingerprint text NOT NULL DEFAULT '',"
+           " owner varchar(64) NOT NULL, response_body bytea, lease_until timestamptz NOT NULL,"
+           " expires_at timestamptz, attempts integer NOT NULL DEFAULT 1,"
+           " created_at timestamptz NOT NULL DEFAULT now(),"
+           " updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (idem_key, biz_type))");
+  auto key = unique_key();
+  pg::exec("INSERT INTO " + t + " (idem_key, biz_type, status, fingerprint, owner, lease_until)" +
+           " VALUES ('" + key.id() + "', '" + key.scope() + "', 'PROCESSING', 'fp', 'x', now())");
+  auto o = pg::options();
+  o.table = "adopted_no_check";
+  o.migrate = false;
+  PostgresStore store(o);
+  bool ran = false;
+  EXPECT_THROW((void)store.begin(key, "fp", OwnerToken::generate(), std::chrono::seconds(30)),
+               idem::CorruptRecord);
+  EXPECT_THROW((void)store.run_transactional(key, "fp", OwnerToken::generate(),
+                                             std::chrono::seconds(60),
+                                             [&](pqxx::work&) {
+                                               ran = true;
+                                               return std::string("x");
+                                             }),
+               idem::CorruptRecord);
+  EXPECT_THROW((void)store.lookup(key), idem::CorruptRecord);
+  EXPECT_FALSE(ran);
+}
+
 }  // namespace

@@ -492,6 +492,7 @@ TEST_F(RedisStoreTest, ForeignValuesAreCorruptRecordsNeverCrashes) {
     auto owner = OwnerToken::generate();
     EXPECT_THROW(store_->claim(k, "fp", owner, 30'000ms), idem::CorruptRecord);
     EXPECT_THROW(store_->complete(k, owner, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+    EXPECT_THROW(store_->fail(k, owner, "r", std::chrono::seconds(60)), idem::CorruptRecord);
     EXPECT_THROW(store_->release(k, owner), idem::CorruptRecord);
     EXPECT_THROW(store_->lookup(k), idem::CorruptRecord);
     try {
