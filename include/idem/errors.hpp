@@ -23,6 +23,8 @@
 //   |   +-- OutcomeUnknown     a write may or may not have been applied (lost at COMMIT)  [retryable]
 //   |   +-- CorruptRecord      a value under an idem key that idem did not write
 //   +-- LeaseLost              this attempt's lease was taken over; its completion was refused
+//   +-- Cancelled              the caller cancelled an asynchronous call               [retryable]
+//   +-- DeadlineExceeded       an asynchronous call ran past its deadline              [retryable]
 //
 // `OutcomeUnknown` is the reason idempotency exists: a client that cannot tell whether its
 // payment committed retries with the same key, and the retry either replays the committed
@@ -50,6 +52,8 @@ enum class errc {
   kCorruptRecord = 9,        ///< a value under an idem key is not idem's; 500
   kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
+  kCancelled = 12,           ///< the caller cancelled the call (idem::async); retry with the key; 499
+  kDeadlineExceeded = 13,    ///< the call's deadline passed (idem::async); retry with the key; 504
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
@@ -66,6 +70,8 @@ constexpr std::string_view errc_name(errc e) noexcept {
     case errc::kCorruptRecord: return "corrupt_record";
     case errc::kLeaseLost: return "lease_lost";
     case errc::kInvalidArgument: return "invalid_argument";
+    case errc::kCancelled: return "cancelled";
+    case errc::kDeadlineExceeded: return "deadline_exceeded";
   }
   return "unknown";
 }
@@ -84,6 +90,8 @@ constexpr int http_status(errc e) noexcept {
     case errc::kStorageError:
     case errc::kCorruptRecord:
     case errc::kInvalidArgument: return 500;
+    case errc::kCancelled: return 499;  // "client closed request": nobody waits for the answer
+    case errc::kDeadlineExceeded: return 504;
   }
   return 500;
 }
@@ -95,7 +103,9 @@ constexpr bool is_retryable(errc e) noexcept {
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
     case errc::kOutcomeUnknown:
-    case errc::kLeaseLost: return true;
+    case errc::kLeaseLost:
+    case errc::kCancelled:
+    case errc::kDeadlineExceeded: return true;
     default: return false;
   }
 }
@@ -114,6 +124,8 @@ constexpr std::string_view errc_message(errc e) noexcept {
     case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
     case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
     case errc::kInvalidArgument: return "invalid argument";
+    case errc::kCancelled: return "the call was cancelled; retry with the same key";
+    case errc::kDeadlineExceeded: return "the call's deadline passed; retry with the same key";
   }
   return "unknown idem error";
 }
@@ -219,6 +231,21 @@ class CorruptRecord : public StorageError {
 class LeaseLost : public Error {
  public:
   explicit LeaseLost(const std::string& what) : Error(errc::kLeaseLost, what) {}
+};
+
+/// An asynchronous call (idem::async) was cancelled by its caller. Nothing was reported as
+/// done: the claim was released where no work had started, or is left to its lease where the
+/// work's outcome is unknown. Retrying with the same key replays, waits, or runs.
+class Cancelled : public Error {
+ public:
+  explicit Cancelled(const std::string& what) : Error(errc::kCancelled, what) {}
+};
+
+/// An asynchronous call (idem::async) ran past its deadline; what happened to its claim is as
+/// for Cancelled. Retrying with the same key replays, waits, or runs.
+class DeadlineExceeded : public Error {
+ public:
+  explicit DeadlineExceeded(const std::string& what) : Error(errc::kDeadlineExceeded, what) {}
 };
 
 }  // namespace idem
