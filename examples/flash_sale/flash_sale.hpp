@@ -45,6 +45,7 @@
 #include "idem/observer.hpp"
 #include "idem/stock.hpp"
 #include "idem/unique_insert.hpp"
+#include "../common/server_pool.hpp"
 
 namespace flash_sale {
 
@@ -170,51 +171,8 @@ struct Reply {
   std::string text;  ///< final: the response; errors: errc name and message
 };
 
-/// A fixed pool of server workers.
-class ServerPool {
- public:
-  explicit ServerPool(int n) {
-    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
-  }
-  ~ServerPool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-  std::future<Reply> submit(std::function<Reply()> fn) {
-    std::packaged_task<Reply()> task(std::move(fn));
-    auto f = task.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-    return f;
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::packaged_task<Reply()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and drained: abandoned attempts still run
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<Reply()>> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
-};
+/// The server workers running the guarded handler.
+using ServerPool = examples::ServerPool<Reply>;
 
 }  // namespace detail
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The order service of examples/order_http: POST /orders through idem::http, GET /orders/{no},
-// GET /metrics. The business tables live behind an `Orders` repository and the guard's durable
-// store is a template parameter, so another database plugs in with its own repository.
+// GET /metrics, and a checkout form with server-issued tokens (GET/POST /checkout). The
+// business tables live behind an `Orders` repository and the guard's durable store is a
+// template parameter, so another database plugs in with its own repository.
 #pragma once
 
 #include <httplib.h>
@@ -20,7 +21,9 @@
 #include <utility>
 
 #include "idem/guard.hpp"
+#include "idem/http/form_token.hpp"
 #include "idem/http/httplib.hpp"
+#include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 
 namespace order_http {
@@ -104,6 +107,10 @@ struct ServerOptions {
   /// Test hook called inside the transaction of each order creation, before it commits (to
   /// hold a request in flight). Empty: none.
   std::function<void()> before_commit;
+  /// How long a checkout form token (GET /checkout) may be submitted for the first time.
+  std::chrono::seconds form_token_ttl{30 * 60};
+  /// Time source of the form tokens (empty: the system clock); tests move it to expire them.
+  idem::Clock clock;
 };
 
 /// The HTTP server. `Durable` is the guard's durable store, `Orders` the repository whose
@@ -116,7 +123,11 @@ class OrderServer {
       : orders_(orders),
         registry_(registry),
         options_(std::move(options)),
-        create_(guard, endpoint_options()) {
+        create_(guard, endpoint_options()),
+        tokens_(guard.fast_store() != nullptr ? *guard.fast_store() : own_token_store_,
+                idem::http::FormTokenOptions{"form.checkout", options_.form_token_ttl,
+                                             options_.clock}),
+        checkout_(guard, checkout_options(tokens_, guard)) {
     server_.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(n); };
     server_.set_tcp_nodelay(true);  // small responses: do not wait for delayed ACKs
     server_.Post("/orders", idem::http::httplib_handler(
@@ -125,6 +136,29 @@ class OrderServer {
                                        typename Durable::Transaction& tx) {
                                   return create_order(req, tx);
                                 }));
+    // The checkout form: GET issues a one-time token, POST accepts only issued tokens as its
+    // Idempotency-Key (a made-up or expired one is 403 unknown_token), so a resubmitted form
+    // replays the order it created.
+    server_.Get("/checkout", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        auto t = tokens_.issue(principal_of(req));
+        res.set_header("Cache-Control", "no-store");  // a cached form would reuse its token
+        res.set_content(nlohmann::json{{"form_token", t.value},
+                                       {"idempotency_key", t.header_value()},
+                                       {"expires_at_ms", idem::to_millis(t.expires_at)}}
+                            .dump(),
+                        "application/json");
+      } catch (const idem::Error& e) {
+        idem::http::write_response(checkout_.problem(e.code(), idem::errc_message(e.code())),
+                                   res);
+      }
+    });
+    server_.Post("/checkout", idem::http::httplib_handler(
+                                  checkout_, "/checkout", principal_of,
+                                  [this](const httplib::Request& req,
+                                         typename Durable::Transaction& tx) {
+                                    return create_order(req, tx);
+                                  }));
     server_.Get(R"(/orders/([A-Za-z0-9_-]+))",
                 [this](const httplib::Request& req, httplib::Response& res) {
                   auto order = orders_.find(req.matches[1]);
@@ -188,6 +222,15 @@ class OrderServer {
     return o;
   }
 
+  static idem::http::EndpointOptions checkout_options(
+      const idem::http::FormTokens& tokens, const idem::IdempotencyGuard<Durable>& guard) {
+    idem::http::EndpointOptions o;
+    o.scope = "http.checkout";
+    o.fingerprint_headers = {"Content-Type"};
+    tokens.require_issued(o, guard.options());
+    return o;
+  }
+
   // Demo authentication: the bearer token is the principal. A real service puts its
   // authenticated user or tenant id here.
   static std::string principal_of(const httplib::Request& req) {
@@ -222,6 +265,9 @@ class OrderServer {
   prometheus::Registry& registry_;
   ServerOptions options_;
   idem::http::Endpoint<Durable> create_;
+  idem::MemoryStore own_token_store_;  // the form tokens' store when the guard has no fast store
+  idem::http::FormTokens tokens_;
+  idem::http::Endpoint<Durable> checkout_;
   httplib::Server server_;
   std::thread thread_;
   int port_ = -1;

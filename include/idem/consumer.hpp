@@ -227,54 +227,6 @@ namespace detail {
 inline constexpr std::string_view kConsumedMarker = "idem-mq:consumed";
 inline constexpr std::string_view kDeadMarker = "idem-mq:dead:";
 
-// A durable store that checks a record inside a caller-held transaction without writing, and
-// writes it already completed after the handler (SqliteStore::find_in / insert_completed_in).
-template <class D, class = void>
-struct has_record_in : std::false_type {};
-template <class D>
-struct has_record_in<
-    D, std::void_t<decltype(std::declval<D&>().find_in(
-                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-                       std::string_view{}, std::declval<const OwnerToken&>())),
-                   decltype(std::declval<D&>().insert_completed_in(
-                       std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-                       std::string_view{}, std::declval<const OwnerToken&>(),
-                       std::string_view{}, std::chrono::seconds{}, false))>>
-    : std::true_type {};
-
-// A durable store that runs consume_batch: write transactions (with_transaction), records
-// written already completed for a whole batch (insert_completed_batch_in), and a record check
-// inside the transaction (find_in + insert_completed_in, or claim_in + complete_in).
-template <class D, class = void>
-struct has_batch_records : std::false_type {};
-template <class D>
-struct has_batch_records<
-    D, std::void_t<
-           decltype(std::declval<D&>().insert_completed_batch_in(
-               std::declval<typename D::Transaction&>(),
-               std::declval<const std::vector<ClaimRequest>&>(), std::string_view{},
-               std::chrono::seconds{})),
-           decltype(std::declval<D&>().with_transaction(
-               std::declval<void (&)(typename D::Transaction&)>())),
-           decltype(std::declval<D&>().claim_in(
-               std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-               std::string_view{}, std::declval<const OwnerToken&>(), std::chrono::milliseconds{})),
-           decltype(std::declval<D&>().complete_in(
-               std::declval<typename D::Transaction&>(), std::declval<const Key&>(),
-               std::declval<const OwnerToken&>(), std::string_view{}, std::chrono::seconds{}))>>
-    : std::true_type {};
-
-// A durable store with a plain batch insert that fails when a record exists
-// (PostgresStore::insert_new_completed_batch_in).
-template <class D, class = void>
-struct has_new_batch_records : std::false_type {};
-template <class D>
-struct has_new_batch_records<
-    D,
-    std::void_t<decltype(std::declval<D&>().insert_new_completed_batch_in(
-        std::declval<typename D::Transaction&>(), std::declval<const std::vector<ClaimRequest>&>(),
-        std::string_view{}, std::chrono::seconds{}))>> : std::true_type {};
-
 // Thrown inside consume_batch's first transaction to roll it back and run the batch again with
 // a savepoint per message. Never escapes consume_batch.
 struct BatchRerun {};
@@ -406,18 +358,16 @@ class IdempotentConsumer {
   /// source, fast claim; phase timings are the batch's, the handler time the delivery's own),
   /// so fast-store hit rate and unique-conflict metrics include batches.
   ///
-  /// Requires a durable store with `with_transaction`, `insert_completed_batch_in`, `claim_in`
-  /// and `complete_in` (idem::sqlite::SqliteStore, idem::postgres::PostgresStore).
+  /// Requires a durable store with the batch operations of the durable store contract
+  /// (idem/durable_store.hpp: with_transaction, decide_in, record_in, record_batch_in and the
+  /// savepoints), as idem::sqlite::SqliteStore and idem::postgres::PostgresStore have.
   /// @return one verdict per delivery, in order.
   /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack; the
   ///         batch's fast claims are released), a retryable idem error thrown by a handler
   ///         (the whole batch rolls back), whatever the dead-letter sink throws.
   template <class Fn>
   std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
-    static_assert(detail::has_batch_records<Durable>::value,
-                  "consume_batch needs a durable store with with_transaction, "
-                  "insert_completed_batch_in, claim_in and complete_in "
-                  "(idem::sqlite::SqliteStore, idem::postgres::PostgresStore)");
+    static_assert(detail::check_batch_store<Durable>());
     Durable& durable = *guard_->durable_store();
     FastStore* fast = guard_->fast_store();
     const std::size_t n = batch.size();
@@ -471,7 +421,7 @@ class IdempotentConsumer {
         };
         // The plain record insert when every claim was fresh in the fast store (no record is
         // expected); a record found anyway (fast store lost it, a redelivery) costs one rerun.
-        b.new_records = detail::has_new_batch_records<Durable>::value && b.fresh_claims;
+        b.new_records = b.fresh_claims;
         bool committed = false;
         for (bool again = true; again;) {
           again = false;
@@ -652,19 +602,12 @@ class IdempotentConsumer {
     }
     std::vector<bool> written;
     try {
-      if constexpr (detail::has_new_batch_records<Durable>::value) {
-        if (b.new_records) {
-          if (!durable.insert_new_completed_batch_in(tx, requests, detail::kConsumedMarker,
-                                                     retention)) {
-            throw detail::BatchRecordsExist{};  // `tx` is aborted
-          }
-          written.assign(requests.size(), true);
-        }
-      }
-      if (!b.new_records) {
-        written =
-            durable.insert_completed_batch_in(tx, requests, detail::kConsumedMarker, retention);
-      }
+      DurableHint hint;
+      hint.fast_claimed = b.new_records;
+      std::optional<std::vector<bool>> w =
+          durable.record_batch_in(tx, requests, detail::kConsumedMarker, retention, hint);
+      if (!w) throw detail::BatchRecordsExist{};  // `tx` is aborted
+      written = std::move(*w);
     } catch (const StorageTimeout&) {
       throw detail::BatchRerun{};  // a key locked by another transaction: decide one by one
     }
@@ -681,7 +624,8 @@ class IdempotentConsumer {
         throw detail::BatchRerun{};
       }
       if (recorded[i] == 0) {
-        record_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owner, c, retention);
+        durable.record_in(tx, *b.keys[i], b.batch[i].fingerprint, b.owner,
+                          detail::kConsumedMarker, retention, c);
       }
       b.verdicts[i] = Verdict::kAck;
     }
@@ -695,23 +639,24 @@ class IdempotentConsumer {
     for (std::size_t i = 0; i < b.batch.size(); ++i) {
       if (b.to_durable[i] == 0) continue;
       const Key& key = *b.keys[i];
-      tx.exec("SAVEPOINT idem_consume");
+      durable.savepoint(tx);
       ClaimResult c;
       if (!claim_record(durable, tx, b, i, c)) {
-        tx.exec("RELEASE SAVEPOINT idem_consume");
+        durable.release_savepoint(tx);
         continue;
       }
       try {
         run_handler(b, handler, tx, i);
       } catch (...) {
         if (retryable(std::current_exception())) throw;  // rolls the whole batch back
-        tx.exec("ROLLBACK TO SAVEPOINT idem_consume");
-        tx.exec("RELEASE SAVEPOINT idem_consume");
+        durable.rollback_to_savepoint(tx);
+        durable.release_savepoint(tx);
         b.failures.emplace_back(i, std::current_exception());
         continue;
       }
-      record_in(durable, tx, key, b.batch[i].fingerprint, b.owner, c, retention);
-      tx.exec("RELEASE SAVEPOINT idem_consume");
+      durable.record_in(tx, key, b.batch[i].fingerprint, b.owner, detail::kConsumedMarker,
+                        retention, c);
+      durable.release_savepoint(tx);
       b.verdicts[i] = Verdict::kAck;
     }
   }
@@ -789,7 +734,7 @@ class IdempotentConsumer {
   // the delivery may run (`c` holds the claim); false when an existing record decided it.
   template <class Tx>
   static bool claim_record(Durable& durable, Tx& tx, BatchState& b, std::size_t i, ClaimResult& c) {
-    c = decide_in(durable, tx, *b.keys[i], b.batch[i].fingerprint, b.owner);
+    c = durable.decide_in(tx, *b.keys[i], b.batch[i].fingerprint, b.owner);
     if (c.status != ClaimStatus::kClaimed) {
       settle(b, i, c);
       return false;
@@ -821,34 +766,6 @@ class IdempotentConsumer {
       return err.retryable();
     } catch (...) {
       return false;
-    }
-  }
-
-  // The durable record check of consume_batch, inside its transaction. With a store that can
-  // write the record already completed after the handler (SqliteStore::find_in), nothing is
-  // written here; otherwise an in-progress record is inserted (claim_in).
-  template <class Tx>
-  static ClaimResult decide_in(Durable& durable, Tx& tx,
-                               const Key& key, std::string_view fingerprint,
-                               const OwnerToken& owner) {
-    if constexpr (detail::has_record_in<Durable>::value) {
-      return durable.find_in(tx, key, fingerprint, owner);
-    } else {
-      return durable.claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
-    }
-  }
-
-  template <class Tx>
-  static void record_in(Durable& durable, Tx& tx, const Key& key,
-                        std::string_view fingerprint, const OwnerToken& owner,
-                        const ClaimResult& decided, std::chrono::seconds retention) {
-    if constexpr (detail::has_record_in<Durable>::value) {
-      durable.insert_completed_in(tx, key, fingerprint, owner, detail::kConsumedMarker,
-                                  retention, decided.took_over || decided.kept);
-    } else {
-      (void)fingerprint;
-      (void)decided;
-      durable.complete_in(tx, key, owner, detail::kConsumedMarker, retention);
     }
   }
 

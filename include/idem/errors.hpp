@@ -52,8 +52,9 @@ enum class errc {
   kCorruptRecord = 9,        ///< a value under an idem key is not idem's; 500
   kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
-  kCancelled = 12,           ///< the caller cancelled the call (idem::async); retry with the key; 499
-  kDeadlineExceeded = 13,    ///< the call's deadline passed (idem::async); retry with the key; 504
+  kUnknownToken = 12,        ///< the key is not a token this server issued (or it expired); 403
+  kCancelled = 13,           ///< the caller cancelled the call (idem::async); retry with the key; 499
+  kDeadlineExceeded = 14,    ///< the call's deadline passed (idem::async); retry with the key; 504
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
@@ -70,6 +71,7 @@ constexpr std::string_view errc_name(errc e) noexcept {
     case errc::kCorruptRecord: return "corrupt_record";
     case errc::kLeaseLost: return "lease_lost";
     case errc::kInvalidArgument: return "invalid_argument";
+    case errc::kUnknownToken: return "unknown_token";
     case errc::kCancelled: return "cancelled";
     case errc::kDeadlineExceeded: return "deadline_exceeded";
   }
@@ -81,6 +83,7 @@ constexpr int http_status(errc e) noexcept {
   switch (e) {
     case errc::kInvalidKey:
     case errc::kMissingKey: return 400;
+    case errc::kUnknownToken: return 403;
     case errc::kInProgress:
     case errc::kLeaseLost: return 409;
     case errc::kFingerprintMismatch: return 422;
@@ -124,6 +127,8 @@ constexpr std::string_view errc_message(errc e) noexcept {
     case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
     case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
     case errc::kInvalidArgument: return "invalid argument";
+    case errc::kUnknownToken:
+      return "the idempotency key is not a token this server issued, or it expired";
     case errc::kCancelled: return "the call was cancelled; retry with the same key";
     case errc::kDeadlineExceeded: return "the call's deadline passed; retry with the same key";
   }

@@ -58,6 +58,7 @@
 #include <utility>
 
 #include "idem/codec.hpp"
+#include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
@@ -147,29 +148,6 @@ R invoke_stored(Fn& fn, Args&... args) {
   }
 }
 
-// Whether a durable store accepts a DurableHint as the last argument (SqliteStore does; a
-// store without it is called without the hint).
-template <class D, class Body, class = void>
-struct transactional_takes_hint : std::false_type {};
-template <class D, class Body>
-struct transactional_takes_hint<
-    D, Body,
-    std::void_t<decltype(std::declval<D&>().run_transactional(
-        std::declval<const Key&>(), std::string_view{}, std::declval<const OwnerToken&>(),
-        std::chrono::seconds{}, std::declval<Body&>(), DurableHint{}))>> : std::true_type {};
-template <class D, class Body>
-inline constexpr bool kTransactionalTakesHint = transactional_takes_hint<D, Body>::value;
-
-template <class D, class = void>
-struct begin_takes_hint : std::false_type {};
-template <class D>
-struct begin_takes_hint<
-    D, std::void_t<decltype(std::declval<D&>().begin(
-           std::declval<const Key&>(), std::string_view{}, std::declval<const OwnerToken&>(),
-           std::chrono::milliseconds{}, DurableHint{}))>> : std::true_type {};
-template <class D>
-inline constexpr bool kBeginTakesHint = begin_takes_hint<D>::value;
-
 using SteadyClock = std::chrono::steady_clock;
 inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
@@ -188,6 +166,8 @@ class IdempotencyGuard {
   /// The durable store's transaction type, as transactional handlers receive it.
   using Transaction = typename Durable::Transaction;
   static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
+  // A durable store that does not fit the contract fails here, naming the missing member.
+  static_assert(detail::check_durable_store<Durable>());
 
   /// Fast store in front of a durable store (the production shape).
   IdempotencyGuard(FastStore& fast, Durable& durable, GuardOptions options = {})
@@ -438,7 +418,7 @@ class IdempotencyGuard {
     std::chrono::nanoseconds handler_time{0};
     bool handler_threw = false;
     auto t0 = call.now();
-    ClaimResult d;
+    TransactionalResult d;
     try {
       auto body = [&](Transaction& tx) -> std::string {
         auto h0 = call.now();
@@ -455,13 +435,8 @@ class IdempotencyGuard {
         handler_time += call.since(h0);
         return Codec<R>::encode(*value);
       };
-      if constexpr (detail::kTransactionalTakesHint<Durable, decltype(body)>) {
-        d = durable_->run_transactional(call.key, call.fingerprint, call.owner,
-                                        options_.retention, body, hint(call));
-      } else {
-        d = durable_->run_transactional(call.key, call.fingerprint, call.owner,
-                                        options_.retention, body);
-      }
+      d = durable_->run_transactional(call.key, call.fingerprint, call.owner, options_.retention,
+                                      body, hint(call));
     } catch (...) {
       // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
       // durable record replays it to the retry). Either way the fast claim must not block the
@@ -477,8 +452,22 @@ class IdempotencyGuard {
     }
     call.handler = handler_time;
     call.durable = call.since(t0) - handler_time;
-    if (d.status == ClaimStatus::kClaimed) step(Step::kDurableCommitted, call.key);
-    return after_durable<R>(call, d, std::move(value));
+    if (d.status == TransactionalStatus::kCommitted) {
+      if (d.took_over) note_takeover(call.key, "durable");
+      step(Step::kDurableCommitted, call.key);
+      ClaimResult c;
+      c.response = std::move(d.response);
+      return after_durable<R>(call, c, std::move(value));
+    }
+    ClaimResult c;
+    c.status = d.status == TransactionalStatus::kReplayed   ? ClaimStatus::kDone
+               : d.status == TransactionalStatus::kMismatch ? ClaimStatus::kMismatch
+                                                            : ClaimStatus::kBusy;
+    c.response = std::move(d.response);
+    c.failed = d.failed;
+    c.holder = std::move(d.holder);
+    c.first_seen = d.first_seen;
+    return after_durable<R>(call, c, std::move(value));
   }
 
   template <class R, class Fn>
@@ -486,11 +475,7 @@ class IdempotencyGuard {
     auto t0 = call.now();
     ClaimResult d;
     try {
-      if constexpr (detail::kBeginTakesHint<Durable>) {
-        d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
-      } else {
-        d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease);
-      }
+      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
     } catch (...) {
       call.durable = call.since(t0);
       release_fast(call);

@@ -23,7 +23,9 @@
 //
 // FastStore is a small virtual interface (memory, Redis, Redis Cluster), chosen at run time.
 // A durable store is a compile-time choice (the guard is a template over it) so the handler can
-// receive the store's own transaction type; see `DurableStore` below for the contract.
+// receive the store's own transaction type; its contract, checked by the compiler, is
+// idem/durable_store.hpp. What a record found by a store means is decided by the rulebook,
+// idem/detail/record_rules.hpp, for every store alike.
 #pragma once
 
 #include <chrono>
@@ -196,55 +198,6 @@ class FastStore {
     }
     return out;
   }
-};
-
-/// The durable store contract, satisfied by idem::sqlite::SqliteStore and
-/// idem::postgres::PostgresStore (documented here; checked where the guard instantiates it).
-///
-/// @code
-///   class SomeDurableStore {
-///    public:
-///     using Transaction = ...;   // what a transactional handler receives
-///
-///     // Transactional mode: in ONE transaction, claim the record (or find it), and if claimed
-///     // call `handler(tx)` -> std::string (encoded response), store it as completed, commit.
-///     // Answers kClaimed (handler ran and committed; `response` is its bytes), kDone (replay),
-///     // kBusy (another transaction holds the key beyond the lock timeout), kMismatch.
-///     // Handler throws: roll back, rethrow.
-///     template <class Handler>
-///     ClaimResult run_transactional(const Key&, std::string_view fingerprint,
-///                                   const OwnerToken&, std::chrono::seconds retention,
-///                                   Handler&& handler);
-///
-///     // Two-phase mode: same meaning as FastStore, each call its own committed transaction.
-///     ClaimResult begin(const Key&, std::string_view fingerprint, const OwnerToken&,
-///                       std::chrono::milliseconds lease);
-///     bool complete(const Key&, const OwnerToken&, std::string_view response,
-///                   std::chrono::seconds retention);
-///     bool release(const Key&, const OwnerToken&);
-///
-///     // Optional: run_transactional and begin may take a trailing `DurableHint` (see below);
-///     // the guard passes it only where such an overload exists.
-///
-///     std::optional<Record> lookup(const Key&);
-///     std::size_t purge_expired(std::size_t batch_size);   // deletes expired completed rows
-///     std::string_view name() const noexcept;
-///   };
-/// @endcode
-
-/// What the guard knows when it turns to the durable store, passed as an optional last
-/// argument to `run_transactional` and `begin` of durable stores that accept it (detected at
-/// compile time; stores without it are called as before). A hint may only make a store
-/// faster, never change an answer.
-struct DurableHint {
-  /// The fast store granted this attempt's claim: the record is very likely absent, so a
-  /// read-only precheck for a completed duplicate would almost always be wasted.
-  bool fast_claimed = false;
-};
-
-/// Marker for a guard without a durable store (fast store only; best effort).
-struct NoDurableStore {
-  using Transaction = void;
 };
 
 }  // namespace idem

@@ -270,8 +270,9 @@ struct PostgresStore::Impl {
 
   // Resolves a COMMIT whose connection was lost: ask the server on a fresh connection whether
   // transaction `xid` committed, and re-read the record.
-  ClaimResult resolve_commit(ConnectionPool& pool, const Key& key, const OwnerToken& owner,
-                             long long xid, std::string response, const std::string& cause) {
+  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key,
+                                     const OwnerToken& owner, long long xid, std::string response,
+                                     bool took_over, const std::string& cause) {
     for (int i = 0; i < 50; ++i) {
       std::optional<std::string> status;
       std::optional<bool> ours;
@@ -294,9 +295,7 @@ struct PostgresStore::Impl {
       }
       if ((status && *status == "committed") || (ours && *ours)) {
         commits_resolved.fetch_add(1, std::memory_order_relaxed);
-        ClaimResult done;
-        done.response = std::move(response);
-        return done;
+        return TransactionalResult::committed(std::move(response), took_over);
       }
       if (status && *status == "aborted") {
         commits_resolved.fetch_add(1, std::memory_order_relaxed);
@@ -494,10 +493,11 @@ void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& f
   }
 }
 
-ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                                  const OwnerToken& owner,
-                                                  std::chrono::seconds retention,
-                                                  HandlerRef handler, bool read_first) {
+TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
+                                                          std::string_view fingerprint,
+                                                          const OwnerToken& owner,
+                                                          std::chrono::seconds retention,
+                                                          HandlerRef handler, bool read_first) {
   unsigned retries = 0;
   bool reconnected = false;
   for (;;) {
@@ -523,13 +523,13 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
             }
           }
         }
-        if (early) return std::move(*early);
+        if (early) return TransactionalResult::found(std::move(*early));
       }
       pqxx::work tx(conn->get());
       ClaimResult c = impl_->claim(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
       if (c.status != ClaimStatus::kClaimed) {
         tx.abort();  // nothing was written
-        return c;
+        return TransactionalResult::found(std::move(c));
       }
       handler_ran = true;
       std::string response;
@@ -552,13 +552,14 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         tx.commit();
       } catch (const pqxx::in_doubt_error& e) {
         conn->mark_broken();
-        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), e.what());
+        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,
+                                     e.what());
       } catch (const pqxx::broken_connection& e) {
         conn->mark_broken();
-        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), e.what());
+        return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,
+                                     e.what());
       }
-      c.response = std::move(response);
-      return c;
+      return TransactionalResult::committed(std::move(response), c.took_over);
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
       // Also when the handler's own statement found the connection gone: that is a storage
@@ -592,7 +593,7 @@ ClaimResult PostgresStore::run_transactional_impl(const Key& key, std::string_vi
         // The claim waited lock_timeout on a transaction holding the key. Only the claim ran in
         // this (now rolled back) transaction, so nothing is lost: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return busy();
+        return TransactionalResult::found(busy());
       }
       detail::rethrow_translated("transaction");
     } catch (...) {
@@ -755,6 +756,41 @@ bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
   }
 }
 
+std::optional<std::vector<bool>> PostgresStore::record_batch_in(
+    pqxx::work& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
+    std::chrono::seconds retention, DurableHint hint) {
+  if (hint.fast_claimed) {
+    if (!insert_new_completed_batch_in(tx, requests, response, retention)) return std::nullopt;
+    return std::vector<bool>(requests.size(), true);
+  }
+  return insert_completed_batch_in(tx, requests, response, retention);
+}
+
+// Plain SAVEPOINT statements rather than pqxx::subtransaction (see claim_in).
+void PostgresStore::savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("savepoint");
+  }
+}
+
+void PostgresStore::rollback_to_savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("ROLLBACK TO SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("rollback to savepoint");
+  }
+}
+
+void PostgresStore::release_savepoint(pqxx::work& tx) {
+  try {
+    tx.exec("RELEASE SAVEPOINT idem_batch");
+  } catch (...) {
+    detail::rethrow_translated("release savepoint");
+  }
+}
+
 void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
                                 std::string_view response, std::chrono::seconds retention) {
   pqxx::result done;
@@ -791,9 +827,10 @@ auto autocommit(ConnectionPool& pool, std::string_view context, bool idempotent,
 }  // namespace
 
 ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
-                                 const OwnerToken& owner, std::chrono::milliseconds lease) {
+                                 const OwnerToken& owner, std::chrono::milliseconds lease,
+                                 DurableHint) {
   if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
-  // Idempotent: a retried begin finds its own claim and keeps it (classify).
+  // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
   return autocommit(*pool_, "begin", true, [&](pqxx::nontransaction& nt) {
     try {
       return impl_->claim(nt, key, fingerprint, owner, lease);

@@ -614,6 +614,16 @@ std::optional<Record> SqliteStore::lookup(const Key& key) {
   });
 }
 
+void SqliteStore::savepoint(Transaction& tx) { tx.exec("SAVEPOINT idem_batch"); }
+
+void SqliteStore::rollback_to_savepoint(Transaction& tx) {
+  tx.exec("ROLLBACK TO SAVEPOINT idem_batch");
+}
+
+void SqliteStore::release_savepoint(Transaction& tx) {
+  tx.exec("RELEASE SAVEPOINT idem_batch");
+}
+
 std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
   std::size_t total = 0;

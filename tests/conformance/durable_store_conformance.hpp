@@ -127,7 +127,7 @@ TYPED_TEST_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectToge
     TypeParam::insert_effect(tx, k.id());
     return std::string("pay_1");
   });
-  EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
   EXPECT_EQ("pay_1", r.response);
   EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
   int runs = 0;
@@ -137,7 +137,7 @@ TYPED_TEST_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectToge
                                          TypeParam::insert_effect(tx, k.id());
                                          return std::string("pay_2");
                                        });
-  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ(TransactionalStatus::kReplayed, again.status);
   EXPECT_EQ("pay_1", again.response);
   EXPECT_EQ(owner.str(), again.holder);
   EXPECT_EQ(0, runs);
@@ -165,7 +165,7 @@ TYPED_TEST_P(DurableStoreConformance, HandlerThrowsRollsBackEverything) {
                                          TypeParam::insert_effect(tx, k.id());
                                          return std::string("ok");
                                        });
-  EXPECT_EQ(ClaimStatus::kClaimed, retry.status);
+  EXPECT_EQ(TransactionalStatus::kCommitted, retry.status);
   EXPECT_EQ(1, TypeParam::count_effects(store, k.id()));
 }
 
@@ -177,7 +177,7 @@ TYPED_TEST_P(DurableStoreConformance, MismatchWinsOverReplayAndInProgress) {
                                 [](Tx&) { return std::string("r"); });
   auto r = store.run_transactional(done, "other", OwnerToken::generate(), this->retention_,
                                    [](Tx&) { return std::string("never"); });
-  EXPECT_EQ(ClaimStatus::kMismatch, r.status);
+  EXPECT_EQ(TransactionalStatus::kMismatch, r.status);
   auto running = this->key();
   ASSERT_EQ(ClaimStatus::kClaimed,
             store.begin(running, "fp", OwnerToken::generate(), this->lease_).status);
@@ -264,7 +264,7 @@ TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
                                   [&](Tx&) { return response; });
     auto r = store.run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
                                      [&](Tx&) { return std::string("never"); });
-    ASSERT_EQ(ClaimStatus::kDone, r.status);
+    ASSERT_EQ(TransactionalStatus::kReplayed, r.status);
     EXPECT_EQ(response.size(), r.response.size());
     EXPECT_TRUE(response == r.response);
   }
@@ -288,7 +288,7 @@ TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
                                        TypeParam::insert_effect(tx, k.id());
                                        return k.id();
                                      });
-    EXPECT_EQ(ClaimStatus::kClaimed, r.status);
+    EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
     auto rec = store.lookup(k);
     ASSERT_TRUE(rec.has_value()) << id;
     EXPECT_EQ(k.id(), rec->response);

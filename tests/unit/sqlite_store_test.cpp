@@ -44,20 +44,22 @@ struct SqliteTraits {
 // The same store, called as if the fast store had granted every claim: run_transactional and
 // begin always pass DurableHint{fast_claimed = true} (so the read-snapshot precheck is always
 // skipped, even for completed and mismatched duplicates). The suite must pass unchanged: a hint
-// only makes a store faster, it never changes an answer. (The guard does not see a hint-taking
-// overload here, so it calls these.)
+// only makes a store faster, it never changes an answer. (Whatever hint the guard passes is
+// replaced by the forced one.)
 class AlwaysHintedSqliteStore : public idem::sqlite::SqliteStore {
  public:
   using SqliteStore::SqliteStore;
   template <class Handler>
-  idem::ClaimResult run_transactional(const idem::Key& key, std::string_view fingerprint,
-                                      const idem::OwnerToken& owner,
-                                      std::chrono::seconds retention, Handler&& handler) {
+  idem::TransactionalResult run_transactional(const idem::Key& key, std::string_view fingerprint,
+                                              const idem::OwnerToken& owner,
+                                              std::chrono::seconds retention, Handler&& handler,
+                                              idem::DurableHint = {}) {
     return SqliteStore::run_transactional(key, fingerprint, owner, retention,
                                           std::forward<Handler>(handler), hint());
   }
   idem::ClaimResult begin(const idem::Key& key, std::string_view fingerprint,
-                          const idem::OwnerToken& owner, std::chrono::milliseconds lease) {
+                          const idem::OwnerToken& owner, std::chrono::milliseconds lease,
+                          idem::DurableHint = {}) {
     return SqliteStore::begin(key, fingerprint, owner, lease, hint());
   }
 
@@ -86,10 +88,11 @@ struct HintedSqliteTraits : SqliteTraits {
   static long count_records(Store& store) { return SqliteTraits::count_records(store); }
 };
 
-static_assert(idem::detail::kBeginTakesHint<idem::sqlite::SqliteStore>,
-              "the guard passes its hint to SqliteStore::begin");
-static_assert(!idem::detail::kBeginTakesHint<AlwaysHintedSqliteStore>,
-              "a store without the hint overload is called without it");
+// Both fit the durable store contract, batch operations included (the guard always passes its
+// hint: there is one DurableHint parameter, no overload to detect).
+static_assert(idem::detail::check_durable_store<idem::sqlite::SqliteStore>());
+static_assert(idem::detail::check_batch_store<idem::sqlite::SqliteStore>());
+static_assert(idem::detail::check_durable_store<AlwaysHintedSqliteStore>());
 
 }  // namespace
 
@@ -117,7 +120,7 @@ TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
   auto key = idem::Key::make("billing-consumer", "msg-1");
   auto r = mq.run_transactional(key, "", idem::OwnerToken::generate(), std::chrono::seconds(60),
                                 [](idem::sqlite::Transaction&) { return std::string("acked"); });
-  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
   auto n = mq.database().read([](idem::sqlite::Session& s) {
     return s.query_int64(
         "SELECT count(*) FROM mq_consume_record WHERE message_id = 'msg-1' AND "
@@ -199,7 +202,7 @@ TEST(SqliteStore, TransactionalRecordIsWrittenOnceAlreadyCompleted) {
         rows_inside = tx.query_int64("SELECT count(*) FROM api_idempotency").value_or(-1);
         return std::string("v");
       });
-  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
   EXPECT_EQ(0, rows_inside);
   auto rec = store.lookup(key);
   ASSERT_TRUE(rec.has_value());
@@ -225,12 +228,12 @@ TEST(SqliteStore, TransactionalRunTakesOverAnExpiredTwoPhaseRecord) {
   auto busy = store.run_transactional(key, "fp", idem::OwnerToken::generate(),
                                       std::chrono::seconds(60),
                                       [](idem::sqlite::Transaction&) { return std::string("x"); });
-  EXPECT_EQ(idem::ClaimStatus::kBusy, busy.status);
+  EXPECT_EQ(idem::TransactionalStatus::kBusy, busy.status);
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   auto fresh = idem::OwnerToken::generate();
   auto r = store.run_transactional(key, "fp", fresh, std::chrono::seconds(60),
                                    [](idem::sqlite::Transaction&) { return std::string("y"); });
-  EXPECT_EQ(idem::ClaimStatus::kClaimed, r.status);
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
   EXPECT_TRUE(r.took_over);
   auto rec = store.lookup(key);
   ASSERT_TRUE(rec.has_value());

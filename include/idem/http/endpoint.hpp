@@ -15,6 +15,8 @@
 //                                           body byte for byte, plus `Idempotent-Replayed: true`
 //   same key, first request still running   409 in_progress + `Retry-After`
 //   same key, different payload             422 fingerprint_mismatch
+//   key refused by EndpointOptions::admit_key  the refusal it returned, never stored (e.g. 403
+//                                           unknown_token: http/form_token.hpp)
 //   idem store failure (idem::Error)        its errc's status (503 + Retry-After when retryable)
 //
 // The key is scoped server-side (see http/idempotency_key.hpp): scope = the endpoint's scope,
@@ -93,6 +95,14 @@ struct EndpointOptions {
   std::function<bool(int)> store_response;
   /// Prefix of the problem+json `type` (followed by the errc name).
   std::string problem_type_prefix = "urn:idem:error:";
+  /// Which client keys may be used at all, for endpoints whose keys the server hands out (see
+  /// http/form_token.hpp: FormTokens::require_issued). Called with the request and the client's
+  /// key (unescaped) right before the handler runs for that key, inside the guard's claim: a
+  /// duplicate of a completed or running request never reaches it and is answered as usual.
+  /// Return a response to refuse the key: this caller gets it, nothing is stored (the claim is
+  /// released and the guard counts a handler error). nullopt accepts the key. Whatever it
+  /// throws propagates as from the handler. Empty: every well-formed key is accepted.
+  std::function<std::optional<Response>(const RequestView&, std::string_view key)> admit_key;
 };
 
 namespace detail {
@@ -145,6 +155,13 @@ class Endpoint {
                          client_key);
     std::string fp = request_fingerprint(request);
     std::optional<Response> first;  // the handler's full response, for this caller
+    auto admit = [&] {  // EndpointOptions::admit_key: a refusal is sent, never stored
+      if (!options_.admit_key) return;
+      if (auto refusal = options_.admit_key(request, client_key)) {
+        first = std::move(*refusal);
+        throw detail::DoNotStore{};
+      }
+    };
     auto keep = [&](Response r) -> Response {
       bool store = options_.store_response ? options_.store_response(r.status) : r.status < 500;
       first = std::move(r);
@@ -155,9 +172,11 @@ class Endpoint {
     try {
       using Tx = ::idem::detail::transaction_t<Durable>;
       if constexpr (::idem::detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
-        return answer(guard_.run(key, fp, [&](Tx& tx) { return keep(handler(tx)); }), first);
+        return answer(guard_.run(key, fp, [&](Tx& tx) { admit(); return keep(handler(tx)); }),
+                      first);
       } else {
-        return answer(guard_.run(key, fp, [&] { return keep(handler()); }), first);
+        return answer(guard_.run(key, fp, [&] { admit(); return keep(handler()); }),
+                      first);
       }
     } catch (const detail::DoNotStore&) {
       return std::move(*first);

@@ -65,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
@@ -223,34 +224,21 @@ class PostgresStore {
   PostgresStore(const PostgresStore&) = delete;
   PostgresStore& operator=(const PostgresStore&) = delete;
 
-  /// Transactional mode (see store.hpp's DurableStore contract and the file comment).
+  /// Transactional mode (the durable store contract, idem/durable_store.hpp, and the file
+  /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
+  /// is down) the record is read first, so a duplicate is answered in one round trip (see
+  /// PostgresStoreOptions::read_first). A hint never changes an answer.
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
   ///        failure or deadlock (the earlier transaction was rolled back).
-  /// @return kClaimed (handler ran and committed; `response` holds its bytes), kDone (replay),
+  /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,
   ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
   ///         lease), kMismatch.
   /// @throws whatever the handler throws (after rollback), except a lost connection, which is
   ///         idem::StorageUnavailable; idem::StorageError subclasses.
   template <class Handler>
-  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
-                                const OwnerToken& owner, std::chrono::seconds retention,
-                                Handler&& handler) {
-    auto call = [](void* h, pqxx::work& tx) -> std::string {
-      return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
-    };
-    return run_transactional_impl(key, fingerprint, owner, retention,
-                                  HandlerRef{call, static_cast<void*>(std::addressof(handler))},
-                                  false);
-  }
-
-  /// As above, with what the guard knows (idem::DurableHint, passed by IdempotencyGuard):
-  /// without a granted fast claim (no fast store, or it is down) the record is read first, so
-  /// a duplicate is answered in one round trip (see PostgresStoreOptions::read_first). A hint
-  /// never changes an answer.
-  template <class Handler>
-  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
-                                const OwnerToken& owner, std::chrono::seconds retention,
-                                Handler&& handler, DurableHint hint) {
+  TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
+                                        const OwnerToken& owner, std::chrono::seconds retention,
+                                        Handler&& handler, DurableHint hint = {}) {
     auto call = [](void* h, pqxx::work& tx) -> std::string {
       return (*static_cast<std::remove_reference_t<Handler>*>(h))(tx);
     };
@@ -260,8 +248,9 @@ class PostgresStore {
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).
+  /// The hint changes nothing here (the claim is one statement either way).
   ClaimResult begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
-                    std::chrono::milliseconds lease);
+                    std::chrono::milliseconds lease, DurableHint hint = {});
   /// Two-phase complete: only while `owner` holds the in-progress record. false: lease lost.
   /// @throws idem::OutcomeUnknown if the connection broke and the record cannot be re-read.
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
@@ -337,6 +326,35 @@ class PostgresStore {
     }
   }
 
+  // --- the batch operations of the durable store contract (idem/durable_store.hpp) ---------
+
+  /// Contract: what a claim decides inside `tx` (claim_in with lease 0: an in-progress row,
+  /// under a savepoint; the open transaction is the lease).
+  ClaimResult decide_in(pqxx::work& tx, const Key& key, std::string_view fingerprint,
+                        const OwnerToken& owner) {
+    return claim_in(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
+  }
+  /// Contract: after decide_in granted the claim, the record completed (complete_in).
+  void record_in(pqxx::work& tx, const Key& key, std::string_view /*fingerprint*/,
+                 const OwnerToken& owner, std::string_view response,
+                 std::chrono::seconds retention, const ClaimResult& /*decided*/) {
+    complete_in(tx, key, owner, response, retention);
+  }
+  /// Contract: with `hint.fast_claimed`, the plain insert (insert_new_completed_batch_in;
+  /// nullopt when a record existed: `tx` is then aborted), else the tolerant one
+  /// (insert_completed_batch_in).
+  std::optional<std::vector<bool>> record_batch_in(pqxx::work& tx,
+                                                   const std::vector<ClaimRequest>& requests,
+                                                   std::string_view response,
+                                                   std::chrono::seconds retention,
+                                                   DurableHint hint);
+  /// Contract: `SAVEPOINT idem_batch`.
+  void savepoint(pqxx::work& tx);
+  /// Contract: `ROLLBACK TO SAVEPOINT idem_batch`.
+  void rollback_to_savepoint(pqxx::work& tx);
+  /// Contract: `RELEASE SAVEPOINT idem_batch`.
+  void release_savepoint(pqxx::work& tx);
+
   /// The connection pool (business code may share it).
   ConnectionPool& pool() noexcept { return *pool_; }
   /// The options in force (defaults applied).
@@ -355,7 +373,7 @@ class PostgresStore {
     void* self;
     std::string operator()(pqxx::work& tx) const { return call(self, tx); }
   };
-  ClaimResult run_transactional_impl(const Key& key, std::string_view fingerprint,
+  TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
                                      const OwnerToken& owner, std::chrono::seconds retention,
                                      HandlerRef handler, bool read_first);
   void run_in_transaction(const std::function<void(pqxx::work&)>& fn);

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "idem/clock.hpp"
+#include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
@@ -288,30 +289,32 @@ class SqliteStore {
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
 
-  /// Transactional mode (see store.hpp's DurableStore contract). In the write transaction the
-  /// record is looked up first; when absent (or an expired in-progress record of a crashed
-  /// two-phase attempt), the handler runs and the record is then written once, already
-  /// completed (no in-progress row, no second write). Unless `hint.fast_claimed`, a completed
+  /// Transactional mode (the durable store contract, idem/durable_store.hpp). In the write
+  /// transaction the record is looked up first; when absent (or an expired in-progress record
+  /// of a crashed two-phase attempt), the handler runs and the record is then written once,
+  /// already completed (no in-progress row, no second write). Unless `hint.fast_claimed`, a completed
   /// duplicate or a mismatch is answered from a read snapshot without the write lock.
   template <class Handler>
-  ClaimResult run_transactional(const Key& key, std::string_view fingerprint,
-                                const OwnerToken& owner, std::chrono::seconds retention,
-                                Handler&& handler, DurableHint hint = {}) {
+  TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
+                                        const OwnerToken& owner, std::chrono::seconds retention,
+                                        Handler&& handler, DurableHint hint = {}) {
     // A completed duplicate or a mismatch needs no write lock: answer it from a read snapshot
     // (skipped when the fast store just granted the claim: the record is then almost surely
     // absent; the write transaction checks anyway).
     if (!hint.fast_claimed) {
-      if (auto early = precheck(key, fingerprint)) return std::move(*early);
+      if (auto early = precheck(key, fingerprint)) {
+        return TransactionalResult::found(std::move(*early));
+      }
     }
     Transaction tx = database_->begin();
-    ClaimResult claim = find_in(tx, key, fingerprint, owner);
-    if (claim.status != ClaimStatus::kClaimed) return claim;  // rolled back by ~Transaction
+    ClaimResult claim = decide_in(tx, key, fingerprint, owner);
+    if (claim.status != ClaimStatus::kClaimed) {  // rolled back by ~Transaction
+      return TransactionalResult::found(std::move(claim));
+    }
     std::string response = handler(tx);
-    insert_completed_in(tx, key, fingerprint, owner, response, retention,
-                        claim.took_over || claim.kept);
+    record_in(tx, key, fingerprint, owner, response, retention, claim);
     tx.commit();
-    claim.response = std::move(response);
-    return claim;
+    return TransactionalResult::committed(std::move(response), claim.took_over);
   }
 
   /// Two-phase begin: claims in its own committed transaction. Unless `hint.fast_claimed`, a
@@ -378,6 +381,37 @@ class SqliteStore {
   auto with_transaction(Fn&& fn) {
     return database_->write(std::forward<Fn>(fn));
   }
+
+  // --- the batch operations of the durable store contract (idem/durable_store.hpp) ---------
+
+  /// Contract: what a claim decides inside `tx` (find_in: nothing is written; the write
+  /// transaction is the lease).
+  ClaimResult decide_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                        const OwnerToken& owner) {
+    return find_in(tx, key, fingerprint, owner);
+  }
+  /// Contract: after decide_in granted `decided`, the record written completed
+  /// (insert_completed_in).
+  void record_in(Transaction& tx, const Key& key, std::string_view fingerprint,
+                 const OwnerToken& owner, std::string_view response,
+                 std::chrono::seconds retention, const ClaimResult& decided) {
+    insert_completed_in(tx, key, fingerprint, owner, response, retention,
+                        decided.took_over || decided.kept);
+  }
+  /// Contract: insert_completed_batch_in (the hint changes nothing: SQLite's tolerant insert
+  /// costs what a plain one does). Never nullopt.
+  std::optional<std::vector<bool>> record_batch_in(Transaction& tx,
+                                                   const std::vector<ClaimRequest>& requests,
+                                                   std::string_view response,
+                                                   std::chrono::seconds retention, DurableHint) {
+    return insert_completed_batch_in(tx, requests, response, retention);
+  }
+  /// Contract: `SAVEPOINT idem_batch`.
+  void savepoint(Transaction& tx);
+  /// Contract: `ROLLBACK TO SAVEPOINT idem_batch`.
+  void rollback_to_savepoint(Transaction& tx);
+  /// Contract: `RELEASE SAVEPOINT idem_batch`.
+  void release_savepoint(Transaction& tx);
 
  private:
   std::optional<ClaimResult> precheck(const Key& key, std::string_view fingerprint);

@@ -134,7 +134,7 @@ TEST_F(PartitionedTest, RecordsSpreadOverEveryPartition) {
   const std::string scope = idem::test::unique_name("part_spread");
   for (int i = 0; i < 200; ++i) {
     Key k = Key::make(scope, "k" + std::to_string(i));
-    ASSERT_EQ(ClaimStatus::kClaimed,
+    ASSERT_EQ(idem::TransactionalStatus::kCommitted,
               store_
                   ->run_transactional(k, "fp", OwnerToken::generate(), std::chrono::seconds(60),
                                       [](pqxx::work&) { return std::string("r"); })

@@ -34,6 +34,9 @@ struct PostgresReadFirstTraits : PostgresTraits {
   }
 };
 
+// PostgresStore fits the durable store contract, batch operations included.
+static_assert(idem::detail::check_batch_store<idem::postgres::PostgresStore>());
+
 }  // namespace
 
 namespace idem::test {
