@@ -58,58 +58,17 @@
 #include <utility>
 
 #include "idem/codec.hpp"
+#include "idem/detail/guard_core.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
+#include "idem/guard_options.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
-
-/// Points of the protocol, in order, as a step hook sees them. Fault-injection tests stop or kill
-/// the process at each to prove that a crash there loses nothing and doubles nothing.
-enum class Step {
-  kFastClaimed,       ///< the fast store granted the claim
-  kDurableClaimed,    ///< the durable store granted the claim (two-phase: the in-progress
-                      ///< record is committed; transactional: the record was found absent in
-                      ///< the open transaction, before the handler; it is written completed
-                      ///< after the handler)
-  kHandlerReturned,   ///< the handler returned (transactional: before COMMIT)
-  kDurableCommitted,  ///< the durable store committed the completed record
-  kFastCompleted,     ///< the fast store holds the completed record
-};
-
-/// Stable name: fast_claimed, durable_claimed, handler_returned, durable_committed,
-/// fast_completed.
-constexpr std::string_view step_name(Step s) noexcept {
-  switch (s) {
-    case Step::kFastClaimed: return "fast_claimed";
-    case Step::kDurableClaimed: return "durable_claimed";
-    case Step::kHandlerReturned: return "handler_returned";
-    case Step::kDurableCommitted: return "durable_committed";
-    case Step::kFastCompleted: return "fast_completed";
-  }
-  return "unknown";
-}
-
-/// Options of an IdempotencyGuard.
-struct GuardOptions {
-  /// How long an in-progress claim is honoured before another attempt may take it over.
-  /// Choose it longer than the slowest handler. Must be positive.
-  std::chrono::milliseconds lease = kDefaultLease;
-  /// How long a completed record (and its response) is kept. Must be positive.
-  std::chrono::seconds retention = kDefaultRetention;
-  /// Receives events for logs and metrics (null means none). Shared so adapters outlive calls.
-  std::shared_ptr<Observer> observer;
-  /// The label of duplicates the durable store catches (kMqRecord for consume records).
-  DuplicateSource durable_source = DuplicateSource::kUniqueIndex;
-  /// Called at each protocol step of a call that runs the handler (empty means none). For fault
-  /// injection in tests, which kill the process inside it. Whatever it throws propagates; claims
-  /// it leaves behind end with their lease, as after a crash.
-  std::function<void(Step, const Key&)> step_hook;
-};
 
 namespace detail {
 /// Stand-in transaction type for stores that have none, so traits never form `void&`.
@@ -148,10 +107,6 @@ R invoke_stored(Fn& fn, Args&... args) {
   }
 }
 
-using SteadyClock = std::chrono::steady_clock;
-inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
-}
 }  // namespace detail
 
 /// Runs handlers at most once per idempotency key and answers every duplicate with the first
@@ -171,9 +126,7 @@ class IdempotencyGuard {
 
   /// Fast store in front of a durable store (the production shape).
   IdempotencyGuard(FastStore& fast, Durable& durable, GuardOptions options = {})
-      : fast_(&fast), durable_(&durable), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(&fast), durable_(&durable), core_(true, std::move(options), kWho) {}
 
   /// Durable store only: correct, one durable round trip per call.
   template <class D = Durable,
@@ -181,16 +134,12 @@ class IdempotencyGuard {
                                  !std::is_same_v<D, NoDurableStore>,
                              int> = 0>
   explicit IdempotencyGuard(D& durable, GuardOptions options = {})
-      : fast_(nullptr), durable_(&durable), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(nullptr), durable_(&durable), core_(false, std::move(options), kWho) {}
 
   /// Fast store only: best effort (see the file comment).
   template <class D = Durable, std::enable_if_t<std::is_same_v<D, NoDurableStore>, int> = 0>
   explicit IdempotencyGuard(FastStore& fast, GuardOptions options = {})
-      : fast_(&fast), durable_(nullptr), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(&fast), durable_(nullptr), core_(true, std::move(options), kWho) {}
 
   IdempotencyGuard(const IdempotencyGuard&) = delete;
   IdempotencyGuard& operator=(const IdempotencyGuard&) = delete;
@@ -214,37 +163,22 @@ class IdempotencyGuard {
                                                     detail::transaction_t<Durable>>::type> {
     using Tx = detail::transaction_t<Durable>;
     using R = typename detail::response_type<std::decay_t<Fn>, Tx>::type;
-    Call<R> call{key, fingerprint, options_.observer != nullptr};
-    call.start = call.now();
-    stats_.calls.fetch_add(1, std::memory_order_relaxed);
-    if constexpr (!kHasDurable) {
-      call.mode = Mode::kFastOnly;
-    } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
-      call.mode = Mode::kTransactional;
-    } else {
-      call.mode = Mode::kTwoPhase;
-    }
+    detail::CallState call{key, fingerprint, mode_of<Fn>(), core_.call_options(),
+                           core_.observed()};
+    core_.start(call);
 
     // 2. Fast store claim.
     if (fast_ != nullptr) {
       auto t0 = call.now();
       try {
-        ClaimResult c = fast_->claim(key, fingerprint, call.owner, options_.lease);
+        ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
         call.fast_claim = call.since(t0);
-        fast_ok();
-        if (c.status == ClaimStatus::kClaimed) {
-          call.fast_claimed = true;
-          stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
-          if (c.took_over) note_takeover(key, "fast");
-          step(Step::kFastClaimed, key);
-        } else {
-          stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
-          return duplicate(call, c, Source::kFastStore, DuplicateSource::kFastStore);
+        if (!core_.fast_claim_answered(call, c)) {
+          return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);
         }
       } catch (const StorageError& e) {
         call.fast_claim = call.since(t0);
-        call.degraded = true;
-        fast_failed(key, e);
+        core_.fast_claim_failed(call, e);
         if constexpr (!kHasDurable) throw;
       }
     }
@@ -287,19 +221,17 @@ class IdempotencyGuard {
   /// kTransactional) exactly as run() would for the same outcome and source, so fast-store hit
   /// rate, unique conflicts and call counts include calls decided in batches.
   void report(const ReportedCall& c) noexcept {
-    count_reported(c);
-    if (c.source == Source::kFastStore) stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
-    if (c.source == Source::kDurableStore) {
-      stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-    }
-    count_outcome(c.outcome);
-    Observer* o = options_.observer.get();
+    core_.count_call(c.fast_claimed, c.degraded);
+    if (c.source == Source::kFastStore) core_.count_fast_hit();
+    if (c.source == Source::kDurableStore) core_.count_durable_conflict();
+    core_.count_outcome(c.outcome);
+    Observer* o = core_.options().observer.get();
     if (o == nullptr) return;
     if (c.outcome != Outcome::kExecuted) {
-      o->on_duplicate(DuplicateEvent{
-          c.key, c.outcome,
-          c.source == Source::kFastStore ? DuplicateSource::kFastStore : options_.durable_source,
-          c.first_seen, c.holder});
+      o->on_duplicate(DuplicateEvent{c.key, c.outcome,
+                                     c.source == Source::kFastStore ? DuplicateSource::kFastStore
+                                                                    : core_.durable_source(),
+                                     c.first_seen, c.holder});
     }
     CallEvent e{c.key,     c.outcome,  Mode::kTransactional,
                 c.source,  c.degraded, c.fast_claim,
@@ -310,79 +242,52 @@ class IdempotencyGuard {
   /// The handler of a batch call threw (its writes rolled back): counted as run() counts a
   /// call whose handler threw (on_handler_error, no on_call). `c.outcome` is not used.
   void report_handler_error(const ReportedCall& c) noexcept {
-    count_reported(c);
-    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(c.key);
+    core_.count_call(c.fast_claimed, c.degraded);
+    core_.handler_error(c.key);
   }
   /// A batch caller's durable store took over an expired lease.
   void report_takeover(const Key& key, std::string_view store) noexcept {
-    note_takeover(key, store);
+    core_.takeover(key, store);
   }
   /// The fast store failed for a batch of `calls` calls (`key`: one of its keys): a burst of
   /// failures begins (on_fast_store_down once). Count the calls with ReportedCall::degraded.
   void report_fast_failure(const Key& key, const Error& e, std::uint64_t calls) noexcept {
-    fast_burst(key, e, calls);
+    core_.fast_burst(key, e, calls);
   }
   /// The fast store answered a batch: closes a burst of failures (on_fast_store_recovered).
-  void report_fast_ok() noexcept { fast_ok(); }
+  void report_fast_ok() noexcept { core_.fast_ok(); }
   /// A fast-store record was rewritten from the durable store for a batch call.
-  void report_fast_refill() noexcept {
-    stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
-  }
+  void report_fast_refill() noexcept { core_.count_refill(); }
   /// Whether an observer listens (batch callers time their phases only then).
-  bool observed() const noexcept { return options_.observer != nullptr; }
+  bool observed() const noexcept { return core_.observed(); }
 
   /// The guard's counters (always on).
-  const GuardStats& stats() const noexcept { return stats_; }
+  const GuardStats& stats() const noexcept { return core_.stats(); }
   /// The options in force.
-  const GuardOptions& options() const noexcept { return options_; }
+  const GuardOptions& options() const noexcept { return core_.options(); }
   /// The fast store, or null.
   FastStore* fast_store() const noexcept { return fast_; }
   /// The durable store, or null.
   Durable* durable_store() const noexcept { return durable_; }
 
  private:
-  template <class R>
-  struct Call {
-    const Key& key;
-    std::string_view fingerprint;
-    // Timings feed only the observer's CallEvent: without an observer the clock is not read.
-    bool timed = false;
-    detail::SteadyClock::time_point start{};
-    OwnerToken owner = OwnerToken::generate();
-    Mode mode = Mode::kFastOnly;
-    bool fast_claimed = false;
-    bool degraded = false;
-    std::chrono::nanoseconds fast_claim{0};
-    std::chrono::nanoseconds durable{0};
-    std::chrono::nanoseconds handler{0};
+  static constexpr std::string_view kWho = "idem::IdempotencyGuard";
+  using Call = detail::CallState;
 
-    detail::SteadyClock::time_point now() const noexcept {
-      return timed ? detail::SteadyClock::now() : detail::SteadyClock::time_point{};
-    }
-    std::chrono::nanoseconds since(detail::SteadyClock::time_point t) const noexcept {
-      return timed ? detail::since(t) : std::chrono::nanoseconds{0};
-    }
-  };
-
-  template <class R>
-  static DurableHint hint(const Call<R>& call) noexcept {
-    DurableHint h;
-    h.fast_claimed = call.fast_claimed;
-    return h;
-  }
-
-  void check_options() const {
-    if (options_.lease.count() <= 0) {
-      throw UsageError("idem::IdempotencyGuard: GuardOptions::lease must be positive");
-    }
-    if (options_.retention.count() <= 0) {
-      throw UsageError("idem::IdempotencyGuard: GuardOptions::retention must be positive");
+  template <class Fn>
+  static constexpr Mode mode_of() noexcept {
+    if constexpr (!kHasDurable) {
+      return Mode::kFastOnly;
+    } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>,
+                                                   detail::transaction_t<Durable>>) {
+      return Mode::kTransactional;
+    } else {
+      return Mode::kTwoPhase;
     }
   }
 
   template <class R, class Fn>
-  GuardResult<R> run_fast_only(Call<R>& call, Fn& handler) {
+  GuardResult<R> run_fast_only(Call& call, Fn& handler) {
     std::optional<R> value;
     auto t0 = call.now();
     try {
@@ -403,17 +308,14 @@ class IdempotencyGuard {
       bytes = encoded;
     }
     // In a fast-only guard the fast store is the only record: its failures propagate.
-    if (!fast_->complete(call.key, call.owner, bytes, options_.retention)) {
-      note_lease_lost(call.key, "fast");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
-                      "' expired and was taken over before the handler completed; "
-                      "raise GuardOptions::lease above the handler's duration");
+    if (!fast_->complete(call.key(), call.owner(), bytes, call.options.retention)) {
+      throw core_.lease_lost(call, "fast");
     }
-    return executed(call, std::move(value));
+    return core_.template executed<R>(call, std::move(value));
   }
 
   template <class R, class Fn>
-  GuardResult<R> run_transactional(Call<R>& call, Fn& handler) {
+  GuardResult<R> run_transactional(Call& call, Fn& handler) {
     std::optional<R> value;
     std::chrono::nanoseconds handler_time{0};
     bool handler_threw = false;
@@ -424,9 +326,9 @@ class IdempotencyGuard {
         auto h0 = call.now();
         value.reset();  // the store may retry the transaction (serialization failure)
         try {
-          step(Step::kDurableClaimed, call.key);
+          core_.step(Step::kDurableClaimed, call.key());
           value.emplace(detail::invoke_stored<R>(handler, tx));
-          step(Step::kHandlerReturned, call.key);
+          core_.step(Step::kHandlerReturned, call.key());
         } catch (...) {
           handler_time += call.since(h0);
           handler_threw = true;
@@ -435,8 +337,8 @@ class IdempotencyGuard {
         handler_time += call.since(h0);
         return Codec<R>::encode(*value);
       };
-      d = durable_->run_transactional(call.key, call.fingerprint, call.owner, options_.retention,
-                                      body, hint(call));
+      d = durable_->run_transactional(call.key(), call.fingerprint(), call.owner(),
+                                      call.options.retention, body, call.hint());
     } catch (...) {
       // The transaction was rolled back (or, for OutcomeUnknown, may have committed: then the
       // durable record replays it to the retry). Either way the fast claim must not block the
@@ -453,29 +355,20 @@ class IdempotencyGuard {
     call.handler = handler_time;
     call.durable = call.since(t0) - handler_time;
     if (d.status == TransactionalStatus::kCommitted) {
-      if (d.took_over) note_takeover(call.key, "durable");
-      step(Step::kDurableCommitted, call.key);
-      ClaimResult c;
-      c.response = std::move(d.response);
-      return after_durable<R>(call, c, std::move(value));
+      if (d.took_over) core_.takeover(call.key(), "durable");
+      core_.step(Step::kDurableCommitted, call.key());
     }
-    ClaimResult c;
-    c.status = d.status == TransactionalStatus::kReplayed   ? ClaimStatus::kDone
-               : d.status == TransactionalStatus::kMismatch ? ClaimStatus::kMismatch
-                                                            : ClaimStatus::kBusy;
-    c.response = std::move(d.response);
-    c.failed = d.failed;
-    c.holder = std::move(d.holder);
-    c.first_seen = d.first_seen;
+    ClaimResult c = detail::claim_of(d);
     return after_durable<R>(call, c, std::move(value));
   }
 
   template <class R, class Fn>
-  GuardResult<R> run_two_phase(Call<R>& call, Fn& handler) {
+  GuardResult<R> run_two_phase(Call& call, Fn& handler) {
     auto t0 = call.now();
     ClaimResult d;
     try {
-      d = durable_->begin(call.key, call.fingerprint, call.owner, options_.lease, hint(call));
+      d = durable_->begin(call.key(), call.fingerprint(), call.owner(), call.options.lease,
+                          call.hint());
     } catch (...) {
       call.durable = call.since(t0);
       release_fast(call);
@@ -485,19 +378,19 @@ class IdempotencyGuard {
     if (d.status != ClaimStatus::kClaimed) {
       return after_durable<R>(call, d, std::nullopt);
     }
-    if (d.took_over) note_takeover(call.key, "durable");
+    if (d.took_over) core_.takeover(call.key(), "durable");
 
     std::optional<R> value;
     auto h0 = call.now();
     try {
-      step(Step::kDurableClaimed, call.key);
+      core_.step(Step::kDurableClaimed, call.key());
       value.emplace(detail::invoke_stored<R>(handler));
-      step(Step::kHandlerReturned, call.key);
+      core_.step(Step::kHandlerReturned, call.key());
     } catch (...) {
       call.handler = call.since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
       try {
-        durable_->release(call.key, call.owner);
+        durable_->release(call.key(), call.owner());
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
       }
@@ -509,212 +402,70 @@ class IdempotencyGuard {
     auto c0 = call.now();
     // If this throws, the durable record stays in progress (owned by us) until the lease ends,
     // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
-    bool completed = durable_->complete(call.key, call.owner, bytes, options_.retention);
+    bool completed = durable_->complete(call.key(), call.owner(), bytes, call.options.retention);
     call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
-      note_lease_lost(call.key, "durable");
-      throw LeaseLost("idem: the lease on '" + call.key.str() +
-                      "' expired and was taken over before the handler completed; "
-                      "raise GuardOptions::lease above the handler's duration");
+      throw core_.lease_lost(call, "durable");
     }
-    step(Step::kDurableCommitted, call.key);
+    core_.step(Step::kDurableCommitted, call.key());
     d.status = ClaimStatus::kClaimed;
     d.response = std::move(bytes);
     return after_durable<R>(call, d, std::move(value));
   }
 
-  // Steps 4 and the durable store's duplicate answers, shared by both durable modes.
+  // Step 4 and the durable store's duplicate answers, shared by both durable modes: the core
+  // says what the fast store does, this guard does it (blocking), then answers.
   template <class R>
-  GuardResult<R> after_durable(Call<R>& call, ClaimResult& d, std::optional<R> value) {
-    switch (d.status) {
-      case ClaimStatus::kClaimed:
-        complete_fast(call, d.response);
-        return executed(call, std::move(value));
-      case ClaimStatus::kDone:
-        // The fast store let a completed key through (it lost the record, was down, or this
-        // guard has none): refill it so the next duplicate stops at the entrance again.
-        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-        complete_fast(call, d.response);
-        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
-      case ClaimStatus::kBusy:
-      case ClaimStatus::kMismatch:
-        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-        release_fast(call);
-        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
-    }
-    throw StorageError("idem: unknown claim status from the durable store");
-  }
-
-  template <class R>
-  GuardResult<R> executed(Call<R>& call, std::optional<R> value) {
-    count_outcome(Outcome::kExecuted);
-    GuardResult<R> r;
-    r.outcome = Outcome::kExecuted;
-    r.value = std::move(value);
-    r.source = Source::kHandler;
-    r.degraded = call.degraded;
-    emit_call(call, r);
-    return r;
+  GuardResult<R> after_durable(Call& call, ClaimResult& d, std::optional<R> value) {
+    follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status)), d.response);
+    if (d.status == ClaimStatus::kClaimed) return core_.template executed<R>(call, std::move(value));
+    return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
   }
 
   template <class R>
   // Consumes `c` (its strings move into the result: no copies on the replay path).
-  GuardResult<R> duplicate(Call<R>& call, ClaimResult& c, Source source,
-                           DuplicateSource dup_source) {
-    GuardResult<R> r;
-    r.source = source;
-    r.degraded = call.degraded;
-    r.first_seen = c.first_seen;
-    switch (c.status) {
-      case ClaimStatus::kDone:
-        r.outcome = Outcome::kReplayed;
-        try {
-          if constexpr (std::is_same_v<R, std::string>) {
-            r.value.emplace(std::move(c.response));  // Codec<std::string> is the identity
-          } else {
-            r.value.emplace(Codec<R>::decode(c.response));
-          }
-        } catch (const std::exception& e) {
-          throw CorruptRecord("idem: the stored response of '" + call.key.str() +
-                              "' cannot be decoded: " + e.what());
-        }
-        break;
-      case ClaimStatus::kBusy:
-        r.outcome = Outcome::kInProgress;
-        break;
-      case ClaimStatus::kMismatch:
-        r.outcome = Outcome::kFingerprintMismatch;
-        break;
-      case ClaimStatus::kClaimed:
-        throw StorageError("idem: internal error: a claim is not a duplicate");
-    }
-    count_outcome(r.outcome);
-    if (auto* o = options_.observer.get()) {
-      o->on_duplicate(DuplicateEvent{call.key, r.outcome, dup_source, c.first_seen, c.holder});
-    }
-    r.holder = std::move(c.holder);
-    emit_call(call, r);
-    return r;
+  GuardResult<R> duplicate(Call& call, ClaimResult& c, Source source, DuplicateSource dup_source) {
+    return core_.template duplicate<R>(call, detail::DuplicateAnswer::from(c), source, dup_source);
   }
 
-  template <class R>
-  void emit_call(Call<R>& call, const GuardResult<R>& r) {
-    if (auto* o = options_.observer.get()) {
-      CallEvent e{call.key,       r.outcome,   call.mode,    r.source,
-                  call.degraded,  call.fast_claim, call.durable, call.handler,
-                  call.since(call.start)};
-      e.fast_claimed = call.fast_claimed;
-      o->on_call(e);
-    }
-  }
-
-  template <class R>
-  void complete_fast(Call<R>& call, std::string_view response) {
-    if (fast_ == nullptr) return;
+  void follow_up(Call& call, detail::FastNext next, std::string_view response) {
+    using detail::FastNext;
+    if (next == FastNext::kRelease) return release_fast(call);
     try {
-      if (call.fast_claimed) {
-        if (fast_->complete(call.key, call.owner, response, options_.retention)) {
-          step(Step::kFastCompleted, call.key);
-          return;
-        }
-        // Our fast claim expired and was taken over (or released) while the durable store
-        // decided. The durable answer stands; overwrite the fast record with it.
-      } else if (call.degraded) {
-        return;  // the fast store failed moments ago; do not pay a second timeout
+      if (next == FastNext::kComplete) {
+        next = core_.fast_complete_answered(
+            call, fast_->complete(call.key(), call.owner(), response, call.options.retention));
       }
-      fast_->fill(call.key, call.fingerprint, response, options_.retention);
-      stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
-      step(Step::kFastCompleted, call.key);
+      if (next == FastNext::kFill) {
+        fast_->fill(call.key(), call.fingerprint(), response, call.options.retention);
+        core_.fast_filled(call);
+      }
     } catch (const StorageError& e) {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
-      fast_failed(call.key, e);
+      core_.fast_follow_up_failed(call, e);
     }
   }
 
-  template <class R>
-  void release_fast(Call<R>& call) noexcept {
-    if (fast_ == nullptr || !call.fast_claimed) return;
+  void release_fast(Call& call) noexcept {
+    if (core_.release_next(call) != detail::FastNext::kRelease) return;
     try {
-      fast_->release(call.key, call.owner);
+      fast_->release(call.key(), call.owner());
     } catch (const StorageError& e) {
       // The claim ends with its lease; duplicates answer "in progress" until then.
-      fast_failed(call.key, e);
+      core_.fast_follow_up_failed(call, e);
     } catch (...) {
     }
   }
 
-  template <class R>
-  void handler_failed(Call<R>& call) {
+  void handler_failed(Call& call) {
     release_fast(call);
-    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(call.key);
-  }
-
-  // The outcome's counter (run() and report() alike).
-  void count_outcome(Outcome o) noexcept {
-    switch (o) {
-      case Outcome::kExecuted:
-        stats_.executed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kReplayed:
-        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kInProgress:
-        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kFingerprintMismatch:
-        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
-        break;
-    }
-  }
-
-  // What every reported call counts, as run() counts it before it knows the outcome.
-  void count_reported(const ReportedCall& c) noexcept {
-    stats_.calls.fetch_add(1, std::memory_order_relaxed);
-    if (c.fast_claimed) stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
-    if (c.degraded) stats_.degraded.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  void step(Step s, const Key& key) {
-    if (options_.step_hook) options_.step_hook(s, key);
-  }
-
-  void note_takeover(const Key& key, std::string_view store) {
-    stats_.takeovers.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_takeover(key, store);
-  }
-
-  void note_lease_lost(const Key& key, std::string_view store) {
-    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
-  }
-
-  // Degraded-mode bookkeeping: count every failing call, report once per burst.
-  void fast_failed(const Key& key, const Error& e) noexcept {
-    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
-    fast_burst(key, e);
-  }
-  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
-    burst_failures_.fetch_add(calls, std::memory_order_relaxed);
-    if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
-      if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
-    }
-  }
-  void fast_ok() noexcept {
-    if (fast_down_.load(std::memory_order_relaxed) &&
-        fast_down_.exchange(false, std::memory_order_acq_rel)) {
-      auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
-      if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
-    }
+    core_.handler_failed(call);
   }
 
   FastStore* fast_;
   Durable* durable_;
-  GuardOptions options_;
-  GuardStats stats_;
-  std::atomic<bool> fast_down_{false};
-  std::atomic<std::uint64_t> burst_failures_{0};
+  detail::GuardCore core_;
 };
 
 /// `IdempotencyGuard guard{fast}` deduces a fast-store-only guard.
