@@ -20,6 +20,7 @@
 #include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "pool.hpp"
+#include "record_codec.hpp"
 #include "router.hpp"
 #include "scripts.hpp"
 #include "uri.hpp"
@@ -27,50 +28,16 @@
 namespace idem::redis {
 namespace {
 
+using detail::ClaimPrefix;
+using detail::Decoded;
 using detail::Failure;
+using detail::Num;
+using detail::RedisKey;
 using detail::ReplyUPtr;
-
-// A decimal integer formatted on the stack (no allocation per call).
-class Num {
- public:
-  explicit Num(long long value) noexcept {
-    auto res = std::to_chars(buf_.data(), buf_.data() + buf_.size(), value);
-    len_ = static_cast<std::size_t>(res.ptr - buf_.data());
-  }
-  std::string_view view() const noexcept { return {buf_.data(), len_}; }
-
- private:
-  std::array<char, 24> buf_{};
-  std::size_t len_ = 0;
-};
-
-// Bytes built on the stack when they fit (keys and claim records of ordinary size do), else
-// on the heap: no allocation per call on the hot path.
-class SmallBuf {
- public:
-  SmallBuf() = default;
-  SmallBuf(const SmallBuf&) = delete;
-  SmallBuf& operator=(const SmallBuf&) = delete;
-  SmallBuf& append(std::string_view s) {
-    if (heap_.empty() && size_ + s.size() <= inline_.size()) {
-      std::memcpy(inline_.data() + size_, s.data(), s.size());
-    } else {
-      if (heap_.empty()) heap_.assign(inline_.data(), size_);
-      heap_.append(s.data(), s.size());
-    }
-    size_ += s.size();
-    return *this;
-  }
-  SmallBuf& append(char c) { return append(std::string_view(&c, 1)); }
-  std::string_view view() const noexcept {
-    return heap_.empty() ? std::string_view(inline_.data(), size_) : std::string_view(heap_);
-  }
-
- private:
-  std::array<char, 320> inline_;
-  std::string heap_;
-  std::size_t size_ = 0;
-};
+using detail::Script;
+using detail::SmallBuf;
+using detail::build_claim_record;
+using detail::decode;
 
 // The byte strings of one batch call in one buffer: add() while building (the buffer may move,
 // so slots are offsets), then view() once building is done. No allocation per message.
@@ -92,25 +59,6 @@ class BatchBuffer {
  private:
   std::string bytes_;
   std::vector<std::pair<std::size_t, std::size_t>> slots_;  // offset, length
-};
-
-// prefix + "{" + scope + "|" + id + "}" (always inline with the default prefix: at most
-// 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
-class RedisKey : public SmallBuf {
- public:
-  RedisKey(const std::string& prefix, const Key& key) {
-    append(prefix).append('{').append(key.scope()).append(kKeySeparator).append(key.id());
-    append('}');
-  }
-};
-
-// "I1P<#owner>:<owner>": the prefix of `owner`'s in-progress record (see scripts.hpp).
-class ClaimPrefix : public SmallBuf {
- public:
-  explicit ClaimPrefix(const OwnerToken& owner) {
-    append("I1P").append(Num(static_cast<long long>(owner.str().size())).view()).append(':');
-    append(owner.str());
-  }
 };
 
 // Buffers one command on `c`, formatted here as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n"
@@ -156,24 +104,6 @@ struct LastBatch {
   std::size_t next = 0;  // where find_held looks first (completions come in claim order)
 };
 thread_local LastBatch last_batch;
-
-struct Script {
-  explicit Script(const char* source) : text(source) {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-    unsigned int len = 0;
-    if (EVP_Digest(text.data(), text.size(), md.data(), &len, EVP_sha1(), nullptr) != 1 ||
-        len != 20) {
-      throw StorageError("idem::redis: cannot compute the SHA-1 of a script");
-    }
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (unsigned i = 0; i < 20; ++i) {
-      sha[2 * i] = kHex[md[i] >> 4];
-      sha[2 * i + 1] = kHex[md[i] & 0x0F];
-    }
-  }
-  std::string text;
-  std::array<char, 40> sha{};
-};
 
 enum class Op { kClaim, kComplete, kFail, kRelease, kFill, kLookup };
 
@@ -221,47 +151,6 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
 [[noreturn]] void corrupt(Op op, std::string_view key, std::string_view reason) {
   std::string what = describe(op, key);
   detail::throw_error(Failure{Failure::Kind::kCorrupt, what, reason});
-}
-
-// The C++ side of scripts.hpp's encoding.
-struct Decoded {
-  char status = 0;
-  long long created = 0;
-  long long deadline = 0;
-  std::string_view owner, fingerprint, response;
-};
-
-bool decode(std::string_view v, Decoded& out) {
-  if (v.size() < 4 || v[0] != 'I' || v[1] != '1' ||
-      !idem::detail::record_status_from_letter(v[2])) {
-    return false;
-  }
-  out.status = v[2];
-  const char* p = v.data() + 3;
-  const char* const end = v.data() + v.size();
-  auto number = [&](long long& n) {
-    auto res = std::from_chars(p, end, n);
-    if (res.ec != std::errc() || res.ptr == p || res.ptr == end || *res.ptr != ':' || n < 0) {
-      return false;
-    }
-    p = res.ptr + 1;
-    return true;
-  };
-  auto bytes = [&](long long n, std::string_view& field) {
-    if (static_cast<unsigned long long>(n) > static_cast<unsigned long long>(end - p)) {
-      return false;
-    }
-    field = std::string_view(p, static_cast<std::size_t>(n));
-    p += n;
-    return true;
-  };
-  long long ol = 0, fl = 0;
-  if (!number(ol) || !bytes(ol, out.owner) || !number(out.created) || !number(out.deadline) ||
-      !number(fl) || !bytes(fl, out.fingerprint)) {
-    return false;
-  }
-  out.response = std::string_view(p, static_cast<std::size_t>(end - p));
-  return out.status != 'P' || out.response.empty();
 }
 
 template <class Duration>
@@ -488,19 +377,6 @@ class RedisStore::Impl {
     return result;
   }
 
-  static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
-                                 std::string_view fingerprint, std::chrono::milliseconds lease,
-                                 std::size_t& head_end, std::size_t& tail_begin) {
-    const long long now = to_millis(system_now());
-    record.append(ClaimPrefix(owner).view());
-    record.append(Num(now).view());
-    head_end = record.view().size();
-    record.append(':').append(Num(now + lease.count()).view()).append(':');
-    tail_begin = record.view().size();
-    record.append(Num(static_cast<long long>(fingerprint.size())).view()).append(':');
-    record.append(fingerprint);
-  }
-
   static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
                    std::string_view record, std::size_t head_end, std::size_t tail_begin,
                    std::chrono::steady_clock::time_point sent_at, std::chrono::milliseconds lease) {
@@ -514,21 +390,12 @@ class RedisStore::Impl {
     h.used = false;
   }
 
-  // Decodes the existing record a claim found and asks the rulebook what it means: mismatch /
-  // done / busy, or `owner`'s own claim (kept). A key that exists holds a live lease (its TTL
-  // is the lease) or a record within its retention.
+  // What the existing record a claim found means (the rulebook, through record_codec.hpp).
   static void answer(std::string_view existing, std::string_view fingerprint,
                      const OwnerToken& owner, std::string_view rk, ClaimResult& result) {
-    Decoded d;
-    if (!decode(existing, d)) corrupt(Op::kClaim, rk, "not an idem record");
-    idem::detail::FoundRecord f;
-    f.status = *idem::detail::record_status_from_letter(d.status);
-    f.fingerprint = d.fingerprint;
-    f.owner = d.owner;
-    f.response = d.response;
-    f.created_at = from_millis(d.created);
-    f.lease_live = f.status == Record::Status::kInProgress;
-    result = std::move(idem::detail::decide_claim(f, fingerprint, owner.str()).result);
+    if (!detail::answer_found(existing, fingerprint, owner, result)) {
+      corrupt(Op::kClaim, rk, "not an idem record");
+    }
   }
 
   // The claim of `owner` on `rk` this thread made last (single or in its last batch), not yet
@@ -568,10 +435,7 @@ class RedisStore::Impl {
   // "I1C<#owner>:<owner><created>:<deadline>:<#fp>:<fp><response>" from the held claim.
   static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view deadline,
                                std::string_view response) {
-    std::string_view rec = h.record;
-    out.append("I1C").append(rec.substr(3, h.head_end - 3)).append(':');
-    out.append(deadline).append(':').append(rec.substr(h.tail_begin));
-    out.append(response);
+    detail::completed_record(out, h.record, h.head_end, h.tail_begin, deadline, response);
   }
 
   // Reads one pipelined reply. A connection-level failure drops the connection and throws.
@@ -854,16 +718,7 @@ class RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
     // Owner unknown (the durable store decided): stored empty.
-    std::string value;
-    value.reserve(40 + fingerprint.size() + response.size());
-    const long long now = to_millis(system_now());
-    value.append("I1C0:").append(Num(now).view()).append(1, ':');
-    value
-        .append(Num(now + std::chrono::duration_cast<std::chrono::milliseconds>(retention).count())
-                    .view())
-        .append(1, ':');
-    value.append(Num(static_cast<long long>(fingerprint.size())).view()).append(1, ':');
-    value.append(fingerprint).append(response);
+    const std::string value = detail::filled_record(fingerprint, response, retention);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
     ReplyUPtr r = command(Op::kFill, rk.view(), 5, argv, lens);
@@ -883,23 +738,8 @@ class RedisStore::Impl {
     if (!is_string(r->element[0]) || r->element[1]->type != REDIS_REPLY_INTEGER) {
       protocol_error(Op::kLookup, rk.view(), "malformed lookup answer");
     }
-    Decoded d;
-    if (!decode(text_of(r->element[0]), d)) corrupt(Op::kLookup, rk.view(), "not an idem record");
-    const long long pttl = r->element[1]->integer;
-    const TimePoint now = system_now();
-    Record rec;
-    rec.status = *idem::detail::record_status_from_letter(d.status);
-    rec.fingerprint = std::string(d.fingerprint);
-    rec.owner = std::string(d.owner);
-    rec.response = std::string(d.response);
-    rec.created_at = from_millis(d.created);
-    rec.updated_at = rec.created_at;
-    const TimePoint until = pttl >= 0 ? now + std::chrono::milliseconds(pttl) : TimePoint::max();
-    if (rec.status == Record::Status::kInProgress) {
-      rec.lease_until = until;
-    } else {
-      rec.expires_at = until;
-    }
+    auto rec = detail::record_of(text_of(r->element[0]), r->element[1]->integer);
+    if (!rec) corrupt(Op::kLookup, rk.view(), "not an idem record");
     return rec;
   }
 
