@@ -17,9 +17,15 @@
 #   scripts/servers.sh rabbitmq-start | rabbitmq-stop | rabbitmq-restart
 #                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, its own epmd on
 #                                 IDEM_EPMD_PORT); restart keeps its queues and messages
+#   scripts/servers.sh tls        a CA and certificates made now (openssl, in IDEM_SERVERS_DIR/tls),
+#                                 redis-server with TLS only on IDEM_TLS_PORT (client certificates
+#                                 optional, verified when sent) and a PostgreSQL with ssl=on on
+#                                 IDEM_PG_TLS_PORT (TLS required; role idem_pw with a password)
+#   scripts/servers.sh tls-certs  only the certificates (prints their directory)
 #
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
 # (16379), IDEM_PG_PORT (15432), IDEM_CLUSTER_PORT (17000), IDEM_SENTINEL_PORT (17100),
+# IDEM_TLS_PORT (16380), IDEM_PG_TLS_PORT (IDEM_TLS_PORT + 1),
 # IDEM_RABBITMQ_PORT (18672), IDEM_RABBITMQ_DIST_PORT (18673; its CLI tools take the 10 ports
 # above it), IDEM_EPMD_PORT (18369), IDEM_RABBITMQ_ERL_ARGS (extra Erlang VM flags, e.g. +S 1:1).
 # PostgreSQL refuses to run as root, so it runs as the `postgres` user (created if missing);
@@ -38,6 +44,8 @@ RABBITMQ_PORT="${IDEM_RABBITMQ_PORT:-18672}"
 RABBITMQ_DIST_PORT="${IDEM_RABBITMQ_DIST_PORT:-18673}"
 EPMD_PORT="${IDEM_EPMD_PORT:-18369}"
 RABBITMQ_BIN="${IDEM_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}"
+TLS_PORT="${IDEM_TLS_PORT:-16380}"
+PG_TLS_PORT="${IDEM_PG_TLS_PORT:-$((TLS_PORT + 1))}"
 
 log() { echo "servers: $*" >&2; }
 
@@ -232,6 +240,111 @@ CONF
   log "sentinel setup did not become ready"; return 1
 }
 
+# --- TLS: certificates made now, Redis with --tls-port, PostgreSQL with ssl=on -------------------
+# $DIR/tls: ca.pem (the CA tests trust), server.pem/-key.pem (names localhost and 127.0.0.1),
+# client.pem/-key.pem (signed by the CA), other-ca.pem and other-client.pem/-key.pem (a CA
+# nobody trusts, and a client certificate it signed).
+tls_certs() {
+  local t="$DIR/tls"
+  [ -s "$t/other-client.pem" ] && return 0
+  mkdir -p "$t"; chmod 0755 "$t"
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  for ca in ca other-ca; do
+    openssl req -x509 -new "${ec[@]}" -keyout "$t/$ca-key.pem" -out "$t/$ca.pem" -days 3 \
+      -subj "/CN=idem test $ca" 2>/dev/null
+  done
+  sign() {  # sign <name> <ca> <subject> <extensions>
+    openssl req -new "${ec[@]}" -keyout "$t/$1-key.pem" -out "$t/$1.csr" -subj "$3" 2>/dev/null
+    printf '%s\n' "$4" >"$t/$1.ext"
+    openssl x509 -req -in "$t/$1.csr" -CA "$t/$2.pem" -CAkey "$t/$2-key.pem" -CAcreateserial \
+      -out "$t/$1.pem" -days 3 -extfile "$t/$1.ext" 2>/dev/null
+  }
+  sign server ca "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1
+extendedKeyUsage=serverAuth"
+  sign client ca "/CN=idem-client" "extendedKeyUsage=clientAuth"
+  sign other-client other-ca "/CN=idem-client" "extendedKeyUsage=clientAuth"
+  chmod 0644 "$t"/*.pem
+}
+
+redis_tls_alive() {
+  [ "$(redis-cli --tls --cacert "$DIR/tls/ca.pem" -h 127.0.0.1 -p "$TLS_PORT" PING 2>/dev/null || true)" = "PONG" ]
+}
+
+redis_tls_start() {
+  ensure_dir; tls_certs
+  if redis_tls_alive; then return 0; fi
+  mkdir -p "$DIR/redis-tls"
+  redis-server --port 0 --tls-port "$TLS_PORT" --bind 127.0.0.1 --dir "$DIR/redis-tls" --save '' \
+    --appendonly no --daemonize yes --pidfile "$DIR/redis-tls.pid" --logfile "$DIR/redis-tls.log" \
+    --tls-cert-file "$DIR/tls/server.pem" --tls-key-file "$DIR/tls/server-key.pem" \
+    --tls-ca-cert-file "$DIR/tls/ca.pem" --tls-auth-clients optional
+  for _ in $(seq 1 100); do
+    if redis_tls_alive; then return 0; fi
+    sleep 0.1
+  done
+  log "redis-server (TLS) did not answer PING on port $TLS_PORT"; tail -20 "$DIR/redis-tls.log" >&2 || true
+  return 1
+}
+
+pg_tls_alive() { "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_TLS_PORT" -U postgres 2>/dev/null; }
+
+# A second PostgreSQL (the test instance stays without TLS, so its clients keep their cost):
+# ssl=on with the test-made certificate, TLS required by pg_hba.conf, trust for postgres and a
+# password (SCRAM) for role idem_pw, whose password is in $DIR/tls/pg-password.
+pg_tls_start() {
+  ensure_dir; tls_certs
+  if pg_tls_alive; then return 0; fi
+  local data="$DIR/pgdata-tls"
+  if [ ! -s "$data/PG_VERSION" ]; then
+    rm -rf "$data"
+    install -d -o postgres -m 0700 "$data"
+    as_postgres "$PG_BIN/initdb" -D "$data" -U postgres --no-locale -E UTF8 -A trust >"$DIR/initdb-tls.log" 2>&1 \
+      || { cat "$DIR/initdb-tls.log" >&2; return 1; }
+    install -o postgres -m 0600 "$DIR/tls/server.pem" "$data/server.crt"
+    install -o postgres -m 0600 "$DIR/tls/server-key.pem" "$data/server.key"
+    cat >>"$data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_TLS_PORT
+unix_socket_directories = ''
+max_connections = 50
+ssl = on
+ssl_cert_file = 'server.crt'
+ssl_key_file = 'server.key'
+password_encryption = 'scram-sha-256'
+logging_collector = off
+CONF
+    cat >"$data/pg_hba.conf" <<HBA
+hostssl all postgres 127.0.0.1/32 trust
+hostssl all idem_pw 127.0.0.1/32 scram-sha-256
+hostnossl all all 127.0.0.1/32 reject
+HBA
+    chown postgres "$data/pg_hba.conf"
+  fi
+  touch "$DIR/postgres-tls.log"; chown postgres "$DIR/postgres-tls.log"
+  as_postgres "$PG_BIN/pg_ctl" -D "$data" -l "$DIR/postgres-tls.log" -w -t 60 start >/dev/null \
+    || { tail -30 "$DIR/postgres-tls.log" >&2; return 1; }
+  for _ in $(seq 1 100); do pg_tls_alive && break; sleep 0.1; done
+  pg_tls_alive || { log "PostgreSQL (TLS) did not become ready"; return 1; }
+  local pw="$DIR/tls/pg-password"
+  [ -s "$pw" ] || openssl rand -hex 16 >"$pw"
+  PGSSLMODE=require psql -q -h 127.0.0.1 -p "$PG_TLS_PORT" -U postgres -v pw="$(cat "$pw")" <<'SQL' >/dev/null
+SELECT 'CREATE DATABASE idem_test' WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'idem_test')\gexec
+DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'idem_pw') THEN CREATE ROLE idem_pw LOGIN; END IF; END$$;
+ALTER ROLE idem_pw PASSWORD :'pw';
+GRANT ALL ON DATABASE idem_test TO idem_pw;
+SQL
+  PGSSLMODE=require psql -q -h 127.0.0.1 -p "$PG_TLS_PORT" -U postgres -d idem_test \
+    -c "GRANT ALL ON SCHEMA public TO idem_pw" \
+    -c "ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public GRANT ALL ON TABLES TO idem_pw" \
+    -c "GRANT ALL ON ALL TABLES IN SCHEMA public TO idem_pw" >/dev/null
+}
+
+pg_tls_stop() {
+  if [ -s "$DIR/pgdata-tls/PG_VERSION" ] && pg_tls_alive; then
+    as_postgres "$PG_BIN/pg_ctl" -D "$DIR/pgdata-tls" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+  fi
+}
+
 stop_all_redis_in_dir() {
   for pidfile in "$DIR"/*.pid; do
     [ -e "$pidfile" ] || continue
@@ -348,6 +461,12 @@ print_env() {
     for i in 0 1 2 3 4 5; do seeds="$seeds${seeds:+,}127.0.0.1:$((CLUSTER_PORT + i))"; done
     echo "export IDEM_TEST_REDIS_CLUSTER_URL=redis-cluster://$seeds IDEM_CLUSTER_PORT=$CLUSTER_PORT"
   fi
+  if redis_tls_alive; then
+    echo "export IDEM_TEST_REDIS_TLS_URL=rediss://localhost:$TLS_PORT IDEM_TEST_TLS_DIR=$DIR/tls IDEM_TLS_PORT=$TLS_PORT"
+  fi
+  if pg_tls_alive; then
+    echo "export IDEM_TEST_POSTGRES_TLS_DSN=\"host=localhost port=$PG_TLS_PORT dbname=$PG_DB sslmode=verify-full sslrootcert=$DIR/tls/ca.pem\" IDEM_TEST_POSTGRES_TLS_PASSWORD=$(cat "$DIR/tls/pg-password") IDEM_PG_TLS_PORT=$PG_TLS_PORT"
+  fi
   if sentinel_alive; then
     echo "export IDEM_TEST_REDIS_SENTINEL_URL=redis-sentinel://127.0.0.1:$((SENTINEL_PORT + 10)),127.0.0.1:$((SENTINEL_PORT + 11)),127.0.0.1:$((SENTINEL_PORT + 12))/idem-master IDEM_SENTINEL_PORT=$SENTINEL_PORT"
   fi
@@ -357,9 +476,11 @@ print_env() {
 cmd="${1:-}"
 case "$cmd" in
   start) redis_start; pg_start; print_env ;;
-  stop) redis_stop; pg_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
+  stop) redis_stop; pg_stop; pg_tls_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
   cluster) cluster_start; print_env ;;
   sentinel) sentinel_start; print_env ;;
+  tls) redis_tls_start; pg_tls_start; print_env ;;
+  tls-certs) ensure_dir; tls_certs; echo "$DIR/tls" ;;
   cluster-node-kill) cluster_node_kill "${2:?port}" ;;
   cluster-node-start) cluster_node_start "${2:?port}" ;;
   env) print_env ;;
@@ -368,6 +489,8 @@ case "$cmd" in
     pg_alive && echo "postgres: up on 127.0.0.1:$PG_PORT" || echo "postgres: down"
     cluster_alive && echo "cluster: up on 127.0.0.1:$CLUSTER_PORT..$((CLUSTER_PORT + 5))" || echo "cluster: down"
     sentinel_alive && echo "sentinel: up on 127.0.0.1:$((SENTINEL_PORT + 10))" || echo "sentinel: down"
+    redis_tls_alive && echo "redis (TLS): up on 127.0.0.1:$TLS_PORT" || echo "redis (TLS): down"
+    pg_tls_alive && echo "postgres (TLS): up on 127.0.0.1:$PG_TLS_PORT" || echo "postgres (TLS): down"
     rabbitmq_alive && echo "rabbitmq: up on 127.0.0.1:$RABBITMQ_PORT" || echo "rabbitmq: down" ;;
   redis-start) redis_start ;;
   redis-stop) redis_stop ;;
@@ -378,5 +501,5 @@ case "$cmd" in
   rabbitmq-start) rabbitmq_start; print_rabbitmq_env ;;
   rabbitmq-stop) rabbitmq_stop ;;
   rabbitmq-restart) rabbitmq_stop; rabbitmq_start ;;
-  *) sed -n '3,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '3,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

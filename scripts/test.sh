@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
-# Cluster and a Redis Sentinel setup on loopback (during the build), runs every test (ctest),
-# checks the installed package from a separate project, and stops the servers. Exits non-zero on
-# any failure.
+# Cluster, a Redis Sentinel setup and the TLS servers on loopback (during the build), runs every
+# test (ctest), checks the package as users meet it (tests/package/check.sh: components alone,
+# pkg-config, the API reference, a shared build, the .deb, C++20), and stops the servers. Exits
+# non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
@@ -38,7 +39,8 @@ trap cleanup EXIT
 mkdir -p "$IDEM_SERVERS_DIR"
 servers_env="$IDEM_SERVERS_DIR/test-env.sh"
 (./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
-   ./scripts/servers.sh sentinel >"$servers_env") >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
+   ./scripts/servers.sh tls >/dev/null && ./scripts/servers.sh sentinel >"$servers_env") \
+  >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!
 # The RabbitMQ node starts alongside them (an Erlang VM: seconds of CPU); the time it took is
 # printed once the build is done.
@@ -49,7 +51,7 @@ rabbitmq_env="$IDEM_SERVERS_DIR/test-env-rabbitmq.sh"
   >"$IDEM_SERVERS_DIR/rabbitmq-start.log" 2>&1 &
 rabbitmq_pid=$!
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON >/dev/null
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 
 if ! wait "$servers_pid"; then
@@ -70,20 +72,10 @@ export IDEM_REQUIRE_SERVERS=1
 status=0
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
 
-# The installed package works from a separate project (find_package(idem) + idem::sqlite).
+# The package as users meet it (each step prints its time): components, pkg-config, docs,
+# shared libraries, the .deb, C++20.
 if [ "${#ctest_args[@]}" -eq 0 ]; then
-  prefix="$(mktemp -d /tmp/idem-install.XXXXXX)"
-  cmake --install "$BUILD" --prefix "$prefix" >/dev/null
-  rm -rf "$BUILD/package-consumer"
-  if cmake -S tests/package -B "$BUILD/package-consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null &&
-     cmake --build "$BUILD/package-consumer" -j "$JOBS" >/dev/null &&
-     "$BUILD/package-consumer/idem_package_consumer"; then
-    echo "package: find_package(idem) consumer built and ran: ok"
-  else
-    echo "package: find_package(idem) consumer FAILED" >&2
-    status=1
-  fi
-  rm -rf "$prefix"
+  ./tests/package/check.sh "$BUILD" || status=1
 fi
 
 if [ "$sanitize" -eq 1 ]; then

@@ -9,7 +9,14 @@
 //   * PostgreSQL (--postgres, the production shape, RedisStore in front): one transaction per
 //     message (consume) and one per batch (consume_batch: the batch's records in ONE INSERT).
 // The effect table is the same on both sides: (message_id, body) in SQLite, plus a bigserial
-// primary key in PostgreSQL. Same process, rounds interleaved (plain, dedup, ...), medians;
+// primary key in PostgreSQL. Next to them, the hand-written record recipe of the seed tables
+// ("insert the consume record, run the business, mark it consumed", in the effect's
+// transaction): a consume record row (message_id, consumer_group) with its primary key and a
+// timestamp, inserted with ON CONFLICT DO NOTHING, the effect only when it was new; per message
+// (one transaction each) and per read batch (one transaction; PostgreSQL: ONE multi-row record
+// INSERT ... RETURNING), sqlite3 / libpqxx called directly; against them idem's consumer with
+// the durable store alone (the same database and nothing else), and with a fast store in front.
+// Same process, rounds interleaved (plain, dedup, ...), medians;
 // `--only a,b` runs some loops. run.sh pins the servers and this driver to one CPU, except for
 // its last pass: `--threads N` runs the PostgreSQL batch loops with N consumers of one group
 // draining the same stream (throughput; each plain consumer has its own connection, the dedup
@@ -23,11 +30,13 @@
 #include <filesystem>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../common/latency_proxy.hpp"
+#include "../common/raw_sqlite.hpp"
 #include "idem/consumer.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mq/redis_streams.hpp"
@@ -182,6 +191,51 @@ std::vector<std::string> consume_entries(Consumer& consumer, const Entries& batc
   return acks;
 }
 
+// The hand-written SQLite recipe (sqlite3 directly): the consume record row and the effect row
+// in one transaction, per message or per batch.
+class RawConsumeRecord {
+ public:
+  RawConsumeRecord(const std::filesystem::path& path, std::string group)
+      : group_(std::move(group)),
+        db_(init(path).string()),
+        begin_(db_.get(), "BEGIN IMMEDIATE"),
+        commit_(db_.get(), "COMMIT"),
+        record_(db_.get(),
+                "INSERT INTO mq_consume_record (message_id, consumer_group, consumed_at)"
+                " VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING"),
+        effect_(db_.get(), "INSERT INTO effect (message_id, body) VALUES (?1, ?2)") {}
+
+  /// One transaction per message (`batched` false) or per batch. @return the ids to ack.
+  std::vector<std::string> handle(const Entries& batch, bool batched) {
+    std::vector<std::string> acks;
+    if (batched) begin_.run();
+    for (const auto& e : batch) {
+      if (!batched) begin_.run();
+      const std::string_view id = *e.find("message_id");
+      record_.text(1, id).text(2, group_).integer(3, idem::to_millis(idem::system_now())).run();
+      if (sqlite3_changes(db_.get()) == 1) effect_.text(1, id).text(2, *e.find("body")).run();
+      if (!batched) commit_.run();
+      acks.push_back(e.id);
+    }
+    if (batched) commit_.run();
+    return acks;
+  }
+
+ private:
+  static const std::filesystem::path& init(const std::filesystem::path& path) {
+    idem::bench::RawSqlite db{path.string()};
+    db.exec("CREATE TABLE effect (message_id TEXT NOT NULL, body TEXT NOT NULL)");
+    db.exec(
+        "CREATE TABLE mq_consume_record (message_id TEXT NOT NULL, consumer_group TEXT NOT"
+        " NULL, consumed_at INTEGER NOT NULL, PRIMARY KEY (message_id, consumer_group))"
+        " WITHOUT ROWID");
+    return path;
+  }
+  std::string group_;
+  idem::bench::RawSqlite db_;
+  idem::bench::RawStatement begin_, commit_, record_, effect_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,12 +285,15 @@ int main(int argc, char** argv) {
            ("," + a.only + ",").find("," + std::string(name) + ",") != std::string::npos;
   };
   if (a.threads > 1) {
-    for (const char* single : {"plain", "dedup_redis", "dedup_memory", "plain_batch",
-                               "dedup_batch_redis", "dedup_batch_memory", "plain_pg", "dedup_pg"}) {
+    for (const char* single :
+         {"plain", "dedup_redis", "dedup_memory", "plain_batch", "dedup_batch_redis",
+          "dedup_batch_memory", "plain_pg", "dedup_pg", "handwritten", "handwritten_batch",
+          "dedup_durable", "dedup_batch_durable", "handwritten_pg", "dedup_pg_durable"}) {
       if (wanted(single)) {
         std::fprintf(stderr,
                      "--threads runs the PostgreSQL batch loops only: add --only "
-                     "plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory\n");
+                     "plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory,handwritten_pg_batch,"
+                     "dedup_pg_batch_durable\n");
         return 2;
       }
     }
@@ -254,18 +311,23 @@ int main(int argc, char** argv) {
   // it (fast store MemoryStore, then RedisStore), and one transaction per batch without and
   // with it.
   std::vector<double> plain, dedup, dedup_redis, plain_batch, dedup_batch, dedup_batch_redis;
+  // The hand-written record recipe and idem's consumer with the durable store alone.
+  std::vector<double> handwritten, handwritten_batch, dedup_durable, dedup_batch_durable;
 #ifdef IDEM_BENCH_WITH_POSTGRES
   // The production shape: the effect row goes to PostgreSQL, one transaction per message;
   // with de-duplication the consume record commits in that same transaction (PostgresStore)
   // behind a RedisStore claim. Both sides run the same unprepared INSERT.
   std::vector<double> plain_pg, dedup_pg, plain_pg_batch, dedup_pg_batch, dedup_pg_batch_memory;
+  std::vector<double> handwritten_pg, handwritten_pg_batch, dedup_pg_durable,
+      dedup_pg_batch_durable;
   // --latency-us: the round trips of each loop's drains (not of its publishing), counted at the
   // delay lines, and the messages they consumed.
   struct Trips {
     std::uint64_t trips = 0, messages = 0;
   };
   Trips trips_plain_pg, trips_dedup_pg, trips_plain_pg_batch, trips_dedup_pg_batch,
-      trips_dedup_pg_batch_memory;
+      trips_dedup_pg_batch_memory, trips_handwritten_pg, trips_handwritten_pg_batch,
+      trips_dedup_pg_durable, trips_dedup_pg_batch_durable;
   auto proxied_trips = [&]() -> std::uint64_t {
     return (redis_proxy ? redis_proxy->round_trips() : 0) +
            (pg_proxy ? pg_proxy->round_trips() : 0);
@@ -283,20 +345,34 @@ int main(int argc, char** argv) {
   std::string pg_fsync, pg_sync_commit;
   const std::string pg_plain_table = "mq_bench_plain_" + std::to_string(::getpid());
   const std::string pg_dedup_table = "mq_bench_dedup_" + std::to_string(::getpid());
+  const std::string pg_hw_table = "mq_bench_handwritten_" + std::to_string(::getpid());
+  const std::string pg_hw_record = "mq_bench_record_" + std::to_string(::getpid());
+  const std::string pg_hw_insert =
+      "INSERT INTO " + pg_hw_table + " (message_id, body) VALUES ($1, $2)";
+  const std::string pg_hw_record_insert = "INSERT INTO " + pg_hw_record +
+                                          " (message_id, consumer_group) VALUES ($1, $2)"
+                                          " ON CONFLICT DO NOTHING";
   const std::string pg_plain_insert =
       "INSERT INTO " + pg_plain_table + " (message_id, body) VALUES ($1, $2)";
   const std::string pg_dedup_insert =
       "INSERT INTO " + pg_dedup_table + " (message_id, body) VALUES ($1, $2)";
   if (!a.postgres.empty() &&
       (wanted("plain_pg") || wanted("dedup_pg") || wanted("plain_pg_batch") ||
-       wanted("dedup_pg_batch") || wanted("dedup_pg_batch_memory"))) {
+       wanted("dedup_pg_batch") || wanted("dedup_pg_batch_memory") || wanted("handwritten_pg") ||
+       wanted("handwritten_pg_batch") || wanted("dedup_pg_durable") ||
+       wanted("dedup_pg_batch_durable"))) {
     pg = std::make_unique<pqxx::connection>(a.postgres);
     pqxx::nontransaction nt(*pg);
-    for (const auto& t : {pg_plain_table, pg_dedup_table}) {
+    for (const auto& t : {pg_plain_table, pg_dedup_table, pg_hw_table}) {
       nt.exec("DROP TABLE IF EXISTS " + t);
       nt.exec("CREATE TABLE " + t +
               " (id bigserial PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)");
     }
+    // The recipe's consume record: the unique key and a timestamp (bench/rabbitmq's too).
+    nt.exec("DROP TABLE IF EXISTS " + pg_hw_record);
+    nt.exec("CREATE TABLE " + pg_hw_record +
+            " (message_id text NOT NULL, consumer_group text NOT NULL, consumed_at timestamptz"
+            " NOT NULL DEFAULT now(), PRIMARY KEY (message_id, consumer_group))");
     pg_fsync = nt.exec("SHOW fsync")[0][0].as<std::string>();
     pg_sync_commit = nt.exec("SHOW synchronous_commit")[0][0].as<std::string>();
     pg_store = std::make_unique<idem::postgres::PostgresStore>(
@@ -321,10 +397,15 @@ int main(int argc, char** argv) {
       }));
     }
     // The dedup loops over SQLite: `fast` in front, one transaction per message or per batch.
-    auto run_dedup = [&](idem::FastStore& fast, const char* kind, bool batched) {
+    // (`fast` null: the durable store alone.)
+    auto run_dedup = [&](idem::FastStore* fast, const char* kind, bool batched) {
       auto db = open_db(dir / (std::string(kind) + r + ".db"));
       idem::sqlite::SqliteStore durable{db, idem::sqlite::SqliteStoreOptions::mq_consume_record()};
-      idem::IdempotencyGuard guard{fast, durable, mq_guard_options()};
+      auto guard =
+          fast != nullptr
+              ? idem::IdempotencyGuard<idem::sqlite::SqliteStore>{*fast, durable,
+                                                                  mq_guard_options()}
+              : idem::IdempotencyGuard<idem::sqlite::SqliteStore>{durable, mq_guard_options()};
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.messages);
       return drain(redis, stream, a.batch, a.messages, [&](const Entries& batch) {
@@ -333,11 +414,11 @@ int main(int argc, char** argv) {
     };
     if (wanted("dedup_memory")) {
       idem::MemoryStore fast;
-      dedup.push_back(run_dedup(fast, "dedup_memory", false));
+      dedup.push_back(run_dedup(&fast, "dedup_memory", false));
     }
     if (wanted("dedup_redis")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_redis.push_back(run_dedup(fast, "dedup_redis", false));
+      dedup_redis.push_back(run_dedup(&fast, "dedup_redis", false));
     }
     if (wanted("plain_batch")) {
       auto db = open_db(dir / ("plain_batch" + r + ".db"));
@@ -353,11 +434,27 @@ int main(int argc, char** argv) {
     }
     if (wanted("dedup_batch_memory")) {
       idem::MemoryStore fast;
-      dedup_batch.push_back(run_dedup(fast, "dedup_batch_memory", true));
+      dedup_batch.push_back(run_dedup(&fast, "dedup_batch_memory", true));
     }
     if (wanted("dedup_batch_redis")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_batch_redis.push_back(run_dedup(fast, "dedup_batch_redis", true));
+      dedup_batch_redis.push_back(run_dedup(&fast, "dedup_batch_redis", true));
+    }
+    auto run_handwritten = [&](const char* kind, bool batched) {
+      RawConsumeRecord hw{dir / (std::string(kind) + r + ".db"), group_of(kind, r)};
+      auto stream = publish(redis, round, kind, a.messages);
+      return drain(redis, stream, a.batch, a.messages,
+                   [&](const Entries& batch) { return hw.handle(batch, batched); });
+    };
+    if (wanted("handwritten")) handwritten.push_back(run_handwritten("handwritten", false));
+    if (wanted("dedup_durable")) {
+      dedup_durable.push_back(run_dedup(nullptr, "dedup_durable", false));
+    }
+    if (wanted("handwritten_batch")) {
+      handwritten_batch.push_back(run_handwritten("handwritten_batch", true));
+    }
+    if (wanted("dedup_batch_durable")) {
+      dedup_batch_durable.push_back(run_dedup(nullptr, "dedup_batch_durable", true));
     }
 #ifdef IDEM_BENCH_WITH_POSTGRES
     if (pg && wanted("plain_pg")) {
@@ -376,8 +473,13 @@ int main(int argc, char** argv) {
       }));
     }
     // The dedup loops over PostgreSQL, RedisStore in front.
-    auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore& fast, Trips& trips) {
-      idem::IdempotencyGuard guard{fast, *pg_store, mq_guard_options()};
+    // (`fast` null: the durable store alone.)
+    auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore* fast, Trips& trips) {
+      auto guard = fast != nullptr
+                       ? idem::IdempotencyGuard<idem::postgres::PostgresStore>{*fast, *pg_store,
+                                                                               mq_guard_options()}
+                       : idem::IdempotencyGuard<idem::postgres::PostgresStore>{*pg_store,
+                                                                               mq_guard_options()};
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.pg_messages);
       auto handle = [&](const Entries& batch) {
@@ -396,7 +498,7 @@ int main(int argc, char** argv) {
     };
     if (pg_store && wanted("dedup_pg")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_pg.push_back(run_dedup_pg("dedup_pg", false, fast, trips_dedup_pg));
+      dedup_pg.push_back(run_dedup_pg("dedup_pg", false, &fast, trips_dedup_pg));
     }
     if (pg && wanted("plain_pg_batch")) {
       auto stream = publish(redis, round, "plain_pg_batch", a.pg_messages);
@@ -423,12 +525,78 @@ int main(int argc, char** argv) {
     }
     if (pg_store && wanted("dedup_pg_batch")) {
       idem::redis::RedisStore fast{fast_options};
-      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, fast, trips_dedup_pg_batch));
+      dedup_pg_batch.push_back(run_dedup_pg("dedup_pg_batch", true, &fast, trips_dedup_pg_batch));
     }
     if (pg_store && wanted("dedup_pg_batch_memory")) {
       idem::MemoryStore fast;
       dedup_pg_batch_memory.push_back(
-          run_dedup_pg("dedup_pg_batch_memory", true, fast, trips_dedup_pg_batch_memory));
+          run_dedup_pg("dedup_pg_batch_memory", true, &fast, trips_dedup_pg_batch_memory));
+    }
+    // The hand-written record recipe on PostgreSQL (libpqxx): per message, the record INSERT ...
+    // ON CONFLICT DO NOTHING and the effect when it was new; per batch, ONE multi-row record
+    // INSERT ... ON CONFLICT DO NOTHING RETURNING message_id, then the new ones' effects.
+    const std::string hw_group = group_of("handwritten_pg", r);
+    const std::string hw_batch_group = group_of("handwritten_pg_batch", r);
+    auto hw_each_of = [&](pqxx::connection& c, const Entries& batch) {
+      std::vector<std::string> acks;
+      for (const auto& e : batch) {
+        pqxx::work tx(c);
+        if (tx.exec_params(pg_hw_record_insert, *e.find("message_id"), hw_group).affected_rows() ==
+            1) {
+          tx.exec_params(pg_hw_insert, *e.find("message_id"), *e.find("body"));
+        }
+        tx.commit();
+        acks.push_back(e.id);
+      }
+      return acks;
+    };
+    auto hw_batch_of = [&](pqxx::connection& c, const Entries& batch) {
+      std::vector<std::string> acks;
+      pqxx::work tx(c);
+      std::string sql = "INSERT INTO " + pg_hw_record + " (message_id, consumer_group) VALUES ";
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        sql += (i ? ", (" : "(") + tx.quote(*batch[i].find("message_id")) + ", " +
+               tx.quote(hw_batch_group) + ")";
+      }
+      sql += " ON CONFLICT DO NOTHING RETURNING message_id";
+      std::set<std::string> fresh;
+      for (const auto& row : tx.exec(sql)) fresh.insert(row[0].as<std::string>());
+      for (const auto& e : batch) {
+        if (fresh.erase(std::string(*e.find("message_id"))) == 1) {
+          tx.exec_params(pg_hw_insert, *e.find("message_id"), *e.find("body"));
+        }
+      }
+      tx.commit();
+      for (const auto& e : batch) acks.push_back(e.id);
+      return acks;
+    };
+    if (pg && wanted("handwritten_pg")) {
+      auto stream = publish(redis, round, "handwritten_pg", a.pg_messages);
+      handwritten_pg.push_back(counted(trips_handwritten_pg, a.pg_messages, [&] {
+        return drain(redis, stream, a.batch, a.pg_messages,
+                     [&](const Entries& batch) { return hw_each_of(*pg, batch); });
+      }));
+    }
+    if (pg_store && wanted("dedup_pg_durable")) {
+      dedup_pg_durable.push_back(
+          run_dedup_pg("dedup_pg_durable", false, nullptr, trips_dedup_pg_durable));
+    }
+    if (pg && wanted("handwritten_pg_batch")) {
+      auto stream = publish(redis, round, "handwritten_pg_batch", a.pg_messages);
+      handwritten_pg_batch.push_back(counted(trips_handwritten_pg_batch, a.pg_messages, [&] {
+        return a.threads > 1
+                   ? drain_parallel(redis, stream, a.batch, a.pg_messages, a.threads,
+                                    [&](int t, const Entries& batch) {
+                                      return hw_batch_of(*pg_threads[static_cast<std::size_t>(t)],
+                                                         batch);
+                                    })
+                   : drain(redis, stream, a.batch, a.pg_messages,
+                           [&](const Entries& batch) { return hw_batch_of(*pg, batch); });
+      }));
+    }
+    if (pg_store && wanted("dedup_pg_batch_durable")) {
+      dedup_pg_batch_durable.push_back(
+          run_dedup_pg("dedup_pg_batch_durable", true, nullptr, trips_dedup_pg_batch_durable));
     }
 #endif
   }
@@ -436,7 +604,9 @@ int main(int argc, char** argv) {
 #ifdef IDEM_BENCH_WITH_POSTGRES
   if (pg) {
     pqxx::nontransaction nt(*pg);
-    for (const auto& t : {pg_plain_table, pg_dedup_table}) nt.exec("DROP TABLE IF EXISTS " + t);
+    for (const auto& t : {pg_plain_table, pg_dedup_table, pg_hw_table, pg_hw_record}) {
+      nt.exec("DROP TABLE IF EXISTS " + t);
+    }
   }
 #endif
   // Figures and ratios of the loops that ran (--only), like with like: per-message loops
@@ -451,7 +621,8 @@ int main(int argc, char** argv) {
     }
   };
   if (!plain.empty() || !dedup.empty() || !dedup_redis.empty() || !plain_batch.empty() ||
-      !dedup_batch.empty() || !dedup_batch_redis.empty()) {
+      !dedup_batch.empty() || !dedup_batch_redis.empty() || !handwritten.empty() ||
+      !handwritten_batch.empty() || !dedup_durable.empty() || !dedup_batch_durable.empty()) {
     std::printf(
         "mq consumer loop, SQLite: %d messages per round, XREADGROUP/XACK batches of %zu, "
         "%d interleaved rounds, SQLite WAL synchronous=NORMAL\n",
@@ -466,10 +637,24 @@ int main(int argc, char** argv) {
     ratio("mq_dedup_memory_vs_plain", dedup, plain);
     ratio("mq_dedup_batch_redis_vs_plain_batch", dedup_batch_redis, plain_batch);
     ratio("mq_dedup_batch_memory_vs_plain_batch", dedup_batch, plain_batch);
+    line("hand-written record recipe, per message:", handwritten);
+    line("dedup, consume(), durable store alone:", dedup_durable);
+    line("hand-written record recipe, per batch:", handwritten_batch);
+    line("dedup, consume_batch(), durable store alone:", dedup_batch_durable);
+    ratio("mq_consume_batch_sqlite_vs_handwritten_consume_record", dedup_batch_durable,
+          handwritten_batch);
+    ratio("mq_consume_batch_sqlite_memory_vs_handwritten_consume_record", dedup_batch,
+          handwritten_batch);
+    ratio("mq_consume_batch_sqlite_redis_vs_handwritten_consume_record", dedup_batch_redis,
+          handwritten_batch);
+    ratio("mq_consume_sqlite_vs_handwritten_consume_record", dedup_durable, handwritten);
+    ratio("mq_consume_sqlite_memory_vs_handwritten_consume_record", dedup, handwritten);
+    ratio("mq_handwritten_consume_record_batch_vs_plain_batch", handwritten_batch, plain_batch);
   }
 #ifdef IDEM_BENCH_WITH_POSTGRES
   if (!plain_pg.empty() || !dedup_pg.empty() || !plain_pg_batch.empty() ||
-      !dedup_pg_batch.empty()) {
+      !dedup_pg_batch.empty() || !handwritten_pg.empty() || !handwritten_pg_batch.empty() ||
+      !dedup_pg_durable.empty() || !dedup_pg_batch_durable.empty()) {
     std::printf(
         "mq consumer loop, PostgreSQL: %d messages per round, XREADGROUP/XACK batches of "
         "%zu, %d interleaved rounds, fsync=%s, synchronous_commit=%s, injected one-way "
@@ -481,6 +666,10 @@ int main(int argc, char** argv) {
     line("plain, one PostgreSQL transaction per batch:", plain_pg_batch);
     line("dedup, consume_batch(), RedisStore + PostgresStore:", dedup_pg_batch);
     line("dedup, consume_batch(), MemoryStore + PostgresStore:", dedup_pg_batch_memory);
+    line("hand-written record recipe, per message:", handwritten_pg);
+    line("dedup, consume(), PostgresStore alone:", dedup_pg_durable);
+    line("hand-written record recipe, per batch:", handwritten_pg_batch);
+    line("dedup, consume_batch(), PostgresStore alone:", dedup_pg_batch_durable);
     std::string suffix = pg_sync_commit == "off" ? "_async_commit" : "";
     if (a.latency_us > 0) suffix += "_latency_" + std::to_string(a.latency_us) + "us";
     if (a.threads > 1) suffix += "_" + std::to_string(a.threads) + "_consumers";
@@ -489,6 +678,20 @@ int main(int argc, char** argv) {
           plain_pg_batch);
     ratio(("mq_dedup_batch_postgres_memory_vs_plain_batch_postgres" + suffix).c_str(),
           dedup_pg_batch_memory, plain_pg_batch);
+    // Against the hand-written record recipe: the durable store alone (like for like), then
+    // with a fast store in front.
+    ratio(("mq_consume_batch_postgres_vs_handwritten_consume_record" + suffix).c_str(),
+          dedup_pg_batch_durable, handwritten_pg_batch);
+    ratio(("mq_consume_batch_postgres_memory_vs_handwritten_consume_record" + suffix).c_str(),
+          dedup_pg_batch_memory, handwritten_pg_batch);
+    ratio(("mq_consume_batch_postgres_redis_vs_handwritten_consume_record" + suffix).c_str(),
+          dedup_pg_batch, handwritten_pg_batch);
+    ratio(("mq_consume_vs_handwritten_consume_record" + suffix).c_str(), dedup_pg_durable,
+          handwritten_pg);
+    ratio(("mq_consume_redis_vs_handwritten_consume_record" + suffix).c_str(), dedup_pg,
+          handwritten_pg);
+    ratio(("mq_handwritten_consume_record_batch_vs_plain_batch_postgres" + suffix).c_str(),
+          handwritten_pg_batch, plain_pg_batch);
     // Round trips per message, what the delay lines counted (the latency pass only).
     if (a.latency_us > 0) {
       auto per_message = [](const Trips& t) {
@@ -509,6 +712,12 @@ int main(int argc, char** argv) {
                  &trips_plain_pg_batch);
       trips_line("dedup, consume_batch(), MemoryStore:", trips_dedup_pg_batch_memory,
                  &trips_plain_pg_batch);
+      trips_line("hand-written recipe, per message:", trips_handwritten_pg, &trips_plain_pg);
+      trips_line("dedup, consume(), PostgresStore alone:", trips_dedup_pg_durable, &trips_plain_pg);
+      trips_line("hand-written recipe, per batch:", trips_handwritten_pg_batch,
+                 &trips_plain_pg_batch);
+      trips_line("dedup, consume_batch(), PostgresStore alone:", trips_dedup_pg_batch_durable,
+                 &trips_plain_pg_batch);
       auto trips_ratio = [&](const char* name, const Trips& ours, const Trips& base) {
         if (ours.messages && base.messages && ours.trips) {
           std::printf("ratio %s = %.2f\n", name, per_message(base) / per_message(ours));
@@ -518,6 +727,10 @@ int main(int argc, char** argv) {
                   trips_plain_pg);
       trips_ratio("mq_dedup_batch_postgres_vs_plain_batch_postgres_round_trips",
                   trips_dedup_pg_batch, trips_plain_pg_batch);
+      trips_ratio("mq_consume_vs_handwritten_consume_record_round_trips", trips_dedup_pg_durable,
+                  trips_handwritten_pg);
+      trips_ratio("mq_consume_batch_postgres_vs_handwritten_consume_record_round_trips",
+                  trips_dedup_pg_batch_durable, trips_handwritten_pg_batch);
     }
   }
 #endif

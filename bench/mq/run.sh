@@ -32,10 +32,12 @@ echo "bench/mq: private redis-server :$IDEM_REDIS_PORT and PostgreSQL :$IDEM_PG_
 # for the WAL flush, as in production), then the PostgreSQL loops again with
 # synchronous_commit=off (no flush wait at COMMIT: idem's overhead alone), then with injected
 # network latency.
+# (The hand-written record recipe and idem's consumer on the durable store alone, next to them.)
 pg_loops=plain_pg,dedup_pg,plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory
+pg_loops+=,handwritten_pg,dedup_pg_durable,handwritten_pg_batch,dedup_pg_batch_durable
 # (9 rounds: with 5, the SQLite batch ratios swung by 0.08 between two runs of one build.)
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --rounds 9 \
-  --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory "$@"
+  --only plain,dedup_redis,dedup_memory,plain_batch,dedup_batch_redis,dedup_batch_memory,handwritten,dedup_durable,handwritten_batch,dedup_batch_durable "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
   --only "$pg_loops" --rounds 9 --pg-messages 1280 "$@"
 taskset -c 0 "$BIN" --redis "$IDEM_TEST_REDIS_URL" \
@@ -58,6 +60,7 @@ postmaster="$(head -n 1 "$IDEM_SERVERS_DIR/pgdata/postmaster.pid")"
 for pid in "$postmaster" $(pgrep -P "$postmaster"); do taskset -a -p -c "$all_cpus" "$pid" >/dev/null; done
 for threads in 2 8; do
   "$BIN" --redis "$IDEM_TEST_REDIS_URL" --postgres "$IDEM_TEST_POSTGRES_DSN" \
-    --only plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory --rounds 9 --pg-messages 2560 \
+    --only plain_pg_batch,dedup_pg_batch,dedup_pg_batch_memory,handwritten_pg_batch,dedup_pg_batch_durable \
+    --rounds 9 --pg-messages 2560 \
     --threads "$threads" "$@"
 done

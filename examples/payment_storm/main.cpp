@@ -258,29 +258,46 @@ int main(int argc, char** argv) {
   });
 
   auto stats = guard.stats().snapshot();
-  std::printf("payment_storm: %d payments, %zu requests from %d threads in %.2f s (%.0f req/s)\n",
-              cfg.payments, plan.size(), cfg.threads, seconds,
-              static_cast<double>(plan.size()) / seconds);
-  std::printf("  executed        %ld\n", executed.load());
-  std::printf("  replayed        %ld\n", replayed.load());
-  std::printf("  in progress     %ld answers (the client asked again)\n",
-              in_progress_answers.load());
-  std::printf("  fast-store hits %llu of %llu duplicates (hit rate %.1f%%; the fast store was "
-              "flushed halfway)\n",
-              static_cast<unsigned long long>(stats.fast_hits),
-              static_cast<unsigned long long>(stats.fast_hits + stats.durable_conflicts),
-              100.0 * stats.fast_hit_rate());
-  std::printf("  unique-key hits %llu duplicates caught by the database after the flush\n",
-              static_cast<unsigned long long>(stats.durable_conflicts));
-  std::printf("  payment rows    %ld (distinct payments %d)\n", payment_rows, cfg.payments);
-  std::printf("  double charges  %ld\n", double_charges);
-  std::printf("  wrong balances  %ld of %d accounts\n", wrong_balances, cfg.accounts);
-  std::printf("  divergent answers %ld, answers not matching the database %ld, errors %ld\n",
-              divergent.load(), unmatched_answers, errors.load());
+  // The figures add up: each request ends once (executed, replayed or an error); a request
+  // answered "in progress" (or failing with a retryable error) is asked again by its client, so
+  // the guard sees more calls than there are requests.
+  const long requests = static_cast<long>(plan.size());
+  const long ended = executed.load() + replayed.load() + errors.load();
+  const long in_progress_repeats = in_progress_answers.load();
+  const long error_repeats = client_retries.load() - in_progress_repeats;
+  const long calls = static_cast<long>(stats.calls);
+  std::printf("payment_storm: %d payments, %ld requests from %d threads in %.2f s (%.0f req/s)\n",
+              cfg.payments, requests, cfg.threads, seconds,
+              static_cast<double>(requests) / seconds);
+  std::printf("  each request ended once:\n");
+  std::printf("    executed        %6ld  the first request of each payment charged it\n",
+              executed.load());
+  std::printf("    replayed        %6ld  duplicates answered with the first payment number\n",
+              replayed.load());
+  std::printf("    errors          %6ld\n", errors.load());
+  std::printf("    = requests      %6ld%s\n", ended, ended == requests ? "" : "  (MISMATCH)");
+  std::printf(
+      "  guard calls       %6ld  = %ld requests + %ld repeats after an \"in progress\" "
+      "answer + %ld after a retryable error%s\n",
+      calls, requests, in_progress_repeats, error_repeats,
+      calls == requests + in_progress_repeats + error_repeats ? "" : "  (MISMATCH)");
+  std::printf(
+      "  duplicate calls   %6llu  (replayed and \"in progress\" answers) stopped by the fast "
+      "store %llu (hit rate %.1f%%; it was flushed halfway), by the database's unique key "
+      "%llu\n",
+      static_cast<unsigned long long>(stats.fast_hits + stats.durable_conflicts),
+      static_cast<unsigned long long>(stats.fast_hits), 100.0 * stats.fast_hit_rate(),
+      static_cast<unsigned long long>(stats.durable_conflicts));
+  std::printf("  payment rows      %6ld  (distinct payments %d)\n", payment_rows, cfg.payments);
+  std::printf("  double charges    %6ld\n", double_charges);
+  std::printf("  wrong balances    %6ld  of %d accounts\n", wrong_balances, cfg.accounts);
+  std::printf("  divergent answers %6ld, answers not matching the database %ld\n", divergent.load(),
+              unmatched_answers);
 
   bool ok = payment_rows == cfg.payments && distinct_orders == cfg.payments &&
             double_charges == 0 && wrong_balances == 0 && divergent == 0 &&
             unmatched_answers == 0 && errors == 0 && executed == cfg.payments &&
+            ended == requests && calls == requests + in_progress_repeats + error_repeats &&
             stats.durable_conflicts > 0;  // the flush must have been felt, or it proved nothing
   std::printf("%s\n", ok ? "OK: every payment charged exactly once"
                          : "VIOLATION: see the figures above");

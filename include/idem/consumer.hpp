@@ -37,8 +37,8 @@
 //
 // @code
 //   idem::MemoryStore fast;
-//   idem::sqlite::SqliteStore durable{"billing.db", idem::sqlite::SqliteStoreOptions::mq_consume_record()};
-//   idem::GuardOptions go;
+//   idem::sqlite::SqliteStore durable{"billing.db",
+//   idem::sqlite::SqliteStoreOptions::mq_consume_record()}; idem::GuardOptions go;
 //   go.durable_source = idem::DuplicateSource::kMqRecord;
 //   idem::IdempotencyGuard guard{fast, durable, go};
 //   idem::ConsumerOptions co;
@@ -202,9 +202,11 @@ struct ConsumerStatsSnapshot {
 /// Always-on counters of a consumer.
 class ConsumerStats {
  public:
+  ///@{
   /// The counters, as in ConsumerStatsSnapshot.
   std::atomic<std::uint64_t> deliveries{0}, acked{0}, duplicates{0}, retry_later{0}, mismatched{0},
       dead_lettered{0}, failures{0}, redeliveries{0}, batch_reruns{0}, batch_record_conflicts{0};
+  ///@}
   /// Each counter read once (relaxed).
   ConsumerStatsSnapshot snapshot() const noexcept {
     ConsumerStatsSnapshot s;
@@ -246,6 +248,7 @@ class IdempotentConsumer {
  public:
   /// @param guard the guard (its lease must exceed the slowest handler).
   /// @param group the consumer group: the scope of the records (validated as a key scope).
+  /// @param options attempts before a dead letter, lease and retention (ConsumerOptions).
   /// @throws idem::InvalidKey for a bad group, idem::UsageError for max_attempts 0.
   IdempotentConsumer(IdempotencyGuard<Durable>& guard, std::string group,
                      ConsumerOptions options = {})
@@ -275,6 +278,9 @@ class IdempotentConsumer {
     std::optional<Key> maybe_key = make_key(delivery);
     if (!maybe_key) return count(Verdict::kDeadLetter);
     const Key& key = *maybe_key;
+    if (delivery.delivery_count > 1) {
+      if (auto v = exhausted(key, delivery)) return *v;
+    }
 
     std::exception_ptr handler_error;
     auto run = [&](auto&&... tx) -> std::string {
@@ -381,6 +387,12 @@ class IdempotentConsumer {
       if (!b.keys[i]) {
         b.verdicts[i] = Verdict::kDeadLetter;
         continue;
+      }
+      if (d.delivery_count > 1) {
+        if (auto v = exhausted(*b.keys[i], d)) {
+          b.verdicts[i] = *v;
+          continue;
+        }
       }
       b.to_durable[i] = 1;
       // Later copies of an id go neither to the fast store nor into the batch insert: the
@@ -834,6 +846,19 @@ class IdempotentConsumer {
     } catch (...) {
       return "unknown exception";
     }
+  }
+
+  // A redelivered message whose attempts are already used up (its last failure was counted
+  // but the hand-off to the dead-letter sink did not complete: the broker connection dropped)
+  // is dead-lettered without running the handler again.
+  std::optional<Verdict> exhausted(const Key& key, const Delivery& d) {
+    const std::uint32_t n = options_.attempts->failures(key);
+    if (n < options_.max_attempts) return std::nullopt;
+    return dead_letter(key, d,
+                       "failed " + std::to_string(n) +
+                           " attempts; dead-lettered on a redelivery after an earlier "
+                           "dead-letter hand-off did not complete",
+                       n);
   }
 
   Verdict failed(const Key& key, const Delivery& d, const std::exception_ptr& error) {

@@ -9,7 +9,9 @@
 //
 //   * a stable snake_case name (`errc_name`), for logs, metrics labels and problem+json `type`;
 //   * an HTTP status (`http_status`) following the IETF Idempotency-Key draft
-//     (400 invalid key, 409 in progress, 422 payload mismatch, 503 store unavailable);
+//     (400 invalid key, 403 unknown token, 409 in progress, 413 body too large, 422 payload
+//     mismatch, 503 store unavailable), and a gRPC status code (`grpc_status_code`:
+//     INVALID_ARGUMENT, ABORTED, FAILED_PRECONDITION, UNAVAILABLE);
 //   * whether calling again with the same key is safe and may succeed (`is_retryable`).
 //
 // The exception hierarchy is small on purpose; the actionable question lives on the base class:
@@ -19,9 +21,9 @@
 //   |   +-- InvalidKey         a key broke a named rule (rule()); nothing was stored
 //   +-- StorageError           I/O, protocol, SQL; carries the backend's message
 //   |   +-- StorageUnavailable can't reach the store (refused, pool exhausted, loading) [retryable]
-//   |   +-- StorageTimeout     the store did not answer in time                          [retryable]
-//   |   +-- OutcomeUnknown     a write may or may not have been applied (lost at COMMIT)  [retryable]
-//   |   +-- CorruptRecord      a value under an idem key that idem did not write
+//   |   +-- StorageTimeout     the store did not answer in time [retryable] |   +-- OutcomeUnknown
+//   a write may or may not have been applied (lost at COMMIT)  [retryable] |   +-- CorruptRecord a
+//   value under an idem key that idem did not write
 //   +-- LeaseLost              this attempt's lease was taken over; its completion was refused
 //   +-- Cancelled              the caller cancelled an asynchronous call               [retryable]
 //   +-- DeadlineExceeded       an asynchronous call ran past its deadline              [retryable]
@@ -36,6 +38,8 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+
+#include "idem/export.hpp"
 
 namespace idem {
 
@@ -53,27 +57,44 @@ enum class errc {
   kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
   kUnknownToken = 12,        ///< the key is not a token this server issued (or it expired); 403
-  kCancelled = 13,           ///< the caller cancelled the call (idem::async); retry with the key; 499
-  kDeadlineExceeded = 14,    ///< the call's deadline passed (idem::async); retry with the key; 504
+  kPayloadTooLarge = 13,     ///< a request body over the endpoint's limit; nothing stored; 413
+  kCancelled = 14,         ///< the caller cancelled the call (idem::async); retry with the key; 499
+  kDeadlineExceeded = 15,  ///< the call's deadline passed (idem::async); retry with the key; 504
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
 constexpr std::string_view errc_name(errc e) noexcept {
   switch (e) {
-    case errc::kInvalidKey: return "invalid_key";
-    case errc::kMissingKey: return "missing_key";
-    case errc::kInProgress: return "in_progress";
-    case errc::kFingerprintMismatch: return "fingerprint_mismatch";
-    case errc::kStoreUnavailable: return "store_unavailable";
-    case errc::kStoreTimeout: return "store_timeout";
-    case errc::kStorageError: return "storage_error";
-    case errc::kOutcomeUnknown: return "outcome_unknown";
-    case errc::kCorruptRecord: return "corrupt_record";
-    case errc::kLeaseLost: return "lease_lost";
-    case errc::kInvalidArgument: return "invalid_argument";
-    case errc::kUnknownToken: return "unknown_token";
-    case errc::kCancelled: return "cancelled";
-    case errc::kDeadlineExceeded: return "deadline_exceeded";
+    case errc::kInvalidKey:
+      return "invalid_key";
+    case errc::kMissingKey:
+      return "missing_key";
+    case errc::kInProgress:
+      return "in_progress";
+    case errc::kFingerprintMismatch:
+      return "fingerprint_mismatch";
+    case errc::kStoreUnavailable:
+      return "store_unavailable";
+    case errc::kStoreTimeout:
+      return "store_timeout";
+    case errc::kStorageError:
+      return "storage_error";
+    case errc::kOutcomeUnknown:
+      return "outcome_unknown";
+    case errc::kCorruptRecord:
+      return "corrupt_record";
+    case errc::kLeaseLost:
+      return "lease_lost";
+    case errc::kInvalidArgument:
+      return "invalid_argument";
+    case errc::kUnknownToken:
+      return "unknown_token";
+    case errc::kPayloadTooLarge:
+      return "payload_too_large";
+    case errc::kCancelled:
+      return "cancelled";
+    case errc::kDeadlineExceeded:
+      return "deadline_exceeded";
   }
   return "unknown";
 }
@@ -82,21 +103,70 @@ constexpr std::string_view errc_name(errc e) noexcept {
 constexpr int http_status(errc e) noexcept {
   switch (e) {
     case errc::kInvalidKey:
-    case errc::kMissingKey: return 400;
-    case errc::kUnknownToken: return 403;
+    case errc::kMissingKey:
+      return 400;
+    case errc::kUnknownToken:
+      return 403;
     case errc::kInProgress:
-    case errc::kLeaseLost: return 409;
-    case errc::kFingerprintMismatch: return 422;
+    case errc::kLeaseLost:
+      return 409;
+    case errc::kFingerprintMismatch:
+      return 422;
+    case errc::kPayloadTooLarge:
+      return 413;
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
-    case errc::kOutcomeUnknown: return 503;
+    case errc::kOutcomeUnknown:
+      return 503;
     case errc::kStorageError:
     case errc::kCorruptRecord:
-    case errc::kInvalidArgument: return 500;
-    case errc::kCancelled: return 499;  // "client closed request": nobody waits for the answer
-    case errc::kDeadlineExceeded: return 504;
+    case errc::kInvalidArgument:
+      return 500;
+    case errc::kCancelled:
+      return 499;  // "client closed request": nobody waits for the answer
+    case errc::kDeadlineExceeded:
+      return 504;
   }
   return 500;
+}
+
+/// gRPC status code (the numeric value of `grpc::StatusCode`, fixed by the gRPC protocol) a
+/// service should answer with for this code: INVALID_ARGUMENT (3) for a bad or missing key,
+/// ABORTED (10) for in progress and a lost lease (a retry with the same key replays),
+/// FAILED_PRECONDITION (9) for a payload mismatch (the key's earlier use, not this request,
+/// makes it fail), PERMISSION_DENIED (7) for a key that is not an issued token,
+/// RESOURCE_EXHAUSTED (8) for a request over the size limit, CANCELLED (1) and
+/// DEADLINE_EXCEEDED (4) for a cancelled or late asynchronous call, UNAVAILABLE (14) for every
+/// retryable store failure (so client retry policies on UNAVAILABLE cover them), INTERNAL (13)
+/// otherwise. idem::grpc answers with these.
+constexpr int grpc_status_code(errc e) noexcept {
+  switch (e) {
+    case errc::kInvalidKey:
+    case errc::kMissingKey:
+      return 3;
+    case errc::kInProgress:
+    case errc::kLeaseLost:
+      return 10;
+    case errc::kFingerprintMismatch:
+      return 9;
+    case errc::kUnknownToken:
+      return 7;
+    case errc::kPayloadTooLarge:
+      return 8;
+    case errc::kCancelled:
+      return 1;  // CANCELLED
+    case errc::kDeadlineExceeded:
+      return 4;  // DEADLINE_EXCEEDED
+    case errc::kStoreUnavailable:
+    case errc::kStoreTimeout:
+    case errc::kOutcomeUnknown:
+      return 14;
+    case errc::kStorageError:
+    case errc::kCorruptRecord:
+    case errc::kInvalidArgument:
+      return 13;
+  }
+  return 13;
 }
 
 /// True if calling again with the same key (after a pause) is safe and may succeed.
@@ -108,35 +178,52 @@ constexpr bool is_retryable(errc e) noexcept {
     case errc::kOutcomeUnknown:
     case errc::kLeaseLost:
     case errc::kCancelled:
-    case errc::kDeadlineExceeded: return true;
-    default: return false;
+    case errc::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
   }
 }
 
 /// Human-readable message of a code (the `what()` of an exception adds the detail).
 constexpr std::string_view errc_message(errc e) noexcept {
   switch (e) {
-    case errc::kInvalidKey: return "the idempotency key is not valid";
-    case errc::kMissingKey: return "an idempotency key is required and was not sent";
-    case errc::kInProgress: return "a request with this key is still being processed";
-    case errc::kFingerprintMismatch: return "this key was used with a different request payload";
-    case errc::kStoreUnavailable: return "the idempotency store is unavailable";
-    case errc::kStoreTimeout: return "the idempotency store did not answer in time";
-    case errc::kStorageError: return "the idempotency store failed";
-    case errc::kOutcomeUnknown: return "the outcome of a write is unknown; retry with the same key";
-    case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
-    case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
-    case errc::kInvalidArgument: return "invalid argument";
+    case errc::kInvalidKey:
+      return "the idempotency key is not valid";
+    case errc::kMissingKey:
+      return "an idempotency key is required and was not sent";
+    case errc::kInProgress:
+      return "a request with this key is still being processed";
+    case errc::kFingerprintMismatch:
+      return "this key was used with a different request payload";
+    case errc::kStoreUnavailable:
+      return "the idempotency store is unavailable";
+    case errc::kStoreTimeout:
+      return "the idempotency store did not answer in time";
+    case errc::kStorageError:
+      return "the idempotency store failed";
+    case errc::kOutcomeUnknown:
+      return "the outcome of a write is unknown; retry with the same key";
+    case errc::kCorruptRecord:
+      return "an idempotency record is corrupt or was not written by idem";
+    case errc::kLeaseLost:
+      return "the lease on this key was taken over by another attempt";
+    case errc::kInvalidArgument:
+      return "invalid argument";
     case errc::kUnknownToken:
       return "the idempotency key is not a token this server issued, or it expired";
-    case errc::kCancelled: return "the call was cancelled; retry with the same key";
-    case errc::kDeadlineExceeded: return "the call's deadline passed; retry with the same key";
+    case errc::kPayloadTooLarge:
+      return "the request body is larger than this endpoint accepts";
+    case errc::kCancelled:
+      return "the call was cancelled; retry with the same key";
+    case errc::kDeadlineExceeded:
+      return "the call's deadline passed; retry with the same key";
   }
   return "unknown idem error";
 }
 
 namespace detail {
-class ErrorCategory final : public std::error_category {
+class IDEM_EXPORT ErrorCategory final : public std::error_category {
  public:
   const char* name() const noexcept override { return "idem"; }
   std::string message(int ev) const override {
@@ -145,8 +232,9 @@ class ErrorCategory final : public std::error_category {
 };
 }  // namespace detail
 
-/// The "idem" error category.
-inline const std::error_category& error_category() noexcept {
+/// The "idem" error category. One object per process, also with idem's shared libraries
+/// (exported: error codes compare equal whichever library made them).
+IDEM_EXPORT inline const std::error_category& error_category() noexcept {
   static const detail::ErrorCategory category;
   return category;
 }
@@ -157,8 +245,9 @@ inline std::error_code make_error_code(errc e) noexcept {
 }
 
 /// Base of everything idem throws.
-class Error : public std::runtime_error {
+class IDEM_EXPORT Error : public std::runtime_error {
  public:
+  /// @param code the failure's idem code; @param what the message (`what()`), with the detail
   Error(errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
   /// The idem code of this failure.
   errc code() const noexcept { return code_; }
@@ -174,17 +263,20 @@ class Error : public std::runtime_error {
 };
 
 /// A caller bug: a bad option, a bad identifier. Fix the code; retrying does not help.
-class UsageError : public Error {
+class IDEM_EXPORT UsageError : public Error {
  public:
+  /// errc::kInvalidArgument with `what` as the message.
   explicit UsageError(const std::string& what) : Error(errc::kInvalidArgument, what) {}
 
  protected:
+  /// For subclasses with their own code (InvalidKey).
   UsageError(errc code, const std::string& what) : Error(code, what) {}
 };
 
 /// A key broke one of the rules in key.hpp. `rule()` names it, e.g. "scope.charset".
-class InvalidKey : public UsageError {
+class IDEM_EXPORT InvalidKey : public UsageError {
  public:
+  /// @param rule the rule that failed (see rule()); @param detail what was wrong, for what()
   InvalidKey(std::string rule, const std::string& detail)
       : UsageError(errc::kInvalidKey, "invalid idempotency key: " + rule + ": " + detail),
         rule_(std::move(rule)) {}
@@ -197,59 +289,68 @@ class InvalidKey : public UsageError {
 };
 
 /// A failure of a store: I/O, protocol, SQL. `what()` keeps the backend's message.
-class StorageError : public Error {
+class IDEM_EXPORT StorageError : public Error {
  public:
+  /// errc::kStorageError with `what` (the backend's message included) as the message.
   explicit StorageError(const std::string& what) : Error(errc::kStorageError, what) {}
 
  protected:
+  /// For subclasses with their own code.
   StorageError(errc code, const std::string& what) : Error(code, what) {}
 };
 
 /// The store cannot be reached: connection refused, pool exhausted, server loading or down.
-class StorageUnavailable : public StorageError {
+class IDEM_EXPORT StorageUnavailable : public StorageError {
  public:
+  /// errc::kStoreUnavailable with `what` as the message.
   explicit StorageUnavailable(const std::string& what)
       : StorageError(errc::kStoreUnavailable, what) {}
 };
 
 /// The store did not answer within the configured time.
-class StorageTimeout : public StorageError {
+class IDEM_EXPORT StorageTimeout : public StorageError {
  public:
+  /// errc::kStoreTimeout with `what` as the message.
   explicit StorageTimeout(const std::string& what) : StorageError(errc::kStoreTimeout, what) {}
 };
 
 /// A write may or may not have been applied (e.g. the connection died during COMMIT).
 /// Retrying with the same key is always safe: it replays or runs for the first time.
-class OutcomeUnknown : public StorageError {
+class IDEM_EXPORT OutcomeUnknown : public StorageError {
  public:
+  /// errc::kOutcomeUnknown with `what` as the message.
   explicit OutcomeUnknown(const std::string& what) : StorageError(errc::kOutcomeUnknown, what) {}
 };
 
 /// A value under an idem key that idem did not write, or that cannot be decoded.
-class CorruptRecord : public StorageError {
+class IDEM_EXPORT CorruptRecord : public StorageError {
  public:
+  /// errc::kCorruptRecord with `what` as the message.
   explicit CorruptRecord(const std::string& what) : StorageError(errc::kCorruptRecord, what) {}
 };
 
 /// This attempt's lease expired and another attempt took the key over; this attempt's
 /// completion was refused. Retrying with the same key replays the winner's response.
-class LeaseLost : public Error {
+class IDEM_EXPORT LeaseLost : public Error {
  public:
+  /// errc::kLeaseLost with `what` as the message.
   explicit LeaseLost(const std::string& what) : Error(errc::kLeaseLost, what) {}
 };
 
 /// An asynchronous call (idem::async) was cancelled by its caller. Nothing was reported as
 /// done: the claim was released where no work had started, or is left to its lease where the
 /// work's outcome is unknown. Retrying with the same key replays, waits, or runs.
-class Cancelled : public Error {
+class IDEM_EXPORT Cancelled : public Error {
  public:
+  /// errc::kCancelled with `what` as the message.
   explicit Cancelled(const std::string& what) : Error(errc::kCancelled, what) {}
 };
 
 /// An asynchronous call (idem::async) ran past its deadline; what happened to its claim is as
 /// for Cancelled. Retrying with the same key replays, waits, or runs.
-class DeadlineExceeded : public Error {
+class IDEM_EXPORT DeadlineExceeded : public Error {
  public:
+  /// errc::kDeadlineExceeded with `what` as the message.
   explicit DeadlineExceeded(const std::string& what) : Error(errc::kDeadlineExceeded, what) {}
 };
 

@@ -143,9 +143,11 @@ class OwnerToken {
   /// The token's characters (kLength for generated tokens; a token read from a store is kept
   /// as stored, e.g. 32 hex characters in records written by earlier versions).
   const std::string& str() const noexcept { return token_; }
+  /// Same characters.
   friend bool operator==(const OwnerToken& a, const OwnerToken& b) noexcept {
     return a.token_ == b.token_;
   }
+  /// Different characters.
   friend bool operator!=(const OwnerToken& a, const OwnerToken& b) noexcept { return !(a == b); }
 
  private:

@@ -18,3 +18,4 @@
 #include "idem/sql.hpp"
 #include "idem/store.hpp"
 #include "idem/stream.hpp"
+#include "idem/version.hpp"

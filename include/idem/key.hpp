@@ -121,9 +121,11 @@ class Key {
   /// Unambiguous composition `<scope>|<id>`.
   std::string str() const { return scope_ + kKeySeparator + id_; }
 
+  /// Same scope and id.
   friend bool operator==(const Key& a, const Key& b) noexcept {
     return a.scope_ == b.scope_ && a.id_ == b.id_;
   }
+  /// Another scope or id.
   friend bool operator!=(const Key& a, const Key& b) noexcept { return !(a == b); }
 
  private:

@@ -21,6 +21,11 @@
 //   error idem lease lost key=<key> store=<fast|durable>
 //   warn  idem handler error key=<key>
 //   debug idem durable retry key=<key> reason="<reason>"
+//   warn  idem store error key=<key|-> role=<fast|durable> store=<name> code=<errc name>
+//               error="<what()>"                       (every store failure)
+//   info  idem rejected request scope=<scope|-> reason=<missing_key|invalid_key|
+//               payload_too_large|fingerprint_mismatch> status=<400|413|422>
+//   debug idem passthrough scope=<scope> reason=<no_key|method|disabled>
 //   debug idem call key=<key> outcome=... mode=... source=... degraded=<bool> total_us=<n>
 //
 // Every duplicate the guard detects is logged exactly once, so "why are there two identical
@@ -199,6 +204,38 @@ class LoggingObserver final : public Observer {
     emit(LogLevel::kDebug, [&] {
       return "idem durable retry key=" + log::quote_field(key.str()) +
              " reason=" + log::quote_field(reason);
+    });
+  }
+
+  /// warn: `idem store error key=... role=... store=... code=... error="..."` (every failure).
+  void on_store_error(const StoreErrorEvent& e) noexcept override {
+    if (!enabled(LogLevel::kWarn)) return;
+    emit(LogLevel::kWarn, [&] {
+      return "idem store error key=" + (e.key ? log::quote_field(e.key->str()) : std::string("-")) +
+             " role=" + std::string(store_role_name(e.role)) +
+             " store=" + log::quote_field(e.store) +
+             " code=" + std::string(errc_name(e.error.code())) +
+             " error=" + log::quote_field(e.error.what());
+    });
+  }
+
+  /// info: `idem rejected request scope=... reason=... status=...`.
+  void on_rejected_request(const RejectedRequestEvent& e) noexcept override {
+    if (!enabled(LogLevel::kInfo)) return;
+    emit(LogLevel::kInfo, [&] {
+      return "idem rejected request scope=" +
+             (e.scope.empty() ? std::string("-") : log::quote_field(e.scope)) +
+             " reason=" + std::string(reject_reason_name(e.reason)) +
+             " status=" + std::to_string(e.status);
+    });
+  }
+
+  /// debug: `idem passthrough scope=... reason=...`.
+  void on_passthrough(const PassthroughEvent& e) noexcept override {
+    if (!enabled(LogLevel::kDebug)) return;
+    emit(LogLevel::kDebug, [&] {
+      return "idem passthrough scope=" + log::quote_field(e.scope) +
+             " reason=" + std::string(passthrough_reason_name(e.reason));
     });
   }
 

@@ -43,6 +43,7 @@ struct MemoryStoreOptions {
 /// @endcode
 class MemoryStore final : public FastStore {
  public:
+  /// An empty store. @param options shard count and sweep settings (MemoryStoreOptions)
   explicit MemoryStore(MemoryStoreOptions options = {}) : options_(std::move(options)) {
     std::size_t n = 1;
     std::size_t want = options_.shards == 0 ? 64 : options_.shards;

@@ -57,24 +57,106 @@ constexpr std::string_view mode_name(Mode m) noexcept {
 
 /// A duplicate was detected: logged once per detection.
 struct DuplicateEvent {
-  const Key& key;
+  const Key& key;           ///< the duplicated key
   Outcome outcome;          ///< kReplayed, kInProgress or kFingerprintMismatch
-  DuplicateSource source;
+  DuplicateSource source;   ///< who recognised it (fast store, unique index, state machine, ...)
   TimePoint first_seen;     ///< when the first attempt created the record (epoch if unknown)
   std::string_view holder;  ///< the first attempt's owner token (empty if unknown)
 };
 
+/// The role a store plays in a guard.
+enum class StoreRole {
+  kFast,     ///< the fast store (claim at the entrance)
+  kDurable,  ///< the durable store (the relational backstop)
+};
+
+/// Stable name: fast, durable.
+constexpr std::string_view store_role_name(StoreRole r) noexcept {
+  switch (r) {
+    case StoreRole::kFast: return "fast";
+    case StoreRole::kDurable: return "durable";
+  }
+  return "unknown";
+}
+
+/// A store failed during a call: reported for every failure (a fast-store outage also raises
+/// on_fast_store_down once per burst), whether the call then went on degraded or threw.
+struct StoreErrorEvent {
+  /// The call's key; null when the failure was outside a keyed call (the plain transaction of
+  /// an HTTP pass-through).
+  const Key* key;
+  StoreRole role;
+  /// The store's name() ("redis", "postgres", "sqlite", "memory", ...).
+  std::string_view store;
+  /// The failure: error.code() is its idem::errc, error.what() the backend's message.
+  const Error& error;
+};
+
+/// Why a request was refused before (or instead of) running its handler. Stable names, used
+/// as the `reason` label of idem_rejected_requests_total.
+enum class RejectReason {
+  kMissingKey,           ///< a required Idempotency-Key was not sent (400)
+  kInvalidKey,           ///< malformed, repeated or over-long key (400)
+  kPayloadTooLarge,      ///< the body is over the endpoint's limit (413)
+  kFingerprintMismatch,  ///< the key was used with another payload (422)
+};
+
+/// Stable name: missing_key, invalid_key, payload_too_large, fingerprint_mismatch.
+constexpr std::string_view reject_reason_name(RejectReason r) noexcept {
+  switch (r) {
+    case RejectReason::kMissingKey: return "missing_key";
+    case RejectReason::kInvalidKey: return "invalid_key";
+    case RejectReason::kPayloadTooLarge: return "payload_too_large";
+    case RejectReason::kFingerprintMismatch: return "fingerprint_mismatch";
+  }
+  return "unknown";
+}
+
+/// A request an endpoint refused with a client error.
+struct RejectedRequestEvent {
+  /// The endpoint's scope ("http.orders.create"); empty when the server library refused the
+  /// request before any endpoint saw it.
+  std::string_view scope;
+  RejectReason reason;
+  /// The status answered (400, 413, 422).
+  int status;
+};
+
+/// Why a request ran its handler with no idempotency store I/O at all.
+enum class PassthroughReason {
+  kNoKey,     ///< the key is optional and the request sent none
+  kMethod,    ///< the method is not one the endpoint guards (GET, PUT, ...)
+  kDisabled,  ///< the guard's kill switch is on
+};
+
+/// Stable name: no_key, method, disabled.
+constexpr std::string_view passthrough_reason_name(PassthroughReason r) noexcept {
+  switch (r) {
+    case PassthroughReason::kNoKey: return "no_key";
+    case PassthroughReason::kMethod: return "method";
+    case PassthroughReason::kDisabled: return "disabled";
+  }
+  return "unknown";
+}
+
+/// A request or call that ran its handler without idempotency (no record, no store I/O).
+struct PassthroughEvent {
+  /// The endpoint's or the key's scope.
+  std::string_view scope;
+  PassthroughReason reason;
+};
+
 /// A guarded call finished with an outcome (not called when it threw).
 struct CallEvent {
-  const Key& key;
-  Outcome outcome;
-  Mode mode;
-  Source source;
-  bool degraded;
+  const Key& key;   ///< the call's key
+  Outcome outcome;  ///< how it ended
+  Mode mode;        ///< transactional, two-phase or fast-only
+  Source source;    ///< who answered: the handler, the fast store or the durable store
+  bool degraded;    ///< the fast store failed during this call (the durable store decided)
   std::chrono::nanoseconds fast_claim{0};  ///< time in the fast store's claim
   std::chrono::nanoseconds durable{0};     ///< time in the durable store, handler excluded
   std::chrono::nanoseconds handler{0};     ///< time in the handler
-  std::chrono::nanoseconds total{0};
+  std::chrono::nanoseconds total{0};       ///< the whole call
   /// True when the fast store granted this call's claim (for a fast-store claim counter).
   bool fast_claimed = false;
 };
@@ -100,6 +182,12 @@ class Observer {
   virtual void on_handler_error(const Key&) noexcept {}
   /// The durable store's transaction was retried (serialization failure, deadlock).
   virtual void on_durable_retry(const Key&, std::string_view /*reason*/) noexcept {}
+  /// A store failed (every failure; see StoreErrorEvent).
+  virtual void on_store_error(const StoreErrorEvent&) noexcept {}
+  /// An endpoint refused a request with a client error (400, 413, 422).
+  virtual void on_rejected_request(const RejectedRequestEvent&) noexcept {}
+  /// A request or call ran its handler with no idempotency store I/O.
+  virtual void on_passthrough(const PassthroughEvent&) noexcept {}
 };
 
 /// Fans events out to several observers (e.g. a logger and Prometheus).
@@ -131,6 +219,15 @@ class ObserverList final : public Observer {
   void on_durable_retry(const Key& k, std::string_view r) noexcept override {
     for (auto& o : list_) o->on_durable_retry(k, r);
   }
+  void on_store_error(const StoreErrorEvent& e) noexcept override {
+    for (auto& o : list_) o->on_store_error(e);
+  }
+  void on_rejected_request(const RejectedRequestEvent& e) noexcept override {
+    for (auto& o : list_) o->on_rejected_request(e);
+  }
+  void on_passthrough(const PassthroughEvent& e) noexcept override {
+    for (auto& o : list_) o->on_passthrough(e);
+  }
 
  private:
   std::vector<std::shared_ptr<Observer>> list_;
@@ -138,11 +235,17 @@ class ObserverList final : public Observer {
 
 /// A snapshot of GuardStats.
 struct GuardStatsSnapshot {
+  /// Calls of run() (and calls reported by batches).
   std::uint64_t calls = 0;
+  /// Calls that ran the handler to completion (Outcome::kExecuted).
   std::uint64_t executed = 0;
+  /// Duplicates answered with the stored response (Outcome::kReplayed).
   std::uint64_t replayed = 0;
+  /// Duplicates answered "in progress" (Outcome::kInProgress).
   std::uint64_t in_progress = 0;
+  /// Keys reused with another payload (Outcome::kFingerprintMismatch).
   std::uint64_t mismatched = 0;
+  /// Calls whose handler threw (rolled back and released).
   std::uint64_t handler_errors = 0;
   /// Duplicates the fast store recognised (busy, done or mismatch at the claim).
   std::uint64_t fast_hits = 0;
@@ -152,10 +255,19 @@ struct GuardStatsSnapshot {
   std::uint64_t durable_conflicts = 0;
   /// Calls in which the fast store failed (the durable store decided alone).
   std::uint64_t degraded = 0;
+  /// Claims that took over a record whose lease had expired.
   std::uint64_t takeovers = 0;
+  /// Attempts whose completion was refused: another attempt took the key over (LeaseLost).
   std::uint64_t leases_lost = 0;
   /// Fast-store records rewritten from the durable store.
   std::uint64_t fast_refills = 0;
+  /// Durable-store operations run again after a transient failure (GuardOptions::store_retry).
+  std::uint64_t store_retries = 0;
+  /// Calls that found the key in progress and waited for the first result
+  /// (GuardOptions::wait_for_result, CallOptions::wait_for_result).
+  std::uint64_t waits = 0;
+  /// Calls run without any idempotency because GuardOptions::bypass was on.
+  std::uint64_t bypassed = 0;
 
   /// Share of detected duplicates that the fast store stopped (0 when there were none).
   double fast_hit_rate() const noexcept {
@@ -167,9 +279,12 @@ struct GuardStatsSnapshot {
 /// Always-on, lock-free counters of one guard.
 class GuardStats {
  public:
+  ///@{
+  /// The counters, as in GuardStatsSnapshot.
   std::atomic<std::uint64_t> calls{0}, executed{0}, replayed{0}, in_progress{0}, mismatched{0},
       handler_errors{0}, fast_hits{0}, fast_claims{0}, durable_conflicts{0}, degraded{0},
-      takeovers{0}, leases_lost{0}, fast_refills{0};
+      takeovers{0}, leases_lost{0}, fast_refills{0}, store_retries{0}, waits{0}, bypassed{0};
+  ///@}
 
   /// A consistent-enough copy (each counter read once, relaxed).
   GuardStatsSnapshot snapshot() const noexcept {
@@ -187,6 +302,9 @@ class GuardStats {
     s.takeovers = takeovers.load(std::memory_order_relaxed);
     s.leases_lost = leases_lost.load(std::memory_order_relaxed);
     s.fast_refills = fast_refills.load(std::memory_order_relaxed);
+    s.store_retries = store_retries.load(std::memory_order_relaxed);
+    s.waits = waits.load(std::memory_order_relaxed);
+    s.bypassed = bypassed.load(std::memory_order_relaxed);
     return s;
   }
 };

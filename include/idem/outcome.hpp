@@ -62,6 +62,7 @@ constexpr std::string_view source_name(Source s) noexcept {
 /// The result of `IdempotencyGuard::run`. Check `outcome` (or `ok()`) before using `value`.
 template <class T>
 struct [[nodiscard]] GuardResult {
+  /// Executed, replayed, in progress, or fingerprint mismatch.
   Outcome outcome = Outcome::kExecuted;
   /// Set for kExecuted and kReplayed.
   std::optional<T> value;
@@ -73,6 +74,8 @@ struct [[nodiscard]] GuardResult {
   TimePoint first_seen{};
   /// For duplicates: the owner token of the first attempt (empty when unknown).
   std::string holder;
+  /// For replays: when the stored record expires (epoch when the store does not report it).
+  TimePoint expires_at{};
 
   /// True for kExecuted and kReplayed: `value` holds the response.
   bool ok() const noexcept {

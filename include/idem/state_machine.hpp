@@ -71,6 +71,7 @@ constexpr std::string_view transition_name(Transition t) noexcept {
 
 /// The answer of StateMachine::transition.
 struct TransitionResult {
+  /// transitioned, already there, rejected or not found.
   Transition kind = Transition::kTransitioned;
   /// The row's state as found: `from` for kTransitioned, `to` for kAlreadyThere, the other
   /// state for kRejected, empty for kNotFound.
@@ -85,8 +86,8 @@ struct TransitionResult {
 /// The value is bound as text (the database converts it to the column's type); nullopt
 /// binds NULL.
 struct Assignment {
-  std::string column;
-  std::optional<std::string> value;
+  std::string column;                ///< the column (a validated identifier)
+  std::optional<std::string> value;  ///< its new value, bound as text; nullopt: NULL
 };
 
 /// Executes a state machine's statements on a transaction type `Tx`. Adapters specialise it:
@@ -142,6 +143,9 @@ class StateMachine {
 
   /// Moves row `id` from `from` to `to` with one conditional UPDATE (see the file comment).
   /// @param tx the caller's open transaction (its commit makes the change visible)
+  /// @param id the row's id (bound, compared with the id column)
+  /// @param from the state the row must be in
+  /// @param to the state it moves to (from -> to must be declared)
   /// @param extra columns set together with the state (validated names, bound values)
   /// @throws idem::UsageError for an undeclared transition or a bad extra column (before any
   ///         statement runs); the driver's errors (idem::StorageError subclasses).

@@ -64,6 +64,7 @@ constexpr std::string_view deduct_status_name(DeductStatus s) noexcept {
 
 /// The answer of StockTable::deduct.
 struct [[nodiscard]] Deduction {
+  /// Deducted, insufficient, or unknown item.
   DeductStatus status = DeductStatus::kDeducted;
   /// kDeducted: the quantity after the deduction. kInsufficient: the quantity there is.
   /// kUnknownItem: 0.

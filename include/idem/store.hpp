@@ -67,6 +67,7 @@ constexpr std::string_view claim_status_name(ClaimStatus s) noexcept {
 
 /// The answer of a claim, with what is known of the first attempt (for duplicate logs).
 struct ClaimResult {
+  /// claimed, busy, done or mismatch.
   ClaimStatus status = ClaimStatus::kClaimed;
   /// kDone: the stored response bytes.
   std::string response;
@@ -87,14 +88,15 @@ struct ClaimResult {
 
 /// A record as a store keeps it (for lookup, operators and tests).
 struct Record {
+  /// The record's state.
   enum class Status { kInProgress, kCompleted, kFailed };
-  Status status = Status::kInProgress;
-  std::string fingerprint;
-  std::string owner;
-  std::string response;
-  TimePoint lease_until{};
-  TimePoint created_at{};
-  TimePoint updated_at{};
+  Status status = Status::kInProgress;  ///< in progress, completed, or failed (final rejection)
+  std::string fingerprint;              ///< the first attempt's payload fingerprint
+  std::string owner;                    ///< the owner token of the attempt holding or completing it
+  std::string response;                 ///< completed: the stored response bytes
+  TimePoint lease_until{};              ///< in progress: when the lease ends
+  TimePoint created_at{};               ///< when the first attempt created it
+  TimePoint updated_at{};               ///< its last change
   /// Completed: when the record may be purged.
   TimePoint expires_at{};
 };
@@ -140,7 +142,10 @@ class FastStore {
   virtual ~FastStore() = default;
 
   /// Atomically claims `key` for `lease` on behalf of `owner`, or reports who holds it.
+  /// @param key         the operation's key
   /// @param fingerprint compared exactly with the record's; a difference answers kMismatch.
+  /// @param owner       this attempt's token (complete and release must present it)
+  /// @param lease       how long the claim is honoured before another attempt may take over
   virtual ClaimResult claim(const Key& key, std::string_view fingerprint,
                             const OwnerToken& owner, std::chrono::milliseconds lease) = 0;
 

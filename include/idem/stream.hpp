@@ -59,6 +59,7 @@ namespace idem::stream {
 /// for the transport's reordering, or a producer that breaks the offset contract.
 class StreamError : public UsageError {
  public:
+  /// UsageError's constructors (errc::kInvalidArgument with a message).
   using UsageError::UsageError;
 };
 
@@ -353,6 +354,7 @@ class Window {
 /// @endcode
 class Reassembler {
  public:
+  /// @param options the window's caps (WindowOptions)
   /// @param start the offset the stream resumes at (0 for a new stream).
   /// @throws idem::UsageError if a cap is zero.
   explicit Reassembler(WindowOptions options = {}, std::uint64_t start = 0)

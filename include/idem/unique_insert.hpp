@@ -96,6 +96,7 @@ constexpr std::string_view insert_status_name(InsertStatus s) noexcept {
 
 /// The answer of UniqueInsert::insert. Both statuses are successes.
 struct [[nodiscard]] InsertResult {
+  /// Inserted now, or already there.
   InsertStatus status = InsertStatus::kInserted;
   /// The id of the row holding the key: the new one, or the existing one.
   std::int64_t id = 0;

@@ -89,6 +89,7 @@ idem::redis::detail::PoolSettings settings_of(const RedisStreamsOptions& o) {
   s.command_timeout = o.command_timeout;
   s.wait_timeout = o.pool_wait_timeout;
   s.reconnect_backoff = std::chrono::milliseconds(100);
+  s.tls = idem::redis::detail::make_tls(s.endpoint, o.tls, "RedisStreamsOptions");
   return s;
 }
 
@@ -96,7 +97,7 @@ idem::redis::detail::PoolSettings settings_of(const RedisStreamsOptions& o) {
 
 // Commands over the Redis adapter's connection pool (idem::redis::detail::Pool): the same URI
 // forms, connect/command timeouts, reconnect backoff and error mapping as RedisStore.
-class RedisStreams::Impl {
+class IDEM_LOCAL RedisStreams::Impl {
  public:
   explicit Impl(const RedisStreamsOptions& options)
       : command_timeout_(options.command_timeout), pool_(settings_of(options)) {}
@@ -184,6 +185,8 @@ class RedisStreams::Impl {
 
 RedisStreams::RedisStreams(RedisStreamsOptions options)
     : impl_(std::make_unique<Impl>(options)) {}
+RedisStreams::RedisStreams(std::string_view uri)
+    : RedisStreams(RedisStreamsOptions{std::string(uri)}) {}
 RedisStreams::~RedisStreams() = default;
 RedisStreams::RedisStreams(RedisStreams&&) noexcept = default;
 RedisStreams& RedisStreams::operator=(RedisStreams&&) noexcept = default;

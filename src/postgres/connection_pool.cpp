@@ -13,7 +13,7 @@ struct detail::PoolSlot {
   std::unique_ptr<pqxx::connection> conn;
 };
 
-class ConnectionPool::Impl {
+class IDEM_LOCAL ConnectionPool::Impl {
  public:
   Impl(std::string conninfo, std::size_t size, std::chrono::milliseconds wait, Setup setup)
       : conninfo_(std::move(conninfo)), size_(size), wait_(wait), setup_(std::move(setup)) {}

@@ -117,7 +117,7 @@ std::string millis_setting(std::chrono::milliseconds d) { return std::to_string(
 
 }  // namespace
 
-struct PostgresStore::Impl {
+struct IDEM_LOCAL PostgresStore::Impl {
   PostgresStoreOptions& options;
   std::string lock_timeout;  // "2000ms": set on pooled connections, and by claim_in
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};

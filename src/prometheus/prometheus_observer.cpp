@@ -11,6 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <mutex>
+#include <set>
+#include <utility>
 
 namespace idem {
 
@@ -52,9 +55,40 @@ class LazySeries {
  private:
   std::array<std::atomic<T*>, N> series_{};
 };
+
+// Series keyed by (store name, errc): store names come from store implementations, so the set
+// is bounded in practice; past kMaxStores distinct names the rest count as "other".
+class StoreErrorSeries {
+ public:
+  ::prometheus::Counter& get(::prometheus::Family<::prometheus::Counter>& family,
+                             std::string_view store, errc code) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string name(store);
+    if (stores_.count(name) == 0) {
+      if (stores_.size() >= kMaxStores) name = "other";
+      stores_.insert(name);
+    }
+    auto key = std::make_pair(name, static_cast<int>(code));
+    auto it = series_.find(key);
+    if (it == series_.end()) {
+      auto* c = &family.Add({{"store", name}, {"code", std::string(errc_name(code))}});
+      it = series_.emplace(key, c).first;
+    }
+    return *it->second;
+  }
+
+ private:
+  static constexpr std::size_t kMaxStores = 16;
+  std::mutex mutex_;
+  std::set<std::string> stores_;
+  std::map<std::pair<std::string, int>, ::prometheus::Counter*> series_;
+};
+
+constexpr std::size_t kRejectReasons = 4;
+constexpr std::size_t kPassthroughReasons = 3;
 }  // namespace
 
-struct PrometheusObserver::Impl {
+struct IDEM_LOCAL PrometheusObserver::Impl {
   Impl(::prometheus::Registry& registry, const PrometheusObserverOptions& options)
       : labels(options.const_labels),
         calls(counter(registry, "idem_calls_total",
@@ -85,6 +119,13 @@ struct PrometheusObserver::Impl {
         durable_retries(counter(registry, "idem_durable_retries_total",
                                 "Durable transactions retried (serialization failure, deadlock)")
                             .Add({})),
+        store_errors(counter(registry, "idem_store_errors_total",
+                             "Store failures by store and idem error code (every failure)")),
+        rejected(counter(registry, "idem_rejected_requests_total",
+                         "Requests an endpoint refused with a client error, by reason")),
+        passthrough(counter(registry, "idem_passthrough_requests_total",
+                            "Requests or calls that ran the handler with no idempotency store "
+                            "I/O, by reason")),
         phases(::prometheus::BuildHistogram()
                    .Name("idem_phase_duration_seconds")
                    .Help("Time spent per phase of a guarded call")
@@ -103,6 +144,21 @@ struct PrometheusObserver::Impl {
       (void)takeover.get(takeovers, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; });
       (void)lost.get(leases_lost, i, [&] { return ::prometheus::Labels{{"store", kStores[i]}}; });
     }
+    for (std::size_t i = 0; i < kRejectReasons; ++i) (void)reject_series(i);
+    for (std::size_t i = 0; i < kPassthroughReasons; ++i) (void)passthrough_series(i);
+  }
+
+  ::prometheus::Counter& reject_series(std::size_t i) {
+    return rejected_series.get(rejected, i, [&] {
+      return ::prometheus::Labels{
+          {"reason", std::string(reject_reason_name(static_cast<RejectReason>(i)))}};
+    });
+  }
+  ::prometheus::Counter& passthrough_series(std::size_t i) {
+    return passthrough_by_reason.get(passthrough, i, [&] {
+      return ::prometheus::Labels{
+          {"reason", std::string(passthrough_reason_name(static_cast<PassthroughReason>(i)))}};
+    });
   }
 
   ::prometheus::Family<::prometheus::Counter>& counter(::prometheus::Registry& registry,
@@ -124,12 +180,18 @@ struct PrometheusObserver::Impl {
   ::prometheus::Family<::prometheus::Counter>& leases_lost;
   ::prometheus::Counter& handler_errors;
   ::prometheus::Counter& durable_retries;
+  ::prometheus::Family<::prometheus::Counter>& store_errors;
+  ::prometheus::Family<::prometheus::Counter>& rejected;
+  ::prometheus::Family<::prometheus::Counter>& passthrough;
   ::prometheus::Family<::prometheus::Histogram>& phases;
   std::array<::prometheus::Histogram*, 4> phase{};
   LazySeries<::prometheus::Counter, 3> takeover;
   LazySeries<::prometheus::Counter, 3> lost;
   LazySeries<::prometheus::Counter, kOutcomes * kModes * kSources> call_series;
   LazySeries<::prometheus::Counter, kDupSources> duplicate_series;
+  StoreErrorSeries store_error_series;
+  LazySeries<::prometheus::Counter, kRejectReasons> rejected_series;
+  LazySeries<::prometheus::Counter, kPassthroughReasons> passthrough_by_reason;
 };
 
 PrometheusObserver::PrometheusObserver(::prometheus::Registry& registry,
@@ -214,6 +276,29 @@ void PrometheusObserver::on_handler_error(const Key&) noexcept {
 
 void PrometheusObserver::on_durable_retry(const Key&, std::string_view) noexcept {
   impl_->durable_retries.Increment();
+}
+
+void PrometheusObserver::on_store_error(const StoreErrorEvent& e) noexcept {
+  try {
+    impl_->store_error_series.get(impl_->store_errors, e.store, e.error.code()).Increment();
+  } catch (...) {
+  }
+}
+
+void PrometheusObserver::on_rejected_request(const RejectedRequestEvent& e) noexcept {
+  try {
+    auto i = static_cast<std::size_t>(e.reason);
+    if (i < kRejectReasons) impl_->reject_series(i).Increment();
+  } catch (...) {
+  }
+}
+
+void PrometheusObserver::on_passthrough(const PassthroughEvent& e) noexcept {
+  try {
+    auto i = static_cast<std::size_t>(e.reason);
+    if (i < kPassthroughReasons) impl_->passthrough_series(i).Increment();
+  } catch (...) {
+  }
 }
 
 void PrometheusObserver::mq_redelivered(std::uint64_t n) noexcept {

@@ -22,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-class Publisher::Impl {
+class IDEM_LOCAL Publisher::Impl {
  public:
   explicit Impl(PublisherOptions options)
       : options_(std::move(options)), conn_(options_.connection, "Publisher") {

@@ -81,7 +81,7 @@ Message to_message(const amqp_envelope_t& env, std::uint64_t connection) {
 
 }  // namespace
 
-class QueueConsumer::Impl {
+class IDEM_LOCAL QueueConsumer::Impl {
  public:
   explicit Impl(QueueConsumerOptions options)
       : options_(std::move(options)), conn_(options_.connection, "QueueConsumer") {

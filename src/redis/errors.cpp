@@ -110,6 +110,11 @@ void throw_error(const Failure& f) {
       throw StorageUnavailable(compose(f, "server unreachable (last connect failed)"));
     case Kind::kCorrupt:
       throw CorruptRecord(compose(f, "the key holds a value idem did not write"));
+    case Kind::kTls:
+      // Not retryable: the same certificate fails again until the configuration changes.
+      throw StorageError(compose(f, "TLS"));
+    case Kind::kTlsDown:
+      throw StorageError(compose(f, "not tried: the last connect failed TLS checks"));
   }
   throw StorageError(compose(f, "unknown failure"));
 }

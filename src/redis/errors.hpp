@@ -4,6 +4,8 @@
 
 #include <string_view>
 
+#include "idem/export.hpp"
+
 namespace idem::redis::detail {
 
 /// What went wrong, as the adapter saw it. Nothing of hiredis leaves errors.cpp but messages.
@@ -15,6 +17,8 @@ struct Failure {
     kPoolExhausted,  ///< no free connection within pool_wait_timeout
     kServerDown,     ///< a connect failed moments ago (reconnect_backoff): `message` says why
     kCorrupt,        ///< a value under an idem key that idem did not write
+    kTls,            ///< TLS refused: certificate not trusted, name mismatch, handshake error
+    kTlsDown,        ///< a connect failed TLS checks moments ago (reconnect_backoff): `message`
   };
   Kind kind;
   std::string_view context;      ///< what was being done, e.g. "claim idem:{payment|o1}"
@@ -26,10 +30,11 @@ struct Failure {
 
 /// True when a kContext failure means the server went away (refused, reset, EOF): connections
 /// opened before it are stale too.
-bool server_gone(int hiredis_err, int sys_errno) noexcept;
+/// (server_gone and throw_error are exported from a shared libidem_redis for libidem_mq.)
+IDEM_EXPORT bool server_gone(int hiredis_err, int sys_errno) noexcept;
 
 /// Throws the idem exception for `f` (StorageUnavailable, StorageTimeout, OutcomeUnknown,
 /// StorageError or CorruptRecord), keeping the backend's message in what().
-[[noreturn]] void throw_error(const Failure& f);
+[[noreturn]] IDEM_EXPORT void throw_error(const Failure& f);
 
 }  // namespace idem::redis::detail

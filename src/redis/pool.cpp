@@ -3,6 +3,7 @@
 #include "pool.hpp"
 
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <exception>
@@ -49,8 +50,16 @@ Pool::Connection Pool::connect() {
   const std::string what = "connect to " + ep.display;
   const timeval connect_tv = to_timeval(settings_.connect_timeout);
   errno = 0;
-  ContextUPtr ctx(ep.unix_socket ? redisConnectUnixWithTimeout(ep.path.c_str(), connect_tv)
-                                 : redisConnectWithTimeout(ep.host.c_str(), ep.port, connect_tv));
+  ContextUPtr ctx;
+  if (settings_.tls) {
+    // TCP, handshake and one PING over TLS (typed failures), then hiredis on the relay's end.
+    const int fd = settings_.tls->open(ep, settings_.connect_timeout, what);
+    ctx.reset(redisConnectFd(fd));
+    if (!ctx) ::close(fd);
+  } else {
+    ctx.reset(ep.unix_socket ? redisConnectUnixWithTimeout(ep.path.c_str(), connect_tv)
+                             : redisConnectWithTimeout(ep.host.c_str(), ep.port, connect_tv));
+  }
   int saved_errno = errno;
   if (!ctx) {
     throw_error(
@@ -106,8 +115,10 @@ Pool::Lease Pool::acquire(std::string_view what) {
       if (down_ && (probing_ || now < next_probe_)) {
         ++stats_.fast_failures;
         std::string last = last_error_;
+        const bool tls = last_error_tls_;
         lock.unlock();
-        throw_error(Failure{Failure::Kind::kServerDown, what, last});
+        throw_error(
+            Failure{tls ? Failure::Kind::kTlsDown : Failure::Kind::kServerDown, what, last});
       }
       const bool probe = down_;
       if (probe) probing_ = true;
@@ -129,6 +140,8 @@ Pool::Lease Pool::acquire(std::string_view what) {
         down_ = true;
         next_probe_ = Clock::now() + settings_.reconnect_backoff;
         last_error_ = e.what();
+        const auto* error = dynamic_cast<const Error*>(&e);
+        last_error_tls_ = settings_.tls && error != nullptr && error->code() == errc::kStorageError;
         lock.unlock();
         freed_.notify_one();
         throw;

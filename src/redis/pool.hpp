@@ -8,13 +8,16 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "hiredis_handles.hpp"
+#include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
+#include "tls.hpp"
 #include "uri.hpp"
 
 namespace idem::redis::detail {
@@ -27,6 +30,8 @@ struct PoolSettings {
   std::chrono::milliseconds command_timeout{1000};
   std::chrono::milliseconds wait_timeout{100};
   std::chrono::milliseconds reconnect_backoff{100};
+  /// rediss://: opens the connections over TLS (shared by every pool of one store); null: TCP.
+  std::shared_ptr<TlsConnector> tls;
 };
 
 /// Connections are made on demand up to `size`, kept idle between calls, and dropped when
@@ -36,7 +41,8 @@ struct PoolSettings {
 /// connect, callers fail at once for `reconnect_backoff` (one caller probes per period), so a
 /// dead server costs microseconds per call, and a server that comes back is found within a
 /// backoff period.
-class Pool {
+/// Exported from a shared libidem_redis for libidem_mq, which runs on it (not API).
+class IDEM_EXPORT Pool {
  public:
   explicit Pool(PoolSettings settings);
   ~Pool();
@@ -105,6 +111,7 @@ class Pool {
   bool probing_ = false;
   std::chrono::steady_clock::time_point next_probe_{};
   std::string last_error_;
+  bool last_error_tls_ = false;  // the last connect failed TLS checks: not a server outage
   RedisPoolStats stats_;
 };
 

@@ -161,7 +161,7 @@ std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fall
 
 }  // namespace
 
-class RedisStore::Impl {
+class IDEM_LOCAL RedisStore::Impl {
  public:
   explicit Impl(RedisStoreOptions options)
       : options_(normalise(std::move(options))),
@@ -209,6 +209,15 @@ class RedisStore::Impl {
     s.command_timeout = o.command_timeout;
     s.wait_timeout = o.pool_wait_timeout;
     s.reconnect_backoff = o.reconnect_backoff;
+    // TLS for rediss:// (one server). Sentinel and Cluster parse their nodes as redis://.
+    detail::Topology t = detail::parse_topology(o.uri);
+    if (t.kind == detail::Topology::Kind::kSingle) {
+      s.tls = detail::make_tls(t.endpoints.front(), o.tls, "RedisStoreOptions");
+    } else if (o.tls.any()) {
+      throw UsageError(
+          "idem::redis: RedisStoreOptions::tls is set, but TLS is supported for "
+          "rediss:// (one server) only, not for Sentinel or Cluster URIs");
+    }
     return s;
   }
 

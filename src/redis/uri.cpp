@@ -11,8 +11,8 @@ namespace {
 
 [[noreturn]] void bad(std::string_view shown, const std::string& why) {
   throw UsageError("idem::redis: invalid URI '" + std::string(shown) + "': " + why +
-                   " (expected redis://[[user]:password@]host[:port][/db] or "
-                   "unix:///path[?db=N])");
+                   " (expected redis://[[user]:password@]host[:port][/db], rediss://... (TLS) "
+                   "or unix:///path[?db=N])");
 }
 
 int hex_value(char c) noexcept {
@@ -57,17 +57,25 @@ Endpoint parse_uri(std::string_view uri) {
   Endpoint ep;
   std::string_view rest;
   bool is_unix = false;
-  // A masked copy for messages: the userinfo part never appears in an exception.
+  // A masked copy for messages: the userinfo part never appears in an exception, whatever the
+  // scheme (even one this parser refuses).
   std::string shown(uri);
+  if (auto last_at = uri.rfind('@'); last_at != std::string_view::npos) {
+    auto sep = uri.find("://");
+    std::size_t from = sep == std::string_view::npos ? 0 : sep + 3;
+    if (from <= last_at)
+      shown = std::string(uri.substr(0, from)) + "***" + std::string(uri.substr(last_at));
+  }
   auto scheme_end = uri.find("://");
-  if (scheme_end == std::string_view::npos) bad(uri, "no scheme");
+  if (scheme_end == std::string_view::npos) bad(shown, "no scheme");
   std::string_view scheme = uri.substr(0, scheme_end);
   rest = uri.substr(scheme_end + 3);
   if (scheme == "unix") {
     is_unix = true;
+  } else if (scheme == "rediss") {
+    ep.tls = true;
   } else if (scheme != "redis" && scheme != "tcp") {
-    bad(uri, scheme == "rediss" ? "TLS (rediss://) is not supported"
-                                : "unknown scheme '" + std::string(scheme) + "'");
+    bad(shown, "unknown scheme '" + std::string(scheme) + "'");
   }
   // userinfo: everything before the last '@' (a password may contain '@' only %-escaped, but
   // the last '@' is the safe split either way).

@@ -5,11 +5,14 @@
 #include <string>
 #include <string_view>
 
+#include "idem/export.hpp"
+
 namespace idem::redis::detail {
 
 /// Where and how to connect, parsed from a URI.
 struct Endpoint {
   bool unix_socket = false;
+  bool tls = false;      ///< rediss://: TLS (src/redis/tls.hpp)
   std::string host;      ///< TCP host name or address (brackets of an IPv6 literal removed)
   int port = 6379;       ///< TCP port
   std::string path;      ///< Unix socket path
@@ -19,9 +22,10 @@ struct Endpoint {
   std::string display;   ///< the URI with the password masked, for messages
 };
 
-/// Parses `redis://[[user]:password@]host[:port][/db]`, `tcp://...` (same form) and
-/// `unix://[[user]:password@]/path[?db=N]`.
+/// Parses `redis://[[user]:password@]host[:port][/db]`, `rediss://...` (same form, TLS),
+/// `tcp://...` (same form) and `unix://[[user]:password@]/path[?db=N]`.
 /// @throws idem::UsageError naming what is wrong (the password is never echoed).
-Endpoint parse_uri(std::string_view uri);
+/// Exported from a shared libidem_redis for libidem_mq (not API).
+IDEM_EXPORT Endpoint parse_uri(std::string_view uri);
 
 }  // namespace idem::redis::detail

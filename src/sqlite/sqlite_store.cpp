@@ -191,7 +191,7 @@ void Session::exec_script(const std::string& sql) {
 
 sqlite3* Session::native_handle() const noexcept { return static_cast<Connection*>(conn_)->db; }
 
-struct Transaction::Lease {
+struct IDEM_LOCAL Transaction::Lease {
   detail::WriterLock* writer = nullptr;  // held while `open`
   Connection* conn = nullptr;
   bool open = false;
@@ -237,7 +237,7 @@ void Transaction::rollback() noexcept {
 // ---------------------------------------------------------------------------------------------
 // Database
 
-class Database::Impl {
+class IDEM_LOCAL Database::Impl {
  public:
   Impl(std::string path, DatabaseOptions options) : path_(std::move(path)), options_(options) {
     if (options_.pool_size == 0) options_.pool_size = 8;
@@ -334,7 +334,7 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 // SqliteStore
 
 // The store's statements, built once from the validated table and column names.
-struct SqliteStore::Sql {
+struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, insert, insert_completed, insert_completed_if_absent, takeover,
       takeover_completed, remove_expired, complete, fail, release, purge;
 };

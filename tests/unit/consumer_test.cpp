@@ -274,6 +274,64 @@ TEST_F(ConsumerTest, AThrowingSinkKeepsTheMessageWithTheBroker) {
   EXPECT_TRUE(n.consumer.dead_lettered("bad"));
 }
 
+// The broker connection drops while the last failure is handed to the sink: the count is
+// kept, the message comes back redelivered, and it goes to the sink without a fourth run.
+TEST_F(ConsumerTest, ARedeliveryAfterAFailedHandOffIsDeadLetteredWithoutRunningAgain) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 3;
+  bool sink_down = false;
+  o.dead_letter = [&](const idem::DeadLetter& d) {
+    if (sink_down) throw std::runtime_error("connection to the broker lost");
+    sink.letters.push_back(d);
+  };
+  Node n{db(), o};
+  int runs = 0;
+  auto deliver = [&](std::uint32_t count) {
+    return n.consumer.consume(Delivery{"bad", "", "payload-bad", count}, [&](Transaction&) {
+      ++runs;
+      throw std::runtime_error("cannot parse bad");
+    });
+  };
+  EXPECT_EQ(Verdict::kRetryLater, deliver(1));
+  EXPECT_EQ(Verdict::kRetryLater, deliver(2));
+  sink_down = true;
+  EXPECT_THROW(deliver(3), std::runtime_error);
+  EXPECT_EQ(3, runs);
+  EXPECT_FALSE(n.consumer.dead_lettered("bad"));
+  sink_down = false;
+  EXPECT_EQ(Verdict::kDeadLetter, deliver(4));
+  EXPECT_EQ(3, runs) << "the handler does not run a fourth time";
+  ASSERT_EQ(1u, sink.letters.size());
+  EXPECT_EQ(3u, sink.letters[0].attempts);
+  EXPECT_TRUE(n.consumer.dead_lettered("bad"));
+  EXPECT_EQ(Verdict::kAckDuplicate, deliver(5));
+  EXPECT_EQ(1u, sink.letters.size());
+
+  // The same in a batch: a redelivered message with its attempts used up is dead-lettered
+  // before the batch runs, and the others in the batch are applied.
+  sink_down = true;
+  EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad2"));
+  EXPECT_EQ(Verdict::kRetryLater, poison(n, "bad2"));
+  EXPECT_THROW(poison(n, "bad2"), std::runtime_error);
+  sink_down = false;
+  const std::string ok_fp = idem::fingerprint("x");
+  std::vector<Delivery> batch{Delivery{"bad2", "", "payload-bad2", 2},
+                              Delivery{"ok", ok_fp, "x", 1}};
+  int batch_runs = 0;
+  auto v = n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+    ++batch_runs;
+    tx.exec("INSERT INTO effect (message_id) VALUES (?)", batch[i].message_id);
+  });
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kDeadLetter, Verdict::kAck}), v);
+  EXPECT_EQ(1, batch_runs);
+  EXPECT_EQ(0, n.effects("bad2"));
+  EXPECT_EQ(1, n.effects("ok"));
+  ASSERT_EQ(2u, sink.letters.size());
+  EXPECT_EQ("bad2", sink.letters[1].message_id);
+  EXPECT_EQ(3u, sink.letters[1].attempts);
+}
+
 TEST_F(ConsumerTest, RetryableHandlerErrorsPropagateWithoutCounting) {
   idem::ConsumerOptions o;
   o.max_attempts = 1;

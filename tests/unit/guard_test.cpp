@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -105,6 +109,38 @@ TEST(GuardFastOnly, TypedResponsesGoThroughTheCodec) {
   EXPECT_EQ(idem::Outcome::kReplayed, v2.outcome);
   EXPECT_EQ(1, runs);
   (void)a;
+}
+
+// `return "ok";` and string views store a std::string (a pointer or view would dangle).
+TEST(GuardFastOnly, CStringAndStringViewResponsesAreStoredAsStrings) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto key = idem::Key::make("payment", "c_string");
+  int runs = 0;
+  auto a = guard.run(key, "", [&] {
+    ++runs;
+    return "ok";
+  });
+  auto b = guard.run(key, "", [&] {
+    ++runs;
+    return "not this";
+  });
+  static_assert(std::is_same_v<decltype(a.value), std::optional<std::string>>);
+  EXPECT_EQ(idem::Outcome::kExecuted, a.outcome);
+  EXPECT_EQ(idem::Outcome::kReplayed, b.outcome);
+  EXPECT_EQ("ok", *a.value);
+  EXPECT_EQ("ok", *b.value);
+  EXPECT_EQ(1, runs);
+
+  std::string buffer = "pay_7";
+  auto key2 = idem::Key::make("payment", "view");
+  auto c = guard.run(key2, "", [&] { return std::string_view(buffer); });
+  buffer = "changed";  // the stored copy does not follow
+  auto d = guard.run(key2, "", [&] { return std::string_view(buffer); });
+  static_assert(std::is_same_v<decltype(c.value), std::optional<std::string>>);
+  EXPECT_EQ("pay_7", *c.value);
+  EXPECT_EQ("pay_7", *d.value);
+  EXPECT_EQ(idem::Outcome::kReplayed, d.outcome);
 }
 
 TEST(GuardFastOnly, UndecodableStoredResponseIsCorruptRecord) {

@@ -50,6 +50,27 @@ TEST(IdempotencyKeyHeader, RejectsMalformedValuesWithAReason) {
             parse_idempotency_key(std::vector<std::string_view>{"\"a\"", "\"a\""}).status);
 }
 
+TEST(IdempotencyKeyHeader, BareTokensOnlyWhenAllowed) {
+  using idem::http::KeySyntax;
+  const auto bare = KeySyntax::kAllowBareToken;
+  EXPECT_EQ(ParsedKey::Status::kMalformed, status_of("7f7d6f9c-9b2a"));  // strict by default
+  EXPECT_EQ("7f7d6f9c-9b2a", parse_idempotency_key(" 7f7d6f9c-9b2a\t", bare).value);
+  EXPECT_EQ("a;b=c/d:e", parse_idempotency_key("a;b=c/d:e", bare).value);
+  EXPECT_EQ("abc", parse_idempotency_key("\"abc\"", bare).value);  // quoted still works
+  EXPECT_EQ(std::string(255, 'k'), parse_idempotency_key(std::string(255, 'k'), bare).value);
+  for (std::string bad :
+       {std::string("a b"), std::string("a,b"), std::string("a\"b"), std::string("caf\xC3\xA9"),
+        std::string("a\x01"), std::string(256, 'k'), std::string("")}) {
+    auto p = parse_idempotency_key(bad, bare);
+    EXPECT_EQ(ParsedKey::Status::kMalformed, p.status) << bad;
+    EXPECT_FALSE(p.detail.empty());
+  }
+  // A malformed quoted value is not re-read as a token.
+  EXPECT_EQ(ParsedKey::Status::kMalformed, parse_idempotency_key("\"abc", bare).status);
+  EXPECT_EQ(ParsedKey::Status::kMultiple,
+            parse_idempotency_key(std::vector<std::string_view>{"a", "b"}, bare).status);
+}
+
 TEST(ScopedKey, SeparatesPrincipalsMethodsRoutesAndIsInjective) {
   auto k = idem::http::scoped_key("http.orders", "alice", "POST", "/orders", "abc");
   EXPECT_EQ("http.orders", k.scope());
@@ -309,6 +330,90 @@ TEST(EndpointLease, LostLeaseIs409WithoutInternalDetail) {
   EXPECT_NE(std::string::npos, r.body.find("\"code\":\"lease_lost\""));
   EXPECT_EQ(std::string::npos, r.body.find("GuardOptions"));  // tuning advice stays in logs
   EXPECT_NE(nullptr, r.header("Retry-After"));
+}
+
+TEST_F(EndpointTest, PassThroughsAndRejectionsReachTheObserver) {
+  struct Recorder : idem::Observer {
+    std::vector<std::string> events;
+    void on_rejected_request(const idem::RejectedRequestEvent& e) noexcept override {
+      events.push_back(std::string(idem::reject_reason_name(e.reason)) + ":" +
+                       std::to_string(e.status));
+    }
+    void on_passthrough(const idem::PassthroughEvent& e) noexcept override {
+      events.push_back(std::string(idem::passthrough_reason_name(e.reason)));
+    }
+  };
+  auto recorder = std::make_shared<Recorder>();
+  idem::GuardOptions go;
+  go.observer = recorder;
+  idem::IdempotencyGuard<idem::NoDurableStore> guard{fast_, go};
+  auto options = endpoint_options();
+  options.max_body_bytes = 10;
+  idem::http::Endpoint endpoint{guard, options};
+  auto handler = [&] { return created("x"); };
+  Req small = Req::with_key("\"k\"");
+  small.body = "0123456789";
+  Req big = small;
+  big.body += "!";
+  Req get = small;
+  get.method = "GET";
+  Req no_key = small;
+  no_key.headers.clear();
+  Req changed = small;
+  changed.body = "9876543210";
+  EXPECT_EQ(201, endpoint.handle(small.view(), handler).status);
+  EXPECT_EQ(413, endpoint.handle(big.view(), handler).status);
+  EXPECT_EQ(201, endpoint.handle(get.view(), handler).status);
+  EXPECT_EQ(400, endpoint.handle(no_key.view(), handler).status);
+  EXPECT_EQ(422, endpoint.handle(changed.view(), handler).status);
+  Req bare = Req::with_key("bare");
+  bare.body = small.body;
+  EXPECT_EQ(400, endpoint.handle(bare.view(), handler).status);
+  std::vector<std::string> expected = {"payload_too_large:413", "method", "missing_key:400",
+                                       "fingerprint_mismatch:422", "invalid_key:400"};
+  EXPECT_EQ(expected, recorder->events);
+  EXPECT_EQ(2, runs_.load());
+  // An empty method list guards nothing; the methods are compared exactly.
+  options.guarded_methods = {};
+  idem::http::Endpoint none{guard, options};
+  EXPECT_FALSE(none.guards("POST"));
+  EXPECT_TRUE(endpoint.guards("PATCH"));
+  EXPECT_FALSE(endpoint.guards("post"));
+}
+
+TEST(EndpointSqlite, TransactionalPassThroughGetsAPlainTransaction) {
+  idem::test::TempDir dir;
+  idem::MemoryStore fast;
+  idem::sqlite::SqliteStore durable{dir.file("pass.sqlite")};
+  durable.database().write(
+      [](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE t (v TEXT)"); });
+  idem::IdempotencyGuard guard{fast, durable};
+  idem::http::EndpointOptions options;
+  options.scope = "http.pass";
+  options.key_required = false;
+  idem::http::Endpoint endpoint{guard, options};
+  Req req;  // no key
+  auto write = [&](idem::sqlite::Transaction& tx) {
+    tx.exec("INSERT INTO t (v) VALUES ('x')");
+    return Response{201, {}, "ok"};
+  };
+  EXPECT_EQ(201, endpoint.handle(req.view(), write).status);
+  EXPECT_EQ(201, endpoint.handle(req.view(), write).status);
+  // The handler's writes committed; a throwing handler's rolled back and propagate.
+  EXPECT_THROW((void)endpoint.handle(req.view(),
+                                     [](idem::sqlite::Transaction& tx) -> Response {
+                                       tx.exec("INSERT INTO t (v) VALUES ('rolled back')");
+                                       throw std::runtime_error("handler");
+                                     }),
+               std::runtime_error);
+  auto rows = durable.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM t").value_or(-1);
+  });
+  EXPECT_EQ(2, rows);
+  auto records = durable.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM api_idempotency").value_or(-1);
+  });
+  EXPECT_EQ(0, records);
 }
 
 TEST_F(EndpointTest, BadScopeIsRefusedAtConstruction) {

@@ -130,6 +130,75 @@ TEST(LoggingObserver, FastStoreDownAndRecoveredOncePerBurst) {
   EXPECT_EQ(2u, capture.containing("idem fast store down").size());
 }
 
+TEST(LoggingObserver, EveryStoreErrorIsOneLineWithKeyStoreAndCode) {
+  Capture capture;
+  auto logger = std::make_shared<idem::LoggingObserver>(capture.sink());
+  idem::test::TempDir dir;
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast{inner};
+  idem::sqlite::SqliteStore durable{dir.file("errors.sqlite")};
+  idem::IdempotencyGuard guard{fast, durable, with_observer(logger)};
+  auto h = [](idem::sqlite::Transaction&) { return std::string("ok"); };
+
+  // A fast-store outage: every failing call leaves a line (the down line comes once).
+  fast.failing = true;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(guard.run(idem::Key::make("s", "f" + std::to_string(i)), "", h).ok());
+  }
+  auto fast_lines = capture.containing("idem store error");
+  ASSERT_EQ(3u, fast_lines.size());
+  EXPECT_EQ(
+      "idem store error key=s|f0 role=fast store=switchable code=store_unavailable "
+      "error=\"test: fast store switched off\"",
+      fast_lines[0]);
+  EXPECT_EQ(1u, capture.containing("idem fast store down").size());
+  fast.failing = false;
+
+  // A handler's own exception is not a store error.
+  EXPECT_THROW((void)guard.run(idem::Key::make("s", "h"), "",
+                               [](idem::sqlite::Transaction&) -> std::string {
+                                 throw idem::StorageUnavailable("the handler's own");
+                               }),
+               idem::StorageError);
+  EXPECT_EQ(3u, capture.containing("idem store error").size());
+
+  // The durable store fails under the call (its table is gone): the call throws, and the
+  // failure is a line too, before the exception reaches the caller.
+  durable.database().write(
+      [](idem::sqlite::Transaction& tx) { tx.exec("DROP TABLE api_idempotency"); });
+  EXPECT_THROW((void)guard.run(idem::Key::make("s", "d1"), "", h), idem::StorageError);
+  EXPECT_THROW((void)guard.run(idem::Key::make("s", "d2"), "", [] { return std::string(); }),
+               idem::StorageError);
+  auto durable_lines = capture.containing("role=durable");
+  ASSERT_EQ(2u, durable_lines.size());
+  EXPECT_EQ(0u, durable_lines[0].rfind("idem store error key=s|d1 role=durable store=sqlite "
+                                       "code=storage_error error=",
+                                       0))
+      << durable_lines[0];
+  EXPECT_NE(std::string::npos, durable_lines[0].find("no such table")) << durable_lines[0];
+  EXPECT_NE(std::string::npos, durable_lines[1].find("key=s|d2")) << durable_lines[1];
+  EXPECT_EQ(5u, capture.containing("idem store error").size());
+}
+
+TEST(LoggingObserver, RejectedRequestAndPassthroughLines) {
+  Capture capture;
+  idem::LoggingObserverOptions debug;
+  debug.min_level = idem::LogLevel::kDebug;
+  idem::LoggingObserver logger{capture.sink(), debug};
+  logger.on_rejected_request(
+      idem::RejectedRequestEvent{"http.orders", idem::RejectReason::kPayloadTooLarge, 413});
+  logger.on_rejected_request(idem::RejectedRequestEvent{{}, idem::RejectReason::kInvalidKey, 400});
+  logger.on_passthrough(idem::PassthroughEvent{"http.orders", idem::PassthroughReason::kMethod});
+  auto rejected = capture.containing("idem rejected request");
+  ASSERT_EQ(2u, rejected.size());
+  EXPECT_EQ("idem rejected request scope=http.orders reason=payload_too_large status=413",
+            rejected[0]);
+  EXPECT_EQ("idem rejected request scope=- reason=invalid_key status=400", rejected[1]);
+  auto passed = capture.containing("idem passthrough");
+  ASSERT_EQ(1u, passed.size());
+  EXPECT_EQ("idem passthrough scope=http.orders reason=method", passed[0]);
+}
+
 TEST(LoggingObserver, LevelFilterAndDebugCallLines) {
   Capture warn_capture, debug_capture;
   idem::LoggingObserverOptions warn_only;

@@ -164,4 +164,47 @@ TEST(PrometheusObserver, TakeoversLostLeasesAndRedeliveries) {
   EXPECT_EQ(1, value(text, "idem_calls_total", {{"mode", "fast_only"}, {"service", "orders"}}));
 }
 
+TEST(PrometheusObserver, StoreErrorsByStoreAndCodeRejectionsAndPassthroughs) {
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<idem::PrometheusObserver>(registry);
+  // Every reason exists from the start (a zero is information).
+  auto text = scrape(registry);
+  for (const char* reason :
+       {"missing_key", "invalid_key", "payload_too_large", "fingerprint_mismatch"}) {
+    EXPECT_EQ(0, value(text, "idem_rejected_requests_total", {{"reason", reason}})) << reason;
+  }
+  for (const char* reason : {"no_key", "method", "disabled"}) {
+    EXPECT_EQ(0, value(text, "idem_passthrough_requests_total", {{"reason", reason}})) << reason;
+  }
+
+  idem::test::TempDir dir;
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast{inner};
+  idem::sqlite::SqliteStore durable{dir.file("e.sqlite")};
+  idem::IdempotencyGuard guard{fast, durable, with(metrics)};
+  auto h = [](idem::sqlite::Transaction&) { return std::string("r"); };
+  fast.failing = true;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(guard.run(idem::Key::make("s", "e" + std::to_string(i)), "", h).ok());
+  }
+  fast.failing = false;
+  durable.database().write(
+      [](idem::sqlite::Transaction& tx) { tx.exec("DROP TABLE api_idempotency"); });
+  EXPECT_THROW((void)guard.run(idem::Key::make("s", "gone"), "", h), idem::StorageError);
+  metrics->on_rejected_request(
+      idem::RejectedRequestEvent{"http.x", idem::RejectReason::kFingerprintMismatch, 422});
+  metrics->on_passthrough(idem::PassthroughEvent{"http.x", idem::PassthroughReason::kNoKey});
+  metrics->on_passthrough(idem::PassthroughEvent{"http.x", idem::PassthroughReason::kNoKey});
+
+  text = scrape(registry);
+  EXPECT_EQ(4, value(text, "idem_store_errors_total",
+                     {{"store", "switchable"}, {"code", "store_unavailable"}}));
+  EXPECT_EQ(
+      1, value(text, "idem_store_errors_total", {{"store", "sqlite"}, {"code", "storage_error"}}));
+  EXPECT_EQ(5, value(text, "idem_store_errors_total"));
+  EXPECT_EQ(1, value(text, "idem_rejected_requests_total", {{"reason", "fingerprint_mismatch"}}));
+  EXPECT_EQ(2, value(text, "idem_passthrough_requests_total", {{"reason", "no_key"}}));
+  EXPECT_EQ(0, value(text, "idem_passthrough_requests_total", {{"reason", "method"}}));
+}
+
 }  // namespace

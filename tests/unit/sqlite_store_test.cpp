@@ -105,6 +105,36 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Sqlite, DurableStoreConformance, SqliteTypes);
 
 namespace {
 
+// The README's SQLite quick start, as written there: business tables made through
+// durable.database().write(...), then a transactional handler writing to them once.
+TEST(SqliteStore, ReadmeQuickStartCreatesBusinessTablesAndChargesOnce) {
+  idem::test::TempDir dir;
+  idem::MemoryStore fast;
+  idem::sqlite::SqliteStore durable{dir.file("payments.db")};
+  durable.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE IF NOT EXISTS account (id INTEGER PRIMARY KEY, balance INTEGER);"
+        "CREATE TABLE IF NOT EXISTS payment (order_no TEXT PRIMARY KEY, amount INTEGER)");
+  });
+  durable.database().write(
+      [](idem::sqlite::Transaction& tx) { tx.exec("INSERT INTO account VALUES (1, 1000)"); });
+  idem::IdempotencyGuard guard{fast, durable};
+  auto key = idem::Key::make("payment", "o_1");
+  for (int i = 0; i < 3; ++i) {
+    auto r = guard.run(key, idem::fingerprint("100"), [&](idem::sqlite::Transaction& tx) {
+      tx.exec("UPDATE account SET balance = balance - ? WHERE id = ?", 100, 1);
+      tx.exec("INSERT INTO payment (order_no, amount) VALUES (?, ?)", "o_1", 100);
+      return "pay_o_1";  // a C string: stored as std::string
+    });
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ("pay_o_1", *r.value);
+  }
+  durable.database().read([](idem::sqlite::Session& db) {
+    EXPECT_EQ(900, db.query_int64("SELECT balance FROM account WHERE id = 1").value_or(-1));
+    EXPECT_EQ(1, db.query_int64("SELECT count(*) FROM payment").value_or(-1));
+  });
+}
+
 TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
   idem::test::TempDir dir;
   auto path = dir.file("m.sqlite");

@@ -178,7 +178,7 @@ class AsyncGuard {
         fast_(&fast),
         durable_(&durable),
         options_(std::move(options)),
-        core_(true, options_.guard, kWho) {}
+        core_(true, options_.guard, kWho, fast.name(), durable.name()) {}
 
   /// Durable store only.
   template <class D = Durable,
@@ -189,7 +189,7 @@ class AsyncGuard {
         fast_(nullptr),
         durable_(&durable),
         options_(std::move(options)),
-        core_(false, options_.guard, kWho) {}
+        core_(false, options_.guard, kWho, "none", durable.name()) {}
 
   /// Fast store only: best effort, as IdempotencyGuard's fast-only mode.
   template <class D = Durable, std::enable_if_t<std::is_same_v<D, NoDurableStore>, int> = 0>
@@ -198,7 +198,7 @@ class AsyncGuard {
         fast_(&fast),
         durable_(nullptr),
         options_(std::move(options)),
-        core_(true, options_.guard, kWho) {}
+        core_(true, options_.guard, kWho, fast.name(), "none") {}
 
   AsyncGuard(const AsyncGuard&) = delete;
   AsyncGuard& operator=(const AsyncGuard&) = delete;
@@ -465,7 +465,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (e) {
       // Rolled back (or, for OutcomeUnknown, perhaps committed: the durable record then replays
       // it to the retry). Either way the fast claim must not block the retry for a lease.
-      if (handler_threw_) g_.core_.handler_failed(call_);
+      if (handler_threw_) {
+        g_.core_.handler_failed(call_);
+      } else {
+        g_.core_.durable_failed(key_, e);
+      }
       return release_then_fail(std::move(e), false);
     }
     if (d.status == TransactionalStatus::kCommitted) {
@@ -481,7 +485,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 
   void on_begin(std::exception_ptr e, ClaimResult d) {
     call_.durable = call_.since(t0_);
-    if (e) return release_then_fail(std::move(e), false);
+    if (e) {
+      g_.core_.durable_failed(key_, e);
+      return release_then_fail(std::move(e), false);
+    }
     if (d.status != ClaimStatus::kClaimed) return after_durable(std::move(d));
     if (d.took_over) g_.core_.takeover(key_, "durable");
     durable_claimed_ = true;
@@ -590,9 +597,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       if constexpr (kHasDurable) {
         phase_ = Phase::kFollowUp;
         g_.durable_->async_release(key_, call_.owner(), strand_,
-                                   [self = this->shared_from_this(), e](std::exception_ptr,
+                                   [self = this->shared_from_this(), e](std::exception_ptr re,
                                                                         bool) mutable {
                                      // Failing: the record stays in progress until its lease.
+                                     self->g_.core_.durable_failed(self->key_, re);
                                      self->release_then_fail(std::move(e), false);
                                    });
         return;
@@ -629,7 +637,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 
   void on_fast_only_complete(std::exception_ptr e, bool ok) {
     phase_ = Phase::kFollowUp;
-    if (e) return fail(std::move(e));
+    if (e) {
+      g_.core_.store_failed(key_, StoreRole::kFast, e);
+      return fail(std::move(e));
+    }
     if (!ok) return fail(std::make_exception_ptr(g_.core_.lease_lost(call_, "fast")));
     note_recorded();
     deliver_executed();
@@ -638,7 +649,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   void on_durable_complete(std::exception_ptr e, bool ok) {
     call_.durable += call_.since(t0_);
     phase_ = Phase::kFollowUp;
-    if (e) return fail(std::move(e));
+    if (e) {
+      g_.core_.durable_failed(key_, e);
+      return fail(std::move(e));
+    }
     if (!ok) {
       auto lost = std::make_exception_ptr(g_.core_.lease_lost(call_, "durable"));
       return release_then_fail(std::move(lost), false);

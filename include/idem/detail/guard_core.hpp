@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The guard's decisions, written once for every driver of the protocol.
 //
-// File: detail/guard_core.hpp (internal: idem::IdempotencyGuard and idem::async::AsyncGuard
-// include it, services do not)
+// File: detail/guard_core.hpp (internal: idem::async::AsyncGuard includes it, services do not)
 //
 // A driver performs the round trips (a blocking call, or an asynchronous one whose completion
 // comes back later); `GuardCore` decides what each answer means and what comes next, keeps the
@@ -33,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -43,18 +43,13 @@
 #include "idem/codec.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
-#include "idem/guard_options.hpp"
+#include "idem/guard.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store.hpp"
 
 namespace idem::detail {
-
-using SteadyClock = std::chrono::steady_clock;
-inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
-}
 
 /// The lease and retention one call runs with (copied from GuardOptions at its start).
 struct CallOptions {
@@ -206,10 +201,15 @@ struct DuplicateAnswer {
 /// the counters and the fast store's up/down flag, all atomic.
 class GuardCore {
  public:
-  /// `has_fast`: the guard has a fast store. `who` names the guard in UsageError messages.
+  /// `has_fast`: the guard has a fast store. `who` names the guard in UsageError messages; the
+  /// store names (FastStore::name, the durable store's name()) label StoreErrorEvent.
   /// @throws UsageError when the lease or the retention is not positive.
-  GuardCore(bool has_fast, GuardOptions options, std::string_view who)
-      : has_fast_(has_fast), options_(std::move(options)) {
+  GuardCore(bool has_fast, GuardOptions options, std::string_view who,
+            std::string_view fast_name = "none", std::string_view durable_name = "none")
+      : has_fast_(has_fast),
+        options_(std::move(options)),
+        fast_name_(fast_name),
+        durable_name_(durable_name) {
     if (options_.lease.count() <= 0) {
       throw UsageError(std::string(who) + ": GuardOptions::lease must be positive");
     }
@@ -347,8 +347,11 @@ class GuardCore {
           r.value.emplace(Codec<R>::decode(a.response));
         }
       } catch (const std::exception& e) {
-        throw CorruptRecord("idem: the stored response of '" + c.key().str() +
-                            "' cannot be decoded: " + e.what());
+        CorruptRecord corrupt("idem: the stored response of '" + c.key().str() +
+                              "' cannot be decoded: " + e.what());
+        store_error(c.key(), source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
+                    corrupt);
+        throw corrupt;
       }
     }
     count_outcome(a.outcome);
@@ -396,6 +399,7 @@ class GuardCore {
   /// The fast store failed for `calls` calls: a burst of failures begins (on_fast_store_down
   /// once per burst). Count degraded calls with count_call / fast_claim_failed.
   void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
+    store_error(key, StoreRole::kFast, e);
     burst_failures_.fetch_add(calls, std::memory_order_relaxed);
     if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
       if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
@@ -408,6 +412,33 @@ class GuardCore {
       auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
       if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
     }
+  }
+
+  /// Every store failure reaches the observer (on_store_error) with the key and its errc.
+  void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
+    auto* o = options_.observer.get();
+    if (o == nullptr) return;
+    o->on_store_error(
+        StoreErrorEvent{&key, role, role == StoreRole::kFast ? fast_name_ : durable_name_, e});
+  }
+  /// The store in `role` failed with `e` (anything but an idem::Error is not reported).
+  void store_failed(const Key& key, StoreRole role, const std::exception_ptr& e) noexcept {
+    if (options_.observer == nullptr || !e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      store_error(key, role, x);
+    } catch (...) {
+    }
+  }
+  /// The durable store failed with `e`.
+  void durable_failed(const Key& key, const std::exception_ptr& e) noexcept {
+    store_failed(key, StoreRole::kDurable, e);
+  }
+  /// Inside a catch block: reports the durable store's exception in flight.
+  void durable_failed(const Key& key) noexcept {
+    if (options_.observer == nullptr) return;
+    durable_failed(key, std::current_exception());
   }
 
  private:
@@ -427,6 +458,8 @@ class GuardCore {
 
   bool has_fast_;
   GuardOptions options_;
+  std::string_view fast_name_;
+  std::string_view durable_name_;
   GuardStats stats_;
   std::atomic<bool> fast_down_{false};
   std::atomic<std::uint64_t> burst_failures_{0};

@@ -7,12 +7,17 @@
 //       [&](const httplib::Request& req, idem::sqlite::Transaction& tx) {
 //         return idem::http::Response{201, {{"Content-Type", "application/json"}}, ...};
 //       }));
+//   // Requests cpp-httplib refuses itself (a header line over its 8 KiB limit, e.g. an
+//   // over-long Idempotency-Key; a body over set_payload_max_length) get problem+json too:
+//   server.set_payload_max_length(create.options().max_body_bytes);
+//   server.set_error_handler(idem::http::problem_error_handler(create));
 // @endcode
 #pragma once
 
 #include <httplib.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -46,6 +51,70 @@ inline void write_response(const Response& r, httplib::Response& out) {
     out.set_header(h.name, h.value);
   }
   out.body = r.body;
+}
+
+/// Options of problem_error_handler().
+struct ServerErrorOptions {
+  /// Prefix of the problem `type` (as EndpointOptions::problem_type_prefix).
+  std::string problem_type_prefix = "urn:idem:error:";
+  /// Builds the answer from the code and the public detail (as
+  /// EndpointOptions::error_formatter). Empty: problem+json.
+  std::function<Response(errc, std::string_view detail)> error_formatter;
+  /// Told of each request turned into a problem (on_rejected_request, empty scope). Null: none.
+  std::shared_ptr<Observer> observer;
+};
+
+/// A cpp-httplib error handler (Server::set_error_handler) that answers the requests
+/// cpp-httplib refuses before any handler runs with idem's error vocabulary instead of a bare
+/// status:
+///
+///   * 400 with no body and no Idempotency-Key among the headers read: cpp-httplib stopped at
+///     a header line over its limit (CPPHTTPLIB_HEADER_MAX_LENGTH, 8192 bytes; typically an
+///     over-long key) or a malformed one: 400 invalid_key;
+///   * 413 with no body (Content-Length over Server::set_payload_max_length): 413
+///     payload_too_large.
+///
+/// Every other response (handlers' own 4xx/5xx, 404 of unknown routes) is left unchanged.
+inline httplib::Server::HandlerWithResponse problem_error_handler(ServerErrorOptions options = {}) {
+  return [options = std::move(options)](const httplib::Request& req, httplib::Response& res) {
+    using Handled = httplib::Server::HandlerResponse;
+    if (!res.body.empty()) return Handled::Unhandled;
+    errc code = errc::kInvalidKey;
+    RejectReason reason = RejectReason::kInvalidKey;
+    std::string detail;
+    if (res.status == 400 && !req.has_header(std::string(kIdempotencyKeyHeader).c_str())) {
+      code = errc::kInvalidKey;
+      reason = RejectReason::kInvalidKey;
+      detail = "the request's header section could not be read: a header line is longer than " +
+               std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
+               " bytes or malformed (an Idempotency-Key has at most " +
+               std::to_string(kMaxClientKeyLength) + " bytes)";
+    } else if (res.status == 413) {
+      code = errc::kPayloadTooLarge;
+      reason = RejectReason::kPayloadTooLarge;
+      detail = "the request body is larger than this server accepts";
+    } else {
+      return Handled::Unhandled;
+    }
+    Response r = options.error_formatter ? options.error_formatter(code, detail)
+                                         : problem(code, detail, options.problem_type_prefix);
+    write_response(r, res);
+    if (options.observer) {
+      options.observer->on_rejected_request(RejectedRequestEvent{{}, reason, res.status});
+    }
+    return Handled::Handled;
+  };
+}
+
+/// problem_error_handler() answering as `endpoint` does (its problem type prefix, its error
+/// formatter, its guard's observer).
+template <class Durable>
+httplib::Server::HandlerWithResponse problem_error_handler(const Endpoint<Durable>& endpoint) {
+  ServerErrorOptions o;
+  o.problem_type_prefix = endpoint.options().problem_type_prefix;
+  o.error_formatter = endpoint.options().error_formatter;
+  o.observer = endpoint.observer();
+  return problem_error_handler(std::move(o));
 }
 
 /// A cpp-httplib handler running `fn` through `endpoint`.

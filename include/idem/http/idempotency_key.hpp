@@ -15,6 +15,13 @@
 // * the unescaped value is at most kMaxClientKeyLength (255) bytes;
 // * more than one `Idempotency-Key` field line is malformed (an Item cannot be a list).
 //
+// That strict form is the default (KeySyntax::kStructuredField). Many clients (Stripe-style
+// SDKs) send the key bare, `Idempotency-Key: 7f7d6f9c-9b2a-4c1e-8f00-2b1d3c4e5f60`;
+// KeySyntax::kAllowBareToken accepts that too: a value that does not start with `"` is taken
+// as it is (after trimming spaces/tabs) when it is 1..255 bytes of visible ASCII (0x21-0x7E)
+// without `"` or `,` (a comma would make it indistinguishable from two keys a proxy folded
+// into one line). `abc` and `"abc"` are then the same key.
+//
 // Scoping (`scoped_key`): the client's string is NOT used as the idem::Key directly. Two clients
 // may pick the same string, and one route's key must not replay another route's response, so
 // the key the store sees is
@@ -35,6 +42,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "idem/errors.hpp"
@@ -49,6 +57,12 @@ inline constexpr std::size_t kMaxClientKeyLength = 255;
 /// The header's name (matched case-insensitively).
 inline constexpr std::string_view kIdempotencyKeyHeader = "Idempotency-Key";
 
+/// Which spellings of the header value an endpoint accepts (see the file comment).
+enum class KeySyntax {
+  kStructuredField,  ///< only an RFC 8941 sf-string, `"abc"` (the IETF draft; the default)
+  kAllowBareToken,   ///< an sf-string, or a bare token of visible ASCII, `abc` (Stripe-style)
+};
+
 /// The result of parsing the Idempotency-Key field lines of one request.
 struct ParsedKey {
   /// What was found.
@@ -58,6 +72,7 @@ struct ParsedKey {
     kMalformed,  ///< one field line that is not a valid sf-string (see `detail`)
     kMultiple,   ///< more than one field line
   };
+  /// What the header held.
   Status status = Status::kMissing;
   /// kOk: the client's key, unescaped.
   std::string value;
@@ -87,15 +102,65 @@ inline void append_length_prefixed(std::string& out, std::string_view part) {
 }
 }  // namespace detail
 
-/// Parses one Idempotency-Key field value as an RFC 8941 sf-string (see the file comment).
+/// Why `key`, a client's idempotency key as received (HTTP: after unquoting), is refused, or ""
+/// when it is accepted: 1..kMaxClientKeyLength bytes of printable ASCII (0x20-0x7E). The rules
+/// of the HTTP header's value and of gRPC's `idempotency-key` metadata (idem::grpc).
+inline std::string client_key_problem(std::string_view key) {
+  if (key.empty()) return "the key is empty";
+  if (key.size() > kMaxClientKeyLength) {
+    return "the key has " + std::to_string(key.size()) + " bytes, at most " +
+           std::to_string(kMaxClientKeyLength) + " are accepted";
+  }
+  for (char ch : key) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c > 0x7E) {
+      return "byte " + ::idem::detail::describe_byte(c) + " is not printable ASCII";
+    }
+  }
+  return {};
+}
+
+namespace detail {
+inline ParsedKey parse_bare_token(std::string_view s) {
+  ParsedKey p;
+  p.status = ParsedKey::Status::kMalformed;
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x21 || c > 0x7E || c == '"' || c == ',') {
+      p.detail =
+          "the Idempotency-Key header must be a quoted string (\"8e03978e\") or a bare "
+          "token of visible ASCII without '\"' or ','; byte " +
+          ::idem::detail::describe_byte(c) + " is not accepted";
+      return p;
+    }
+  }
+  if (s.size() > kMaxClientKeyLength) {
+    p.detail = "the key has " + std::to_string(s.size()) + " bytes, at most " +
+               std::to_string(kMaxClientKeyLength) + " are accepted";
+    return p;
+  }
+  p.status = ParsedKey::Status::kOk;
+  p.value = std::string(s);
+  return p;
+}
+}  // namespace detail
+
+/// Parses one Idempotency-Key field value (see the file comment).
+/// @param field  the field value as received
+/// @param syntax kStructuredField (default): an RFC 8941 sf-string only; kAllowBareToken: a
+///               bare token as well
 /// @return kOk with the unescaped value, or kMalformed with the reason.
-inline ParsedKey parse_idempotency_key(std::string_view field) {
+inline ParsedKey parse_idempotency_key(std::string_view field,
+                                       KeySyntax syntax = KeySyntax::kStructuredField) {
   std::size_t b = 0, e = field.size();
   while (b < e && detail::is_ows(field[b])) ++b;
   while (e > b && detail::is_ows(field[e - 1])) --e;
   std::string_view s = field.substr(b, e - b);
   if (s.empty()) return detail::malformed("the value is empty");
-  if (s[0] != '"') return detail::malformed("the value does not start with '\"'");
+  if (s[0] != '"') {
+    if (syntax == KeySyntax::kAllowBareToken) return detail::parse_bare_token(s);
+    return detail::malformed("the value does not start with '\"'");
+  }
   std::string value;
   std::size_t i = 1;
   bool closed = false;
@@ -123,11 +188,8 @@ inline ParsedKey parse_idempotency_key(std::string_view field) {
     return detail::malformed(s[i] == ';' ? "parameters are not accepted"
                                          : "there is text after the closing '\"'");
   }
-  if (value.empty()) return detail::malformed("the key is empty");
-  if (value.size() > kMaxClientKeyLength) {
-    return detail::malformed("the key has " + std::to_string(value.size()) +
-                             " bytes, at most " + std::to_string(kMaxClientKeyLength) +
-                             " are accepted");
+  if (std::string why = client_key_problem(value); !why.empty()) {
+    return detail::malformed(std::move(why));
   }
   ParsedKey p;
   p.status = ParsedKey::Status::kOk;
@@ -136,8 +198,9 @@ inline ParsedKey parse_idempotency_key(std::string_view field) {
 }
 
 /// Parses all Idempotency-Key field lines of a request: none is kMissing, more than one is
-/// kMultiple, one is parse_idempotency_key(field).
-inline ParsedKey parse_idempotency_key(const std::vector<std::string_view>& fields) {
+/// kMultiple, one is parse_idempotency_key(field, syntax).
+inline ParsedKey parse_idempotency_key(const std::vector<std::string_view>& fields,
+                                       KeySyntax syntax = KeySyntax::kStructuredField) {
   if (fields.empty()) return ParsedKey{};
   if (fields.size() > 1) {
     ParsedKey p;
@@ -146,7 +209,7 @@ inline ParsedKey parse_idempotency_key(const std::vector<std::string_view>& fiel
                " Idempotency-Key header fields; send exactly one";
     return p;
   }
-  return parse_idempotency_key(fields.front());
+  return parse_idempotency_key(fields.front(), syntax);
 }
 
 /// The idem::Key a request is stored under (see the file comment for the derivation).

@@ -85,7 +85,7 @@ inline void put_bytes(std::string& out, std::string_view bytes) {
   out.append(bytes.data(), bytes.size());
 }
 
-// Reads the encoding back, refusing anything truncated or trailing.
+// Reads the encoding back, refusing anything truncated or trailing (also used by idem::grpc).
 class Reader {
  public:
   explicit Reader(std::string_view in) : in_(in) {}
@@ -112,7 +112,7 @@ class Reader {
 
  private:
   void need(std::size_t n) const {
-    if (in_.size() - pos_ < n) throw std::runtime_error("truncated HTTP response record");
+    if (in_.size() - pos_ < n) throw std::runtime_error("truncated record");
   }
   std::string_view in_;
   std::size_t pos_ = 0;
@@ -181,6 +181,7 @@ namespace idem {
 /// idem::CorruptRecord).
 template <>
 struct Codec<http::Response> {
+  /// The record bytes of `r` (status, headers in order, body; length-prefixed).
   static std::string encode(const http::Response& r) {
     std::string out(http::detail::kResponseMagic);
     out.reserve(out.size() + 12 + r.body.size());
@@ -193,6 +194,7 @@ struct Codec<http::Response> {
     http::detail::put_bytes(out, r.body);
     return out;
   }
+  /// The response encode() wrote. @throws std::runtime_error for bytes it did not write.
   static http::Response decode(std::string_view bytes) {
     http::detail::Reader in(bytes);
     if (in.raw(http::detail::kResponseMagic.size()) != http::detail::kResponseMagic) {

@@ -22,7 +22,7 @@
 // StorageError (a Redis error reply such as NOGROUP). hiredis stays out of this header.
 //
 // @code
-//   idem::mq::RedisStreams redis{{"redis://127.0.0.1:6379"}};
+//   idem::mq::RedisStreams redis{"redis://127.0.0.1:6379"};   // or RedisStreamsOptions{...}
 //   redis.create_group("orders", "billing");
 //   for (;;) {
 //     auto batch = redis.read_group("orders", "billing", "worker-1", 64, std::chrono::seconds(1));
@@ -42,6 +42,9 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "idem/export.hpp"
+#include "idem/redis/tls_options.hpp"
 
 namespace idem::mq {
 
@@ -68,8 +71,8 @@ struct StreamEntry {
 
 /// Options of a RedisStreams connection.
 struct RedisStreamsOptions {
-  /// `redis://[[user]:password@]host[:port][/db]`, `tcp://host[:port][/db]` or
-  /// `unix:///path/to/redis.sock[?db=N]` (as RedisStoreOptions::uri).
+  /// `redis://[[user]:password@]host[:port][/db]`, `rediss://...` (TLS), `tcp://host[:port][/db]`
+  /// or `unix:///path/to/redis.sock[?db=N]` (as RedisStoreOptions::uri).
   std::string uri = "redis://127.0.0.1:6379";
   /// Most connections open at once (a blocking read holds one for its block time). Positive.
   std::size_t pool_size = 4;
@@ -79,6 +82,8 @@ struct RedisStreamsOptions {
   std::chrono::milliseconds command_timeout{1000};
   /// Longest wait for a free connection when all are busy (then StorageUnavailable).
   std::chrono::milliseconds pool_wait_timeout{1000};
+  /// `rediss://` only: as RedisStoreOptions::tls.
+  redis::TlsOptions tls{};
 };
 
 /// The answer of XAUTOCLAIM.
@@ -109,12 +114,23 @@ struct PendingSummary {
 };
 
 /// A Redis Streams client (see the file comment). Thread-safe; movable, not copyable.
-class RedisStreams {
+class IDEM_EXPORT RedisStreams {
  public:
   /// Parses the URI; connects on first use. @throws idem::UsageError for a bad URI or option.
   explicit RedisStreams(RedisStreamsOptions options);
+  /// Same as `RedisStreams(RedisStreamsOptions{std::string(uri)})`, as
+  /// `idem::redis::RedisStore{uri}`. @throws idem::UsageError for a bad URI.
+  explicit RedisStreams(std::string_view uri);
+  /// The URI alone (see the string_view overload). With the `const std::string&` overload it
+  /// keeps `RedisStreams{{uri}}` (options from the URI) unambiguous.
+  explicit RedisStreams(const char* uri) : RedisStreams(std::string_view(uri)) {}
+  /// The URI alone (see the string_view overload).
+  explicit RedisStreams(const std::string& uri) : RedisStreams(std::string_view(uri)) {}
+  /// Closes the connections.
   ~RedisStreams();
+  /// Takes over the connections (the source may only be destroyed or assigned).
   RedisStreams(RedisStreams&&) noexcept;
+  /// Takes over the connections (the source may only be destroyed or assigned).
   RedisStreams& operator=(RedisStreams&&) noexcept;
   RedisStreams(const RedisStreams&) = delete;
   RedisStreams& operator=(const RedisStreams&) = delete;
@@ -131,6 +147,10 @@ class RedisStreams {
   std::vector<std::string> add_many(std::string_view stream, const std::vector<Fields>& entries);
 
   /// XREADGROUP GROUP group consumer COUNT count [BLOCK block] STREAMS stream id.
+  /// @param stream   the stream key
+  /// @param group    the consumer group
+  /// @param consumer this consumer's name in the group
+  /// @param count    most entries returned
   /// @param id    ">" for entries never delivered to the group; "0" re-reads this consumer's
   ///              own pending entries (delivery counts are then not known: reported as 2).
   /// @param block how long to wait for new entries; nullopt does not block.

@@ -42,7 +42,9 @@ namespace idem::postgres {
 class PostgresAttemptLedger final : public AttemptLedger {
  public:
   /// Creates the table if missing (under an advisory lock: concurrent processes are safe).
+  /// @param store supplies connections and the schema (must outlive the ledger).
   /// @param table a validated identifier, in the store's schema.
+  /// @param migrate create the table if missing (false: it must exist).
   /// @throws idem::UsageError for a bad table name, idem::StorageError subclasses.
   explicit PostgresAttemptLedger(PostgresStore& store, std::string table = "mq_consume_attempt",
                                  bool migrate = true)

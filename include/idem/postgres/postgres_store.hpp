@@ -33,9 +33,10 @@
 //
 // Failures: every libpqxx error raised by idem's own statements becomes an idem exception
 // (SQLSTATE and server message kept in `what()`): a lost connection is StorageUnavailable,
-// statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking the
-// server (`txid_status`) and re-reading the record on a fresh connection — success, a retryable
-// StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
+// a wrong database, role, password or conninfo/URI is idem::UsageError (not retryable: it stays
+// wrong), statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking
+// the server (`txid_status`) and re-reading the record on a fresh connection — success, a
+// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
 // Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
 // `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
 // connection failed under it (then StorageUnavailable: nothing was committed).
@@ -67,6 +68,7 @@
 
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -145,7 +147,7 @@ struct PostgresStoreOptions {
 };
 
 /// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
-class PooledConnection {
+class IDEM_EXPORT PooledConnection {
  public:
   /// Takes over `other`'s loan (`other` then returns nothing).
   PooledConnection(PooledConnection&& other) noexcept;
@@ -169,12 +171,12 @@ class PooledConnection {
 
 /// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
 /// store's prepared statements and session settings, and are replaced when they break.
-class ConnectionPool {
+class IDEM_EXPORT ConnectionPool {
  public:
   /// Connection setup run once per new connection (prepare statements, SET ...).
   using Setup = std::function<void(pqxx::connection&)>;
   /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
-  /// long `acquire` waits when all are in use.
+  /// long `acquire` waits when all are in use; @param setup run on each new connection.
   ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
                  Setup setup);
   /// Closes the idle connections. Every PooledConnection must have been returned.
@@ -208,15 +210,18 @@ struct PostgresStoreStats {
 };
 
 /// The PostgreSQL durable store (see the file comment). Thread-safe; share one per process.
-class PostgresStore {
+class IDEM_EXPORT PostgresStore {
  public:
   /// What transactional handlers receive.
   using Transaction = pqxx::work;
 
   /// Connects lazily with `conninfo` (libpq conninfo or postgresql:// URI), default options.
-  /// Runs the migration. @throws idem::StorageUnavailable when the database cannot be reached.
+  /// Runs the migration. @throws idem::StorageUnavailable when the database cannot be reached;
+  /// idem::UsageError when it never can as configured (unknown database or role, password
+  /// refused, malformed conninfo or URI).
   explicit PostgresStore(std::string conninfo);
-  /// @throws idem::UsageError for a bad schema/table/column name or option;
+  /// @throws idem::UsageError for a bad schema/table/column name or option, or a
+  ///         misconfigured connection (see above);
   ///         idem::StorageError subclasses when the migration fails.
   explicit PostgresStore(PostgresStoreOptions options);
   /// Closes the pool's connections.
@@ -228,6 +233,8 @@ class PostgresStore {
   /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
   /// is down) the record is read first, so a duplicate is answered in one round trip (see
   /// PostgresStoreOptions::read_first). A hint never changes an answer.
+  /// @param key the operation's key; @param fingerprint the payload's fingerprint;
+  /// @param owner this attempt's token; @param retention how long the completed record is kept
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
   ///        failure or deadlock (the earlier transaction was rolled back).
   /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,

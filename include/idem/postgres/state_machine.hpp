@@ -13,15 +13,17 @@
 #include <type_traits>
 #include <vector>
 
+#include "idem/export.hpp"
 #include "idem/state_machine.hpp"
 
 namespace idem::postgres::detail {
 /// Runs a StateMachine UPDATE; @return rows changed.
-long long state_machine_update(pqxx::transaction_base& tx, const std::string& sql,
-                               const std::vector<std::optional<std::string>>& params);
+IDEM_EXPORT long long state_machine_update(pqxx::transaction_base& tx, const std::string& sql,
+                                           const std::vector<std::optional<std::string>>& params);
 /// Reads a row's state; nullopt when there is no such row.
-std::optional<std::string> state_machine_current(pqxx::transaction_base& tx, const std::string& sql,
-                                                 const std::string& id);
+IDEM_EXPORT std::optional<std::string> state_machine_current(pqxx::transaction_base& tx,
+                                                             const std::string& sql,
+                                                             const std::string& id);
 }  // namespace idem::postgres::detail
 
 namespace idem {

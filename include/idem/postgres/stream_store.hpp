@@ -67,6 +67,7 @@ struct StreamResume {
 class ChunkStore {
  public:
   /// @param store supplies connections (its pool) and the schema.
+  /// @param options table name and whether to create it (ChunkStoreOptions)
   /// @throws idem::UsageError for a bad table name; idem::StorageError subclasses when the
   ///         table cannot be created.
   explicit ChunkStore(PostgresStore& store, ChunkStoreOptions options = {})

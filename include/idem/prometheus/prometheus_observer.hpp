@@ -27,6 +27,15 @@
 //                                            completed
 //   idem_handler_errors_total                handlers that threw (claim released, rethrown)
 //   idem_durable_retries_total               durable transactions retried (serialization)
+//   idem_store_errors_total{store,code}      every store failure (store: the store's name(),
+//                                            e.g. redis|postgres|sqlite|memory; code: the
+//                                            idem::errc name, e.g. store_unavailable)
+//   idem_rejected_requests_total{reason}     requests an endpoint refused (missing_key|
+//                                            invalid_key: 400, payload_too_large: 413,
+//                                            fingerprint_mismatch: 422)
+//   idem_passthrough_requests_total{reason}  handlers run with no store I/O (no_key: optional
+//                                            key absent; method: not a guarded method;
+//                                            disabled: the kill switch)
 //   idem_phase_duration_seconds{phase}       histogram, phase: fast_claim|durable|handler|total
 //
 // Fast-store hit rate (share of detected duplicates stopped by the fast store):
@@ -53,6 +62,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.hpp"
 #include "idem/observer.hpp"
 
 namespace prometheus {
@@ -72,7 +82,7 @@ struct PrometheusObserverOptions {
 
 /// Counts the guard's events in Prometheus metrics (see the file comment). Thread-safe; never
 /// throws from an event. The registry must outlive the observer.
-class PrometheusObserver final : public Observer {
+class IDEM_EXPORT PrometheusObserver final : public Observer {
  public:
   /// Registers the metric families in `registry`.
   /// @throws std::invalid_argument (from prometheus-cpp) when a family of the same name exists
@@ -97,6 +107,12 @@ class PrometheusObserver final : public Observer {
   void on_handler_error(const Key& key) noexcept override;
   /// idem_durable_retries_total.
   void on_durable_retry(const Key& key, std::string_view reason) noexcept override;
+  /// idem_store_errors_total{store,code}.
+  void on_store_error(const StoreErrorEvent& e) noexcept override;
+  /// idem_rejected_requests_total{reason}.
+  void on_rejected_request(const RejectedRequestEvent& e) noexcept override;
+  /// idem_passthrough_requests_total{reason}.
+  void on_passthrough(const PassthroughEvent& e) noexcept override;
 
   /// Counts `n` MQ redeliveries: idem_mq_redeliveries_total. An MQ consumer loop calls it for
   /// each delivery whose broker delivery count is above 1 (examples/mq_consumer), which makes

@@ -64,6 +64,8 @@
 #include <utility>
 #include <vector>
 
+#include "idem/export.hpp"
+
 namespace idem::rabbitmq {
 
 /// Message headers, in order. Values are text: strings as they are, integers in decimal,
@@ -187,7 +189,7 @@ struct QueueConsumerStats {
 
 /// A consumer of one queue (see the file comment). Not copyable, movable. Calls are serialised
 /// by a mutex (acks may come from worker threads), but receive from one thread.
-class QueueConsumer {
+class IDEM_EXPORT QueueConsumer {
  public:
   /// Checks the options; connects on first use.
   /// @throws idem::UsageError for a bad URL, an empty queue name, prefetch 0, a bad timeout.
@@ -294,7 +296,7 @@ struct QueueInfo {
 
 /// A publisher with confirms (see the file comment). Not copyable, movable; calls are
 /// serialised by a mutex.
-class Publisher {
+class IDEM_EXPORT Publisher {
  public:
   /// Checks the options; connects on first use. @throws idem::UsageError.
   explicit Publisher(PublisherOptions options);

@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "idem/consumer.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/rabbitmq/client.hpp"
 
@@ -86,11 +87,11 @@ std::function<std::string(const Message&)> business_id_from_headers(
 
 /// The message's global id: the `message-id` property, else `rule.header`, else
 /// `rule.build(m)`, else "".
-std::string message_id_of(const Message& m, const MessageIdRule& rule = {});
+IDEM_EXPORT std::string message_id_of(const Message& m, const MessageIdRule& rule = {});
 
 /// The broker's delivery count: x-delivery-count + 1 when set (quorum queues), else 2 when
 /// flagged redelivered, else 1 (see the file comment for what each can tell).
-std::uint32_t delivery_count_of(const Message& m) noexcept;
+IDEM_EXPORT std::uint32_t delivery_count_of(const Message& m) noexcept;
 
 /// A dead-letter or parking destination: an exchange and a routing key.
 struct Destination {
@@ -106,20 +107,21 @@ struct Destination {
 /// to it with routing key `<queue>`. Give the exchange to the main queue too
 /// (QueueOptions::dead_letter_exchange) and the broker's own dead letters (reject without
 /// requeue, delivery limit) land in the same queue. @return {"<queue>.dlx", "<queue>"}.
-Destination declare_dead_letters(Publisher& publisher, std::string_view queue);
+IDEM_EXPORT Destination declare_dead_letters(Publisher& publisher, std::string_view queue);
 
 /// Declares a durable queue `<queue>.parked` for mismatched messages (same id, another
 /// payload: a producer bug for a human to look at). @return {"", "<queue>.parked"}.
-Destination declare_parking(Publisher& publisher, std::string_view queue);
+IDEM_EXPORT Destination declare_parking(Publisher& publisher, std::string_view queue);
 
 /// A ConsumerOptions::dead_letter sink: publishes the message to `to` with confirms (body =
 /// payload; message-id = its id, headers x-idem-error, x-idem-attempts, x-idem-group,
 /// x-idem-message-id). Throws what Publisher::publish throws: the consumer then keeps the
 /// message with the broker and dead-letters it on a later delivery.
-std::function<void(const DeadLetter&)> dead_letter_sink(Publisher& publisher, Destination to);
+IDEM_EXPORT std::function<void(const DeadLetter&)> dead_letter_sink(Publisher& publisher,
+                                                                    Destination to);
 
 /// The deliveries of a batch as idem::Delivery values (it owns their ids and fingerprints).
-class Deliveries {
+class IDEM_EXPORT Deliveries {
  public:
   /// Ids by `rule`, fingerprints idem::fingerprint(body), counts delivery_count_of().
   explicit Deliveries(const std::vector<Message>& batch, const MessageIdRule& rule = {});
@@ -169,7 +171,7 @@ struct ConsumerLoopStats {
 /// A handler is `void(Transaction&, const Message&)` (transactional: its writes commit with
 /// the consume record) or `void(const Message&)` (two-phase, external effects; poll_each only).
 template <class Durable>
-class ConsumerLoop {
+class IDEM_EXPORT ConsumerLoop {
  public:
   /// @param broker   the queue's consumer
   /// @param consumer the idempotent consumer (its dead_letter sink, see dead_letter_sink())

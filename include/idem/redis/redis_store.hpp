@@ -3,8 +3,8 @@
 //
 // File: redis/redis_store.hpp
 //
-// `RedisStore` is the claim at the entrance, the protocol's second layer (docs/design.md): one Redis round trip
-// per claim, over a bounded, thread-safe connection pool.
+// `RedisStore` is the claim at the entrance, the protocol's second layer (docs/design.md): one
+// Redis round trip per claim, over a bounded, thread-safe connection pool.
 //
 // * Key layout: `<key_prefix>{<scope>|<id>}`, e.g. `idem:{payment|order_20001}`. The braces are
 //   a Redis Cluster hash tag (one record, one slot); the '|' comes from idem::Key::str(), which
@@ -23,6 +23,9 @@
 //   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are
 //   StorageUnavailable; -OOM is StorageError; a value under an idem key that idem did not write is
 //   CorruptRecord.
+// * `rediss://`: TLS (certificate chain and host name verified, SNI, CA file, client
+//   certificate: RedisStoreOptions::tls), done by idem over OpenSSL next to hiredis 0.14,
+//   which has none; a certificate or handshake failure is a StorageError of the connect.
 // * When the server is down, calls fail fast (a connect is tried at most once per
 //   `reconnect_backoff`), and the pool reconnects by itself once the server is back.
 //
@@ -54,6 +57,8 @@
 #include <string_view>
 #include <vector>
 
+#include "idem/export.hpp"
+#include "idem/redis/tls_options.hpp"
 #include "idem/store.hpp"
 
 namespace idem::redis {
@@ -61,7 +66,7 @@ namespace idem::redis {
 /// Options of a RedisStore. `RedisStoreOptions{"redis://host:6379"}` sets the URI only.
 struct RedisStoreOptions {
   /// Server address: `redis://[[user]:password@]host[:port][/db]` (port 6379 and db 0 by
-  /// default; `rediss://` is not supported), `tcp://host[:port][/db]`, or
+  /// default), `rediss://...` (the same over TLS: see `tls`), `tcp://host[:port][/db]`, or
   /// `unix:///path/to/redis.sock[?db=N]`. Percent-escapes are decoded in user and password.
   /// Scale-out: `redis-sentinel://[[user]:password@]h:p[,h:p...]/<service>[/db]` (credentials and
   /// db are the master's; sentinels are asked without them) and
@@ -102,6 +107,10 @@ struct RedisStoreOptions {
   /// risk, a client pause longer than the margin). Past it, complete takes the script. 0 means
   /// always the script. Must be in [0, 0.9].
   double native_complete_fraction = 0.5;
+  /// `rediss://` only: the CA file, expected server name and client certificate. The server's
+  /// certificate and name are always verified (docs/redis.md, "TLS"). Sentinel and Cluster
+  /// URIs take no TLS.
+  TlsOptions tls{};
 };
 
 /// Routing counters of a RedisStore (Sentinel and Cluster; zero for one server).
@@ -153,7 +162,7 @@ struct RedisPoolStats {
 };
 
 /// The Redis FastStore (see the file comment). Thread-safe; share one per process and server.
-class RedisStore final : public FastStore {
+class IDEM_EXPORT RedisStore final : public FastStore {
  public:
   /// Validates the options; connects lazily (a service starts even while Redis is down).
   /// @throws idem::UsageError for a malformed URI or a bad option.
@@ -165,7 +174,8 @@ class RedisStore final : public FastStore {
   RedisStore(const RedisStore&) = delete;
   RedisStore& operator=(const RedisStore&) = delete;
 
-  /// One round trip (plus redirects in a cluster): claimed / busy / done / mismatch (see FastStore::claim).
+  /// One round trip (plus redirects in a cluster): claimed / busy / done / mismatch (see
+  /// FastStore::claim).
   /// @throws idem::StorageUnavailable, idem::StorageTimeout, idem::StorageError,
   ///         idem::CorruptRecord (foreign value under the key), idem::UsageError (lease <= 0).
   ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,

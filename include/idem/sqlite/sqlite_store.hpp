@@ -44,6 +44,7 @@
 #include "idem/clock.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -55,18 +56,22 @@ namespace idem::sqlite {
 
 /// A value to bind as a BLOB (std::string and std::string_view bind as TEXT).
 struct Blob {
-  std::string_view bytes;
+  std::string_view bytes;  ///< the bytes (must stay valid until the statement is stepped)
 };
 
 /// A prepared statement: bind, step, read columns. Cached statements are reset when released.
-class Statement {
+class IDEM_EXPORT Statement {
  public:
+  /// Takes over `other`'s statement (`other` is left empty).
   Statement(Statement&& other) noexcept;
   Statement& operator=(Statement&&) = delete;
   Statement(const Statement&) = delete;
   ~Statement();
 
-  /// Binds parameter `index` (1-based). @throws idem::StorageError.
+  ///@{
+  /// Binds parameter `index` (1-based): an integer, a double, text (string, view, C string,
+  /// bound without a copy: it must stay valid until the statement is stepped), a Blob, NULL
+  /// (nullptr), or an optional (nullopt binds NULL). @throws idem::StorageError.
   Statement& bind(int index, std::int64_t value);
   Statement& bind(int index, double value);
   Statement& bind(int index, std::string_view text);
@@ -82,6 +87,7 @@ class Statement {
   Statement& bind(int index, const std::optional<T>& value) {
     return value ? bind(index, *value) : bind(index, nullptr);
   }
+  ///@}
 
   /// Binds all arguments to ?1, ?2, ...
   template <class... Args>
@@ -96,10 +102,13 @@ class Statement {
   /// Rows changed by the last completed statement on this connection.
   int changes() const noexcept;
 
+  /// True when column `col` (0-based) of the current row is NULL.
   bool column_is_null(int col) const noexcept;
   /// True when column `col` holds an INTEGER (not NULL, text, real or blob).
   bool column_is_integer(int col) const noexcept;
+  /// Column `col` as an integer (0 for NULL).
   std::int64_t column_int64(int col) const noexcept;
+  /// Column `col` as a double (0 for NULL).
   double column_double(int col) const noexcept;
   /// TEXT or BLOB column as bytes (empty for NULL).
   std::string column_bytes(int col) const;
@@ -122,7 +131,7 @@ class Statement {
 };
 
 /// One pooled connection, lent for a read or a write. Not thread-safe; not stored.
-class Session {
+class IDEM_EXPORT Session {
  public:
   /// Prepares `sql` (cached per connection). @throws idem::StorageError on a syntax error.
   Statement prepare(std::string_view sql);
@@ -162,14 +171,16 @@ class Session {
   sqlite3* native_handle() const noexcept;
 
  protected:
+  /// A session on `connection` (a detail::Connection), made by Database only.
   explicit Session(void* connection) noexcept : conn_(connection) {}
-  void* conn_;  // detail::Connection
+  void* conn_;  ///< the detail::Connection
 };
 
 /// A write transaction (BEGIN IMMEDIATE ... COMMIT), as transactional handlers receive it.
 /// Rolled back when destroyed without commit().
-class Transaction : public Session {
+class IDEM_EXPORT Transaction : public Session {
  public:
+  /// Takes over an open transaction (the source no longer commits or rolls back).
   Transaction(Transaction&&) noexcept;
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;
@@ -200,7 +211,7 @@ struct DatabaseOptions {
 
 /// A SQLite database file with a connection pool and an in-process writer lock. Thread-safe.
 /// Share one Database between the stores and business code of a process (shared_ptr).
-class Database {
+class IDEM_EXPORT Database {
  public:
   /// Opens (creates) `path` in WAL mode. @throws idem::StorageUnavailable when it cannot.
   explicit Database(std::string path, DatabaseOptions options = {});
@@ -275,7 +286,7 @@ struct SqliteStoreOptions {
 };
 
 /// The SQLite durable store (see the file comment). Thread-safe.
-class SqliteStore {
+class IDEM_EXPORT SqliteStore {
  public:
   /// What transactional handlers receive.
   using Transaction = idem::sqlite::Transaction;

@@ -6,8 +6,10 @@
 
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "idem/errors.hpp"
+#include "idem/redis/redis_store.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -93,6 +95,24 @@ TEST(RedisStreamsConnect, UnreachableServerIsStorageUnavailable) {
   EXPECT_THROW(redis.read_group("s", "g", "c", 1, std::nullopt), idem::StorageUnavailable);
   o.uri = "redis://127.0.0.1:notaport";
   EXPECT_THROW(RedisStreams{o}, idem::UsageError);
+}
+
+// The URI alone constructs a RedisStreams, as it does a RedisStore (docs/mq.md).
+TEST(RedisStreamsConnect, ConstructedFromAUriLikeRedisStore) {
+  static_assert(std::is_constructible_v<RedisStreams, const char*>);
+  static_assert(std::is_constructible_v<RedisStreams, std::string>);
+  static_assert(std::is_constructible_v<idem::redis::RedisStore, const char*>);
+  static_assert(!std::is_convertible_v<const char*, RedisStreams>);  // explicit, as RedisStore
+  static_assert(std::is_constructible_v<RedisStreams, std::string_view>);
+  RedisStreams redis{"redis://127.0.0.1:1"};
+  EXPECT_THROW(redis.ping(), idem::StorageUnavailable);
+  EXPECT_THROW(RedisStreams{"redis://127.0.0.1:notaport"}, idem::UsageError);
+  // The earlier spelling, options built from the URI, still compiles and means the same.
+  const std::string uri = "redis://127.0.0.1:1";
+  RedisStreams from_options{{uri}};
+  EXPECT_THROW(from_options.ping(), idem::StorageUnavailable);
+  RedisStreams from_literal{{"redis://127.0.0.1:1"}};
+  EXPECT_THROW(from_literal.ping(), idem::StorageUnavailable);
 }
 
 }  // namespace

@@ -86,6 +86,23 @@ inline long count_where(const std::string& t, const std::string& column, const s
       .as<long>();
 }
 
+/// The DSN with its port replaced (e.g. by a proxy's).
+inline std::string dsn_with_port(int port) {
+  std::string d = dsn();
+  auto at = d.find("port=");
+  if (at == std::string::npos) return d + " port=" + std::to_string(port);
+  auto end = d.find(' ', at);
+  return d.substr(0, at) + "port=" + std::to_string(port) +
+         (end == std::string::npos ? "" : d.substr(end));
+}
+
+/// The DSN's port (5432 when it names none).
+inline int dsn_port() {
+  std::string d = dsn();
+  auto at = d.find("port=");
+  return at == std::string::npos ? 5432 : std::atoi(d.c_str() + at + 5);
+}
+
 }  // namespace idem::test::pg
 
 /// Skips (or fails under scripts/test.sh) without IDEM_TEST_POSTGRES_DSN.

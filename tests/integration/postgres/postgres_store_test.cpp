@@ -371,27 +371,11 @@ TEST_F(PostgresStoreTest, CommitLostWithItsConnectionIsResolvedNotRerun) {
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
-// The DSN with its port replaced (the proxy's).
-std::string dsn_with_port(int port) {
-  std::string dsn = pg::dsn();
-  auto at = dsn.find("port=");
-  if (at == std::string::npos) return dsn + " port=" + std::to_string(port);
-  auto end = dsn.find(' ', at);
-  return dsn.substr(0, at) + "port=" + std::to_string(port) +
-         (end == std::string::npos ? "" : dsn.substr(end));
-}
-
-int dsn_port() {
-  std::string dsn = pg::dsn();
-  auto at = dsn.find("port=");
-  return at == std::string::npos ? 5432 : std::atoi(dsn.c_str() + at + 5);
-}
-
 TEST_F(PostgresStoreTest, CommitWhoseAnswerWasLostIsResolvedAsCommittedNotRerun) {
-  idem::test::CommitDroppingProxy proxy(dsn_port());
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
   auto o = pg::options();
   o.migrate = false;
-  o.conninfo = dsn_with_port(proxy.port());
+  o.conninfo = pg::dsn_with_port(proxy.port());
   std::atomic<bool> arm{true};
   o.before_commit = [&](pqxx::connection&) {
     if (arm.exchange(false)) proxy.drop_next_commit = true;
@@ -716,6 +700,45 @@ TEST_F(PostgresStoreTest, UnreachableServerIsUnavailable) {
   idem::IdempotencyGuard guard{lazy};
   EXPECT_THROW((void)guard.run(unique_key(), "", [](pqxx::work&) { return std::string(); }),
                idem::StorageUnavailable);
+}
+
+TEST_F(PostgresStoreTest, MisconfigurationIsNotRetryable) {
+  // What stays wrong is a UsageError (errc invalid_argument, not retryable) from the
+  // constructor and, with migrate off, from the first call; the server's text is kept.
+  // A later keyword of a conninfo string overrides an earlier one.
+  const std::string dsn = pg::dsn() + " ";
+  struct Case {
+    std::string conninfo, says;
+  };
+  const std::vector<Case> cases = {
+      {dsn + "dbname=idem_no_such_database", "does not exist"},
+      {dsn + "user=idem_no_such_role", "does not exist"},
+      {"postgresql://postgres@127.0.0.1/idem_test?no_such_option=1", "URI query parameter"},
+      {dsn + "dbname", "missing \"=\""},
+      {"postgresql://postgres@127.0.0.1:not_a_port/idem_test", "invalid integer value"},
+  };
+  for (const auto& c : cases) {
+    auto o = pg::options();
+    o.conninfo = c.conninfo;
+    try {
+      PostgresStore store{o};
+      ADD_FAILURE() << c.conninfo << ": connected";
+    } catch (const idem::UsageError& e) {
+      EXPECT_EQ(idem::errc::kInvalidArgument, e.code()) << c.conninfo;
+      EXPECT_FALSE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(c.says)) << e.what();
+    }
+    o.migrate = false;
+    PostgresStore lazy{o};
+    idem::IdempotencyGuard guard{lazy};
+    EXPECT_THROW((void)guard.run(unique_key(), "", [](pqxx::work&) { return std::string(); }),
+                 idem::UsageError)
+        << c.conninfo;
+  }
+  // A server that is not there is still an outage (retryable), not a misconfiguration.
+  auto o = pg::options();
+  o.conninfo = "host=127.0.0.1 port=1 user=postgres dbname=idem_test connect_timeout=2";
+  EXPECT_THROW(PostgresStore{o}, idem::StorageUnavailable);
 }
 
 TEST_F(PostgresStoreTest, PoolIsBoundedAndReplacesBrokenConnections) {

@@ -24,7 +24,8 @@ TEST(RedisStoreOptionsTest, MalformedUrisAreUsageErrors) {
   for (const char* uri : {"",
                           "127.0.0.1:6379",
                           "http://127.0.0.1:6379",
-                          "rediss://127.0.0.1:6379",
+                          "rediss://",
+                          "rediss://127.0.0.1:notaport",
                           "redis://",
                           "redis://:6379",
                           "redis://127.0.0.1:",
@@ -44,6 +45,16 @@ TEST(RedisStoreOptionsTest, MalformedUrisAreUsageErrors) {
     SCOPED_TRACE(uri);
     EXPECT_THROW(RedisStore{uri}, idem::UsageError);
   }
+  // Refused schemes and scheme-less strings are masked too.
+  for (const char* uri : {"redis-nope://u:hunter2@h", "u:hunter2@127.0.0.1:6379",
+                          "redis-sentinel://u:hunter2@h:1/m"}) {
+    try {
+      idem::redis::detail::parse_uri(uri);
+      ADD_FAILURE() << "no exception for " << uri;
+    } catch (const idem::UsageError& e) {
+      EXPECT_EQ(std::string::npos, std::string(e.what()).find("hunter2")) << e.what();
+    }
+  }
   try {
     RedisStore store{"redis://:hunter2@127.0.0.1:6379/notanumber"};
     ADD_FAILURE() << "no exception";
@@ -53,8 +64,31 @@ TEST(RedisStoreOptionsTest, MalformedUrisAreUsageErrors) {
   }
 }
 
+// rediss:// with nothing listening: the TCP connect fails before any TLS, typed as an outage.
+TEST(RedisStoreOptionsTest, RedissToAClosedPortIsStorageUnavailable) {
+  RedisStoreOptions o;
+  o.uri = "rediss://127.0.0.1:1";
+  RedisStore store{o};
+  try {
+    (void)store.claim(idem::Key::make("s", "i"), "", idem::OwnerToken::generate(), 1s);
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("rediss://127.0.0.1:1")) << e.what();
+  }
+  o.tls.ca_file = "/nonexistent/ca.pem";
+  EXPECT_THROW(RedisStore{o}, idem::UsageError);
+}
+
 TEST(RedisStoreOptionsTest, WellFormedUrisParse) {
   using idem::redis::detail::parse_uri;
+  auto tls = parse_uri("rediss://app:pw@cache.example:6380/2");
+  EXPECT_TRUE(tls.tls);
+  EXPECT_EQ("cache.example", tls.host);
+  EXPECT_EQ(6380, tls.port);
+  EXPECT_EQ(2, tls.db);
+  EXPECT_EQ("pw", tls.password);
+  EXPECT_EQ(std::string::npos, tls.display.find("pw"));
+  EXPECT_FALSE(parse_uri("redis://127.0.0.1").tls);
   auto a = parse_uri("redis://127.0.0.1");
   EXPECT_EQ("127.0.0.1", a.host);
   EXPECT_EQ(6379, a.port);

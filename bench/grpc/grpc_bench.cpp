@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: MIT
+// idem::grpc over grpc++ against the same unary method without idempotency: one process,
+// synchronous client calls one after another on one channel, interleaved A/B rounds, medians.
+//
+//   replay:  the same idempotency-key every call (answered by the fast store: the stored reply
+//            decoded and parsed) vs the method returning a constant reply
+//   first:   a fresh key every call (claim + SQLite transaction with the record and the
+//            business insert + complete) vs the method doing only the business insert in a
+//            plain SQLite transaction
+//
+// Both comparisons run twice: on the synchronous server API (grpc::Service, one channel) and on
+// the callback API (grpc::CallbackService finishing inline, another server and channel). The
+// side is chosen by the client metadata `x-bench` (read on every path alike).
+//
+//   idem_grpc_bench [rounds] [calls per phase]
+//   IDEM_GRPC_BENCH_PLAIN_SPIN_US=N   the plain handlers busy-wait N us first (to show what a
+//                                     few microseconds of handler work cost the sync server)
+//
+// Prints calls/s per round and `ratio <name> = <ours / baseline>` (higher is better).
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "idem/memory_store.hpp"
+#include "payment_service.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace pb = grpc_payment::pb;
+using Tx = idem::sqlite::Transaction;
+using Durable = idem::sqlite::SqliteStore;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Payments.Charge of the bench, whatever the server API.
+class BenchCharge {
+ public:
+  BenchCharge(idem::IdempotencyGuard<Durable>& guard, Durable& store)
+      : store_(store), method_(guard, [] {
+          idem::grpc::MethodOptions o;
+          o.method = grpc_payment::kChargeMethod;
+          return o;
+        }()) {
+    if (const char* spin = std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US")) {
+      spin_ = std::chrono::microseconds(std::atol(spin));
+    }
+  }
+
+  grpc::Status charge(grpc::ServerContextBase& ctx, const pb::ChargeRequest& req,
+                      pb::ChargeReply* reply) {
+    auto it = ctx.client_metadata().find("x-bench");
+    std::string side = it == ctx.client_metadata().end()
+                           ? std::string()
+                           : std::string(it->second.data(), it->second.size());
+    if (side == "plain") {
+      spin();
+      fill(req, reply);
+      return grpc::Status::OK;
+    }
+    if (side == "plain-insert") {
+      spin();
+      store_.database().write([&](Tx& tx) { insert(tx, req); });
+      fill(req, reply);
+      return grpc::Status::OK;
+    }
+    return method_.handle(ctx, req, reply, [&](Tx& tx) {
+      insert(tx, req);
+      fill(req, reply);
+      return grpc::Status::OK;
+    });
+  }
+
+ private:
+  void spin() const {
+    if (spin_.count() == 0) return;
+    auto until = Clock::now() + spin_;
+    while (Clock::now() < until) {
+    }
+  }
+  static void insert(Tx& tx, const pb::ChargeRequest& req) {
+    tx.exec("INSERT INTO payment (order_no, amount_cents) VALUES (?, ?)", req.order_no(),
+            req.amount_cents());
+  }
+  static void fill(const pb::ChargeRequest& req, pb::ChargeReply* reply) {
+    reply->set_payment_no("PAY-00000042");
+    reply->set_account(req.account());
+    reply->set_amount_cents(req.amount_cents());
+    reply->set_balance_cents(98'750);
+    reply->set_order_no(req.order_no());
+  }
+
+  Durable& store_;
+  idem::grpc::Method<Durable> method_;
+  std::chrono::microseconds spin_{0};
+};
+
+class SyncPayments final : public pb::Payments::Service {
+ public:
+  explicit SyncPayments(BenchCharge& c) : c_(c) {}
+  grpc::Status Charge(grpc::ServerContext* ctx, const pb::ChargeRequest* req,
+                      pb::ChargeReply* reply) override {
+    return c_.charge(*ctx, *req, reply);
+  }
+
+ private:
+  BenchCharge& c_;
+};
+
+// Finishes inline on grpc++'s callback thread (one sequential client: nothing waits behind it).
+class CallbackPayments final : public pb::Payments::CallbackService {
+ public:
+  explicit CallbackPayments(BenchCharge& c) : c_(c) {}
+  grpc::ServerUnaryReactor* Charge(grpc::CallbackServerContext* ctx, const pb::ChargeRequest* req,
+                                   pb::ChargeReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(c_.charge(*ctx, *req, reply));
+    return reactor;
+  }
+
+ private:
+  BenchCharge& c_;
+};
+
+struct Medians {
+  double replay, plain, first, plain_insert, replay_ratio, first_ratio;
+};
+
+// The interleaved rounds against one server, on one channel.
+Medians compare(const char* api, grpc::Service& service, int rounds, int calls) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  if (server == nullptr) {
+    std::fprintf(stderr, "cannot start the %s server\n", api);
+    std::exit(1);
+  }
+  auto stub = pb::Payments::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  pb::ChargeRequest req;
+  req.set_account("acct-0001");
+  req.set_amount_cents(1'250);
+  req.set_currency("EUR");
+  req.set_order_no("ORD-20001");
+  static long long next_key = 0;
+  const std::string fixed = std::string("fixed-") + api;
+  auto run = [&](const char* side, int keys) {  // keys: 0 none, 1 fixed, 2 fresh
+    auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("x-bench", side);
+      if (keys == 1) ctx.AddMetadata("idempotency-key", fixed);
+      if (keys == 2) ctx.AddMetadata("idempotency-key", "k" + std::to_string(next_key++));
+      pb::ChargeReply reply;
+      grpc::Status s = stub->Charge(&ctx, req, &reply);
+      if (!s.ok() || reply.payment_no().empty()) {
+        std::fprintf(stderr, "call %s failed: %s\n", side, s.error_message().c_str());
+        std::exit(1);
+      }
+    }
+    return calls / std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+
+  run("guarded", 1);  // warm up, and complete the fixed key
+  run("plain", 0);
+  run("plain-insert", 0);
+  // ABBA inside a round cancels a load drift; the ratio is the median of per-round ratios.
+  std::vector<double> replay, plain, first, plain_insert, replay_ratio, first_ratio;
+  for (int r = 0; r < rounds; ++r) {
+    double a1 = run("guarded", 1), b1 = run("plain", 0), b2 = run("plain", 0),
+           a2 = run("guarded", 1);
+    double c1 = run("guarded", 2), d1 = run("plain-insert", 0), d2 = run("plain-insert", 0),
+           c2 = run("guarded", 2);
+    replay.push_back((a1 + a2) / 2);
+    plain.push_back((b1 + b2) / 2);
+    first.push_back((c1 + c2) / 2);
+    plain_insert.push_back((d1 + d2) / 2);
+    replay_ratio.push_back(replay.back() / plain.back());
+    first_ratio.push_back(first.back() / plain_insert.back());
+    std::printf(
+        "%s round %d: replay %.0f calls/s, plain unary %.0f calls/s, first call %.0f "
+        "calls/s, plain insert %.0f calls/s\n",
+        api, r + 1, replay.back(), plain.back(), first.back(), plain_insert.back());
+  }
+  server->Shutdown();
+  Medians m{median(replay),       median(plain),        median(first),
+            median(plain_insert), median(replay_ratio), median(first_ratio)};
+  std::printf(
+      "%s median: replay %.0f calls/s (%.1f us), plain unary %.0f calls/s (%.1f us), "
+      "first call %.0f calls/s (%.1f us), plain insert %.0f calls/s (%.1f us)\n",
+      api, m.replay, 1e6 / m.replay, m.plain, 1e6 / m.plain, m.first, 1e6 / m.first, m.plain_insert,
+      1e6 / m.plain_insert);
+  std::fflush(stdout);
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = argc > 1 ? std::atoi(argv[1]) : 11;
+  int calls = argc > 2 ? std::atoi(argv[2]) : 1000;
+  std::string path = "/tmp/idem_grpc_bench_" + std::to_string(::getpid()) + ".sqlite";
+  {
+    Durable durable{path};
+    durable.database().write([](Tx& tx) {
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS payment (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL,"
+          " amount_cents INTEGER NOT NULL)");
+    });
+    idem::MemoryStore fast;
+    idem::IdempotencyGuard guard{fast, durable};
+    BenchCharge charge{guard, durable};
+    SyncPayments sync{charge};
+    CallbackPayments callback{charge};
+    std::printf(
+        "%d rounds x %d calls per phase, one channel per server API, SQLite "
+        "synchronous=NORMAL, MemoryStore in front%s\n",
+        rounds, calls,
+        std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
+    Medians s = compare("sync", sync, rounds, calls);
+    Medians c = compare("callback", callback, rounds, calls);
+    std::printf("ratio grpc_replay_vs_plain_unary = %.3f\n", s.replay_ratio);
+    std::printf("ratio grpc_first_call_vs_plain_insert = %.3f\n", s.first_ratio);
+    std::printf("ratio grpc_replay_vs_plain_unary_callback_api = %.3f\n", c.replay_ratio);
+    std::printf("ratio grpc_first_call_vs_plain_insert_callback_api = %.3f\n", c.first_ratio);
+  }
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  return 0;
+}

@@ -1,0 +1,444 @@
+// SPDX-License-Identifier: MIT
+// examples/grpc_payment: Payments.Charge made idempotent with idem::grpc, on SQLite (embedded,
+// the default) or PostgreSQL with Redis in front.
+//
+//   grpc_payment --serve [--port P] [store flags] [service flags]
+//       serves until SIGINT/SIGTERM; prints "grpc_payment listening on 127.0.0.1:<port> (...)"
+//   grpc_payment --call HOST:PORT --key K [--account A] [--amount N] [--principal P]
+//       one Charge with the client's retry policy; prints status, reply and trailers
+//   grpc_payment --demo [--charges N] [--copies K] [--threads T] [store flags] [service flags]
+//       an in-process server and clients sending every charge as K hedged copies at once (or a
+//       double click, or a call whose answer is lost and retried); checks the books: PASS/FAIL
+//
+// Store flags: --db PATH (SQLite, default grpc_payment.sqlite) | --postgres DSN [--schema S];
+//              --redis URL (RedisStore in front instead of the in-process MemoryStore).
+// Service flags: --accounts N --balance CENTS (opened when missing), --slow-ms N (the handler
+//              sleeps first), --gateway-ms N (two-phase: a card gateway call of N ms),
+//              --lease-ms N (the guard's lease), --log (duplicates etc. on stderr).
+//
+// Exit status: 0 ok / PASS, 1 a failed call or check, 2 bad flags, 3 an error.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client.hpp"
+#include "idem/log.hpp"
+#include "idem/memory_store.hpp"
+#include "payment_service.hpp"
+#ifdef GRPC_PAYMENT_WITH_POSTGRES
+#include "idem/redis/redis_store.hpp"
+#include "payment_pg.hpp"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+using grpc_payment::pb::ChargeRequest;
+
+struct Config {
+  std::string mode;  // serve, call, demo
+  int port = 0;
+  std::string db = "grpc_payment.sqlite";
+  std::string postgres, schema = "grpc_payment", redis;
+  int accounts = 20;
+  std::int64_t balance = 1'000'000;
+  grpc_payment::ServiceOptions service;
+  std::chrono::milliseconds lease{5'000};
+  bool log = false;
+  // --call
+  std::string address, key, account = "acct-0000", principal;
+  std::int64_t amount = 1'250;
+  // --demo
+  int charges = 400, copies = 5, threads = 8;
+};
+
+void usage(std::ostream& out) {
+  out << "usage: grpc_payment --serve [--port P] | --call HOST:PORT --key K [--account A]\n"
+         "         [--amount N] [--principal P] | --demo [--charges N] [--copies K] [--threads T]\n"
+         "       store: [--db PATH | --postgres DSN [--schema S]] [--redis URL]\n"
+         "       service: [--accounts N] [--balance CENTS] [--slow-ms N] [--gateway-ms N]\n"
+         "                [--lease-ms N] [--log]\n";
+}
+
+long long number(const std::string& flag, const char* text, long long min) {
+  char* end = nullptr;
+  long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || v < min) {
+    throw std::invalid_argument(flag + " needs an integer >= " + std::to_string(min) + ", got '" +
+                                text + "'");
+  }
+  return v;
+}
+
+Config parse(int argc, char** argv) {
+  Config c;
+  bool slow_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag == "--serve" || flag == "--demo") {
+      c.mode = flag.substr(2);
+      continue;
+    }
+    if (flag == "--log") {
+      c.log = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const char* v = argv[++i];
+    if (flag == "--call")
+      c.mode = "call", c.address = v;
+    else if (flag == "--port")
+      c.port = static_cast<int>(number(flag, v, 0));
+    else if (flag == "--db")
+      c.db = v;
+    else if (flag == "--postgres")
+      c.postgres = v;
+    else if (flag == "--schema")
+      c.schema = v;
+    else if (flag == "--redis")
+      c.redis = v;
+    else if (flag == "--accounts")
+      c.accounts = static_cast<int>(number(flag, v, 1));
+    else if (flag == "--balance")
+      c.balance = number(flag, v, 0);
+    else if (flag == "--slow-ms") {
+      c.service.slow = std::chrono::milliseconds(number(flag, v, 0));
+      slow_given = true;
+    } else if (flag == "--gateway-ms")
+      c.service.gateway = std::chrono::milliseconds(number(flag, v, 0));
+    else if (flag == "--lease-ms")
+      c.lease = std::chrono::milliseconds(number(flag, v, 1));
+    else if (flag == "--key")
+      c.key = v;
+    else if (flag == "--account")
+      c.account = v;
+    else if (flag == "--amount")
+      c.amount = number(flag, v, 1);
+    else if (flag == "--principal")
+      c.principal = v;
+    else if (flag == "--charges")
+      c.charges = static_cast<int>(number(flag, v, 1));
+    else if (flag == "--copies")
+      c.copies = static_cast<int>(number(flag, v, 1));
+    else if (flag == "--threads")
+      c.threads = static_cast<int>(number(flag, v, 1));
+    else
+      throw std::invalid_argument("unknown flag " + flag);
+  }
+  if (c.mode.empty()) throw std::invalid_argument("one of --serve, --call, --demo is required");
+  // The demo's handler is slow enough by default for duplicates to overlap the first attempt.
+  if (c.mode == "demo" && !slow_given) c.service.slow = 5ms;
+  if (c.port > 65535) throw std::invalid_argument("--port must be 0..65535");
+  if (c.mode == "call" && c.key.empty()) throw std::invalid_argument("--call needs --key");
+  if (c.postgres.empty() && !c.redis.empty()) {
+    throw std::invalid_argument("--redis goes with --postgres");
+  }
+#ifndef GRPC_PAYMENT_WITH_POSTGRES
+  if (!c.postgres.empty()) {
+    throw std::invalid_argument("--postgres needs a build with idem::postgres and idem::redis");
+  }
+#endif
+  return c;
+}
+
+std::string describe(const Config& c) {
+  std::string store = c.postgres.empty() ? "sqlite " + c.db : "postgres schema " + c.schema;
+  std::string fast = c.redis.empty() ? "memory" : "redis";
+  std::string mode = c.service.gateway.count() >= 0
+                         ? "two-phase, gateway " + std::to_string(c.service.gateway.count()) + " ms"
+                         : "transactional";
+  return store + ", fast store " + fast + ", " + mode;
+}
+
+int call_once(const Config& c) {
+  auto stub = grpc_payment::pb::Payments::NewStub(grpc_payment::make_channel(c.address));
+  ChargeRequest req;
+  req.set_account(c.account);
+  req.set_amount_cents(c.amount);
+  req.set_currency("EUR");
+  req.set_order_no("ORD-" + c.key);
+  grpc_payment::Answer a = grpc_payment::charge(*stub, req, c.key, 10s, c.principal);
+  std::cout << "status " << a.status.error_code() << " " << a.status.error_message() << "\n";
+  if (a.status.ok()) std::cout << "reply " << a.reply.ShortDebugString() << "\n";
+  for (const auto& [k, v] : a.trailers) std::cout << "trailer " << k << ": " << v << "\n";
+  return a.status.ok() ? 0 : 1;
+}
+
+// --- demo ---------------------------------------------------------------------------------
+
+struct Outcome {
+  std::vector<grpc_payment::Answer> answers;
+  bool overdraft = false;
+  std::int64_t amount = 0;
+};
+
+struct Check {
+  std::string name, detail;
+  bool ok;
+};
+
+template <class Ledger>
+int demo(const Config& c, Ledger& ledger, idem::IdempotencyGuard<typename Ledger::Durable>& guard,
+         const std::string& address) {
+  auto stats0 = guard.stats().snapshot();
+  auto before = ledger.totals();
+  const std::string run = idem::OwnerToken::generate().str().substr(0, 8);
+  std::vector<Outcome> outcomes(static_cast<std::size_t>(c.charges));
+  std::atomic<int> next{0}, lost{0};
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < c.threads; ++t) {
+    threads.emplace_back([&] {
+      auto stub = grpc_payment::pb::Payments::NewStub(grpc_payment::make_channel(address));
+      for (int i; (i = next++) < c.charges;) {
+        Outcome& o = outcomes[static_cast<std::size_t>(i)];
+        o.overdraft = i % 25 == 24;
+        o.amount = o.overdraft ? c.balance * 10 : 100 + i % 400;
+        ChargeRequest req;
+        req.set_account(grpc_payment::SqliteLedger::account(i % c.accounts));
+        req.set_amount_cents(o.amount);
+        req.set_currency("EUR");
+        req.set_order_no("ORD-" + std::to_string(i));
+        (*req.mutable_labels())["run"] = run;
+        std::string key = "demo-" + run + "-" + std::to_string(i);
+        switch (i % 4) {
+          case 0:
+          case 1:  // a hedging client: copies at once, first OK answer
+            o.answers.push_back(grpc_payment::hedged_charge(*stub, req, key, c.copies));
+            break;
+          case 2:  // a double click: two calls at once
+          {
+            grpc_payment::Answer second;
+            std::thread other([&] { second = grpc_payment::charge(*stub, req, key); });
+            o.answers.push_back(grpc_payment::charge(*stub, req, key));
+            other.join();
+            o.answers.push_back(second);
+            break;
+          }
+          default: {  // the answer is lost (deadline before the handler ends), then a retry
+            auto first = grpc_payment::charge(*stub, req, key, c.service.slow / 2 + 1ms);
+            if (first.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+              ++lost;
+            } else {
+              o.answers.push_back(first);
+            }
+            // The retry policy waits out "in progress" (ABORTED + pushback) and gets the replay.
+            o.answers.push_back(grpc_payment::charge(*stub, req, key));
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  auto elapsed =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  auto after = ledger.totals();
+  auto stats = guard.stats().snapshot();
+
+  // The checks.
+  int unanswered = 0, diverged = 0, declined_ok = 0, replayed = 0, wrong_row = 0;
+  std::int64_t expected_charged = 0, expected_rows = 0;
+  std::vector<std::string> samples;
+  for (int i = 0; i < c.charges; ++i) {
+    const Outcome& o = outcomes[static_cast<std::size_t>(i)];
+    std::string key = "demo-" + run + "-" + std::to_string(i);
+    std::string payment;
+    for (const auto& a : o.answers) {
+      if (a.replayed()) ++replayed;
+      bool want = o.overdraft ? a.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+                                    a.trailer(grpc_payment::kDeclineTrailer) == "insufficient_funds"
+                              : a.status.ok();
+      if (!want) {
+        ++unanswered;
+        if (samples.size() < 5) {
+          samples.push_back(key + ": status " + std::to_string(a.status.error_code()) + " " +
+                            a.status.error_message() + " (" + a.trailer("idempotency-error") + ")");
+        }
+        continue;
+      }
+      if (o.overdraft) {
+        ++declined_ok;
+        continue;
+      }
+      if (payment.empty()) payment = a.reply.payment_no();
+      if (a.reply.payment_no() != payment) ++diverged;
+    }
+    if (o.answers.empty()) ++unanswered;
+    if (!o.overdraft) {
+      expected_charged += o.amount;
+      ++expected_rows;
+      auto row = after.by_key.find(key);
+      if (row == after.by_key.end() || (!payment.empty() && row->second != payment)) ++wrong_row;
+    } else if (after.by_key.count(key) != 0) {
+      ++wrong_row;
+    }
+  }
+  std::vector<Check> checks;
+  checks.push_back({"every charge answered: OK, or the stored decline for overdrafts",
+                    std::to_string(unanswered) + " unanswered", unanswered == 0});
+  checks.push_back({"every answer of a key carries the same payment number",
+                    std::to_string(diverged) + " diverging", diverged == 0});
+  checks.push_back({"one payment row per charged key, with the answered number",
+                    std::to_string(after.payments - before.payments) + " rows for " +
+                        std::to_string(expected_rows) + " charges, " + std::to_string(wrong_row) +
+                        " wrong",
+                    after.payments - before.payments == expected_rows && wrong_row == 0});
+  checks.push_back({"money: balances went down by exactly the charged amounts",
+                    std::to_string(before.balance_cents - after.balance_cents) +
+                        " cents debited, " + std::to_string(expected_charged) + " charged",
+                    before.balance_cents - after.balance_cents == expected_charged &&
+                        after.charged_cents - before.charged_cents == expected_charged});
+  checks.push_back({"the guard executed each key once",
+                    std::to_string(stats.executed - stats0.executed) + " executed for " +
+                        std::to_string(c.charges) + " keys",
+                    static_cast<int>(stats.executed - stats0.executed) == c.charges});
+  if (c.service.gateway.count() >= 0) {
+    checks.push_back(
+        {"the gateway took each charge once",
+         std::to_string(after.gateway_charges - before.gateway_charges) + " gateway charges",
+         after.gateway_charges - before.gateway_charges == expected_rows});
+  }
+
+  std::cout << "grpc payment demo: " << c.charges << " charges from " << c.threads
+            << " client threads (" << describe(c) << ")\n";
+  std::cout << "  traffic: hedged " << c.copies << " copies at once (1/2 of the charges), double "
+            << "clicks (1/4), a lost answer then a retry (1/4: " << lost.load()
+            << " answers lost) in " << elapsed.count() << " ms\n";
+  std::cout << "  guard: " << stats.calls - stats0.calls << " calls, "
+            << stats.executed - stats0.executed << " executed, " << stats.replayed - stats0.replayed
+            << " replayed, " << stats.in_progress - stats0.in_progress
+            << " in progress (ABORTED + pushback); " << replayed << " replayed answers taken, "
+            << declined_ok << " stored declines answered\n";
+  bool ok = true;
+  for (const auto& ch : checks) {
+    std::cout << "  check " << (ch.ok ? "ok  " : "FAIL") << "  " << ch.name << " (" << ch.detail
+              << ")\n";
+    ok = ok && ch.ok;
+  }
+  for (const auto& s : samples) std::cout << "    e.g. " << s << "\n";
+  std::cout << (ok ? "PASS" : "FAIL") << std::endl;
+  return ok ? 0 : 1;
+}
+
+// --- serve / demo on a backend -------------------------------------------------------------
+
+template <class Ledger>
+int run(const Config& c, Ledger& ledger, idem::IdempotencyGuard<typename Ledger::Durable>& guard) {
+  ledger.open_accounts(c.accounts, c.balance);
+  grpc_payment::PaymentService<Ledger> service{guard, ledger, c.service};
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(c.port), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "grpc_payment: cannot listen on 127.0.0.1:" << c.port << "\n";
+    return 3;
+  }
+  std::string address = "127.0.0.1:" + std::to_string(port);
+  int status = 0;
+  if (c.mode == "demo") {
+    status = demo(c, ledger, guard, address);
+  } else {
+    std::cout << "grpc_payment listening on " << address << " (" << describe(c) << ")" << std::endl;
+    // SIGINT/SIGTERM were blocked in main before any thread started: wait for one here.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    int sig = 0;
+    sigwait(&set, &sig);
+  }
+  server->Shutdown(std::chrono::system_clock::now() + 2s);
+  if (c.mode == "serve") {
+    auto s = guard.stats().snapshot();
+    std::cout << "grpc_payment stopped: calls=" << s.calls << " executed=" << s.executed
+              << " replayed=" << s.replayed << " in_progress=" << s.in_progress
+              << " takeovers=" << s.takeovers << " degraded=" << s.degraded << std::endl;
+  }
+  return status;
+}
+
+idem::GuardOptions guard_options(const Config& c) {
+  idem::GuardOptions o;
+  o.lease = c.lease;
+  if (c.log) {
+    o.observer = std::make_shared<idem::LoggingObserver>([](idem::LogLevel, std::string_view line) {
+      std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+    });
+  }
+  return o;
+}
+
+int serve(const Config& c) {
+  idem::GuardOptions options = guard_options(c);
+#ifdef GRPC_PAYMENT_WITH_POSTGRES
+  if (!c.postgres.empty()) {
+    idem::postgres::PostgresStoreOptions po;
+    po.conninfo = c.postgres;
+    po.schema = c.schema;
+    po.pool_size = 32;
+    idem::postgres::PostgresStore durable{po};
+    grpc_payment::PostgresLedger ledger{durable, c.schema};
+    std::unique_ptr<idem::FastStore> fast;
+    if (c.redis.empty()) {
+      fast = std::make_unique<idem::MemoryStore>();
+    } else {
+      idem::redis::RedisStoreOptions ro;
+      ro.uri = c.redis;
+      ro.key_prefix = "idem:" + c.schema + ":";
+      fast = std::make_unique<idem::redis::RedisStore>(ro);
+    }
+    idem::IdempotencyGuard guard{*fast, durable, options};
+    return run(c, ledger, guard);
+  }
+#endif
+  idem::sqlite::SqliteStore durable{c.db};
+  grpc_payment::SqliteLedger ledger{durable};
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable, options};
+  return run(c, ledger, guard);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  try {
+    c = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "grpc_payment: " << e.what() << "\n";
+    usage(std::cerr);
+    return 2;
+  }
+  // Block the stop signals in every thread grpc++ will start; --serve waits for them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  if (c.mode == "serve") pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  try {
+    if (c.mode == "call") return call_once(c);
+    return serve(c);
+  } catch (const idem::Error& e) {
+    std::cerr << "grpc_payment: " << e.what() << " (" << idem::errc_name(e.code()) << ")\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "grpc_payment: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# What a user of the package meets, after scripts/test.sh built and tested <build> (the servers
+# still up, their variables exported). Each step prints its time; any failure fails the script.
+#
+#   tests/package/check.sh <build> [step...]     steps (default: all, in this order):
+#     install      cmake --install (with the libraries deleted first: it builds them), then
+#                  every component's consumer alone with the dependencies
+#                  it does not need unfindable (run.sh isolated), and pkg-config + make
+#     docs         the Doxygen reference, no warning (when doxygen is installed)
+#     shared       BUILD_SHARED_LIBS=ON in <build>-shared: only the public API exported
+#                  (check_symbols.sh), tests over the shared libraries, the installed consumers
+#     deb          cpack -G DEB, apt-get install ./idem-*.deb, the consumers against /usr, removed
+#                  again (root or sudo)
+#     cxx20        -std=c++20 in <build>-cxx20: the libraries and every public header alone
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT="$(pwd)"
+BUILD="${1:?build directory}"; shift
+steps=("$@")
+[ "${#steps[@]}" -gt 0 ] || steps=(install docs shared deb cxx20)
+JOBS="${IDEM_JOBS:-$(nproc)}"
+RUN="$ROOT/tests/package/run.sh"
+status=0
+work="$(mktemp -d /tmp/idem-package.XXXXXX)"
+cleanup_debs=()
+cleanup() {
+  if [ "${#cleanup_debs[@]}" -gt 0 ]; then
+    as_root dpkg --purge "${cleanup_debs[@]}" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi
+}
+
+step_install() {
+  # As after demo.sh, which builds one target: the libraries are missing, and the install
+  # builds them instead of failing.
+  rm -f "$BUILD"/libidem_*.a
+  cmake --install "$BUILD" --prefix "$work/prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log" >&2; return 1; }
+  grep -q "not built yet" "$work/install.log" || { cat "$work/install.log" >&2; echo "install: did not build the missing libraries" >&2; return 1; }
+  ls "$BUILD"/libidem_sqlite.a >/dev/null
+  "$RUN" isolated "$work/prefix" "$work/isolated"
+  "$RUN" pkg-config "$work/prefix" "$work/pkg-config"
+}
+
+step_docs() {
+  if ! command -v doxygen >/dev/null; then
+    echo "docs: doxygen is not installed (scripts/bootstrap.sh installs it): not checked"
+    return 0
+  fi
+  cmake --build "$BUILD" --target docs >"$work/docs.log" 2>&1 || { cat "$work/docs.log" >&2; return 1; }
+  grep -h "^-- docs:" "$work/docs.log" | sed 's/^-- //'
+  [ -s "$BUILD/docs/html/index.html" ]
+}
+
+# Tests that use the public API only (the others reach into src/ internals, which a shared
+# build hides), run against the shared libraries.
+shared_tests=(idem_core_tests idem_sqlite_tests idem_redis_tls_tests idemctl_tests
+              idemctl_server_tests idem_mq_integration_tests)
+step_shared() {
+  local dir="$BUILD-shared"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DBUILD_SHARED_LIBS=ON \
+    -DIDEM_BUILD_TESTS=ON -DIDEM_BUILD_TOOLS=ON -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF \
+    >"$work/shared.log" 2>&1 ||
+    { cat "$work/shared.log" >&2; return 1; }
+  cmake --build "$dir" -j "$JOBS" --target idem_sqlite idem_redis idem_mq idem_postgres \
+    idem_prometheus idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
+    { tail -50 "$work/shared.log" >&2; return 1; }
+  "$ROOT/tests/package/check_symbols.sh" "$dir"
+  # Each test binary built above, run whole against the shared libraries.
+  local t bin
+  for t in "${shared_tests[@]}"; do
+    bin="$(find "$dir" -type f -name "$t" -perm -u+x | head -1)"
+    [ -n "$bin" ] || { echo "shared: $t not built" >&2; return 1; }
+    "$bin" --gtest_brief=1 >"$work/shared-$t.log" 2>&1 || { cat "$work/shared-$t.log" >&2; return 1; }
+    echo "shared: $t: $(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$work/shared-$t.log" || echo ran), passed"
+  done
+  cmake --install "$dir" --prefix "$work/shared-prefix" >/dev/null
+  "$RUN" together "$work/shared-prefix" "$work/shared-consumers"
+  IDEM_PACKAGE_COMPONENTS="redis mq" "$RUN" isolated "$work/shared-prefix" "$work/shared-isolated"
+}
+
+step_deb() {
+  if [ "$(id -u)" -ne 0 ] && ! sudo -n true 2>/dev/null; then
+    echo "deb: needs root or sudo to install the packages: not checked"
+    return 0
+  fi
+  (cd "$BUILD" && cpack -G DEB -B "$work/deb" >"$work/cpack.log" 2>&1) || { cat "$work/cpack.log" >&2; return 1; }
+  local debs=("$work"/deb/idem-*.deb) names=() f
+  for f in "${debs[@]}"; do
+    names+=("$(dpkg-deb -f "$f" Package)")
+    echo "deb: $(basename "$f"): Depends: $(dpkg-deb -f "$f" Depends)"
+  done
+  for f in "${names[@]}"; do
+    if dpkg-query -W -f='${Status}' "$f" 2>/dev/null | grep -q "install ok installed"; then
+      echo "deb: $f is installed already (not by this run): not touched" >&2; return 1
+    fi
+  done
+  cleanup_debs=("${names[@]}")
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
+    "${debs[@]}" >"$work/apt.log" 2>&1 || { cat "$work/apt.log" >&2; return 1; }
+  "$RUN" together "" "$work/deb-consumers"
+  local rc=0
+  /usr/bin/idemctl >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || { echo "deb: /usr/bin/idemctl without arguments exited $rc, not 2 (usage)" >&2; return 1; }
+  as_root dpkg --purge "${names[@]}" >/dev/null
+  cleanup_debs=()
+  [ ! -e /usr/lib/cmake/idem/idemConfig.cmake ] || { echo "deb: files left after removal" >&2; return 1; }
+}
+
+step_cxx20() {
+  local dir="$BUILD-cxx20"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DCMAKE_CXX_STANDARD=20 \
+    -DCMAKE_CXX_EXTENSIONS=OFF -DIDEM_HEADER_CHECK=ON -DIDEM_HEADER_CHECK_STANDARD=20 \
+    -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_TOOLS=OFF \
+    -DIDEM_INSTALL=OFF >"$work/cxx20.log" 2>&1 || { cat "$work/cxx20.log" >&2; return 1; }
+  cmake --build "$dir" -j "$JOBS" >>"$work/cxx20.log" 2>&1 || { tail -50 "$work/cxx20.log" >&2; return 1; }
+  grep -h "header check" "$work/cxx20.log" | sed 's/^-- //'
+}
+
+for s in "${steps[@]}"; do
+  t0=$SECONDS
+  if "step_$s"; then
+    echo "package: $s: ok ($((SECONDS - t0)) s)"
+  else
+    echo "package: $s: FAILED ($((SECONDS - t0)) s)" >&2
+    status=1
+  fi
+done
+exit "$status"

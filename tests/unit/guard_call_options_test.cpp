@@ -1,0 +1,448 @@
+// SPDX-License-Identifier: MIT
+// Per-call lease and retention, the kill switch (GuardOptions::bypass), waiting for the first
+// result (wait_for_result) and bounded retries of transient durable-store failures
+// (store_attempts), on the MemoryStore and SQLite.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using idem::CallOptions;
+using idem::GuardOptions;
+using idem::Key;
+using idem::Outcome;
+
+// A clock the test moves by hand.
+struct ManualClock {
+  std::shared_ptr<std::atomic<std::int64_t>> ms = std::make_shared<std::atomic<std::int64_t>>(0);
+  idem::Clock clock() const {
+    auto t = ms;
+    return [t] { return idem::TimePoint{} + std::chrono::milliseconds{t->load()} + 1000h; };
+  }
+  void advance(std::chrono::milliseconds d) { *ms += d.count(); }
+};
+
+idem::MemoryStore memory_with(const ManualClock& c) {
+  idem::MemoryStoreOptions o;
+  o.clock = c.clock();
+  return idem::MemoryStore{o};
+}
+
+TEST(CallOptionsTest, PerCallRetentionOutlivesOrUndercutsTheGuardDefault) {
+  ManualClock clock;
+  idem::MemoryStore fast = memory_with(clock);
+  GuardOptions o;
+  o.retention = 3600s;
+  idem::IdempotencyGuard guard{fast, o};
+  int runs = 0;
+  auto handler = [&] {
+    ++runs;
+    return std::string("r") + std::to_string(runs);
+  };
+  CallOptions cart;
+  cart.retention = 600s;  // a cart: 10 minutes
+  CallOptions refund;
+  refund.retention = std::chrono::hours{24 * 30};  // a refund: 30 days
+  EXPECT_EQ(Outcome::kExecuted, guard.run(Key::make("cart", "c1"), "", cart, handler).outcome);
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run(Key::make("refund", "r1"), "", refund, handler).outcome);
+  clock.advance(std::chrono::minutes{11});
+  // The cart's record is gone after 10 minutes: the same key runs again.
+  EXPECT_EQ(Outcome::kExecuted, guard.run(Key::make("cart", "c1"), "", cart, handler).outcome);
+  clock.advance(std::chrono::hours{24 * 29});
+  auto again = guard.run(Key::make("refund", "r1"), "", refund, handler);
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("r2", *again.value);
+  EXPECT_EQ(3, runs);
+}
+
+TEST(CallOptionsTest, PerCallLeaseDecidesWhenAnotherAttemptMayTakeOver) {
+  ManualClock clock;
+  idem::MemoryStore fast = memory_with(clock);
+  idem::IdempotencyGuard guard{fast};  // default lease: 30 s
+  const Key key = Key::make("export", "e1");
+  CallOptions short_lease;
+  short_lease.lease = 100ms;
+  Outcome inner_early{}, inner_late{};
+  EXPECT_THROW(guard.run(key, "", short_lease,
+                         [&] {
+                           inner_early =
+                               guard.run(key, "", [] { return std::string("second"); }).outcome;
+                           clock.advance(200ms);  // past the short lease, within the default
+                           inner_late =
+                               guard.run(key, "", [] { return std::string("second"); }).outcome;
+                           return std::string("first");
+                         }),
+               idem::LeaseLost);
+  EXPECT_EQ(Outcome::kInProgress, inner_early);
+  EXPECT_EQ(Outcome::kExecuted, inner_late) << "the 100 ms lease ended: taken over";
+  auto replay = guard.run(key, "", [] { return std::string("third"); });
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("second", *replay.value) << "the fenced first attempt did not overwrite it";
+}
+
+TEST(CallOptionsTest, BadPerCallValuesAreUsageErrors) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  CallOptions zero_lease;
+  zero_lease.lease = 0ms;
+  CallOptions zero_retention;
+  zero_retention.retention = 0s;
+  CallOptions negative_wait;
+  negative_wait.wait_for_result = -1ms;
+  auto h = [] { return std::string("x"); };
+  EXPECT_THROW(guard.run(Key::make("a", "b"), "", zero_lease, h), idem::UsageError);
+  EXPECT_THROW(guard.run(Key::make("a", "b"), "", zero_retention, h), idem::UsageError);
+  EXPECT_THROW(guard.run(Key::make("a", "b"), "", negative_wait, h), idem::UsageError);
+}
+
+// Counts the passthrough events the guard reports.
+struct PassthroughCounter final : idem::Observer {
+  std::atomic<int> disabled{0};
+  void on_passthrough(const idem::PassthroughEvent& e) noexcept override {
+    if (e.reason == idem::PassthroughReason::kDisabled) ++disabled;
+  }
+};
+
+TEST(BypassTest, TheKillSwitchRunsEveryCallWithNoStoreIoAndWarnsOnce) {
+  idem::MemoryStore fast;
+  GuardOptions o;
+  o.bypass = true;
+  std::vector<std::string> warnings;
+  o.warn = [&](std::string_view w) { warnings.emplace_back(w); };
+  auto observer = std::make_shared<PassthroughCounter>();
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, o};
+  const Key key = Key::make("payment", "p1");
+  int runs = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto r = guard.run(key, "fp", [&] { return std::to_string(++runs); });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+    EXPECT_EQ(std::to_string(i + 1), *r.value);
+  }
+  EXPECT_EQ(3, runs);
+  EXPECT_FALSE(fast.lookup(key)) << "no record was written";
+  ASSERT_EQ(1u, warnings.size());
+  EXPECT_NE(std::string::npos, warnings[0].find("NO idempotency"));
+  EXPECT_EQ(3, observer->disabled.load());
+  auto s = guard.stats().snapshot();
+  EXPECT_EQ(3u, s.bypassed);
+  EXPECT_EQ(0u, s.fast_claims);
+}
+
+TEST(BypassTest, TransactionalHandlersRunInAPlainTransactionOfTheDurableStore) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("bypass.sqlite")};
+  durable.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE payment (n INTEGER NOT NULL)");
+  });
+  GuardOptions o;
+  o.bypass = true;
+  o.warn = [](std::string_view) {};
+  idem::IdempotencyGuard guard{durable, o};
+  const Key key = Key::make("payment", "p1");
+  for (int i = 0; i < 2; ++i) {
+    auto r = guard.run(key, "", [&](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO payment (n) VALUES (?)", i);
+      return std::string("ok");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  }
+  EXPECT_EQ(2, durable.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM payment").value_or(-1);
+  }));
+  EXPECT_FALSE(durable.lookup(key));
+}
+
+// Lets a handler hold its key until the test opens the gate.
+struct Gate {
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false, entered = false;
+  void enter_and_wait() {
+    std::unique_lock<std::mutex> lock(m);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void wait_entered() {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return entered; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(m);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+// Blocks until `n` calls of `guard` are waiting for a first result (or fails after 20 s).
+template <class G>
+void wait_for_waits(G& guard, std::uint64_t n) {
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (guard.stats().snapshot().waits < n) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "the waiters never started waiting";
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+TEST(WaitForResultTest, ManyWaitersGetTheFirstResultAndTheHandlerRunsOnce) {
+  idem::MemoryStore fast;
+  GuardOptions o;
+  o.wait_for_result = 10s;
+  idem::IdempotencyGuard guard{fast, o};
+  const Key key = Key::make("order", "o1");
+  std::atomic<int> runs{0};
+  Gate gate;
+  std::thread first([&] {
+    auto r = guard.run(key, "fp", [&] {
+      ++runs;
+      gate.enter_and_wait();
+      return std::string("order_no_1");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  });
+  gate.wait_entered();
+  constexpr int kWaiters = 8;
+  std::vector<std::thread> waiters;
+  std::atomic<int> replayed{0};
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&] {
+      auto r = guard.run(key, "fp", [&] {
+        ++runs;
+        return std::string("order_no_other");
+      });
+      if (r.outcome == Outcome::kReplayed && *r.value == "order_no_1") ++replayed;
+    });
+  }
+  wait_for_waits(guard, kWaiters);
+  gate.release();
+  first.join();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(1, runs.load());
+  EXPECT_EQ(kWaiters, replayed.load()) << "every waiter replays the first result";
+  auto s = guard.stats().snapshot();
+  EXPECT_EQ(static_cast<std::uint64_t>(kWaiters), s.waits);
+  EXPECT_EQ(1u, s.executed);
+}
+
+TEST(WaitForResultTest, TheBoundPassesAndTheAnswerIsInProgress) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  const Key key = Key::make("order", "o2");
+  Gate gate;
+  std::thread first([&] {
+    auto r = guard.run(key, "", [&] {
+      gate.enter_and_wait();
+      return std::string("done");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  });
+  gate.wait_entered();
+  CallOptions wait;
+  wait.wait_for_result = 60ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = guard.run(key, "", wait, [] { return std::string("never"); });
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(Outcome::kInProgress, r.outcome);
+  EXPECT_GE(waited, 60ms) << "it waited for the bound before answering";
+  // Without a wait, the answer is immediate.
+  EXPECT_EQ(Outcome::kInProgress, guard.run(key, "", [] { return std::string("never"); }).outcome);
+  gate.release();
+  first.join();
+  auto replay = guard.run(key, "", wait, [] { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("done", *replay.value);
+}
+
+TEST(WaitForResultTest, AWaiterRunsTheHandlerWhenTheFirstAttemptFails) {
+  idem::MemoryStore fast;
+  GuardOptions o;
+  o.wait_for_result = 10s;
+  idem::IdempotencyGuard guard{fast, o};
+  const Key key = Key::make("order", "o3");
+  Gate gate;
+  std::atomic<int> successes{0};
+  std::thread first([&] {
+    EXPECT_THROW(guard.run(key, "",
+                           [&]() -> std::string {
+                             gate.enter_and_wait();
+                             throw std::runtime_error("card declined by a flaky gateway");
+                           }),
+                 std::runtime_error);
+  });
+  gate.wait_entered();
+  std::thread waiter([&] {
+    auto r = guard.run(key, "", [&] {
+      ++successes;
+      return std::string("second try");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  });
+  wait_for_waits(guard, 1);
+  gate.release();
+  first.join();
+  waiter.join();
+  EXPECT_EQ(1, successes.load());
+}
+
+// A durable store whose begin, complete and run_transactional fail with a transient error a
+// set number of times before reaching SQLite (a dropped connection, a failover).
+class FlakyDurable {
+ public:
+  using Transaction = idem::sqlite::Transaction;
+  explicit FlakyDurable(idem::sqlite::SqliteStore& inner) : inner_(inner) {}
+  int fail_begin = 0, fail_complete = 0, fail_transactional = 0;
+  bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
+
+  template <class Handler>
+  idem::TransactionalResult run_transactional(const Key& k, std::string_view fp,
+                                              const idem::OwnerToken& o,
+                                              std::chrono::seconds retention, Handler&& h,
+                                              idem::DurableHint hint) {
+    if (fail_transactional > 0) {
+      --fail_transactional;
+      if (applied_then_lost) {
+        inner_.run_transactional(k, fp, o, retention, h, hint);
+        throw idem::OutcomeUnknown("test: connection lost at COMMIT");
+      }
+      throw idem::StorageUnavailable("test: connection refused");
+    }
+    return inner_.run_transactional(k, fp, o, retention, std::forward<Handler>(h), hint);
+  }
+  idem::ClaimResult begin(const Key& k, std::string_view fp, const idem::OwnerToken& o,
+                          std::chrono::milliseconds lease, idem::DurableHint hint) {
+    if (fail_begin > 0) {
+      --fail_begin;
+      throw idem::StorageTimeout("test: no answer in time");
+    }
+    return inner_.begin(k, fp, o, lease, hint);
+  }
+  bool complete(const Key& k, const idem::OwnerToken& o, std::string_view r,
+                std::chrono::seconds retention) {
+    if (fail_complete > 0) {
+      --fail_complete;
+      throw idem::StorageUnavailable("test: connection reset");
+    }
+    return inner_.complete(k, o, r, retention);
+  }
+  bool release(const Key& k, const idem::OwnerToken& o) { return inner_.release(k, o); }
+  bool fail(const Key& k, const idem::OwnerToken& o, std::string_view reason,
+            std::chrono::seconds retention) {
+    return inner_.fail(k, o, reason, retention);
+  }
+  std::optional<idem::Record> lookup(const Key& k) { return inner_.lookup(k); }
+  std::size_t purge_expired(std::size_t n) { return inner_.purge_expired(n); }
+  std::string_view name() const noexcept { return "flaky"; }
+
+ private:
+  idem::sqlite::SqliteStore& inner_;
+};
+
+class StoreRetryTest : public ::testing::Test {
+ protected:
+  StoreRetryTest() : sqlite_(dir_.file("retry.sqlite")), flaky_(sqlite_) {
+    sqlite_.database().write([](idem::sqlite::Transaction& tx) {
+      tx.exec("CREATE TABLE payment (order_no TEXT NOT NULL)");
+    });
+  }
+  long payments() {
+    return static_cast<long>(sqlite_.database().read([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM payment").value_or(-1);
+    }));
+  }
+  GuardOptions retrying(unsigned attempts) {
+    GuardOptions o;
+    o.store_attempts = attempts;
+    o.store_retry_backoff = 1ms;
+    return o;
+  }
+  idem::test::TempDir dir_;
+  idem::sqlite::SqliteStore sqlite_;
+  FlakyDurable flaky_;
+};
+
+TEST_F(StoreRetryTest, TwoPhaseBeginAndCompleteAreRetriedAndTheHandlerRunsOnce) {
+  idem::IdempotencyGuard guard{flaky_, retrying(3)};
+  flaky_.fail_begin = 2;
+  flaky_.fail_complete = 2;
+  int runs = 0;
+  auto r = guard.run(Key::make("payment", "p1"), "", [&] {
+    ++runs;
+    return std::string("pay_1");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(4u, guard.stats().snapshot().store_retries);
+  auto rec = sqlite_.lookup(Key::make("payment", "p1"));
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+}
+
+TEST_F(StoreRetryTest, WithoutRetriesTheFirstTransientFailureIsThrownTyped) {
+  idem::IdempotencyGuard guard{flaky_, retrying(1)};
+  flaky_.fail_begin = 1;
+  int runs = 0;
+  EXPECT_THROW(guard.run(Key::make("payment", "p2"), "",
+                         [&] {
+                           ++runs;
+                           return std::string("x");
+                         }),
+               idem::StorageTimeout);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(0u, guard.stats().snapshot().store_retries);
+}
+
+TEST_F(StoreRetryTest, ExhaustedRetriesThrowTheLastErrorTyped) {
+  idem::IdempotencyGuard guard{flaky_, retrying(2)};
+  flaky_.fail_transactional = 5;
+  EXPECT_THROW(guard.run(Key::make("payment", "p3"), "",
+                         [&](idem::sqlite::Transaction&) { return std::string("x"); }),
+               idem::StorageUnavailable);
+  EXPECT_EQ(1u, guard.stats().snapshot().store_retries);
+}
+
+TEST_F(StoreRetryTest, ACommitThatWasAppliedIsRecognisedOnTheRetryNotRunTwice) {
+  idem::IdempotencyGuard guard{flaky_, retrying(3)};
+  flaky_.fail_transactional = 1;
+  flaky_.applied_then_lost = true;
+  int runs = 0;
+  auto r = guard.run(Key::make("payment", "p4"), "", [&](idem::sqlite::Transaction& tx) {
+    ++runs;
+    tx.exec("INSERT INTO payment (order_no) VALUES ('p4')");
+    return std::string("pay_4");
+  });
+  EXPECT_EQ(1, runs) << "the retry found the committed record";
+  EXPECT_EQ(1, payments());
+  ASSERT_TRUE(r.value);
+  EXPECT_EQ("pay_4", *r.value);
+}
+
+TEST_F(StoreRetryTest, TheHandlersOwnTransientErrorIsNotRetried) {
+  idem::IdempotencyGuard guard{flaky_, retrying(5)};
+  int runs = 0;
+  EXPECT_THROW(guard.run(Key::make("payment", "p5"), "",
+                         [&](idem::sqlite::Transaction&) -> std::string {
+                           ++runs;
+                           throw idem::StorageTimeout("the business table is locked");
+                         }),
+               idem::StorageTimeout);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(0u, guard.stats().snapshot().store_retries);
+}
+
+}  // namespace
