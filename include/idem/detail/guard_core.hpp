@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The guard's decisions, written once for every driver of the protocol.
 //
-// File: detail/guard_core.hpp (internal: idem::async::AsyncGuard includes it, services do not)
+// File: detail/guard_core.hpp (internal: idem::IdempotencyGuard and idem::async::AsyncGuard
+// include it, services do not)
 //
 // A driver performs the round trips (a blocking call, or an asynchronous one whose completion
 // comes back later); `GuardCore` decides what each answer means and what comes next, keeps the
@@ -43,7 +44,7 @@
 #include "idem/codec.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
-#include "idem/guard.hpp"
+#include "idem/guard_options.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
@@ -51,8 +52,13 @@
 
 namespace idem::detail {
 
+using SteadyClock = std::chrono::steady_clock;
+inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
+}
+
 /// The lease and retention one call runs with (copied from GuardOptions at its start).
-struct CallOptions {
+struct CallTerms {
   std::chrono::milliseconds lease = kDefaultLease;
   std::chrono::seconds retention = kDefaultRetention;
 };
@@ -63,7 +69,7 @@ struct CallOptions {
 /// own() copies them for a call that outlives its caller's arguments (an asynchronous one).
 class CallState {
  public:
-  CallState(const Key& key, std::string_view fingerprint, Mode m, CallOptions o, bool t,
+  CallState(const Key& key, std::string_view fingerprint, Mode m, CallTerms o, bool t,
             OwnerToken owner = OwnerToken::generate())
       : mode(m),
         options(o),
@@ -91,7 +97,7 @@ class CallState {
   }
 
   Mode mode = Mode::kFastOnly;
-  CallOptions options;
+  CallTerms options;
   bool fast_claimed = false;  ///< the fast store granted this call's claim
   bool degraded = false;      ///< the fast store failed for this call
   // Timings feed only the observer's CallEvent: without an observer the clock is not read.
@@ -222,12 +228,12 @@ class GuardCore {
   const GuardOptions& options() const noexcept { return options_; }
   /// The counters.
   const GuardStats& stats() const noexcept { return stats_; }
+  /// The counters, for what a driver counts itself (bypassed calls, waits, store retries).
+  GuardStats& counters() noexcept { return stats_; }
   /// Whether an observer listens (drivers time their phases only then).
   bool observed() const noexcept { return options_.observer != nullptr; }
   /// A call's lease and retention.
-  CallOptions call_options() const noexcept {
-    return CallOptions{options_.lease, options_.retention};
-  }
+  CallTerms call_options() const noexcept { return CallTerms{options_.lease, options_.retention}; }
   /// The label of duplicates the durable store catches.
   DuplicateSource durable_source() const noexcept { return options_.durable_source; }
 
