@@ -652,6 +652,63 @@ TYPED_TEST_P(AsyncGuardSuite, FuturesAndThreadsOffTheLoop) {
   EXPECT_THROW((void)bad2.get(), std::out_of_range);
 }
 
+// One loop thread, 1,000 requests in flight at once over 700 keys (30 % duplicates) with slow
+// transactional handlers: every request is answered; a request the bounded pool refuses gets a
+// typed, retryable idem::StorageUnavailable and its retry runs or replays; in the end each key
+// has exactly one effect and every later call replays it.
+TYPED_TEST_P(AsyncGuardSuite, AThousandRequestsOnOneLoopLeaveOneEffectPerKey) {
+  auto g = this->guard();
+  constexpr int kKeys = 700, kCalls = 1000;
+  std::vector<Key> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(this->key("m" + std::to_string(i)));
+  auto key_of = [&](int call) { return call < kKeys ? call : (call * 7) % kKeys; };
+  std::atomic<int> runs{0};
+  std::vector<int> pending(kCalls);
+  for (int i = 0; i < kCalls; ++i) pending[i] = i;
+  int executed = 0, duplicates = 0, refused = 0, rounds = 0;
+  while (!pending.empty() && rounds++ < 20) {
+    std::vector<Answer<>> answers(pending.size());
+    for (std::size_t j = 0; j < pending.size(); ++j) {
+      const Key& k = keys[static_cast<std::size_t>(key_of(pending[j]))];
+      this->start(*g, k, "fp", this->effect_handler(k, runs, 2ms), answers[j]);
+    }
+    std::vector<int> again;
+    for (std::size_t j = 0; j < pending.size(); ++j) {
+      const auto& c = answers[j].wait(60s);
+      ASSERT_TRUE(c.done) << "call " << pending[j] << " was never answered";
+      const Key& k = keys[static_cast<std::size_t>(key_of(pending[j]))];
+      if (c.error) {
+        // Only the pool's bounded queue may refuse, typed and retryable.
+        EXPECT_TRUE(holds<StorageUnavailable>(c.error)) << what_of(c.error);
+        ++refused;
+        again.push_back(pending[j]);
+        continue;
+      }
+      if (c.result.outcome == Outcome::kExecuted) {
+        ++executed;
+      } else if (c.result.outcome == Outcome::kInProgress) {
+        again.push_back(pending[j]);  // its twin is still running: ask again
+        ++duplicates;
+        continue;
+      } else {
+        EXPECT_EQ(Outcome::kReplayed, c.result.outcome);
+        ++duplicates;
+      }
+      EXPECT_EQ("pay_" + k.id(), *c.result.value);
+    }
+    pending = std::move(again);
+  }
+  EXPECT_TRUE(pending.empty()) << pending.size() << " calls never completed";
+  EXPECT_EQ(kKeys, executed);
+  EXPECT_EQ(kKeys, runs.load()) << "a handler ran twice for one key";
+  EXPECT_GE(duplicates, kCalls - kKeys);
+  for (const Key& k : keys) ASSERT_EQ(1, this->env_->count_effects(k.id())) << k.str();
+  Answer<> after;
+  this->start(*g, keys[3], "fp", [] { return std::string("x"); }, after);
+  EXPECT_EQ(Outcome::kReplayed, after.wait().result.outcome);
+  ::testing::Test::RecordProperty("refused_by_the_pool", refused);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(AsyncGuardSuite, TransactionalRunsOnAWorkerCommitsOnceAndReplays,
                             StormOnOneKeyFromOneLoopRunsOnce,
                             MismatchWinsOverReplayAndInProgress,
@@ -664,6 +721,7 @@ REGISTER_TYPED_TEST_SUITE_P(AsyncGuardSuite, TransactionalRunsOnAWorkerCommitsOn
                             DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
                             CancellationAfterTheCommitDeliversTheResult,
                             CancelledAtEachStepNeverLiesAndNeverSticks,
-                            FuturesAndThreadsOffTheLoop);
+                            FuturesAndThreadsOffTheLoop,
+                            AThousandRequestsOnOneLoopLeaveOneEffectPerKey);
 
 }  // namespace idem::test
