@@ -53,6 +53,9 @@ idem_dependency(prometheus FIND "CONFIG prometheus-cpp prometheus-cpp::core"
 # brotli) that change the classes' layout, so they must come from there.
 idem_dependency(httplib FIND "CONFIG httplib httplib::httplib" "PKG_CONFIG cpp-httplib"
                 PKG_CONFIG cpp-httplib DEB libcpp-httplib-dev)
+# nlohmann/json: idem::http's canonical-JSON fingerprints (include/idem/http/json.hpp).
+idem_dependency(nlohmann_json FIND "CONFIG nlohmann_json nlohmann_json::nlohmann_json"
+                PKG_CONFIG nlohmann_json DEB nlohmann-json3-dev)
 
 # --- components ---------------------------------------------------------------------------------
 idem_component(core TARGETS idem_core DEPENDS openssl threads HEADERS idem
@@ -76,9 +79,6 @@ idem_component(spdlog OPTION IDEM_WITH_SPDLOG TARGETS idem_spdlog COMPONENTS cor
                DEPENDS fmt spdlog HEADERS idem/log/spdlog_sink.hpp SUMMARY "spdlog log sink")
 idem_component(prometheus OPTION IDEM_WITH_PROMETHEUS TARGETS idem_prometheus COMPONENTS core
                DEPENDS prometheus HEADERS idem/prometheus SUMMARY "Prometheus metrics observer")
-# nlohmann-json: the canonical-JSON fingerprint of idem/http/json.hpp (header-only).
-idem_dependency(nlohmann_json FIND "CONFIG nlohmann_json nlohmann_json::nlohmann_json"
-                PKG_CONFIG nlohmann_json DEB nlohmann-json3-dev)
 idem_component(http OPTION IDEM_WITH_HTTP TARGETS idem_http COMPONENTS core
                DEPENDS httplib nlohmann_json
                HEADERS idem/http/httplib.hpp SUMMARY "cpp-httplib adapter of the HTTP layer")
@@ -100,3 +100,9 @@ idem_dependency(grpc FIND "CONFIG gRPC gRPC::grpc++" PKG_CONFIG grpc++
 idem_component(grpc OPTION IDEM_WITH_GRPC TARGETS idem_grpc COMPONENTS core
                DEPENDS protobuf grpc HEADERS idem/grpc
                SUMMARY "idempotent unary gRPC methods (grpc++)")
+# MariaDB Connector/C (libmariadb-dev; speaks to MySQL 5.7/8.x and MariaDB): no CMake config on
+# Debian, pkg-config only. Linked PRIVATE by idem::mysql (its headers never include it).
+idem_dependency(mariadb FIND "PKG_CONFIG libmariadb" PKG_CONFIG libmariadb DEB libmariadb-dev)
+idem_component(mysql OPTION IDEM_WITH_MYSQL TARGETS idem_mysql COMPONENTS core
+               PRIVATE_DEPENDS mariadb HEADERS idem/mysql
+               SUMMARY "MySQL / MariaDB durable store (MariaDB Connector/C)")

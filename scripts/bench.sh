@@ -17,6 +17,7 @@ export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-bench.XXXXXX)
 trap '"$ROOT/scripts/servers.sh" stop || true' EXIT
 ./scripts/servers.sh start >/dev/null
 eval "$(./scripts/servers.sh cluster)"  # bench/cluster: the 3-master cluster next to one Redis
+eval "$(./scripts/servers.sh mysql)"    # bench/mysql: MariaDB
 
 echo "idem benchmarks, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(uname -r)"
 status=0

@@ -9,6 +9,7 @@ packages=(
   libssl-dev libsqlite3-dev sqlite3
   libhiredis-dev redis-server redis-tools
   libpqxx-dev libpq-dev postgresql-15 postgresql-client-15
+  mariadb-server mariadb-client libmariadb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
   librabbitmq-dev rabbitmq-server

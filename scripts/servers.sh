@@ -14,6 +14,11 @@
 #                                 was failed over)
 #   scripts/servers.sh sentinel   1 master, 1 replica, 3 sentinels (IDEM_SENTINEL_PORT..: +0 master,
 #                                 +1 replica, +10..+12 sentinels), service name idem-master
+#   scripts/servers.sh mysql      MariaDB (IDEM_MYSQL_PORT, default 13306), database idem_test,
+#                                 user idem / password idem over TCP (IDEM_TEST_MYSQL_URI)
+#   scripts/servers.sh mysql-start | mysql-stop | mysql-kill | mysql-restart [kill]
+#                                 (mysql-kill: kill -9; mysql-restart kill: kill -9, then start,
+#                                 which runs InnoDB crash recovery)
 #   scripts/servers.sh rabbitmq-start | rabbitmq-stop | rabbitmq-restart
 #                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, its own epmd on
 #                                 IDEM_EPMD_PORT); restart keeps its queues and messages
@@ -25,7 +30,7 @@
 #
 # Settings (environment): IDEM_SERVERS_DIR (default /tmp/idem-servers), IDEM_REDIS_PORT
 # (16379), IDEM_PG_PORT (15432), IDEM_CLUSTER_PORT (17000), IDEM_SENTINEL_PORT (17100),
-# IDEM_TLS_PORT (16380), IDEM_PG_TLS_PORT (IDEM_TLS_PORT + 1),
+# IDEM_TLS_PORT (16380), IDEM_PG_TLS_PORT (IDEM_TLS_PORT + 1), IDEM_MYSQL_PORT (13306),
 # IDEM_RABBITMQ_PORT (18672), IDEM_RABBITMQ_DIST_PORT (18673; its CLI tools take the 10 ports
 # above it), IDEM_EPMD_PORT (18369), IDEM_RABBITMQ_ERL_ARGS (extra Erlang VM flags, e.g. +S 1:1).
 # PostgreSQL refuses to run as root, so it runs as the `postgres` user (created if missing);
@@ -40,6 +45,8 @@ PG_BIN="${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}"
 PG_DB="idem_test"
 CLUSTER_PORT="${IDEM_CLUSTER_PORT:-17000}"
 SENTINEL_PORT="${IDEM_SENTINEL_PORT:-17100}"
+MYSQL_PORT="${IDEM_MYSQL_PORT:-13306}"
+MYSQL_DB="idem_test"
 RABBITMQ_PORT="${IDEM_RABBITMQ_PORT:-18672}"
 RABBITMQ_DIST_PORT="${IDEM_RABBITMQ_DIST_PORT:-18673}"
 EPMD_PORT="${IDEM_EPMD_PORT:-18369}"
@@ -353,6 +360,94 @@ stop_all_redis_in_dir() {
   done
 }
 
+# --- MariaDB ---------------------------------------------------------------------------------
+# Runs as root with --user=root (mariadbd refuses root otherwise); TCP on 127.0.0.1 only, its
+# socket and data under $DIR/mysql. `mariadb-admin ping` answers even "Access denied", so
+# readiness is a real query over TCP with the test user.
+mysql_cli() {
+  mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P"$MYSQL_PORT" "$@"
+}
+
+mysql_alive() { mysql_cli -uidem -pidem -e 'SELECT 1' >/dev/null 2>&1; }
+
+mysql_pid() { cat "$DIR/mysql/mariadb.pid" 2>/dev/null || true; }
+
+mysql_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$MYSQL_PORT") 2>/dev/null; }
+
+mysql_start() {
+  ensure_dir
+  if mysql_alive; then return 0; fi
+  local d="$DIR/mysql"
+  mkdir -p "$d"
+  if [ ! -d "$d/data/mysql" ]; then
+    rm -rf "$d/data"
+    mariadb-install-db --no-defaults --datadir="$d/data" --user="$(id -un)" \
+      --auth-root-authentication-method=normal --skip-test-db --innodb-log-file-size=8M \
+      >"$d/install.log" 2>&1 || { cat "$d/install.log" >&2; return 1; }
+  fi
+  rm -f "$d/mariadb.pid"
+  # Server defaults are kept where idem must not depend on them (latin1 character set,
+  # REPEATABLE READ, SYSTEM time zone); commits are flushed to disk (durable against kill -9).
+  mariadbd --no-defaults --user="$(id -un)" --datadir="$d/data" --socket="$d/mariadb.sock" \
+    --pid-file="$d/mariadb.pid" --port="$MYSQL_PORT" --bind-address=127.0.0.1 \
+    --log-error="$d/mariadb.log" --skip-name-resolve --innodb-log-file-size=8M \
+    --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=1 --max-connections=400 \
+    --skip-log-bin >/dev/null 2>&1 &
+  for _ in $(seq 1 300); do
+    if [ -S "$d/mariadb.sock" ] &&
+       mariadb --no-defaults -S "$d/mariadb.sock" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
+      break
+    fi
+    sleep 0.1
+  done
+  # The TCP test user and database (idempotent: also after a restart).
+  mariadb --no-defaults -S "$d/mariadb.sock" -uroot -e "
+    CREATE USER IF NOT EXISTS 'idem'@'127.0.0.1' IDENTIFIED BY 'idem';
+    GRANT ALL PRIVILEGES ON *.* TO 'idem'@'127.0.0.1' WITH GRANT OPTION;
+    CREATE DATABASE IF NOT EXISTS $MYSQL_DB CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;" \
+    >>"$d/install.log" 2>&1 || true
+  for _ in $(seq 1 100); do
+    if mysql_alive; then return 0; fi
+    sleep 0.1
+  done
+  log "MariaDB did not answer a query on port $MYSQL_PORT"; tail -30 "$d/mariadb.log" >&2 || true
+  return 1
+}
+
+# Waits until the server process has exited (a zombie counts as gone: pid 1 reaps it late) and
+# its port is closed, so a start right after finds the data directory unlocked.
+mysql_wait_down() {
+  local pid="${1:-}"
+  for _ in $(seq 1 600); do
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+       [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || echo Z)" != "Z" ]; then
+      sleep 0.05; continue
+    fi
+    mysql_port_open || return 0
+    sleep 0.05
+  done
+  log "MariaDB did not stop (port $MYSQL_PORT)"; return 1
+}
+
+mysql_stop() {
+  local pid; pid="$(mysql_pid)"
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
+  if [ -n "$pid" ] || mysql_port_open; then mysql_wait_down "$pid"; fi
+  rm -f "$DIR/mysql/mariadb.pid"
+}
+
+mysql_kill() {
+  local pid; pid="$(mysql_pid)"
+  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+  mysql_wait_down "$pid"
+  rm -f "$DIR/mysql/mariadb.pid"
+}
+
+mysql_restart() {
+  if [ "${1:-}" = "kill" ]; then mysql_kill; else mysql_stop; fi
+  mysql_start
+}
+
 # --- RabbitMQ ----------------------------------------------------------------------------------
 # One throwaway node, everything under $DIR/rabbitmq: HOME (with the Erlang cookie), config,
 # mnesia, logs, pid file. It runs as root through /usr/lib/rabbitmq/bin (the /usr/sbin wrappers
@@ -461,6 +556,9 @@ print_env() {
     for i in 0 1 2 3 4 5; do seeds="$seeds${seeds:+,}127.0.0.1:$((CLUSTER_PORT + i))"; done
     echo "export IDEM_TEST_REDIS_CLUSTER_URL=redis-cluster://$seeds IDEM_CLUSTER_PORT=$CLUSTER_PORT"
   fi
+  if mysql_alive; then
+    echo "export IDEM_TEST_MYSQL_URI=mysql://idem:idem@127.0.0.1:$MYSQL_PORT/$MYSQL_DB IDEM_MYSQL_PORT=$MYSQL_PORT"
+  fi
   if redis_tls_alive; then
     echo "export IDEM_TEST_REDIS_TLS_URL=rediss://localhost:$TLS_PORT IDEM_TEST_TLS_DIR=$DIR/tls IDEM_TLS_PORT=$TLS_PORT"
   fi
@@ -476,8 +574,9 @@ print_env() {
 cmd="${1:-}"
 case "$cmd" in
   start) redis_start; pg_start; print_env ;;
-  stop) redis_stop; pg_stop; pg_tls_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
+  stop) redis_stop; pg_stop; pg_tls_stop; mysql_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
   cluster) cluster_start; print_env ;;
+  mysql) mysql_start; print_env ;;
   sentinel) sentinel_start; print_env ;;
   tls) redis_tls_start; pg_tls_start; print_env ;;
   tls-certs) ensure_dir; tls_certs; echo "$DIR/tls" ;;
@@ -489,6 +588,7 @@ case "$cmd" in
     pg_alive && echo "postgres: up on 127.0.0.1:$PG_PORT" || echo "postgres: down"
     cluster_alive && echo "cluster: up on 127.0.0.1:$CLUSTER_PORT..$((CLUSTER_PORT + 5))" || echo "cluster: down"
     sentinel_alive && echo "sentinel: up on 127.0.0.1:$((SENTINEL_PORT + 10))" || echo "sentinel: down"
+    mysql_alive && echo "mysql: up on 127.0.0.1:$MYSQL_PORT" || echo "mysql: down"
     redis_tls_alive && echo "redis (TLS): up on 127.0.0.1:$TLS_PORT" || echo "redis (TLS): down"
     pg_tls_alive && echo "postgres (TLS): up on 127.0.0.1:$PG_TLS_PORT" || echo "postgres (TLS): down"
     rabbitmq_alive && echo "rabbitmq: up on 127.0.0.1:$RABBITMQ_PORT" || echo "rabbitmq: down" ;;
@@ -498,8 +598,12 @@ case "$cmd" in
   pg-start) pg_start ;;
   pg-stop) pg_stop ;;
   pg-restart) pg_restart "${2:-fast}" ;;
+  mysql-start) mysql_start ;;
+  mysql-stop) mysql_stop ;;
+  mysql-kill) mysql_kill ;;
+  mysql-restart) mysql_restart "${2:-}" ;;
   rabbitmq-start) rabbitmq_start; print_rabbitmq_env ;;
   rabbitmq-stop) rabbitmq_stop ;;
   rabbitmq-restart) rabbitmq_stop; rabbitmq_start ;;
-  *) sed -n '3,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '3,35p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

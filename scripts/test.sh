@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
-# Cluster, a Redis Sentinel setup and the TLS servers on loopback (during the build), runs every
-# test (ctest), checks the package as users meet it (tests/package/check.sh: components alone,
-# pkg-config, the API reference, a shared build, the .deb, C++20), and stops the servers. Exits
-# non-zero on any failure.
+# Cluster, MariaDB, a Redis Sentinel setup and the TLS servers on loopback (during the build),
+# runs every test (ctest), checks the package as users meet it (tests/package/check.sh:
+# components alone, pkg-config, the API reference, a shared build, the .deb, C++20), and stops
+# the servers. Exits non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
@@ -34,11 +34,12 @@ cleanup() {
   "$ROOT/scripts/servers.sh" stop || true
 }
 trap cleanup EXIT
-# The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, a Sentinel setup) start while the
+# The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, MariaDB, a Sentinel setup) start while the
 # build runs; their variables are read once both are done.
 mkdir -p "$IDEM_SERVERS_DIR"
 servers_env="$IDEM_SERVERS_DIR/test-env.sh"
 (./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
+   ./scripts/servers.sh mysql >/dev/null &&
    ./scripts/servers.sh tls >/dev/null && ./scripts/servers.sh sentinel >"$servers_env") \
   >"$IDEM_SERVERS_DIR/servers-start.log" 2>&1 &
 servers_pid=$!

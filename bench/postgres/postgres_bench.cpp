@@ -35,18 +35,25 @@
 #include <string>
 #include <vector>
 
+#include "../common/per_call.hpp"
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/postgres/postgres_store.hpp"
 #ifdef IDEM_BENCH_WITH_REDIS
-#include <hiredis/hiredis.h>
-
+#include "../common/raw_redis.hpp"
 #include "idem/redis/redis_store.hpp"
 #endif
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using idem::bench::cpu_now_us;
+using idem::bench::DownFastStore;
+using idem::bench::env_int;
+using idem::bench::timed;
+#ifdef IDEM_BENCH_WITH_REDIS
+using idem::bench::RawRedis;
+#endif
 
 // The fast store in front of PostgreSQL: the in-process one, or RedisStore at `redis_url`
 // (under a key prefix of this run).
@@ -60,60 +67,6 @@ std::unique_ptr<idem::FastStore> make_fast_store(const std::string& redis_url = 
 #endif
   (void)redis_url;
   return std::make_unique<idem::MemoryStore>();
-}
-
-// A fast store that is down: every call fails as a refused Redis connection would.
-class DownFastStore final : public idem::FastStore {
- public:
-  idem::ClaimResult claim(const idem::Key&, std::string_view, const idem::OwnerToken&,
-                          std::chrono::milliseconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  bool complete(const idem::Key&, const idem::OwnerToken&, std::string_view,
-                std::chrono::seconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  bool fail(const idem::Key&, const idem::OwnerToken&, std::string_view,
-            std::chrono::seconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  bool release(const idem::Key&, const idem::OwnerToken&) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  void fill(const idem::Key&, std::string_view, std::string_view, std::chrono::seconds) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  std::optional<idem::Record> lookup(const idem::Key&) override {
-    throw idem::StorageUnavailable("bench: fast store down");
-  }
-  std::string_view name() const noexcept override { return "down"; }
-};
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? fallback : std::atoi(v);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-double cpu_now_us() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
-}
-
-// Per-call microseconds of `calls` runs of fn(i); adds the driver's own CPU time per call
-// (client-side cost, excluding the server) to `cpu`.
-double timed(int calls, const std::function<void(int)>& fn, std::vector<double>* cpu = nullptr) {
-  const double c0 = cpu_now_us();
-  auto t0 = Clock::now();
-  for (int i = 0; i < calls; ++i) fn(i);
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  if (cpu != nullptr) cpu->push_back((cpu_now_us() - c0) / calls);
-  return static_cast<double>(ns) / 1000.0 / calls;
 }
 
 struct Trace {
@@ -160,54 +113,6 @@ Trace trace(pqxx::connection& conn, const std::function<void()>& fn) {
   return t;
 }
 
-#ifdef IDEM_BENCH_WITH_REDIS
-// A plain hiredis connection for the hand-written baseline (redis://host[:port] only).
-struct RawRedis {
-  redisContext* c = nullptr;
-  explicit RawRedis(const std::string& url) {
-    std::string rest = url.substr(url.find("://") == std::string::npos ? 0 : url.find("://") + 3);
-    rest = rest.substr(0, rest.find('/'));
-    std::string host = rest;
-    int port = 6379;
-    if (auto colon = rest.rfind(':'); colon != std::string::npos) {
-      host = rest.substr(0, colon);
-      port = std::atoi(rest.c_str() + colon + 1);
-    }
-    c = redisConnect(host.c_str(), port);
-    if (c == nullptr || c->err != 0) throw std::runtime_error("bench: cannot connect to Redis");
-    redisEnableKeepAlive(c);
-  }
-  ~RawRedis() {
-    if (c != nullptr) redisFree(c);
-  }
-  RawRedis(const RawRedis&) = delete;
-  RawRedis& operator=(const RawRedis&) = delete;
-  // One command; @return true for a non-nil, non-error reply.
-  bool command(const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lens;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    if (r == nullptr) throw std::runtime_error("bench: Redis connection lost");
-    bool ok = r->type != REDIS_REPLY_NIL && r->type != REDIS_REPLY_ERROR;
-    freeReplyObject(r);
-    return ok;
-  }
-  // INFO stats' total_commands_processed.
-  long long commands_processed() {
-    auto* r = static_cast<redisReply*>(redisCommand(c, "INFO stats"));
-    if (r == nullptr || r->type != REDIS_REPLY_STRING) throw std::runtime_error("bench: INFO");
-    std::string text(r->str, r->len);
-    freeReplyObject(r);
-    auto at = text.find("total_commands_processed:");
-    return std::atoll(text.c_str() + at + std::string("total_commands_processed:").size());
-  }
-};
-#endif
 
 }  // namespace
 
@@ -396,7 +301,7 @@ int main() {
     vs_hw.push_back(h / g);
     vs_hw_pk.push_back(hp / g);
   }
-  const double ours_first_us = median(ours_us), raw_first_us = median(raw_us);
+  const double ours_first_us = idem::bench::median_of(ours_us), raw_first_us = idem::bench::median_of(raw_us);
   auto print_recipe = [&](const char* suffix) {
     std::printf(
         "first execution against the hand-written record recipe (synchronous_commit=%s):\n"
@@ -407,12 +312,12 @@ int main() {
         "  recipe, unique key as primary key       %8.1f us/call\n"
         "  driver CPU per call: guard %.1f us, recipe %.1f us\n",
         async_commit ? "off" : "on", std::string(fast->name()).c_str(), ours_first_us, t.statements,
-        t.round_trips, median(hw_us), thw.statements, thw.round_trips, median(hw_pk_us),
-        median(ours_cpu), median(hw_cpu));
+        t.round_trips, idem::bench::median_of(hw_us), thw.statements, thw.round_trips, idem::bench::median_of(hw_pk_us),
+        idem::bench::median_of(ours_cpu), idem::bench::median_of(hw_cpu));
     std::printf("ratio postgres_first_execution_vs_handwritten_record%s = %.3f\n", suffix,
-                median(vs_hw));
+                idem::bench::median_of(vs_hw));
     std::printf("ratio postgres_first_execution_vs_handwritten_record_primary_key%s = %.3f\n",
-                suffix, median(vs_hw_pk));
+                suffix, idem::bench::median_of(vs_hw_pk));
   };
 
 #ifdef IDEM_BENCH_WITH_REDIS
@@ -477,11 +382,11 @@ int main() {
         "calls/round/side=%d):\n",
         async_commit ? "off" : "on", rounds, calls);
     std::printf("  guard (RedisStore + PostgresStore)  %8.1f us/call  %7.0f calls/s\n",
-                median(a_us), 1e6 / median(a_us));
+                idem::bench::median_of(a_us), 1e6 / idem::bench::median_of(a_us));
     std::printf("  hand-written hiredis + libpqxx      %8.1f us/call  %7.0f calls/s\n",
-                median(b_us), 1e6 / median(b_us));
-    std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(a_cpu),
-                median(b_cpu));
+                idem::bench::median_of(b_us), 1e6 / idem::bench::median_of(b_us));
+    std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", idem::bench::median_of(a_cpu),
+                idem::bench::median_of(b_cpu));
     // Redis's counter includes the commands a script runs: RedisStore's complete is one
     // EVALSHA round trip that runs one SET inside, so guard round trips = commands - 1.
     std::printf(
@@ -491,7 +396,7 @@ int main() {
         "(%d statements)\n",
         ours_cmds, tr.round_trips, tr.statements, raw_cmds, trr.round_trips, trr.statements);
     std::printf("ratio postgres_redis_first_execution%s = %.3f\n",
-                async_commit ? "_async_commit" : "", median(b_us) / median(a_us));
+                async_commit ? "_async_commit" : "", idem::bench::median_of(b_us) / idem::bench::median_of(a_us));
   }
 #else
   if (!redis_url.empty()) std::printf("(Redis comparison skipped: built without idem::redis)\n");
@@ -501,10 +406,10 @@ int main() {
     std::printf(
         "first execution, synchronous_commit=%s: guard %.1f us/call, hand-written %.1f"
         " us/call; driver CPU %.1f vs %.1f us\n",
-        async_commit ? "off" : "on", median(ours_us), median(raw_us), median(ours_cpu),
-        median(raw_cpu));
+        async_commit ? "off" : "on", idem::bench::median_of(ours_us), idem::bench::median_of(raw_us), idem::bench::median_of(ours_cpu),
+        idem::bench::median_of(raw_cpu));
     std::printf("ratio postgres_first_execution%s = %.3f\n", async_commit ? "_async_commit" : "",
-                median(raw_us) / median(ours_us));
+                idem::bench::median_of(raw_us) / idem::bench::median_of(ours_us));
     print_recipe(async_commit ? "_async_commit" : "");
     pqxx::nontransaction nt(admin);
     nt.exec("DROP SCHEMA " + schema + " CASCADE");
@@ -544,7 +449,7 @@ int main() {
       rep_us.push_back(timed(calls, replay_default));
     }
   }
-  const double rep = median(rep_us), rep_rf = median(rep_rf_us), sel = median(sel_us);
+  const double rep = idem::bench::median_of(rep_us), rep_rf = idem::bench::median_of(rep_rf_us), sel = idem::bench::median_of(sel_us);
 
   std::printf("rounds=%d calls/round/side=%d (medians of per-round means)\n", rounds, calls);
   std::printf("first execution, one business INSERT, fast store '%s' in front:\n",
@@ -553,8 +458,8 @@ int main() {
               1e6 / ours_first_us);
   std::printf("  hand-written libpqxx      %8.1f us/call  %7.0f calls/s\n", raw_first_us,
               1e6 / raw_first_us);
-  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", median(ours_cpu),
-              median(raw_cpu));
+  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n", idem::bench::median_of(ours_cpu),
+              idem::bench::median_of(raw_cpu));
   std::printf("  guarded call on the wire: %d statements, %d round trips (baseline: %d, %d)\n",
               t.statements, t.round_trips, traw.statements, traw.round_trips);
   for (const auto& s : t.sent) std::printf("    %s\n", s.c_str());

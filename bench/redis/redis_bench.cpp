@@ -37,7 +37,9 @@ struct Args {
   std::string only;
   std::string side;  // "ours" or "raw": run one side only (for profiling); "" both
   bool claim_script = false;
-  std::string name_suffix;  // appended to the ratio names (e.g. "_unpinned")
+  std::string name_suffix;          // appended to the ratio names (e.g. "_unpinned")
+  bool auto_pipeline = true;        // RedisStoreOptions::auto_pipeline
+  bool autopipeline_names = false;  // the many-thread names: guard_*_autopipeline_tN_vs_raw_*
 };
 
 // A raw hiredis connection, as a service without idem would hold it.
@@ -122,6 +124,10 @@ int main(int argc, char** argv) {
       a.claim_script = v == "1";
     else if (k == "--name-suffix")
       a.name_suffix = v;
+    else if (k == "--auto-pipeline")
+      a.auto_pipeline = v == "1";
+    else if (k == "--autopipeline-names")
+      a.autopipeline_names = v == "1";
   }
   if (a.url.empty()) {
     std::fprintf(stderr,
@@ -134,15 +140,15 @@ int main(int argc, char** argv) {
   std::string hp = a.url.substr(a.url.find("://") + 3);
   std::string host = hp.substr(0, hp.find(':'));
   int port = std::atoi(hp.substr(hp.find(':') + 1).c_str());
-  const std::string tag =
-      std::string(a.claim_script ? "lua_claim_" : "") + "t" + std::to_string(a.threads) +
-      a.name_suffix;
+  const std::string tag = std::string(a.claim_script ? "lua_claim_" : "") + "t" +
+                          std::to_string(a.threads) + a.name_suffix;
   const std::string id = run_id();
 
   idem::redis::RedisStoreOptions options{a.url};
   options.pool_size = static_cast<std::size_t>(a.threads);
   options.key_prefix = "idem-bench:";
   options.claim_script = a.claim_script;
+  options.auto_pipeline = a.auto_pipeline;
   idem::redis::RedisStore store(options);
   idem::GuardOptions gopt;
   gopt.retention = std::chrono::seconds(300);
@@ -154,8 +160,8 @@ int main(int argc, char** argv) {
 
   std::printf(
       "threads %d, %d ops per thread per phase, %d rounds (A/B interleaved), "
-      "pool_size %d vs %d raw connections\n",
-      a.threads, a.ops, a.rounds, a.threads, a.threads);
+      "pool_size %d (auto_pipeline %s) vs %d raw connections\n",
+      a.threads, a.ops, a.rounds, a.threads, a.auto_pipeline ? "on" : "off", a.threads);
 
   if (want("token")) {
     constexpr int kN = 200000;
@@ -203,7 +209,9 @@ int main(int argc, char** argv) {
         },
         raw_set_nx_ex);
     if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
-    report("guard_replay_vs_set_nx_ex_" + tag, c);
+    report(a.autopipeline_names ? "guard_replay_autopipeline_" + tag + "_vs_raw_set_nx_ex_" + tag
+                                : "guard_replay_vs_set_nx_ex_" + tag,
+           c);
     if (a.only == "replay") {
       // Diagnostic: the store's claim alone (no guard, a fixed owner token) on the same keys,
       // to tell the store's cost from the guard's.
@@ -211,14 +219,41 @@ int main(int argc, char** argv) {
       auto d = compare(
           a,
           [&](int, int t, int i) {
-            auto r = store.claim(
-                keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)], fp,
-                owner, 30s);
+            auto r =
+                store.claim(keys[static_cast<std::size_t>(t)][static_cast<std::size_t>(i % kKeys)],
+                            fp, owner, 30s);
             if (r.status != idem::ClaimStatus::kDone) ++bad;
           },
           raw_set_nx_ex);
       report("store_claim_replay_vs_set_nx_ex_" + tag, d);
     }
+  }
+
+  if (a.only == "pipeline") {
+    // The lone caller's price of auto-pipelining: the same guard replay over a store with
+    // auto_pipeline on (ours) and off (the pooled connection), interleaved.
+    idem::redis::RedisStoreOptions off_options = options;
+    off_options.auto_pipeline = false;
+    idem::redis::RedisStore off_store(off_options);
+    idem::IdempotencyGuard off_guard{off_store, gopt};
+    constexpr int kKeys = 1000;
+    std::vector<idem::Key> keys;
+    for (int i = 0; i < kKeys; ++i) {
+      keys.push_back(idem::Key::make("bench.pipeline", id + "_" + tag + "_" + std::to_string(i)));
+      auto r = guard.run(keys.back(), fp, [&] { return response; });
+      (void)r;
+    }
+    std::atomic<long> bad{0};
+    auto replay = [&](idem::IdempotencyGuard<>& g, int i) {
+      auto r = g.run(keys[static_cast<std::size_t>(i % kKeys)], fp,
+                     [&] { return std::string("never"); });
+      if (r.outcome != idem::Outcome::kReplayed) ++bad;
+    };
+    auto c = idem::bench::interleave(
+        a.rounds, a.threads, a.ops, [&](int, int, int i) { replay(guard, i); },
+        [&](int, int, int i) { replay(off_guard, i); });
+    if (bad.load() != 0) std::printf("WARNING: %ld replays were not kReplayed\n", bad.load());
+    idem::bench::report("guard_replay_autopipeline_vs_pooled_" + tag, "pipelined:", "pooled:", c);
   }
 
   if (want("first")) {
@@ -247,7 +282,17 @@ int main(int argc, char** argv) {
           raws[static_cast<std::size_t>(t)]->run(6, a2, l2);
         });
     if (bad.load() != 0) std::printf("WARNING: %ld first calls were not kExecuted\n", bad.load());
-    report("guard_first_exec_vs_set_nx_set_xx_" + tag, c);
+    report(a.autopipeline_names ? "guard_first_exec_autopipeline_" + tag + "_vs_raw_two_step_" + tag
+                                : "guard_first_exec_vs_set_nx_set_xx_" + tag,
+           c);
+    const auto ps = store.pool_stats();
+    if (ps.pipelined_flushes > 0) {
+      std::printf(
+          "auto-pipeline: %llu commands in %llu batches (%.1f per batch)\n",
+          static_cast<unsigned long long>(ps.pipelined_commands),
+          static_cast<unsigned long long>(ps.pipelined_flushes),
+          static_cast<double>(ps.pipelined_commands) / static_cast<double>(ps.pipelined_flushes));
+    }
   }
 
   if (want("memory")) {

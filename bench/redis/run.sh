@@ -46,6 +46,12 @@ taskset -c 0 "$BIN" --url "$pinned" --threads 1 --only memory
 # threads and the server on CPU 0 (per-op cost with 8 connections in flight).
 taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only replay
 taskset -c 0 "$BIN" --url "$pinned" --threads 8 --ops 500 --rounds 21 --only first
+# 64 threads, pinned: auto-pipelining (the threads' calls share one connection, written in
+# batches) vs 64 raw connections, one command per round trip each; then the lone caller's
+# price of it (the same replay with auto_pipeline on and off, interleaved).
+taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only replay --autopipeline-names 1
+taskset -c 0 "$BIN" --url "$pinned" --threads 64 --ops 200 --rounds 21 --only first --autopipeline-names 1
+taskset -c 0 "$BIN" --url "$pinned" --threads 1 --ops 2000 --rounds 31 --only pipeline
 # For reference: the same unpinned, against scripts/bench.sh's server (per-round ratios swing
 # 0.6-1.5 on 2 vCPUs, so their medians move by +-0.05 from run to run).
 "$BIN" --url "$URL" --threads 8 --ops 2000 --rounds 21 --only replay --name-suffix _unpinned

@@ -6,9 +6,9 @@
 //   idem_coupon_claim [--users N] [--coupons N] [--max-clicks N] [--threads N]
 //                     [--server-threads N] [--timeout-ms N] [--slow-percent N]
 //                     [--slow-tx-percent N] [--fail-percent N] [--lost-percent N] [--seed N]
-//                     [--db PATH | --postgres DSN [--table NAME]]
+//                     [--db PATH | --postgres DSN | --mysql URI] [--table NAME]
 //
-// (MySQL: --mysql DSN belongs here once idem has a MySQL store; see backends.hpp.)
+// --mysql takes mysql://user:password@host:port/database (the database must exist).
 //
 // Exit status: 0 when every check passed, 1 on any violation, 2 on bad flags, 3 on an error.
 #include <cstdlib>
@@ -25,8 +25,8 @@ namespace {
 void usage(std::ostream& out) {
   out << "usage: idem_coupon_claim [--users N] [--coupons N] [--max-clicks N] [--threads N]\n"
          "       [--server-threads N] [--timeout-ms N] [--slow-percent N] [--slow-tx-percent N]\n"
-         "       [--fail-percent N] [--lost-percent N] [--seed N] [--db PATH | --postgres DSN "
-         "[--table NAME]]\n"
+         "       [--fail-percent N] [--lost-percent N] [--seed N]\n"
+         "       [--db PATH | --postgres DSN | --mysql URI] [--table NAME]\n"
          "defaults: 400 users, 1-3 coupons each, 1-4 clicks per coupon, 8 client threads,\n"
          "16 server threads, 25 ms client timeout (doubling per retry), 5% failures before commit, "
          "5% lost answers,\n"
@@ -47,7 +47,7 @@ long long number(const std::string& flag, const char* text, long long min, long 
 
 int main(int argc, char** argv) {
   coupon_claim::Config cfg;
-  std::string db = "coupon_claim.sqlite", dsn, table = "user_coupon";
+  std::string db = "coupon_claim.sqlite", dsn, mysql_uri, table = "user_coupon";
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
         db = v;
       else if (flag == "--postgres")
         dsn = v;
+      else if (flag == "--mysql")
+        mysql_uri = v;
       else if (flag == "--table")
         table = v;
       else
@@ -94,25 +96,34 @@ int main(int argc, char** argv) {
 #ifndef COUPON_CLAIM_WITH_POSTGRES
     if (!dsn.empty()) throw std::invalid_argument("--postgres needs a build with idem::postgres");
 #endif
+#ifndef COUPON_CLAIM_WITH_MYSQL
+    if (!mysql_uri.empty()) throw std::invalid_argument("--mysql needs a build with idem::mysql");
+#endif
+    if (!dsn.empty() && !mysql_uri.empty()) {
+      throw std::invalid_argument("--postgres and --mysql are exclusive");
+    }
     if (cfg.seed == 0) cfg.seed = std::random_device{}() % 1000000 + 1;
   } catch (const std::exception& e) {
     std::cerr << "idem_coupon_claim: " << e.what() << "\n";
     usage(std::cerr);
     return 2;
   }
-  try {
-#ifdef COUPON_CLAIM_WITH_POSTGRES
-    if (!dsn.empty()) {
-      coupon_claim::PostgresBackend backend{dsn, table};
-      auto rep = coupon_claim::run_claims(backend, cfg, "postgres, table " + table);
-      coupon_claim::print_report(rep, std::cout);
-      return rep.ok() ? 0 : 1;
-    }
-#endif
-    coupon_claim::SqliteBackend backend{db, table};
-    auto rep = coupon_claim::run_claims(backend, cfg, db);
+  // One run on `backend`: the report, and the exit status of its checks.
+  auto run = [&](auto&& backend, const std::string& where) {
+    auto rep = coupon_claim::run_claims(backend, cfg, where);
     coupon_claim::print_report(rep, std::cout);
     return rep.ok() ? 0 : 1;
+  };
+  try {
+#ifdef COUPON_CLAIM_WITH_POSTGRES
+    if (!dsn.empty())
+      return run(coupon_claim::PostgresBackend{dsn, table}, "postgres, table " + table);
+#endif
+#ifdef COUPON_CLAIM_WITH_MYSQL
+    if (!mysql_uri.empty())
+      return run(coupon_claim::MysqlBackend{mysql_uri, table}, "mysql, table " + table);
+#endif
+    return run(coupon_claim::SqliteBackend{db, table}, db);
   } catch (const std::exception& e) {
     std::cerr << "idem_coupon_claim: " << e.what() << "\n";
     return 3;

@@ -7,10 +7,13 @@
 //                   [--slow-handler-percent N] [--slow-ms N] [--reload-percent N]
 //                   [--fast-loss-at-user N] [--seed N]
 //                   [--postgres DSN [--redis URL] [--redis-prefix P] [--schema S]]
+//                   [--mysql URI [--redis URL] [--redis-prefix P]]
 //
 // With --postgres the sale runs on PostgreSQL (records, orders and stock in one pqxx::work),
-// with Redis in front when --redis is given; the simulated failover is then a FLUSHALL of that
-// Redis (use one of your own), or, with --redis-keep-others, a delete of this run's keys only.
+// with --mysql on MySQL / MariaDB (the seed table api_idempotency, orders and stock in one
+// idem::mysql::Transaction), with Redis in front when --redis is given; the simulated failover
+// is then a FLUSHALL of that Redis (use one of your own), or, with --redis-keep-others, a
+// delete of this run's keys only.
 //
 // Exit status: 0 when every check passed, 1 on any violation, 2 on bad flags, 3 on an error.
 #include <cstdlib>
@@ -22,6 +25,9 @@
 #ifdef FLASH_SALE_WITH_POSTGRES
 #include "postgres_backend.hpp"
 #endif
+#ifdef FLASH_SALE_WITH_MYSQL
+#include "mysql_backend.hpp"
+#endif
 
 namespace {
 
@@ -32,6 +38,7 @@ void usage(std::ostream& out) {
          "       [--fast-loss-at-user N] [--seed N]\n"
          "       [--postgres DSN [--redis URL] [--redis-prefix P] [--redis-keep-others]\n"
          "        [--schema S]]\n"
+         "       [--mysql URI [--redis URL] [--redis-prefix P] [--redis-keep-others]]\n"
          "defaults: 2000 users, 100 units, 8 client threads, db flash_sale.sqlite;\n"
          "the fast store loses its records when user stock/2 starts (-1: never);\n"
          "with --redis that is a FLUSHALL (--redis-keep-others: only this run's keys)\n";
@@ -51,7 +58,7 @@ long long parse_number(const std::string& flag, const char* text, long long min)
 
 int main(int argc, char** argv) {
   flash_sale::Config cfg;
-  std::string dsn, redis, redis_prefix = "idem:", schema;
+  std::string dsn, mysql_uri, redis, redis_prefix = "idem:", schema;
   bool keep_others = false;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -87,14 +94,24 @@ int main(int argc, char** argv) {
         cfg.fast_loss_at_user = static_cast<int>(parse_number(flag, v, -1));
       else if (flag == "--seed") cfg.seed = static_cast<std::uint64_t>(parse_number(flag, v, 0));
       else if (flag == "--postgres") dsn = v;
+      else if (flag == "--mysql") mysql_uri = v;
       else if (flag == "--redis") redis = v;
       else if (flag == "--redis-prefix") redis_prefix = v;
       else if (flag == "--schema") schema = v;
       else throw std::invalid_argument("unknown flag " + flag);
     }
-    if (dsn.empty() && (!redis.empty() || !schema.empty())) {
-      throw std::invalid_argument("--redis and --schema go with --postgres");
+    if (!dsn.empty() && !mysql_uri.empty()) {
+      throw std::invalid_argument("--postgres and --mysql: choose one");
     }
+    if (dsn.empty() && !schema.empty()) throw std::invalid_argument("--schema goes with --postgres");
+    if (dsn.empty() && mysql_uri.empty() && !redis.empty()) {
+      throw std::invalid_argument("--redis goes with --postgres or --mysql");
+    }
+#ifndef FLASH_SALE_WITH_MYSQL
+    if (!mysql_uri.empty()) {
+      throw std::invalid_argument("--mysql needs a build with idem::mysql and idem::redis");
+    }
+#endif
 #ifndef FLASH_SALE_WITH_POSTGRES
     if (!dsn.empty()) {
       throw std::invalid_argument("--postgres needs a build with idem::postgres and idem::redis");
@@ -116,6 +133,19 @@ int main(int argc, char** argv) {
       po.flushall = !keep_others;
       cfg.db = "postgres" + (schema.empty() ? std::string() : " schema " + schema);
       flash_sale::Report report = flash_sale::run_postgres_sale(cfg, po);
+      flash_sale::print_report(report, std::cout);
+      return report.ok() ? 0 : 1;
+    }
+#endif
+#ifdef FLASH_SALE_WITH_MYSQL
+    if (!mysql_uri.empty()) {
+      flash_sale::MysqlSaleOptions mo;
+      mo.uri = mysql_uri;
+      mo.redis_url = redis;
+      mo.redis_prefix = redis_prefix;
+      mo.flushall = !keep_others;
+      cfg.db = "mysql";
+      flash_sale::Report report = flash_sale::run_mysql_sale(cfg, mo);
       flash_sale::print_report(report, std::cout);
       return report.ok() ? 0 : 1;
     }

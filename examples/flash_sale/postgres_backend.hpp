@@ -10,6 +10,7 @@
 #include <string>
 
 #include "flash_sale.hpp"
+#include "redis_failover.hpp"
 #include "idem/postgres/postgres_store.hpp"
 #include "idem/postgres/sql_driver.hpp"
 
@@ -59,9 +60,5 @@ class PostgresBackend {
 
 /// A whole sale on PostgreSQL (+ Redis when `options.redis_url` is set).
 Report run_postgres_sale(const Config& cfg, const PostgresSaleOptions& options);
-
-/// Deletes the Redis keys of the sale's scope under `prefix` (or every key with `flushall`).
-/// @throws std::runtime_error when Redis cannot be reached.
-void clear_redis(const std::string& url, const std::string& prefix, bool flushall);
 
 }  // namespace flash_sale

@@ -2,7 +2,9 @@
 // examples/payment_callback: fires the same gateway callback 32 times concurrently, then once
 // more after the order shipped, and shows that the order was paid once.
 //
-//   payment_callback [--db PATH | --postgres DSN]
+//   payment_callback [--db PATH | --postgres DSN | --mysql URI [--redis URL]]
+#include <unistd.h>
+
 #include <atomic>
 #include <iostream>
 #include <thread>
@@ -12,6 +14,12 @@
 #include "payment_callback.hpp"
 #ifdef PAYMENT_CALLBACK_WITH_POSTGRES
 #include "payment_callback_pg.hpp"
+#endif
+#ifdef PAYMENT_CALLBACK_WITH_MYSQL
+#include "payment_callback_mysql.hpp"
+#ifdef PAYMENT_CALLBACK_WITH_REDIS
+#include "idem/redis/redis_store.hpp"
+#endif
 #endif
 
 namespace {
@@ -45,15 +53,20 @@ int demo(Handler& handler, Reset reset, Payments payments) {
 
 int main(int argc, char** argv) {
   std::string path = ":memory:";
-  std::string dsn;
+  std::string dsn, mysql_uri, redis_url;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--db" && i + 1 < argc) {
       path = argv[++i];
     } else if (a == "--postgres" && i + 1 < argc) {
       dsn = argv[++i];
+    } else if (a == "--mysql" && i + 1 < argc) {
+      mysql_uri = argv[++i];
+    } else if (a == "--redis" && i + 1 < argc) {
+      redis_url = argv[++i];
     } else {
-      std::cerr << "usage: payment_callback [--db PATH | --postgres DSN]\n";
+      std::cerr << "usage: payment_callback [--db PATH | --postgres DSN | --mysql URI [--redis "
+                   "URL]]\n";
       return 2;
     }
   }
@@ -86,6 +99,50 @@ int main(int argc, char** argv) {
           });
 #else
       std::cerr << "payment_callback: this build has no PostgreSQL backend (idem::postgres)\n";
+      return 2;
+#endif
+    }
+    if (!mysql_uri.empty()) {
+#ifdef PAYMENT_CALLBACK_WITH_MYSQL
+      idem::mysql::MysqlStore store{mysql_uri};  // api_idempotency migrated (the guard's records)
+      payment_callback::MysqlPaymentCallbackHandler handler{store, logger};
+      auto reset = [&](const char* status) {
+        store.with_transaction([&](idem::mysql::Transaction& tx) {
+          tx.exec(
+              "INSERT INTO orders (order_no, amount, status) VALUES ('ORD-20001', 1999, ?)"
+              " ON DUPLICATE KEY UPDATE status = VALUES(status),"
+              " paid_at = IF(VALUES(status) = 'WAIT_PAY', NULL, paid_at)",
+              std::string(status));
+          if (std::string(status) == "WAIT_PAY") {
+            tx.exec("DELETE FROM payments WHERE order_no = 'ORD-20001'");
+            tx.exec("DELETE FROM api_idempotency WHERE biz_type = 'payment.callback'");
+          }
+        });
+      };
+      auto payments = [&] {
+        return static_cast<long long>(store.with_session([](idem::mysql::Session& s) {
+          return s.query_int64("SELECT count(*) FROM payments WHERE order_no = 'ORD-20001'")
+              .value_or(0);
+        }));
+      };
+      if (redis_url.empty()) return demo(handler, reset, payments);
+#ifdef PAYMENT_CALLBACK_WITH_REDIS
+      idem::redis::RedisStoreOptions ro{redis_url};
+      // A prefix of this run: an earlier run's answers must not replay here.
+      ro.key_prefix = "idem_payment_callback_" + std::to_string(::getpid()) + ":";
+      idem::redis::RedisStore fast{ro};
+      payment_callback::GuardedPaymentCallbackHandler guarded{fast, store, handler};
+      int rc = demo(guarded, reset, payments);
+      auto s = guarded.stats().snapshot();
+      std::cout << "guard: " << s.fast_hits << " callbacks answered by Redis, " << s.executed
+                << " ran the state machine\n";
+      return rc;
+#else
+      std::cerr << "payment_callback: this build has no Redis adapter (idem::redis)\n";
+      return 2;
+#endif
+#else
+      std::cerr << "payment_callback: this build has no MySQL backend (idem::mysql)\n";
       return 2;
 #endif
     }

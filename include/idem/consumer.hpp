@@ -104,7 +104,11 @@ constexpr bool should_ack(Verdict v) noexcept {
   return v == Verdict::kAck || v == Verdict::kAckDuplicate || v == Verdict::kDeadLetter;
 }
 
-/// One delivery of a message, as the consumer loop got it from the broker.
+/// One delivery of a message, as the consumer loop got it from the broker. The views are not
+/// owned: consume / consume_batch copy the message id (into the key) and the fingerprint
+/// before any handler runs, so a handler that rewrites those bytes changes nothing the records
+/// store; the payload is read when a message is dead-lettered, so it must stay valid until
+/// the call returns.
 struct Delivery {
   /// The message's global id (not the broker's entry id): a producer retry keeps it. When the
   /// message has none, build one with idem::make_message_id(biz_no, event_type, version).
@@ -281,6 +285,11 @@ class IdempotentConsumer {
     if (delivery.delivery_count > 1) {
       if (auto v = exhausted(key, delivery)) return *v;
     }
+    // The consumer's own fingerprint: dead-lettering after a failed handler must not read
+    // bytes the handler rewrote (the key is already the consumer's own).
+    const std::string fingerprint(delivery.fingerprint);
+    Delivery own = delivery;
+    own.fingerprint = fingerprint;
 
     std::exception_ptr handler_error;
     auto run = [&](auto&&... tx) -> std::string {
@@ -296,19 +305,19 @@ class IdempotentConsumer {
     try {
       if constexpr (detail::kTakesTransaction<std::decay_t<Fn>,
                                               detail::transaction_t<Durable>>) {
-        r = guard_->run(key, delivery.fingerprint,
+        r = guard_->run(key, fingerprint,
                         [&](detail::transaction_t<Durable>& tx) { return run(tx); });
       } else {
-        r = guard_->run(key, delivery.fingerprint, [&]() { return run(); });
+        r = guard_->run(key, fingerprint, [&]() { return run(); });
       }
     } catch (const Error& e) {
       // A store failed, or the handler hit a retryable idem failure (its own database timed
       // out): not the message's fault. Propagate; the broker redelivers.
       if (!handler_error || e.retryable()) throw;
-      return failed(key, delivery, handler_error);
+      return failed(key, own, handler_error);
     } catch (...) {
       if (!handler_error) throw;
-      return failed(key, delivery, handler_error);
+      return failed(key, own, handler_error);
     }
     switch (r.outcome) {
       case Outcome::kExecuted:
@@ -483,7 +492,9 @@ class IdempotentConsumer {
     }
     // After the commit: attempt counts and dead letters use their own transactions.
     for (const auto& [i, error] : b.failures) {
-      b.verdicts[i] = failed(*b.keys[i], batch[i], error);
+      Delivery d = batch[i];
+      d.fingerprint = b.fingerprints[i];
+      b.verdicts[i] = failed(*b.keys[i], d, error);
     }
     return std::move(b.verdicts);
   }
@@ -531,8 +542,24 @@ class IdempotentConsumer {
           answer(n),
           took_over(n, 0) {
       keys.reserve(n);
+      // The batch's own copy of every fingerprint, taken before any handler runs: a handler
+      // that rewrites the bytes a Delivery views cannot change what the records store.
+      std::size_t bytes = 0;
+      for (const Delivery& d : deliveries) bytes += d.fingerprint.size();
+      fingerprint_bytes.reserve(bytes);
+      for (const Delivery& d : deliveries) fingerprint_bytes.append(d.fingerprint);
+      fingerprints.reserve(n);
+      std::size_t at = 0;
+      for (const Delivery& d : deliveries) {
+        fingerprints.emplace_back(fingerprint_bytes.data() + at, d.fingerprint.size());
+        at += d.fingerprint.size();
+      }
     }
+    BatchState(const BatchState&) = delete;
+    BatchState& operator=(const BatchState&) = delete;
     const std::vector<Delivery>& batch;
+    std::string fingerprint_bytes;               // every delivery's fingerprint, in order
+    std::vector<std::string_view> fingerprints;  // views into fingerprint_bytes
     std::vector<std::optional<Key>> keys;  // nullopt: the id is not a valid key
     // The batch is one attempt: its claims share one owner token (fencing is per key, so a
     // token only has to differ from other attempts on the same key).
@@ -566,7 +593,7 @@ class IdempotentConsumer {
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < b.batch.size(); ++i) {
       if (b.first[i] == 0) continue;
-      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owner});
+      requests.push_back(ClaimRequest{&*b.keys[i], b.fingerprints[i], &b.owner});
       index.push_back(i);
     }
     try {
@@ -609,7 +636,7 @@ class IdempotentConsumer {
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < n; ++i) {
       if (b.to_durable[i] == 0 || b.first[i] == 0) continue;
-      requests.push_back(ClaimRequest{&*b.keys[i], b.batch[i].fingerprint, &b.owner});
+      requests.push_back(ClaimRequest{&*b.keys[i], b.fingerprints[i], &b.owner});
       index.push_back(i);
     }
     std::vector<bool> written;
@@ -636,8 +663,8 @@ class IdempotentConsumer {
         throw detail::BatchRerun{};
       }
       if (recorded[i] == 0) {
-        durable.record_in(tx, *b.keys[i], b.batch[i].fingerprint, b.owner,
-                          detail::kConsumedMarker, retention, c);
+        durable.record_in(tx, *b.keys[i], b.fingerprints[i], b.owner, detail::kConsumedMarker,
+                          retention, c);
       }
       b.verdicts[i] = Verdict::kAck;
     }
@@ -666,8 +693,7 @@ class IdempotentConsumer {
         b.failures.emplace_back(i, std::current_exception());
         continue;
       }
-      durable.record_in(tx, key, b.batch[i].fingerprint, b.owner, detail::kConsumedMarker,
-                        retention, c);
+      durable.record_in(tx, key, b.fingerprints[i], b.owner, detail::kConsumedMarker, retention, c);
       durable.release_savepoint(tx);
       b.verdicts[i] = Verdict::kAck;
     }
@@ -746,7 +772,7 @@ class IdempotentConsumer {
   // the delivery may run (`c` holds the claim); false when an existing record decided it.
   template <class Tx>
   static bool claim_record(Durable& durable, Tx& tx, BatchState& b, std::size_t i, ClaimResult& c) {
-    c = durable.decide_in(tx, *b.keys[i], b.batch[i].fingerprint, b.owner);
+    c = durable.decide_in(tx, *b.keys[i], b.fingerprints[i], b.owner);
     if (c.status != ClaimStatus::kClaimed) {
       settle(b, i, c);
       return false;
@@ -813,8 +839,7 @@ class IdempotentConsumer {
       for (std::size_t j = 0; j < index.size(); ++j) {
         if (ok[j]) continue;
         // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
-        fast.fill(*requests[j].key, b.batch[index[j]].fingerprint, requests[j].response,
-                  retention);
+        fast.fill(*requests[j].key, b.fingerprints[index[j]], requests[j].response, retention);
         guard_->report_fast_refill();
       }
     } catch (const StorageError& e) {

@@ -125,6 +125,7 @@ constexpr std::string_view transactional_status_name(TransactionalStatus s) noex
 
 /// The answer of `run_transactional`.
 struct TransactionalResult {
+  /// Committed, replayed, busy or mismatch.
   TransactionalStatus status = TransactionalStatus::kCommitted;
   /// kCommitted: the handler's encoded response; kReplayed: the stored response.
   std::string response;
@@ -161,6 +162,7 @@ struct TransactionalResult {
 
 /// Marker for a guard without a durable store (fast store only; best effort).
 struct NoDurableStore {
+  /// No transaction: handlers take no argument.
   using Transaction = void;
 };
 
@@ -215,6 +217,10 @@ IDEM_DETAIL_MEMBER_CHECK(has_fail, bool,
                                                  std::string_view{}, std::chrono::seconds{}));
 IDEM_DETAIL_MEMBER_CHECK(has_lookup, std::optional<Record>,
                          std::declval<D&>().lookup(std::declval<const Key&>()));
+IDEM_DETAIL_MEMBER_CHECK(has_extend, bool,
+                         std::declval<D&>().extend(std::declval<const Key&>(),
+                                                   std::declval<const OwnerToken&>(),
+                                                   std::chrono::milliseconds{}));
 IDEM_DETAIL_MEMBER_CHECK(has_purge_expired, std::size_t,
                          std::declval<D&>().purge_expired(std::size_t{}));
 IDEM_DETAIL_MEMBER_CHECK(has_with_transaction, void,

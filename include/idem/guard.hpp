@@ -64,6 +64,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/codec.hpp"
 #include "idem/detail/guard_core.hpp"
@@ -159,6 +160,15 @@ class IdempotencyGuard {
 
   IdempotencyGuard(const IdempotencyGuard&) = delete;
   IdempotencyGuard& operator=(const IdempotencyGuard&) = delete;
+  /// Stops the heartbeat thread (if one was started). No call may still run.
+  ~IdempotencyGuard() {
+    {
+      std::lock_guard<std::mutex> lock(beat_mutex_);
+      beat_stop_ = true;
+    }
+    beat_cv_.notify_all();
+    if (beat_thread_.joinable()) beat_thread_.join();
+  }
 
   /// Runs `handler` at most once for `key`, or answers the duplicate.
   ///
@@ -192,25 +202,25 @@ class IdempotencyGuard {
     const auto lease = call_options.lease.value_or(core_.options().lease);
     const auto retention = call_options.retention.value_or(core_.options().retention);
     const auto wait = call_options.wait_for_result.value_or(core_.options().wait_for_result);
+    const bool beat = call_options.heartbeat.value_or(core_.options().heartbeat);
     if (lease.count() <= 0) throw UsageError("idem::CallOptions::lease must be positive");
     if (retention.count() <= 0) {
       throw UsageError("idem::CallOptions::retention must be positive");
     }
     if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
     if (core_.options().bypass) return bypassed<R>(key, handler);
-    GuardResult<R> r = run_once<R>(key, fingerprint, lease, retention, handler);
+    const detail::CallTerms terms{lease, retention, beat};
+    GuardResult<R> r = run_once<R>(key, fingerprint, terms, handler);
     if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
-    return wait_for_first<R>(key, fingerprint, lease, retention, wait, handler, std::move(r));
+    return wait_for_first<R>(key, fingerprint, terms, wait, handler, std::move(r));
   }
 
  private:
   template <class R, class Fn>
   GuardResult<R> run_once(const Key& key, std::string_view fingerprint,
-                          std::chrono::milliseconds lease, std::chrono::seconds retention,
-                          Fn& handler) {
+                          const detail::CallTerms& terms, Fn& handler) {
     using Tx = detail::transaction_t<Durable>;
-    Call<R> call{key, fingerprint, Mode::kFastOnly, detail::CallTerms{lease, retention},
-                 core_.observed()};
+    Call<R> call{key, fingerprint, Mode::kFastOnly, terms, core_.observed()};
     core_.start(call);
     if constexpr (!kHasDurable) {
       call.mode = Mode::kFastOnly;
@@ -236,7 +246,9 @@ class IdempotencyGuard {
       }
     }
 
-    // 3. Durable store (or the handler alone, fast-only).
+    // 3. Durable store (or the handler alone, fast-only). From here on the call uses its own
+    //    copies of the key and fingerprint (the handler may reassign the caller's).
+    call.own();
     if constexpr (!kHasDurable) {
       return run_fast_only<R>(call, handler);
     } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
@@ -281,8 +293,8 @@ class IdempotencyGuard {
   // bound passes. Woken early by completions of this guard (notify_waiters).
   template <class R, class Fn>
   GuardResult<R> wait_for_first(const Key& key, std::string_view fingerprint,
-                                std::chrono::milliseconds lease, std::chrono::seconds retention,
-                                std::chrono::milliseconds wait, Fn& handler, GuardResult<R> r) {
+                                const detail::CallTerms& terms, std::chrono::milliseconds wait,
+                                Fn& handler, GuardResult<R> r) {
     core_.counters().waits.fetch_add(1, std::memory_order_relaxed);
     const auto deadline = detail::SteadyClock::now() + wait;
     std::chrono::milliseconds step{5};
@@ -304,7 +316,7 @@ class IdempotencyGuard {
         wait_cv_.wait_for(lock, pause, [&] { return completions_ != seen; });
       }
       step = std::min(step * 2, std::chrono::milliseconds{100});
-      r = run_once<R>(key, fingerprint, lease, retention, handler);
+      r = run_once<R>(key, fingerprint, terms, handler);
     }
     return r;
   }
@@ -443,6 +455,7 @@ class IdempotencyGuard {
     std::optional<R> value;
     auto t0 = call.now();
     try {
+      Beating beating(*this, call, false);
       value.emplace(detail::invoke_stored<R>(handler));
     } catch (...) {
       call.handler = call.since(t0);
@@ -487,6 +500,7 @@ class IdempotencyGuard {
         handler_threw = false;
         try {
           step(Step::kDurableClaimed, call.key());
+          Beating beating(*this, call, false);  // the open transaction holds the record
           value.emplace(detail::invoke_stored<R>(handler, tx));
           step(Step::kHandlerReturned, call.key());
         } catch (...) {
@@ -553,6 +567,7 @@ class IdempotencyGuard {
     auto h0 = call.now();
     try {
       step(Step::kDurableClaimed, call.key());
+      Beating beating(*this, call, true);
       value.emplace(detail::invoke_stored<R>(handler));
       step(Step::kHandlerReturned, call.key());
     } catch (...) {
@@ -670,6 +685,120 @@ class IdempotencyGuard {
   }
   void fast_ok() noexcept { core_.fast_ok(); }
 
+  // --- heartbeat (GuardOptions::heartbeat) ----------------------------------------------------
+  // The claims of one running handler, extended by the guard's heartbeat thread.
+  struct Beat {
+    Beat(const Key& k, const OwnerToken& o, std::chrono::milliseconds l, bool f, bool d)
+        : key(k), owner(o), lease(l), fast(f), durable(d) {}
+    Key key;  // copies: the caller's variables may change while the handler runs
+    OwnerToken owner;
+    std::chrono::milliseconds lease;
+    bool fast;     // extend the fast claim
+    bool durable;  // extend the durable record (two-phase)
+    detail::SteadyClock::time_point next{};
+  };
+
+  static std::chrono::milliseconds beat_period(std::chrono::milliseconds lease) noexcept {
+    return std::max(lease / 3, std::chrono::milliseconds{1});
+  }
+
+  // Registers the claims of `call` for the heartbeat while it lives (the handler's run).
+  class Beating {
+   public:
+    Beating(IdempotencyGuard& g, const detail::CallState& call, bool durable_record) : g_(g) {
+      if (!call.options.heartbeat) return;
+      bool durable = false;
+      if constexpr (kHasDurable && detail::has_extend<Durable>::value) durable = durable_record;
+      (void)durable_record;
+      const bool fast = g.fast_ != nullptr && (call.fast_claimed || call.mode == Mode::kFastOnly);
+      if (!fast && !durable) return;
+      beat_ = std::make_shared<Beat>(call.key(), call.owner(), call.options.lease, fast, durable);
+      beat_->next = detail::SteadyClock::now() + beat_period(call.options.lease);
+      g_.start_beating(beat_);
+    }
+    ~Beating() {
+      if (beat_) g_.stop_beating(beat_);
+    }
+    Beating(const Beating&) = delete;
+    Beating& operator=(const Beating&) = delete;
+
+   private:
+    IdempotencyGuard& g_;
+    std::shared_ptr<Beat> beat_;
+  };
+
+  void start_beating(const std::shared_ptr<Beat>& b) {
+    std::lock_guard<std::mutex> lock(beat_mutex_);
+    beats_.push_back(b);
+    if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { beat_loop(); });
+    beat_cv_.notify_all();
+  }
+
+  void stop_beating(const std::shared_ptr<Beat>& b) noexcept {
+    std::unique_lock<std::mutex> lock(beat_mutex_);
+    // An extension of this claim in flight finishes first: none may land after completion.
+    beat_cv_.wait(lock, [&] { return beating_ != b.get(); });
+    beats_.erase(std::remove(beats_.begin(), beats_.end(), b), beats_.end());
+  }
+
+  void beat_loop() {
+    std::unique_lock<std::mutex> lock(beat_mutex_);
+    while (!beat_stop_) {
+      auto now = detail::SteadyClock::now();
+      std::shared_ptr<Beat> due;
+      auto next = now + std::chrono::seconds{1};
+      for (const auto& b : beats_) {
+        if (b->next <= now) {
+          due = b;
+          break;
+        }
+        next = std::min(next, b->next);
+      }
+      if (!due) {
+        beat_cv_.wait_until(lock, next);
+        continue;
+      }
+      beating_ = due.get();
+      lock.unlock();
+      beat_once(*due);
+      lock.lock();
+      beating_ = nullptr;
+      due->next = detail::SteadyClock::now() + beat_period(due->lease);
+      beat_cv_.notify_all();
+    }
+  }
+
+  // One extension of `b`'s claims; failures are reported, a lost claim is no longer extended.
+  void beat_once(Beat& b) noexcept {
+    if (b.fast) {
+      try {
+        if (!fast_->extend(b.key, b.owner, b.lease)) {
+          b.fast = false;
+          core_.note_lease_lost(b.key, "fast");
+        }
+      } catch (const UsageError& e) {
+        b.fast = false;  // this fast store cannot extend leases
+        store_error(b.key, StoreRole::kFast, e);
+      } catch (const Error& e) {
+        store_error(b.key, StoreRole::kFast, e);
+      } catch (...) {
+      }
+    }
+    if constexpr (kHasDurable && detail::has_extend<Durable>::value) {
+      if (b.durable) {
+        try {
+          if (!durable_->extend(b.key, b.owner, b.lease)) {
+            b.durable = false;
+            core_.note_lease_lost(b.key, "durable");
+          }
+        } catch (const Error& e) {
+          store_error(b.key, StoreRole::kDurable, e);
+        } catch (...) {
+        }
+      }
+    }
+  }
+
   FastStore* fast_;
   Durable* durable_;
   detail::GuardCore core_;
@@ -679,6 +808,14 @@ class IdempotencyGuard {
   std::mutex wait_mutex_;
   std::condition_variable wait_cv_;
   std::uint64_t completions_ = 0;  // guarded by wait_mutex_
+  // heartbeat: the claims of running handlers, and the thread extending them (started on the
+  // first beat; declared last so it stops before the rest is destroyed).
+  std::mutex beat_mutex_;
+  std::condition_variable beat_cv_;
+  std::vector<std::shared_ptr<Beat>> beats_;
+  const Beat* beating_ = nullptr;  // the claim being extended right now
+  bool beat_stop_ = false;
+  std::thread beat_thread_;
 };
 
 /// `IdempotencyGuard guard{fast}` deduces a fast-store-only guard.

@@ -88,6 +88,15 @@ struct GuardOptions {
   unsigned store_attempts = 1;
   /// The first backoff of store_attempts.
   std::chrono::milliseconds store_retry_backoff{20};
+  /// Lease keep-alive for long handlers: while a handler runs, one thread of the guard extends
+  /// its claims every lease/3 (FastStore::extend; in two-phase mode also the durable record,
+  /// where the durable store has `bool extend(const Key&, const OwnerToken&,
+  /// std::chrono::milliseconds)`: SqliteStore and PostgresStore do; in transactional mode the
+  /// open transaction holds the record). A failed extension reaches the observer
+  /// (on_store_error) and is tried again at the next beat; a claim found lost (taken over after
+  /// its lease ended) is reported (on_lease_lost) and no longer extended: the attempt is fenced,
+  /// its completion throws LeaseLost. Per call: CallOptions::heartbeat.
+  bool heartbeat = false;
 };
 
 /// What one call may set differently from the guard's options (a refund keeps its record 30
@@ -99,6 +108,8 @@ struct CallOptions {
   std::optional<std::chrono::seconds> retention;
   /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
   std::optional<std::chrono::milliseconds> wait_for_result;
+  /// GuardOptions::heartbeat for this call (a handler that may outlive its lease).
+  std::optional<bool> heartbeat;
 };
 
 }  // namespace idem

@@ -105,14 +105,17 @@ class MemoryStore final : public FastStore {
   }
 
   bool release(const Key& key, const OwnerToken& owner) override {
-    auto composed = key.str();
-    Shard& shard = shard_for(composed);
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    auto it = shard.map.find(composed);
-    if (it == shard.map.end()) return false;
-    if (!detail::may_finish(it->second.status, it->second.owner, owner.str())) return false;
-    shard.map.erase(it);
-    return true;
+    return with_held(key, owner, [](Shard& shard, Map::iterator it) { shard.map.erase(it); });
+  }
+
+  /// Extends `owner`'s in-progress claim to `lease` from now. @return false if not held.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) override {
+    if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
+    auto now = options_.clock();
+    return with_held(key, owner, [&](Shard&, Map::iterator it) {
+      it->second.lease_until = now + lease;
+      it->second.updated_at = now;
+    });
   }
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
@@ -194,9 +197,10 @@ class MemoryStore final : public FastStore {
     TimePoint updated_at{};
     TimePoint expires_at{};
   };
+  using Map = std::unordered_map<std::string, Entry>;
   struct Shard {
     mutable std::mutex mutex;
-    std::unordered_map<std::string, Entry> map;
+    Map map;
     std::size_t writes = 0;
   };
 
@@ -206,31 +210,33 @@ class MemoryStore final : public FastStore {
               std::string_view response, std::chrono::seconds retention) {
     check_retention(retention);
     auto now = options_.clock();
+    return with_held(key, owner, [&](Shard&, Map::iterator it) {
+      Entry& e = it->second;
+      e.status = status;
+      e.response = std::string(response);
+      e.updated_at = now;
+      e.expires_at = now + retention;
+    });
+  }
+
+  // Runs `act(shard, it)` under the shard's lock on `key`'s record if `owner`'s in-progress
+  // claim still holds it (the rulebook's may_finish). @return whether it did.
+  template <typename Act>
+  bool with_held(const Key& key, const OwnerToken& owner, Act&& act) {
     auto composed = key.str();
     Shard& shard = shard_for(composed);
     std::lock_guard<std::mutex> lock(shard.mutex);
     auto it = shard.map.find(composed);
     if (it == shard.map.end()) return false;
-    Entry& e = it->second;
-    if (!detail::may_finish(e.status, e.owner, owner.str())) return false;
-    e.status = status;
-    e.response = std::string(response);
-    e.updated_at = now;
-    e.expires_at = now + retention;
+    if (!detail::may_finish(it->second.status, it->second.owner, owner.str())) return false;
+    act(shard, it);
     return true;
   }
 
   // The rulebook's view of an entry at `now`.
   static detail::FoundRecord found(const Entry& e, TimePoint now) noexcept {
-    detail::FoundRecord f;
-    f.status = e.status;
-    f.fingerprint = e.fingerprint;
-    f.owner = e.owner;
-    f.response = e.response;
-    f.created_at = e.created_at;
-    f.lease_live = e.status == Record::Status::kInProgress && e.lease_until > now;
-    f.retention_over = expired(e, now);
-    return f;
+    return detail::found_by_store_clock(
+        e, e.status == Record::Status::kInProgress && e.lease_until > now, expired(e, now));
   }
 
   static void check_lease(std::chrono::milliseconds lease) {

@@ -85,6 +85,7 @@ struct StoreErrorEvent {
   /// The call's key; null when the failure was outside a keyed call (the plain transaction of
   /// an HTTP pass-through).
   const Key* key;
+  /// Which of the guard's stores failed (fast or durable).
   StoreRole role;
   /// The store's name() ("redis", "postgres", "sqlite", "memory", ...).
   std::string_view store;
@@ -117,6 +118,7 @@ struct RejectedRequestEvent {
   /// The endpoint's scope ("http.orders.create"); empty when the server library refused the
   /// request before any endpoint saw it.
   std::string_view scope;
+  /// Why it was refused.
   RejectReason reason;
   /// The status answered (400, 413, 422).
   int status;
@@ -143,6 +145,7 @@ constexpr std::string_view passthrough_reason_name(PassthroughReason r) noexcept
 struct PassthroughEvent {
   /// The endpoint's or the key's scope.
   std::string_view scope;
+  /// Why no idempotency applied.
   PassthroughReason reason;
 };
 

@@ -11,6 +11,7 @@
 //
 //   * idem/sqlite/sql_driver.hpp   SqlDriver<idem::sqlite::Transaction>   (`?1` placeholders)
 //   * idem/postgres/...            SqlDriver<pqxx::work> and friends       (`$1` placeholders)
+//   * idem/mysql/sql_driver.hpp    SqlDriver<idem::mysql::Transaction>     (`?1`, rewritten to `?`)
 //
 // @code
 //   template <>
@@ -31,22 +32,28 @@
 
 namespace idem {
 
-/// Placeholder style of a database: SQLite binds `?1, ?2, ...`, PostgreSQL `$1, $2, ...`.
-/// Both accept `INSERT ... ON CONFLICT (...) DO NOTHING` and `... RETURNING`.
+/// SQL dialect of a database: SQLite binds `?1, ?2, ...`, PostgreSQL `$1, $2, ...`; both accept
+/// `INSERT ... ON CONFLICT (...) DO NOTHING` and `... RETURNING`. MySQL has neither: its
+/// statements are plain (a duplicate is error 1062, a changed value comes back through
+/// LAST_INSERT_ID(expr)), written with `?N` placeholders that its driver rewrites to `?`.
 enum class SqlDialect {
   kSqlite = 0,    ///< `?N` placeholders (SQLite 3.35 or newer, for RETURNING)
   kPostgres = 1,  ///< `$N` placeholders (PostgreSQL 9.5 or newer, for ON CONFLICT)
+  kMysql = 2,     ///< `?N` placeholders, no ON CONFLICT / RETURNING (MySQL 5.7+, MariaDB)
 };
 
 /// Number of dialects (for tables indexed by SqlDialect).
-inline constexpr std::size_t kSqlDialects = 2;
+inline constexpr std::size_t kSqlDialects = 3;
 
 /// How idem's business-table helpers run a statement inside a transaction of type `Tx`.
 /// Left undefined: an adapter header specialises it (see the file comment). A specialisation
 /// provides `kDialect` and
 /// `static std::optional<std::int64_t> query_int64(Tx&, const std::string& sql, const Args&...)`,
 /// which runs `sql` with `args` bound to placeholders 1, 2, ... and answers the first column of
-/// the first row (nullopt when there is no row or it is NULL). Backend failures throw
+/// the first row (nullopt when there is no row or it is NULL). For kMysql, a statement without
+/// a result set (INSERT, UPDATE) answers the value LAST_INSERT_ID reports when it changed rows
+/// (the new AUTO_INCREMENT id, or LAST_INSERT_ID(expr)), and nullopt when it changed none or
+/// hit a duplicate key (1062). Backend failures throw
 /// idem::StorageError subclasses (or the driver's own exceptions, for drivers whose
 /// transactions the caller handles directly, like pqxx).
 template <class Tx, class Enable = void>
@@ -56,7 +63,7 @@ namespace detail {
 
 /// Placeholder number `n` (1-based) in `dialect`: "?3" or "$3".
 inline std::string placeholder(SqlDialect dialect, std::size_t n) {
-  return (dialect == SqlDialect::kSqlite ? "?" : "$") + std::to_string(n);
+  return (dialect == SqlDialect::kPostgres ? "$" : "?") + std::to_string(n);
 }
 
 /// True when `Tx` has a SqlDriver specialisation (a complete type).

@@ -12,8 +12,10 @@
 // and answers kInsufficient (with the quantity there is) or kUnknownItem. The check and the
 // decrement are one statement: two buyers of the last unit cannot both pass the check, on SQLite
 // (one writer at a time) or on PostgreSQL (the second UPDATE waits for the first's row lock, then
-// re-evaluates `qty >= n` against the committed row under READ COMMITTED). No read-modify-write,
-// no SELECT ... FOR UPDATE, no negative stock.
+// re-evaluates `qty >= n` against the committed row under READ COMMITTED), or on MySQL (an
+// UPDATE reads the latest committed row whatever the isolation level; there the new quantity
+// comes back through `qty = LAST_INSERT_ID(qty - ?2)`, MySQL having no RETURNING). No
+// read-modify-write, no SELECT ... FOR UPDATE, no negative stock.
 //
 // What the conditional UPDATE alone does *not* give is "applied once": a retried or
 // double-clicked order runs it again. Run it inside a transactional IdempotencyGuard handler:
@@ -97,10 +99,21 @@ class StockTable {
       auto dialect = static_cast<SqlDialect>(d);
       auto p1 = detail::placeholder(dialect, 1);
       auto p2 = detail::placeholder(dialect, 2);
-      deduct_sql_[d] = "UPDATE " + table_ + " SET " + quantity_ + " = " + quantity_ + " - " + p2 +
-                       " WHERE " + item_ + " = " + p1 + " AND " + quantity_ + " >= " + p2 +
-                       " RETURNING " + quantity_;
       select_sql_[d] = "SELECT " + quantity_ + " FROM " + table_ + " WHERE " + item_ + " = " + p1;
+      if (dialect == SqlDialect::kMysql) {
+        // No RETURNING on MySQL: LAST_INSERT_ID(expr) hands the new quantity back with the
+        // UPDATE's own answer. The read after a refused deduction is a locking one, so it
+        // reports the quantity the UPDATE saw, not REPEATABLE READ's older snapshot.
+        deduct_sql_[d] = "UPDATE " + table_ + " SET " + quantity_ + " = LAST_INSERT_ID(" +
+                         quantity_ + " - " + p2 + ") WHERE " + item_ + " = " + p1 + " AND " +
+                         quantity_ + " >= " + p2;
+        refused_sql_[d] = select_sql_[d] + " LOCK IN SHARE MODE";
+      } else {
+        deduct_sql_[d] = "UPDATE " + table_ + " SET " + quantity_ + " = " + quantity_ + " - " +
+                         p2 + " WHERE " + item_ + " = " + p1 + " AND " + quantity_ + " >= " + p2 +
+                         " RETURNING " + quantity_;
+        refused_sql_[d] = select_sql_[d];
+      }
     }
   }
 
@@ -127,7 +140,7 @@ class StockTable {
     if (auto left = Driver::query_int64(tx, deduct_sql_[d], item, n)) {
       return Deduction{DeductStatus::kDeducted, *left};
     }
-    if (auto there = Driver::query_int64(tx, select_sql_[d], item)) {
+    if (auto there = Driver::query_int64(tx, refused_sql_[d], item)) {
       return Deduction{DeductStatus::kInsufficient, *there};
     }
     return Deduction{DeductStatus::kUnknownItem, 0};
@@ -154,6 +167,7 @@ class StockTable {
   std::string table_, item_, quantity_;
   std::string deduct_sql_[kSqlDialects];
   std::string select_sql_[kSqlDialects];
+  std::string refused_sql_[kSqlDialects];  // the read after a refused deduction
 };
 
 }  // namespace idem

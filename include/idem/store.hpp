@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "idem/clock.hpp"
+#include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
 
@@ -164,6 +165,20 @@ class FastStore {
   /// Removes the in-progress claim of `owner` so a retry can run at once.
   /// @return false when `owner` did not hold it.
   virtual bool release(const Key& key, const OwnerToken& owner) = 0;
+
+  /// Keeps `owner`'s in-progress claim of `key` alive: its lease ends `lease` from now (the
+  /// guard's heartbeat for long handlers, GuardOptions::heartbeat). Only the claim's holder
+  /// extends it, as `complete` only completes for it.
+  /// @return false when `owner` no longer holds the claim (completed, released, or taken over
+  ///         after its lease ended): the attempt is fenced.
+  /// @throws idem::UsageError when the store cannot extend leases (this default);
+  ///         idem::StorageError subclasses.
+  virtual bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
+    (void)key;
+    (void)owner;
+    (void)lease;
+    throw UsageError(std::string(name()) + ": this fast store cannot extend a lease");
+  }
 
   /// Writes a completed record unconditionally (refill from the durable store after the fast
   /// store lost it). Overwrites whatever is there.

@@ -79,6 +79,35 @@ class ChunkOverlap : public StreamError {
   using StreamError::StreamError;
 };
 
+/// Where a stream stands in a durable chunk table: what every adapter's ChunkStore::resume
+/// answers (idem::sqlite, idem::postgres, idem::mysql), built from the stored chunks in
+/// offset order with add().
+struct StreamResume {
+  /// One past the last byte of the contiguous prefix stored from offset 0: continue here.
+  std::uint64_t next_offset = 0;
+  /// The contiguous prefix itself (bytes [0, next_offset)).
+  std::string text;
+  /// Rows stored for the request (including any after the first hole).
+  std::uint64_t chunks = 0;
+  /// True when chunks are stored beyond a hole (a writer skipped an offset).
+  bool has_gap = false;
+
+  /// Adds the next stored chunk (rows in offset order): a chunk that overlaps the prefix (one
+  /// stored at other boundaries) contributes its unseen suffix; one beyond the prefix marks the
+  /// first hole, after which only `chunks` counts.
+  void add(std::uint64_t offset, std::string_view body) {
+    ++chunks;
+    if (has_gap) return;
+    const std::uint64_t end = offset + body.size();
+    if (offset > next_offset) {
+      has_gap = true;
+    } else if (end > next_offset) {
+      text.append(body.substr(static_cast<std::size_t>(next_offset - offset)));
+      next_offset = end;
+    }
+  }
+};
+
 /// The producer emitted a chunk that starts beyond the end of what it emitted so far.
 class StreamGap : public StreamError {
  public:

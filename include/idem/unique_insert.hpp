@@ -18,7 +18,11 @@
 //
 // and, when no row came back (the key exists), `SELECT id FROM user_coupon WHERE user_id = ?1
 // AND coupon_id = ?2`. It answers kInserted with the new id, or kAlreadyExists with the
-// existing row's id.
+// existing row's id. On MySQL (no ON CONFLICT, no RETURNING) the INSERT is plain: a duplicate
+// is error 1062, which rolls back that statement only, the new id is LAST_INSERT_ID (the id
+// column must be AUTO_INCREMENT), and the SELECT is a locking read (REPEATABLE READ's snapshot
+// could hide the row that conflicted). Another unique key than the named one conflicting is
+// then a StorageError.
 //
 // Guarantees:
 //   * A duplicate is a value (kAlreadyExists), never an exception, and never aborts the
@@ -273,14 +277,21 @@ class UniqueInsert {
       if (i > 0) values += ", ";
       values += detail::placeholder(dialect, i + 1);
     }
-    s.insert = "INSERT INTO " + table_ + " (" + join_columns(all) + ") VALUES (" + values +
-               ") ON CONFLICT (" + join_columns(key_columns_) + ") DO NOTHING RETURNING " +
-               options_.id_column;
+    s.insert = "INSERT INTO " + table_ + " (" + join_columns(all) + ") VALUES (" + values + ")";
+    if (dialect != SqlDialect::kMysql) {
+      s.insert += " ON CONFLICT (" + join_columns(key_columns_) + ") DO NOTHING RETURNING " +
+                  options_.id_column;
+    }
     s.select = "SELECT " + options_.id_column + " FROM " + table_ + " WHERE ";
     for (std::size_t i = 0; i < key_columns_.size(); ++i) {
       if (i > 0) s.select += " AND ";
       s.select += key_columns_[i] + " = " + detail::placeholder(dialect, i + 1);
     }
+    // MySQL: the id comes from LAST_INSERT_ID (an AUTO_INCREMENT id column), a duplicate is
+    // error 1062 (its driver answers no row). The read after a duplicate is a locking one, so
+    // REPEATABLE READ's snapshot cannot hide the row that conflicted; the failed INSERT holds a
+    // shared lock on it already.
+    if (dialect == SqlDialect::kMysql) s.select += " LOCK IN SHARE MODE";
   }
 
   template <class... Args>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "idem/errors.hpp"
+#include "redis/command_parts.hpp"
 #include "redis/record_codec.hpp"
 #include "redis/router.hpp"
 #include "redis/scripts.hpp"
@@ -70,7 +71,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     o.connect_timeout = positive_ms(o.connect_timeout, std::chrono::milliseconds(500));
     o.command_timeout = positive_ms(o.command_timeout, std::chrono::milliseconds(1000));
     if (o.reconnect_backoff.count() < 0) {
-      throw UsageError("idem::async: AsyncRedisStoreOptions::reconnect_backoff must not be negative");
+      throw UsageError(
+          "idem::async: AsyncRedisStoreOptions::reconnect_backoff must not be negative");
     }
     o.topology_refresh_interval =
         positive_ms(o.topology_refresh_interval, std::chrono::milliseconds(100));
@@ -107,7 +109,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
   void claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
              std::chrono::milliseconds lease, const Executor& ex, Completion<ClaimResult> done) {
     if (lease.count() <= 0) {
-      return settle(ex, done, std::make_exception_ptr(UsageError("idem::redis: the lease must be positive")),
+      return settle(ex, done,
+                    std::make_exception_ptr(UsageError("idem::redis: the lease must be positive")),
                     ClaimResult{});
     }
     auto call = std::make_unique<ClaimCall>();
@@ -117,8 +120,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     call->owner = owner;
     call->lease_ms = lease.count();
     redis::detail::SmallBuf record;
-    std::size_t head_end = 0, tail_begin = 0;
-    redis::detail::build_claim_record(record, owner, fingerprint, lease, head_end, tail_begin);
+    std::size_t owner_end = 0;
+    redis::detail::append_new_claim(record, owner.str(), fingerprint, lease, owner_end);
     call->record.assign(record.view());
     call->ex = ex;
     call->done = std::move(done);
@@ -144,8 +147,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
       detail::append_resp(resp, 7, argv);
       const std::string key = c->key;
       client_.command(key, std::move(resp), {"claim", false},
-                      [self = shared_from_this(), c = std::move(c)](
-                          const redisReply* r, std::exception_ptr e) mutable {
+                      [self = shared_from_this(), c = std::move(c)](const redisReply* r,
+                                                                    std::exception_ptr e) mutable {
                         self->claim_answered(std::move(c), r, std::move(e));
                       });
       return;
@@ -155,7 +158,7 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     const std::string key = c->key;
     eval(claim_, "claim", false, key, std::move(args),
          [self = shared_from_this(), c = std::move(c)](const redisReply* r,
-                                                        std::exception_ptr e) mutable {
+                                                       std::exception_ptr e) mutable {
            self->claim_answered(std::move(c), r, std::move(e));
          });
   }
@@ -197,40 +200,51 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
               std::chrono::seconds retention, const char* letter, const Executor& ex,
               Completion<bool> done) {
     if (retention.count() <= 0) {
-      return settle(ex, done,
-                    std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
-                    false);
+      return settle(
+          ex, done,
+          std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
+          false);
     }
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     RedisKey rk(options_.key_prefix, key);
-    ClaimPrefix mine(owner);
-    std::vector<std::string> args{std::string(mine.view()), std::string(response),
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    const char status = letter[0];
+    const char tag = redis::detail::final_tag(status);
+    // kCompleteScript: the claim prefix (format 2), the response, the retention, the final
+    // tag, the status letter, the claim prefix in format 1 and its deadline (format 1 keeps it).
+    std::vector<std::string> args{std::string(mine.view()),
+                                  std::string(response),
                                   std::string(Num(ret_ms).view()),
-                                  std::string(Num(to_millis(system_now()) + ret_ms).view()),
-                                  letter};
+                                  std::string(1, tag),
+                                  std::string(1, status),
+                                  std::string(mine_v1.view()),
+                                  std::string(Num(to_millis(system_now()) + ret_ms).view())};
     flagged(std::string(rk.view()), letter[0] == 'F' ? "fail" : "complete", complete_,
             std::move(args), ex, std::move(done));
   }
 
-  void release(const Key& key, const OwnerToken& owner, const Executor& ex,
-               Completion<bool> done) {
+  void release(const Key& key, const OwnerToken& owner, const Executor& ex, Completion<bool> done) {
     RedisKey rk(options_.key_prefix, key);
-    ClaimPrefix mine(owner);
-    flagged(std::string(rk.view()), "release", release_, {std::string(mine.view())}, ex,
-            std::move(done));
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    flagged(std::string(rk.view()), "release", release_,
+            {std::string(mine.view()), std::string(mine_v1.view())}, ex, std::move(done));
   }
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention, const Executor& ex, Completion<bool> done) {
     if (retention.count() <= 0) {
-      return settle(ex, done,
-                    std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
-                    false);
+      return settle(
+          ex, done,
+          std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
+          false);
     }
     RedisKey rk(options_.key_prefix, key);
     const Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
-    const std::string value = redis::detail::filled_record(fingerprint, response, retention);
+    // Owner unknown (the durable store decided): a completed record keeps none.
+    std::string value;
+    value.reserve(64 + fingerprint.size() + response.size());
+    redis::detail::append_filled(value, fingerprint, to_millis(system_now()), response);
     const std::string_view argv[] = {"SET", rk.view(), value, "PX", ms.view()};
     std::string resp;
     detail::append_resp(resp, 5, argv);
@@ -238,15 +252,14 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     on_strand([self = shared_from_this(), k = std::move(k), resp = std::move(resp), ex,
                done = std::move(done)]() mutable {
       const std::string rkey = k;
-      self->client_.command(
-          rkey, std::move(resp), {"fill", true},
-          [k = std::move(k), ex, done = std::move(done)](const redisReply* r,
-                                                          std::exception_ptr e) mutable {
-            if (!e && r->type == REDIS_REPLY_ERROR) {
-              e = detail::reply_error(describe("fill", k), text_of(r));
-            }
-            settle(ex, done, std::move(e), e == nullptr);
-          });
+      self->client_.command(rkey, std::move(resp), {"fill", true},
+                            [k = std::move(k), ex, done = std::move(done)](
+                                const redisReply* r, std::exception_ptr e) mutable {
+                              if (!e && r->type == REDIS_REPLY_ERROR) {
+                                e = detail::reply_error(describe("fill", k), text_of(r));
+                              }
+                              settle(ex, done, std::move(e), e == nullptr);
+                            });
     });
   }
 
@@ -255,63 +268,60 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     std::string k(rk.view());
     on_strand([self = shared_from_this(), k = std::move(k), ex, done = std::move(done)]() mutable {
       const std::string rkey = k;
-      self->eval(self->lookup_, "lookup", false, rkey, {},
-                 [k = std::move(k), ex, done = std::move(done)](const redisReply* r,
-                                                                 std::exception_ptr e) mutable {
-                   if (e) return settle(ex, done, std::move(e), std::optional<Record>());
-                   const std::string what = describe("lookup", k);
-                   if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
-                     return settle(ex, done, nullptr, std::optional<Record>());
-                   }
-                   if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-                     return settle(ex, done, detail::protocol_error(what, "expected 0 or a pair"),
-                                   std::optional<Record>());
-                   }
-                   if (r->element[0]->type == REDIS_REPLY_INTEGER &&
-                       r->element[0]->integer == 9) {
-                     return settle(ex, done, detail::corrupt_error(what, text_of(r->element[1])),
-                                   std::optional<Record>());
-                   }
-                   if ((r->element[0]->type != REDIS_REPLY_STRING &&
-                        r->element[0]->type != REDIS_REPLY_STATUS) ||
-                       r->element[1]->type != REDIS_REPLY_INTEGER) {
-                     return settle(ex, done,
-                                   detail::protocol_error(what, "malformed lookup answer"),
-                                   std::optional<Record>());
-                   }
-                   auto rec = redis::detail::record_of(text_of(r->element[0]),
-                                                       r->element[1]->integer);
-                   if (!rec) {
-                     return settle(ex, done, detail::corrupt_error(what, "not an idem record"),
-                                   std::optional<Record>());
-                   }
-                   settle(ex, done, nullptr, std::move(rec));
-                 });
+      self->eval(
+          self->lookup_, "lookup", false, rkey, {},
+          [k = std::move(k), ex, done = std::move(done)](const redisReply* r,
+                                                         std::exception_ptr e) mutable {
+            if (e) return settle(ex, done, std::move(e), std::optional<Record>());
+            const std::string what = describe("lookup", k);
+            if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+              return settle(ex, done, nullptr, std::optional<Record>());
+            }
+            if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+              return settle(ex, done, detail::protocol_error(what, "expected 0 or a pair"),
+                            std::optional<Record>());
+            }
+            if (r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
+              return settle(ex, done, detail::corrupt_error(what, text_of(r->element[1])),
+                            std::optional<Record>());
+            }
+            if ((r->element[0]->type != REDIS_REPLY_STRING &&
+                 r->element[0]->type != REDIS_REPLY_STATUS) ||
+                r->element[1]->type != REDIS_REPLY_INTEGER) {
+              return settle(ex, done, detail::protocol_error(what, "malformed lookup answer"),
+                            std::optional<Record>());
+            }
+            auto rec = redis::detail::record_of(text_of(r->element[0]), r->element[1]->integer);
+            if (!rec) {
+              return settle(ex, done, detail::corrupt_error(what, "not an idem record"),
+                            std::optional<Record>());
+            }
+            settle(ex, done, nullptr, std::move(rec));
+          });
     });
   }
 
   // A script answering 1 / 0 / {9, reason} (complete, release).
-  void flagged(std::string key, const char* op, const Script& script,
-               std::vector<std::string> args, const Executor& ex, Completion<bool> done) {
-    on_strand([self = shared_from_this(), key = std::move(key), op, &script,
-               args = std::move(args), ex, done = std::move(done)]() mutable {
+  void flagged(std::string key, const char* op, const Script& script, std::vector<std::string> args,
+               const Executor& ex, Completion<bool> done) {
+    on_strand([self = shared_from_this(), key = std::move(key), op, &script, args = std::move(args),
+               ex, done = std::move(done)]() mutable {
       const std::string k = key;
-      self->eval(script, op, true, k, std::move(args),
-                 [key = std::move(key), op, ex, done = std::move(done)](
-                     const redisReply* r, std::exception_ptr e) mutable {
-                   if (e) return settle(ex, done, std::move(e), false);
-                   if (r->type == REDIS_REPLY_INTEGER) {
-                     return settle(ex, done, nullptr, r->integer == 1);
-                   }
-                   const std::string what = describe(op, key);
-                   if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                       r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
-                     return settle(ex, done, detail::corrupt_error(what, text_of(r->element[1])),
-                                   false);
-                   }
-                   settle(ex, done, detail::protocol_error(what, "expected 0, 1 or {9, reason}"),
-                          false);
-                 });
+      self->eval(
+          script, op, true, k, std::move(args),
+          [key = std::move(key), op, ex, done = std::move(done)](const redisReply* r,
+                                                                 std::exception_ptr e) mutable {
+            if (e) return settle(ex, done, std::move(e), false);
+            if (r->type == REDIS_REPLY_INTEGER) {
+              return settle(ex, done, nullptr, r->integer == 1);
+            }
+            const std::string what = describe(op, key);
+            if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 9) {
+              return settle(ex, done, detail::corrupt_error(what, text_of(r->element[1])), false);
+            }
+            settle(ex, done, detail::protocol_error(what, "expected 0, 1 or {9, reason}"), false);
+          });
     });
   }
 
@@ -345,8 +355,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
         });
   }
 
-  static std::string eval_resp(std::string_view verb, std::string_view script,
-                               std::string_view key, const std::vector<std::string>& args) {
+  static std::string eval_resp(std::string_view verb, std::string_view script, std::string_view key,
+                               const std::vector<std::string>& args) {
     std::vector<std::string_view> argv{verb, script, "1", key};
     for (const std::string& a : args) argv.push_back(a);
     std::string resp;
@@ -434,8 +444,6 @@ std::string_view AsyncRedisStore::name() const noexcept { return impl_->name(); 
 std::string AsyncRedisStore::redis_key(const Key& key) const { return impl_->redis_key(key); }
 AsyncRedisStats AsyncRedisStore::stats() const { return impl_->stats(); }
 redis::RedisRouteStats AsyncRedisStore::route_stats() const { return impl_->route_stats(); }
-const AsyncRedisStoreOptions& AsyncRedisStore::options() const noexcept {
-  return impl_->options();
-}
+const AsyncRedisStoreOptions& AsyncRedisStore::options() const noexcept { return impl_->options(); }
 
 }  // namespace idem::async

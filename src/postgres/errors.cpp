@@ -2,7 +2,10 @@
 // The one place libpqxx exceptions become idem exceptions (SQLSTATE and message kept).
 #include "errors.hpp"
 
+#include <exception>
 #include <pqxx/pqxx>
+#include <string>
+#include <utility>
 
 #include "idem/errors.hpp"
 
@@ -125,21 +128,29 @@ bool is_configuration_error(std::string_view message) noexcept {
 }
 
 namespace {
-[[noreturn]] void throw_for_sqlstate(const std::string& state, const std::string& what) {
+// Every translation keeps the libpqxx exception in flight as its cause: the idem exception is
+// also a std::nested_exception, so `std::rethrow_if_nested(e)` rethrows the pqxx::sql_error
+// (its sqlstate(), its query()). Call only inside a catch block.
+template <class E>
+[[noreturn]] void throw_caused(std::string what) {
+  std::throw_with_nested(E(std::move(what)));
+}
+
+[[noreturn]] void throw_for_sqlstate(const std::string& state, std::string what) {
   // Class 08: connection exception; 57P01-3: shutdown / cannot connect now; 53: insufficient
   // resources (too many connections, disk full, out of memory); 25006: read-only transaction
   // (a standby after failover): all transient, the store is unavailable for now.
   if (state.rfind("08", 0) == 0 || state == "57P01" || state == "57P02" || state == "57P03" ||
       state.rfind("53", 0) == 0 || state == "25006") {
-    throw StorageUnavailable(what);
+    throw_caused<StorageUnavailable>(std::move(what));
   }
   // 57014: statement_timeout (query_canceled); 55P03: lock_timeout.
-  if (state == "57014" || state == "55P03") throw StorageTimeout(what);
+  if (state == "57014" || state == "55P03") throw_caused<StorageTimeout>(std::move(what));
   // 40001/40P01 reach here only once the retries are spent: transient contention.
-  if (state == "40001" || state == "40P01") throw StorageUnavailable(what);
+  if (state == "40001" || state == "40P01") throw_caused<StorageUnavailable>(std::move(what));
   // 40003: the server cannot tell whether the statement completed.
-  if (state == "40003") throw OutcomeUnknown(what);
-  throw StorageError(what);
+  if (state == "40003") throw_caused<OutcomeUnknown>(std::move(what));
+  throw_caused<StorageError>(std::move(what));
 }
 }  // namespace
 
@@ -149,23 +160,23 @@ void rethrow_translated(std::string_view context) {
   } catch (const idem::Error&) {
     throw;
   } catch (const pqxx::in_doubt_error& e) {
-    throw OutcomeUnknown(describe(context, e));
+    throw_caused<OutcomeUnknown>(describe(context, e));
   } catch (const pqxx::broken_connection& e) {
     // A database, role, password or URI that is wrong stays wrong: retrying cannot help, so it
     // is a usage (configuration) error, as a malformed Redis URI is.
     if (is_configuration_error(e.what())) {
-      throw UsageError(describe(context, e) + " (configuration error: check the conninfo)");
+      throw_caused<UsageError>(describe(context, e) + " (configuration error: check the conninfo)");
     }
-    if (refused_by_tls_checks(e.what())) throw StorageError(describe(context, e));
-    throw StorageUnavailable(describe(context, e));
+    if (refused_by_tls_checks(e.what())) throw_caused<StorageError>(describe(context, e));
+    throw_caused<StorageUnavailable>(describe(context, e));
   } catch (const pqxx::transaction_rollback& e) {
     throw_for_sqlstate(sqlstate_of(e), describe(context, e));
   } catch (const pqxx::sql_error& e) {
     throw_for_sqlstate(e.sqlstate(), describe(context, e));
   } catch (const std::exception& e) {
-    throw StorageError(describe(context, e));
+    throw_caused<StorageError>(describe(context, e));
   } catch (...) {
-    throw StorageError("postgres: " + std::string(context) + ": unknown exception");
+    throw_caused<StorageError>("postgres: " + std::string(context) + ": unknown exception");
   }
 }
 

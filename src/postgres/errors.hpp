@@ -8,8 +8,9 @@
 
 namespace idem::postgres::detail {
 
-/// Rethrows the exception in flight as an idem exception (idem exceptions pass unchanged).
-/// Call only from inside a catch block. `context` names the operation ("claim", "commit").
+/// Rethrows the exception in flight as an idem exception (idem exceptions pass unchanged),
+/// with the libpqxx exception nested as its cause (std::nested_exception). Call only from
+/// inside a catch block. `context` names the operation ("claim", "commit").
 [[noreturn]] void rethrow_translated(std::string_view context);
 
 /// True when a failed connection's message says it can never succeed as configured: unknown

@@ -9,10 +9,11 @@
 #include <thread>
 #include <vector>
 
+#include "deadline.hpp"
 #include "errors.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
-#include "pqxx_compat.hpp"
+#include "idem/postgres/detail/pqxx_compat.hpp"
 
 namespace idem::postgres {
 
@@ -36,6 +37,7 @@ constexpr const char* kRemoveExpired = "idem_remove_expired";
 constexpr const char* kComplete = "idem_complete";
 constexpr const char* kFail = "idem_fail";
 constexpr const char* kRelease = "idem_release";
+constexpr const char* kExtend = "idem_extend";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kResolve = "idem_resolve";
 constexpr const char* kInsertCompletedBatch = "idem_insert_completed_batch";
@@ -85,25 +87,6 @@ Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key)
   return f;
 }
 
-// The rulebook's view of a row (liveness and expiry by the database clock).
-idem::detail::FoundRecord found_record(const Found& f) noexcept {
-  idem::detail::FoundRecord r;
-  r.status = f.record.status;
-  r.fingerprint = f.record.fingerprint;
-  r.owner = f.record.owner;
-  r.response = f.record.response;
-  r.created_at = f.record.created_at;
-  r.lease_live = f.live;
-  r.retention_over = f.expired;
-  return r;
-}
-
-ClaimResult busy() {
-  ClaimResult c;
-  c.status = ClaimStatus::kBusy;
-  return c;
-}
-
 bool is_retryable_rollback(const std::string& state) {
   return state == "40001" || state == "40P01";
 }
@@ -115,6 +98,39 @@ bool is_connection_failure(const std::string& state) {
 
 std::string millis_setting(std::chrono::milliseconds d) { return std::to_string(d.count()) + "ms"; }
 
+// A wait that outlived PostgresStoreOptions::client_timeout: the statement was cancelled or its
+// socket shut down, so its connection must be dropped (whoever owns it catches this marker).
+struct ConnectionCut {
+  virtual ~ConnectionCut() = default;
+};
+// ... an idem statement or BEGIN: nothing of it committed (retryable).
+class ClientTimeout : public StorageTimeout, public ConnectionCut {
+ public:
+  using StorageTimeout::StorageTimeout;
+};
+// ... a COMMIT: it may have committed.
+class ClientCommitUnknown : public OutcomeUnknown, public ConnectionCut {
+ public:
+  using OutcomeUnknown::OutcomeUnknown;
+};
+
+// Inside a catch block the libpqxx error of the cut wait is nested as the cause.
+[[noreturn]] void throw_client_timeout(std::string_view context, std::chrono::milliseconds limit,
+                                       bool commit) {
+  const std::string what =
+      "postgres: " + std::string(context) + ": no answer from the server within client_timeout (" +
+      std::to_string(limit.count()) + " ms); the statement was cancelled and its connection " +
+      (commit ? "dropped: the transaction may have committed (retry with the same key)"
+              : "dropped");
+  const bool in_flight = static_cast<bool>(std::current_exception());
+  if (commit) {
+    if (in_flight) std::throw_with_nested(ClientCommitUnknown(what));
+    throw ClientCommitUnknown(what);
+  }
+  if (in_flight) std::throw_with_nested(ClientTimeout(what));
+  throw ClientTimeout(what);
+}
+
 }  // namespace
 
 struct IDEM_LOCAL PostgresStore::Impl {
@@ -123,8 +139,35 @@ struct IDEM_LOCAL PostgresStore::Impl {
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
 
   std::vector<std::pair<std::string, std::string>> sql;  // name -> text
+  // Bounds idem's waits on the server (null when client_timeout is 0).
+  std::unique_ptr<detail::DeadlineWatch> watch;
 
   explicit Impl(PostgresStoreOptions& o) : options(o) {}
+
+  // Runs `fn()` with its wait on connection `c` bounded by client_timeout: past it, throws
+  // ClientTimeout (also when `fn` returned just after the cancel was sent: a cancel still on
+  // its way could hit the next statement, so the connection's transaction must not go on).
+  // `commit`: fn sends COMMIT (past the deadline: ClientCommitUnknown).
+  template <class Connection, class Fn>
+  auto bounded(Connection& c, std::string_view context, Fn&& fn, bool commit = false)
+      -> decltype(fn()) {
+    detail::DeadlineWatch::Armed armed(watch.get(), c);
+    try {
+      if constexpr (std::is_void_v<decltype(fn())>) {
+        fn();
+        if (armed.expired()) throw_client_timeout(context, watch->limit(), commit);
+      } else {
+        auto r = fn();
+        if (armed.expired()) throw_client_timeout(context, watch->limit(), commit);
+        return r;
+      }
+    } catch (const ConnectionCut&) {
+      throw;
+    } catch (...) {
+      if (armed.expired()) throw_client_timeout(context, watch->limit(), commit);
+      throw;
+    }
+  }
 
   // What transaction_base::conn() returns (pqxx::connection_base in libpqxx 6).
   using Connection = std::remove_reference_t<decltype(std::declval<pqxx::work&>().conn())>;
@@ -221,6 +264,11 @@ struct IDEM_LOCAL PostgresStore::Impl {
                               where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
     v.emplace_back(kRelease, "DELETE FROM " + t + where +
                                  " AND owner = $3 AND status = 'in_progress' RETURNING true");
+    v.emplace_back(kExtend, "UPDATE " + t +
+                                " SET lease_until = clock_timestamp() + $4::bigint * interval"
+                                " '1 millisecond', updated_at = now()" +
+                                where +
+                                " AND owner = $3 AND status = 'in_progress' RETURNING true");
     // Short batches; SKIP LOCKED never waits on a row a claim or completion is touching.
     // Rows by their key (tables of either schema version; unique across partitions too).
     v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE (" + k + ", " + s + ") IN (SELECT " + k +
@@ -248,8 +296,9 @@ struct IDEM_LOCAL PostgresStore::Impl {
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
       if (!again.empty()) found = parse_found(again[0], 0, key);
       if (!found) continue;  // deleted meanwhile (released, purged): claim again
-      idem::detail::ClaimDecision d =
-          idem::detail::decide_claim(found_record(*found), fingerprint, owner.str());
+      idem::detail::ClaimDecision d = idem::detail::decide_claim(
+          idem::detail::found_by_store_clock(found->record, found->live, found->expired),
+          fingerprint, owner.str());
       switch (d.action) {
         case idem::detail::ClaimAction::kAnswer:
         case idem::detail::ClaimAction::kKeep:
@@ -265,27 +314,35 @@ struct IDEM_LOCAL PostgresStore::Impl {
       if (!u.empty()) return std::move(d.result);
       // Another attempt took it over or completed it first: look again.
     }
-    return busy();
+    return idem::detail::busy_claim();
   }
 
   // Resolves a COMMIT whose connection was lost: ask the server on a fresh connection whether
   // transaction `xid` committed, and re-read the record.
-  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key,
-                                     const OwnerToken& owner, long long xid, std::string response,
-                                     bool took_over, const std::string& cause) {
+  TransactionalResult resolve_commit(ConnectionPool& pool, const Key& key, const OwnerToken& owner,
+                                     long long xid, std::string response, bool took_over,
+                                     const std::string& cause) {
+    // At most ~1 s of asking, and never past client_timeout (the server may be unreachable).
+    const auto give_up = std::chrono::steady_clock::now() + options.client_timeout;
     for (int i = 0; i < 50; ++i) {
+      if (options.client_timeout.count() > 0 && i > 0 &&
+          std::chrono::steady_clock::now() >= give_up) {
+        break;
+      }
       std::optional<std::string> status;
       std::optional<bool> ours;
       try {
         PooledConnection c = pool.acquire();
         try {
+          detail::DeadlineWatch::Armed armed(watch.get(), c.get());
           pqxx::nontransaction nt(c.get());
           pqxx::result r =
               detail::exec_prepared(nt, kResolve, xid, key.id(), key.scope(), owner.str());
           if (!r[0][0].is_null()) status = r[0][0].as<std::string>();
           if (!r[0][1].is_null()) ours = r[0][1].as<bool>();
-        } catch (const pqxx::broken_connection&) {
-          c.mark_broken();
+          if (armed.expired()) c.mark_broken();
+        } catch (const std::exception&) {
+          c.mark_broken();  // lost, or cut at the deadline
           throw;
         }
       } catch (const std::exception&) {
@@ -340,7 +397,16 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
     check_sql_identifier("partition", t + "_p" + std::to_string(options_.partitions - 1));
   }
   qualified_table_ = schema + "." + t;
+  if (options_.client_timeout.count() < 0) {
+    throw UsageError("idem::postgres: client_timeout must not be negative");
+  }
+  // keepalives, tcp_user_timeout and connect_timeout end a wait on a peer that stopped
+  // answering on the TCP level; the deadline watch bounds every idem statement above it.
+  connect_info_ = detail::with_client_bounds(options_.conninfo, options_.client_timeout);
   impl_ = std::make_unique<Impl>(options_);
+  if (options_.client_timeout.count() > 0) {
+    impl_->watch = std::make_unique<detail::DeadlineWatch>(options_.client_timeout, connect_info_);
+  }
   impl_->lock_timeout = millis_setting(options_.lock_timeout);
   auto statements = Impl::statements(qualified_table_, k, s);
   impl_->sql = statements;
@@ -350,16 +416,17 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   if (options_.statement_timeout.count() > 0) {
     session += "; SET statement_timeout = '" + millis_setting(options_.statement_timeout) + "'";
   }
-  pool_ =
-      std::make_unique<ConnectionPool>(options_.conninfo, options_.pool_size, options_.pool_wait,
-                                       [statements, session](pqxx::connection& c) {
-                                         {
-                                           pqxx::nontransaction nt(c);
-                                           nt.exec(session);
-                                         }
-                                         for (const auto& [name, sql] : statements)
-                                           detail::prepare(c, name, sql);
-                                       });
+  pool_ = std::make_unique<ConnectionPool>(
+      connect_info_, options_.pool_size, options_.pool_wait,
+      [impl = impl_.get(), statements, session](pqxx::connection& c) {
+        impl->bounded(c, "connect", [&] {
+          {
+            pqxx::nontransaction nt(c);
+            nt.exec(session);
+          }
+          for (const auto& [name, sql] : statements) detail::prepare(c, name, sql);
+        });
+      });
   if (options_.migrate) migrate();
 }
 
@@ -384,7 +451,7 @@ void PostgresStore::migrate() {
   // which libpqxx 7 does eagerly, before the table exists.
   std::unique_ptr<pqxx::connection> conn;
   try {
-    conn = std::make_unique<pqxx::connection>(options_.conninfo);
+    conn = std::make_unique<pqxx::connection>(connect_info_);
   } catch (...) {
     detail::rethrow_translated("connect");
   }
@@ -478,9 +545,14 @@ void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& f
     ~Mark() { Impl::open_transaction() = saved; }
   } mark{impl_.get(), &static_cast<Impl::Connection&>(c.get())};
   try {
-    pqxx::work tx(c.get());
-    fn(tx);
-    tx.commit();
+    std::optional<pqxx::work> tx;
+    impl_->bounded(c.get(), "begin", [&] { tx.emplace(c.get()); });
+    fn(*tx);
+    impl_->bounded(
+        c.get(), "commit", [&] { tx->commit(); }, true);
+  } catch (const ConnectionCut&) {
+    c.mark_broken();
+    throw;
   } catch (const pqxx::broken_connection&) {
     c.mark_broken();
     detail::rethrow_translated("transaction");
@@ -508,27 +580,33 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       conn.emplace(pool_->acquire());
       if (options_.read_first || read_first) {
         // A completed duplicate or a mismatch needs no transaction: answer from one read.
-        std::optional<ClaimResult> early;
-        {
+        std::optional<ClaimResult> early = impl_->bounded(conn->get(), "read", [&] {
+          std::optional<ClaimResult> found;
           pqxx::nontransaction nt(conn->get());
           pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
           if (!r.empty()) {
             Found f = parse_found(r[0], 0, key);
-            idem::detail::ClaimDecision d =
-                idem::detail::decide_claim(found_record(f), fingerprint, owner.str());
+            idem::detail::ClaimDecision d = idem::detail::decide_claim(
+                idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
+                owner.str());
             if (d.action == idem::detail::ClaimAction::kAnswer &&
                 (d.result.status == ClaimStatus::kDone ||
                  d.result.status == ClaimStatus::kMismatch)) {
-              early = std::move(d.result);
+              found = std::move(d.result);
             }
           }
-        }
+          return found;
+        });
         if (early) return TransactionalResult::found(std::move(*early));
       }
-      pqxx::work tx(conn->get());
-      ClaimResult c = impl_->claim(tx, key, fingerprint, owner, std::chrono::milliseconds(0));
+      std::optional<pqxx::work> work;
+      ClaimResult c = impl_->bounded(conn->get(), "claim", [&] {
+        work.emplace(conn->get());
+        return impl_->claim(*work, key, fingerprint, owner, std::chrono::milliseconds(0));
+      });
+      pqxx::work& tx = *work;
       if (c.status != ClaimStatus::kClaimed) {
-        tx.abort();  // nothing was written
+        impl_->bounded(conn->get(), "rollback", [&] { tx.abort(); });  // nothing was written
         return TransactionalResult::found(std::move(c));
       }
       handler_ran = true;
@@ -539,9 +617,11 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         handler_threw = true;
         throw;
       }
-      pqxx::result done =
-          detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
-                                detail::bytea(response), static_cast<long long>(retention.count()));
+      pqxx::result done = impl_->bounded(conn->get(), "complete", [&] {
+        return detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
+                                     detail::bytea(response),
+                                     static_cast<long long>(retention.count()));
+      });
       if (done.empty()) {
         // We inserted or took over the row in this transaction and hold its lock.
         throw LeaseLost("postgres: record '" + key.str() + "' is no longer held by this attempt");
@@ -549,7 +629,10 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       const long long xid = done[0][0].as<long long>();
       if (options_.before_commit) options_.before_commit(conn->get());
       try {
+        // A COMMIT cut at the deadline surfaces as a lost connection: resolved below.
+        detail::DeadlineWatch::Armed armed(impl_->watch.get(), conn->get());
         tx.commit();
+        if (armed.expired()) conn->mark_broken();  // a cancel may still be on its way
       } catch (const pqxx::in_doubt_error& e) {
         conn->mark_broken();
         return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,
@@ -560,6 +643,9 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
                                      e.what());
       }
       return TransactionalResult::committed(std::move(response), c.took_over);
+    } catch (const ConnectionCut&) {
+      if (conn) conn->mark_broken();
+      throw;  // nothing committed: retryable, but not here (the server does not answer)
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
       // Also when the handler's own statement found the connection gone: that is a storage
@@ -587,13 +673,17 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
           if (conn) conn->mark_broken();
           detail::rethrow_translated("transaction");  // the server went away under the handler
         }
+        // A database error of the handler's own statements (40001/40P01 after the re-runs,
+        // 55P03 on a business row, 57014, a constraint): typed as idem's own statements are,
+        // the pqxx exception nested as the cause. Anything else is the handler's: unchanged.
+        if (detail::is_pqxx_exception(e)) detail::rethrow_translated("handler statement");
         throw;
       }
       if (state == "55P03" && !handler_ran) {
         // The claim waited lock_timeout on a transaction holding the key. Only the claim ran in
         // this (now rolled back) transaction, so nothing is lost: answer "in progress".
         impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return TransactionalResult::found(busy());
+        return TransactionalResult::found(idem::detail::busy_claim());
       }
       detail::rethrow_translated("transaction");
     } catch (...) {
@@ -607,26 +697,28 @@ ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_
                                     const OwnerToken& owner, std::chrono::milliseconds lease) {
   // Plain SAVEPOINT statements rather than pqxx::subtransaction: libpqxx 6 sends a
   // subtransaction's SAVEPOINT lazily, only before exec(), not before exec_params().
-  try {
-    tx.exec("SAVEPOINT idem_claim");
+  return impl_->bounded(tx.conn(), "claim", [&]() -> ClaimResult {
     try {
-      // The caller's connection has its own settings: bound this claim's wait (the setting
-      // lasts until the caller's transaction ends, as SET LOCAL does).
-      detail::exec_params(tx, "SELECT set_config('lock_timeout', $1, true)", impl_->lock_timeout);
-      ClaimResult c = impl_->claim(tx, key, fingerprint, owner, lease, impl_->pooled(tx));
-      tx.exec("RELEASE SAVEPOINT idem_claim");
-      return c;
-    } catch (const pqxx::sql_error& e) {
-      if (e.sqlstate() != "55P03") throw;
-      // The caller's transaction stays usable; the claim's lock_timeout setting is undone too.
-      tx.exec("ROLLBACK TO SAVEPOINT idem_claim");
-      tx.exec("RELEASE SAVEPOINT idem_claim");
-      impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-      return busy();
+      tx.exec("SAVEPOINT idem_claim");
+      try {
+        // The caller's connection has its own settings: bound this claim's wait (the setting
+        // lasts until the caller's transaction ends, as SET LOCAL does).
+        detail::exec_params(tx, "SELECT set_config('lock_timeout', $1, true)", impl_->lock_timeout);
+        ClaimResult c = impl_->claim(tx, key, fingerprint, owner, lease, impl_->pooled(tx));
+        tx.exec("RELEASE SAVEPOINT idem_claim");
+        return c;
+      } catch (const pqxx::sql_error& e) {
+        if (e.sqlstate() != "55P03") throw;
+        // The caller's transaction stays usable; the claim's lock_timeout setting is undone too.
+        tx.exec("ROLLBACK TO SAVEPOINT idem_claim");
+        tx.exec("RELEASE SAVEPOINT idem_claim");
+        impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
+        return idem::detail::busy_claim();
+      }
+    } catch (...) {
+      detail::rethrow_translated("claim");
     }
-  } catch (...) {
-    detail::rethrow_translated("claim");
-  }
+  });
 }
 
 namespace {
@@ -725,8 +817,11 @@ std::vector<bool> PostgresStore::insert_completed_batch_in(
   BatchArrays a(requests, "insert_completed_batch_in");
   pqxx::result rows;
   try {
-    rows = impl_->run(tx, impl_->pooled(tx), kInsertCompletedBatch, a.ids, a.scopes, a.fingerprints,
-                      a.owners, detail::bytea(response), static_cast<long long>(retention.count()));
+    rows = impl_->bounded(tx.conn(), "insert records", [&] {
+      return impl_->run(tx, impl_->pooled(tx), kInsertCompletedBatch, a.ids, a.scopes,
+                        a.fingerprints, a.owners, detail::bytea(response),
+                        static_cast<long long>(retention.count()));
+    });
   } catch (...) {
     detail::rethrow_translated("insert records");
   }
@@ -745,8 +840,10 @@ bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
   if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
   BatchArrays a(requests, "insert_new_completed_batch_in");
   try {
-    impl_->run(tx, impl_->pooled(tx), kInsertNewCompletedBatch, a.ids, a.scopes, a.fingerprints,
-               a.owners, detail::bytea(response), static_cast<long long>(retention.count()));
+    impl_->bounded(tx.conn(), "insert records", [&] {
+      impl_->run(tx, impl_->pooled(tx), kInsertNewCompletedBatch, a.ids, a.scopes, a.fingerprints,
+                 a.owners, detail::bytea(response), static_cast<long long>(retention.count()));
+    });
     return true;
   } catch (const pqxx::sql_error& e) {
     if (e.sqlstate() == "23505") return false;  // a record exists: `tx` is aborted
@@ -769,7 +866,7 @@ std::optional<std::vector<bool>> PostgresStore::record_batch_in(
 // Plain SAVEPOINT statements rather than pqxx::subtransaction (see claim_in).
 void PostgresStore::savepoint(pqxx::work& tx) {
   try {
-    tx.exec("SAVEPOINT idem_batch");
+    impl_->bounded(tx.conn(), "savepoint", [&] { tx.exec("SAVEPOINT idem_batch"); });
   } catch (...) {
     detail::rethrow_translated("savepoint");
   }
@@ -777,7 +874,7 @@ void PostgresStore::savepoint(pqxx::work& tx) {
 
 void PostgresStore::rollback_to_savepoint(pqxx::work& tx) {
   try {
-    tx.exec("ROLLBACK TO SAVEPOINT idem_batch");
+    impl_->bounded(tx.conn(), "savepoint", [&] { tx.exec("ROLLBACK TO SAVEPOINT idem_batch"); });
   } catch (...) {
     detail::rethrow_translated("rollback to savepoint");
   }
@@ -785,7 +882,7 @@ void PostgresStore::rollback_to_savepoint(pqxx::work& tx) {
 
 void PostgresStore::release_savepoint(pqxx::work& tx) {
   try {
-    tx.exec("RELEASE SAVEPOINT idem_batch");
+    impl_->bounded(tx.conn(), "savepoint", [&] { tx.exec("RELEASE SAVEPOINT idem_batch"); });
   } catch (...) {
     detail::rethrow_translated("release savepoint");
   }
@@ -795,8 +892,10 @@ void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken
                                 std::string_view response, std::chrono::seconds retention) {
   pqxx::result done;
   try {
-    done = impl_->run(tx, impl_->pooled(tx), kComplete, key.id(), key.scope(), owner.str(),
-                      detail::bytea(response), static_cast<long long>(retention.count()));
+    done = impl_->bounded(tx.conn(), "complete", [&] {
+      return impl_->run(tx, impl_->pooled(tx), kComplete, key.id(), key.scope(), owner.str(),
+                        detail::bytea(response), static_cast<long long>(retention.count()));
+    });
   } catch (...) {
     detail::rethrow_translated("complete");
   }
@@ -808,13 +907,26 @@ void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken
 namespace {
 // Runs `fn(pqxx::nontransaction&)` (autocommit statements) on a pooled connection. When
 // `idempotent`, a connection found broken is replaced and `fn` tried once more.
+// Each attempt's wait is bounded by client_timeout (`watch`, may be null).
 template <class Fn>
-auto autocommit(ConnectionPool& pool, std::string_view context, bool idempotent, Fn&& fn) {
+auto autocommit(ConnectionPool& pool, detail::DeadlineWatch* watch, std::string_view context,
+                bool idempotent, Fn&& fn) {
   for (int attempt = 0;; ++attempt) {
     PooledConnection c = pool.acquire();
     try {
-      pqxx::nontransaction nt(c.get());
-      return fn(nt);
+      detail::DeadlineWatch::Armed armed(watch, c.get());
+      try {
+        pqxx::nontransaction nt(c.get());
+        auto r = fn(nt);
+        if (armed.expired()) c.mark_broken();  // answered after all; a cancel may be on its way
+        return r;
+      } catch (...) {
+        if (armed.expired()) throw_client_timeout(context, watch->limit(), false);
+        throw;
+      }
+    } catch (const ConnectionCut&) {
+      c.mark_broken();
+      throw;
     } catch (const pqxx::broken_connection&) {
       c.mark_broken();
       if (idempotent && attempt == 0) continue;
@@ -831,13 +943,13 @@ ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
                                  DurableHint) {
   if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
   // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
-  return autocommit(*pool_, "begin", true, [&](pqxx::nontransaction& nt) {
+  return autocommit(*pool_, impl_->watch.get(), "begin", true, [&](pqxx::nontransaction& nt) {
     try {
       return impl_->claim(nt, key, fingerprint, owner, lease);
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() != "55P03") throw;
       impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-      return busy();
+      return idem::detail::busy_claim();
     }
   });
 }
@@ -845,7 +957,7 @@ ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
 bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
                              std::chrono::seconds retention) {
   try {
-    return autocommit(*pool_, "complete", false, [&](pqxx::nontransaction& nt) {
+    return autocommit(*pool_, impl_->watch.get(), "complete", false, [&](pqxx::nontransaction& nt) {
       return !detail::exec_prepared(nt, kComplete, key.id(), key.scope(), owner.str(),
                                     detail::bytea(response),
                                     static_cast<long long>(retention.count()))
@@ -862,12 +974,13 @@ bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::strin
     if (r && r->owner == owner.str()) {
       if (r->status == Record::Status::kCompleted) return true;
       if (r->status == Record::Status::kInProgress) {
-        return autocommit(*pool_, "complete", false, [&](pqxx::nontransaction& nt) {
-          return !detail::exec_prepared(nt, kComplete, key.id(), key.scope(), owner.str(),
-                                        detail::bytea(response),
-                                        static_cast<long long>(retention.count()))
-                      .empty();
-        });
+        return autocommit(*pool_, impl_->watch.get(), "complete", false,
+                          [&](pqxx::nontransaction& nt) {
+                            return !detail::exec_prepared(nt, kComplete, key.id(), key.scope(),
+                                                          owner.str(), detail::bytea(response),
+                                                          static_cast<long long>(retention.count()))
+                                        .empty();
+                          });
       }
     }
     return false;
@@ -876,7 +989,7 @@ bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::strin
 
 bool PostgresStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,
                          std::chrono::seconds retention) {
-  return autocommit(*pool_, "fail", false, [&](pqxx::nontransaction& nt) {
+  return autocommit(*pool_, impl_->watch.get(), "fail", false, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kFail, key.id(), key.scope(), owner.str(),
                                   detail::bytea(reason), static_cast<long long>(retention.count()))
                 .empty();
@@ -884,21 +997,32 @@ bool PostgresStore::fail(const Key& key, const OwnerToken& owner, std::string_vi
 }
 
 bool PostgresStore::release(const Key& key, const OwnerToken& owner) {
-  return autocommit(*pool_, "release", true, [&](pqxx::nontransaction& nt) {
+  return autocommit(*pool_, impl_->watch.get(), "release", true, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kRelease, key.id(), key.scope(), owner.str()).empty();
   });
 }
 
-std::optional<Record> PostgresStore::lookup(const Key& key) {
-  return autocommit(*pool_, "lookup", true, [&](pqxx::nontransaction& nt) -> std::optional<Record> {
-    pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
-    if (r.empty()) return std::nullopt;
-    return parse_found(r[0], 0, key).record;
+bool PostgresStore::extend(const Key& key, const OwnerToken& owner,
+                           std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
+  return autocommit(*pool_, impl_->watch.get(), "extend", true, [&](pqxx::nontransaction& nt) {
+    return !detail::exec_prepared(nt, kExtend, key.id(), key.scope(), owner.str(),
+                                  static_cast<long long>(lease.count()))
+                .empty();
   });
 }
 
+std::optional<Record> PostgresStore::lookup(const Key& key) {
+  return autocommit(*pool_, impl_->watch.get(), "lookup", true,
+                    [&](pqxx::nontransaction& nt) -> std::optional<Record> {
+                      pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
+                      if (r.empty()) return std::nullopt;
+                      return parse_found(r[0], 0, key).record;
+                    });
+}
+
 std::vector<std::string> PostgresStore::partitions() {
-  return autocommit(*pool_, "partitions", true, [&](pqxx::nontransaction& nt) {
+  return autocommit(*pool_, impl_->watch.get(), "partitions", true, [&](pqxx::nontransaction& nt) {
     std::vector<std::string> out;
     // regclass::text quotes as needed; qualify with the schema whatever the search_path.
     pqxx::result r = detail::exec_params(
@@ -925,7 +1049,7 @@ std::size_t PostgresStore::purge_expired(std::size_t batch_size) {
                             " WHERE status <> 'in_progress' AND expires_at <= clock_timestamp()"
                             " LIMIT $1 FOR UPDATE SKIP LOCKED))";
     for (;;) {
-      auto n = autocommit(*pool_, "purge", true, [&](pqxx::nontransaction& nt) {
+      auto n = autocommit(*pool_, impl_->watch.get(), "purge", true, [&](pqxx::nontransaction& nt) {
         return detail::exec_params(nt, sql, static_cast<long long>(batch_size)).affected_rows();
       });
       total += static_cast<std::size_t>(n);
@@ -935,7 +1059,7 @@ std::size_t PostgresStore::purge_expired(std::size_t batch_size) {
   if (!leaves.empty()) return total;
   for (;;) {
     // Each batch is its own short autocommit statement: no lock is held between batches.
-    auto n = autocommit(*pool_, "purge", true, [&](pqxx::nontransaction& nt) {
+    auto n = autocommit(*pool_, impl_->watch.get(), "purge", true, [&](pqxx::nontransaction& nt) {
       return detail::exec_prepared(nt, kPurge, static_cast<long long>(batch_size)).affected_rows();
     });
     total += static_cast<std::size_t>(n);

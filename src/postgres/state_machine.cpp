@@ -3,7 +3,7 @@
 #include "idem/postgres/state_machine.hpp"
 
 #include "errors.hpp"
-#include "pqxx_compat.hpp"
+#include "idem/postgres/detail/pqxx_compat.hpp"
 
 namespace idem::postgres::detail {
 

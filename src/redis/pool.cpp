@@ -2,10 +2,14 @@
 // A bounded, thread-safe pool of hiredis connections (see pool.hpp).
 #include "pool.hpp"
 
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -41,6 +45,7 @@ void setup_command(redisContext* c, int argc, const char** argv, const std::size
 
 Pool::Pool(PoolSettings settings) : settings_(std::move(settings)) {
   idle_.reserve(settings_.size);
+  if (settings_.auto_pipeline) pipeline_ = std::make_unique<Pipeline>(*this);
 }
 
 Pool::~Pool() = default;
@@ -195,12 +200,304 @@ void Pool::count_script_load() noexcept {
   ++stats_.script_loads;
 }
 
+bool Pool::current(const Lease& lease) const {
+  return lease.conn_.epoch == epoch_.load(std::memory_order_relaxed);
+}
+
 RedisPoolStats Pool::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   RedisPoolStats s = stats_;
   s.open = open_;
   s.idle = idle_.size();
+  if (pipeline_) {
+    s.pipelined_flushes = pipeline_->flushes();
+    s.pipelined_commands = pipeline_->commands();
+  }
   return s;
+}
+
+// One caller of Pipeline::call, on its own stack. Every field but `command` is guarded by the
+// pipeline's mutex.
+struct Pipeline::Waiter {
+  std::string_view command;
+  const char* op = "call";
+  ReplyUPtr reply;
+  // The connect failed: Pool::acquire's error, as code and message (each caller throws its
+  // own exception object: none is shared between threads).
+  bool refused = false;
+  errc code = errc::kStorageError;
+  std::string message;
+  bool failed = false;  // the connection failed: err, sys_errno, errstr
+  int err = 0;
+  int sys_errno = 0;
+  std::string errstr;
+  bool done = false;     // reply, error or failure set
+  bool flusher = false;  // this caller writes the next batch
+  bool sent = false;
+  std::chrono::steady_clock::time_point sent_at{};
+  std::condition_variable wake;
+};
+
+Pipeline::Pipeline(Pool& pool) : pool_(pool) {
+  pending_.reserve(64);
+  inflight_.reserve(64);
+}
+
+Pipeline::~Pipeline() = default;
+
+ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string_view key,
+                         bool write_may_apply) {
+  using Clock = std::chrono::steady_clock;
+  const PoolSettings& s = pool_.settings();
+  Waiter self;
+  self.command = formatted;
+  self.op = op;
+  std::unique_lock<std::mutex> lock(mutex_);
+  pending_.push_back(&self);
+  if (!busy_) {
+    busy_ = true;
+    self.flusher = true;
+  } else {
+    // Queued behind a batch on the wire: at most a connect, a batch and the pool's wait before
+    // it is written, then command_timeout for its reply.
+    const Clock::time_point queued_until =
+        Clock::now() + s.connect_timeout + s.command_timeout + s.wait_timeout;
+    while (!self.done && !self.flusher) {
+      const Clock::time_point until = self.sent ? self.sent_at + s.command_timeout : queued_until;
+      if (self.wake.wait_until(lock, until) != std::cv_status::timeout) continue;
+      if (self.done || self.flusher) break;
+      if (Clock::now() < (self.sent ? self.sent_at + s.command_timeout : queued_until)) continue;
+      // Gives up alone: unqueued (never written), or its reply will be dropped on arrival.
+      const bool sent = self.sent;
+      if (sent) {
+        std::replace(inflight_.begin(), inflight_.end(), &self, static_cast<Waiter*>(nullptr));
+      } else {
+        pending_.erase(std::find(pending_.begin(), pending_.end(), &self));
+      }
+      lock.unlock();
+      std::string what = op;
+      what.push_back(' ');
+      what.append(key);
+      if (sent) {
+        throw_error(Failure{Failure::Kind::kContext, what, "pipelined reply timed out",
+                            REDIS_ERR_IO, EAGAIN, write_may_apply});
+      }
+      throw_error(Failure{Failure::Kind::kPoolExhausted, what,
+                          "not sent: the pipelined connection stayed busy (command_timeout)"});
+    }
+  }
+  if (self.flusher && !self.done) flush(lock, self);
+  lock.unlock();
+  if (self.refused) {
+    switch (self.code) {
+      case errc::kStoreUnavailable:
+        throw StorageUnavailable(self.message);
+      case errc::kStoreTimeout:
+        throw StorageTimeout(self.message);
+      default:
+        throw StorageError(self.message);
+    }
+  }
+  if (self.failed) {
+    std::string what = op;
+    what.push_back(' ');
+    what.append(key);
+    throw_error(Failure{Failure::Kind::kContext, what, self.errstr, self.err, self.sys_errno,
+                        write_may_apply});
+  }
+  return std::move(self.reply);
+}
+
+void Pipeline::refuse(Waiter& w, const Refusal& why) {
+  w.refused = true;
+  w.code = why.code;
+  w.message = why.message;
+  w.done = true;
+  w.wake.notify_one();
+}
+
+Pipeline::Refusal Pipeline::refusal() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return Refusal{e.code(), e.what()};
+  } catch (const std::exception& e) {
+    return Refusal{errc::kStorageError, e.what()};
+  } catch (...) {
+    return Refusal{errc::kStorageError, "redis: connect failed"};
+  }
+}
+
+bool Pipeline::open(std::unique_lock<std::mutex>& lock, const char* op,
+                    std::vector<Waiter*>& callers) {
+  try {
+    conn_.emplace(pool_.acquire(op));
+    return true;
+  } catch (...) {
+    const Refusal why = refusal();
+    lock.lock();
+    for (Waiter* w : callers) {
+      if (w != nullptr) refuse(*w, why);
+    }
+    callers.clear();
+    return false;
+  }
+}
+
+// Runs batches while holding the flusher role (`lock` held on entry and exit), until `self`
+// is answered; then hands the role to a caller queued meanwhile, if any.
+void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
+  while (!self.done) {
+    if (conn_ && !pool_.current(*conn_)) {
+      // Opened before the server went away (another connection of the pool saw it): a batch
+      // on it would fail whole, so it is dropped unused.
+      conn_->discard(false);
+      conn_.reset();
+    }
+    if (!conn_) {
+      lock.unlock();
+      // Nothing was written: every queued caller gets the connect's error.
+      if (!open(lock, self.op, pending_)) break;
+      lock.lock();
+    }
+    redisContext* c = conn_->get();
+    // Copied while the lock keeps every queued caller (and its command bytes) in place.
+    const auto now = std::chrono::steady_clock::now();
+    out_.clear();
+    for (Waiter* w : pending_) {
+      out_.append(w->command.data(), w->command.size());
+      w->sent = true;
+      w->sent_at = now;
+    }
+    // `self` is in this batch (queued, not yet written): its reply needs no lock.
+    const std::size_t mine = static_cast<std::size_t>(
+        std::find(pending_.begin(), pending_.end(), &self) - pending_.begin());
+    inflight_.swap(pending_);
+    pending_.clear();
+    const std::size_t n = inflight_.size();
+    flushes_.fetch_add(1, std::memory_order_relaxed);
+    commands_.fetch_add(n, std::memory_order_relaxed);
+    lock.unlock();
+    // One write for the batch: send(2) with MSG_NOSIGNAL, so a connection the server closed
+    // fails with EPIPE instead of raising SIGPIPE (hiredis writes with write(2)); the socket's
+    // send timeout (command_timeout) bounds it. Then the replies: one read (blocking), every
+    // further reply already parsed, handed over under one lock.
+    std::array<redisReply*, 64> got{};
+    std::size_t answered = 0;
+    bool broken = false;
+    int saved_errno = 0;
+    int err = 0;
+    std::string errstr;
+    bool reconnected = false;
+    for (std::size_t off = 0; off < out_.size();) {
+      const ssize_t w = ::send(c->fd, out_.data() + off, out_.size() - off, MSG_NOSIGNAL);
+      if (w > 0) {
+        off += static_cast<std::size_t>(w);
+      } else if (w < 0 && errno == EINTR) {
+        continue;
+      } else if (w < 0 && off == 0 && !reconnected && (errno == EPIPE || errno == ECONNRESET)) {
+        // The server closed this idle connection (CLIENT KILL, timeout, restart): nothing of
+        // the batch reached it, so it goes once more on a new connection.
+        reconnected = true;
+        conn_->discard(true);
+        conn_.reset();
+        if (!open(lock, self.op, inflight_)) {
+          c = nullptr;
+          break;
+        }
+        c = conn_->get();
+      } else {
+        saved_errno = w < 0 ? errno : EPIPE;
+        err = REDIS_ERR_IO;
+        errstr = saved_errno == EAGAIN || saved_errno == EWOULDBLOCK
+                     ? std::string("write timed out")
+                     : std::string(std::strerror(saved_errno));
+        broken = true;
+        break;
+      }
+    }
+    if (c == nullptr) continue;  // no new connection: every caller of the batch has the error
+    while (answered < n && !broken) {
+      std::size_t count = 0;
+      errno = 0;
+      void* raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+        saved_errno = errno;
+        err = c->err;
+        errstr = c->errstr;
+        broken = true;
+      } else {
+        got[count++] = static_cast<redisReply*>(raw);
+        while (answered + count < n && count < got.size()) {
+          raw = nullptr;
+          if (redisReaderGetReply(c->reader, &raw) != REDIS_OK || raw == nullptr) break;
+          got[count++] = static_cast<redisReply*>(raw);
+        }
+      }
+      std::size_t dropped = 0;
+      const std::size_t first = answered;
+      if (first <= mine && mine < first + count) {
+        self.reply.reset(got[mine - first]);
+        got[mine - first] = nullptr;
+      }
+      if (count > (first <= mine && mine < first + count ? 1U : 0U)) {
+        lock.lock();
+        for (std::size_t k = 0; k < count; ++k) {
+          if (got[k] == nullptr) continue;
+          if (Waiter* w = inflight_[first + k]) {
+            w->reply.reset(got[k]);
+            w->done = true;
+            w->wake.notify_one();
+            got[k] = nullptr;
+          } else {
+            ++dropped;  // its caller gave up: freed below, outside the lock
+          }
+        }
+        lock.unlock();
+      }
+      if (first <= mine && mine < first + count) self.done = true;  // read by this thread only
+      if (dropped > 0) {
+        for (std::size_t k = 0; k < count; ++k) {
+          if (got[k] != nullptr) freeReplyObject(got[k]);
+        }
+      }
+      answered += count;
+    }
+    if (broken) {
+      // The connection broke: every caller still on the wire gets its error.
+      conn_->discard(server_gone(err, saved_errno));
+      conn_.reset();
+      lock.lock();
+      for (std::size_t i = answered; i < n; ++i) {
+        Waiter* w = i == mine ? &self : inflight_[i];
+        if (w == nullptr) continue;
+        w->failed = true;
+        w->err = err;
+        w->sys_errno = saved_errno;
+        w->errstr = errstr;
+        w->done = true;
+        if (w != &self) w->wake.notify_one();
+      }
+    } else {
+      lock.lock();
+    }
+    inflight_.clear();
+  }
+  // Answered. Nothing queued: the connection goes back to the pool while the pipeline is idle
+  // (claim_batch, complete_batch and ASK redirects take pooled connections, even with
+  // pool_size 1); under load the next batch keeps it.
+  if (pending_.empty() && conn_) {
+    lock.unlock();
+    conn_.reset();  // still the flusher: nobody else touches conn_
+    lock.lock();
+  }
+  // The next batch is written by a caller that queued meanwhile.
+  if (pending_.empty()) {
+    busy_ = false;
+  } else {
+    pending_.front()->flusher = true;
+    pending_.front()->wake.notify_one();
+  }
 }
 
 }  // namespace idem::redis::detail

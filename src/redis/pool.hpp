@@ -4,17 +4,21 @@
 
 #include <hiredis/hiredis.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "hiredis_handles.hpp"
+#include "idem/errors.hpp"
 #include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "tls.hpp"
@@ -32,7 +36,11 @@ struct PoolSettings {
   std::chrono::milliseconds reconnect_backoff{100};
   /// rediss://: opens the connections over TLS (shared by every pool of one store); null: TCP.
   std::shared_ptr<TlsConnector> tls;
+  /// Commands of concurrent callers share one connection of the pool (Pool::pipeline()).
+  bool auto_pipeline = false;
 };
+
+class Pipeline;
 
 /// Connections are made on demand up to `size`, kept idle between calls, and dropped when
 /// they break. When one breaks because the server went away (EOF, reset, refused), every
@@ -86,6 +94,12 @@ class IDEM_EXPORT Pool {
   ///         StorageError (AUTH/SELECT refused).
   Lease acquire(std::string_view what);
 
+  /// The pool's auto-pipeline (PoolSettings::auto_pipeline), else null.
+  Pipeline* pipeline() noexcept { return pipeline_.get(); }
+
+  /// False when `lease`'s connection was opened before the server went away (stale).
+  bool current(const Lease& lease) const;
+
   /// Counts a NOSCRIPT reload (for stats).
   void count_script_load() noexcept;
 
@@ -104,8 +118,8 @@ class IDEM_EXPORT Pool {
   mutable std::mutex mutex_;
   std::condition_variable freed_;
   std::vector<Connection> idle_;
-  std::size_t open_ = 0;  // idle + lent + being connected
-  std::uint64_t epoch_ = 0;
+  std::size_t open_ = 0;                 // idle + lent + being connected
+  std::atomic<std::uint64_t> epoch_{0};  // written under mutex_; read without by current()
   // Server-down state: set by a failed connect, cleared by a successful one.
   bool down_ = false;
   bool probing_ = false;
@@ -113,6 +127,56 @@ class IDEM_EXPORT Pool {
   std::string last_error_;
   bool last_error_tls_ = false;  // the last connect failed TLS checks: not a server outage
   RedisPoolStats stats_;
+  std::unique_ptr<Pipeline> pipeline_;  // last: gives its connection back before the rest goes
+};
+
+/// Auto-pipelining: concurrent callers' commands share one connection of a Pool. A caller
+/// queues its formatted command; when no batch is on the wire it becomes the flusher: it takes
+/// every queued command, writes them in one write, reads the replies in order and hands each
+/// to its caller as it arrives, then hands the flusher role to a caller that queued meanwhile.
+/// A lone caller is never delayed (no timer): it flushes its own command at once. A broken
+/// connection fails every command on the wire with the connection's error (typed per caller,
+/// by throw_error); a caller that waits longer than its deadline gives up alone (its reply, if
+/// it comes, is dropped).
+class Pipeline {
+ public:
+  explicit Pipeline(Pool& pool);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  /// Sends one RESP-formatted command (`formatted` stays valid until this returns) and returns
+  /// its reply (an error reply too). `op` and `key` name the call in error messages;
+  /// `write_may_apply`: a timeout after sending is OutcomeUnknown rather than StorageTimeout.
+  /// @throws as Pool::acquire, and the connection's failure as the pool's commands throw it.
+  ReplyUPtr call(std::string_view formatted, const char* op, std::string_view key,
+                 bool write_may_apply);
+
+  /// Batches written and commands sent through them (for stats).
+  std::uint64_t flushes() const noexcept { return flushes_.load(std::memory_order_relaxed); }
+  std::uint64_t commands() const noexcept { return commands_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Waiter;
+  struct Refusal {
+    errc code;
+    std::string message;
+  };
+  void flush(std::unique_lock<std::mutex>& lock, Waiter& self);
+  static void refuse(Waiter& w, const Refusal& why);  // lock held
+  static Refusal refusal();                           // of the exception being handled
+  // Opens conn_ (`lock` released). If the connect fails, every caller of `callers` (null
+  // entries skipped) gets its error, `callers` is emptied, `lock` is held again: false.
+  bool open(std::unique_lock<std::mutex>& lock, const char* op, std::vector<Waiter*>& callers);
+
+  Pool& pool_;
+  std::mutex mutex_;
+  std::vector<Waiter*> pending_;     // queued, not yet written
+  std::vector<Waiter*> inflight_;    // the batch on the wire, in order; null: its caller gave up
+  bool busy_ = false;                // a flusher is at work
+  std::optional<Pool::Lease> conn_;  // touched by the flusher only
+  std::string out_;                  // the batch being written (flusher only)
+  std::atomic<std::uint64_t> flushes_{0}, commands_{0};
 };
 
 }  // namespace idem::redis::detail

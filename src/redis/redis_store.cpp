@@ -3,18 +3,22 @@
 #include "idem/redis/redis_store.hpp"
 
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "command_parts.hpp"
 #include "errors.hpp"
 #include "hiredis_handles.hpp"
 #include "idem/detail/record_rules.hpp"
@@ -29,15 +33,12 @@ namespace idem::redis {
 namespace {
 
 using detail::ClaimPrefix;
-using detail::Decoded;
 using detail::Failure;
 using detail::Num;
 using detail::RedisKey;
 using detail::ReplyUPtr;
 using detail::Script;
 using detail::SmallBuf;
-using detail::build_claim_record;
-using detail::decode;
 
 // The byte strings of one batch call in one buffer: add() while building (the buffer may move,
 // so slots are offsets), then view() once building is done. No allocation per message.
@@ -61,16 +62,47 @@ class BatchBuffer {
   std::vector<std::pair<std::size_t, std::size_t>> slots_;  // offset, length
 };
 
-// Buffers one command on `c`, formatted here as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n"
-// per argument) on the stack: hiredis's own argv formatting builds the command from several
-// heap strings per call, a measurable share of a one-round-trip claim's client CPU.
-int append_command(redisContext* c, int argc, const char** argv, const std::size_t* lens) {
-  SmallBuf cmd;
+// Formats one command as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n" per argument) on the
+// stack: hiredis's own argv formatting builds the command from several heap strings per call,
+// a measurable share of a one-round-trip claim's client CPU.
+void format_command(SmallBuf& cmd, int argc, const char** argv, const std::size_t* lens) {
   cmd.append('*').append(Num(argc).view()).append("\r\n");
   for (int i = 0; i < argc; ++i) {
     cmd.append('$').append(Num(static_cast<long long>(lens[i])).view()).append("\r\n");
     cmd.append(std::string_view(argv[i], lens[i])).append("\r\n");
   }
+}
+
+// Writes what `c` has buffered with send(2) and MSG_NOSIGNAL: hiredis writes with write(2),
+// which raises SIGPIPE on a connection the server closed (at once over a Unix socket). On
+// failure sets c->err / c->errstr like hiredis and leaves errno set.
+int write_buffered(redisContext* c) {
+  const std::size_t len = sdslen(c->obuf);
+  std::size_t off = 0;
+  while (off < len) {
+    const ssize_t w = ::send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
+    if (w > 0) {
+      off += static_cast<std::size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else {
+      const int e = w < 0 ? errno : EPIPE;
+      c->err = REDIS_ERR_IO;
+      std::snprintf(c->errstr, sizeof(c->errstr), "%s",
+                    e == EAGAIN || e == EWOULDBLOCK ? "write timed out" : std::strerror(e));
+      errno = e;
+      return REDIS_ERR;
+    }
+  }
+  sdssetlen(c->obuf, 0);  // sdsclear (sds.h, inline: libhiredis's sds symbols are C, undeclared)
+  c->obuf[0] = '\0';
+  return REDIS_OK;
+}
+
+// Buffers one command on `c` (format_command).
+int append_command(redisContext* c, int argc, const char** argv, const std::size_t* lens) {
+  SmallBuf cmd;
+  format_command(cmd, argc, argv, lens);
   const std::string_view v = cmd.view();
   return redisAppendFormattedCommand(c, v.data(), v.size());
 }
@@ -83,9 +115,8 @@ int append_command(redisContext* c, int argc, const char** argv, const std::size
 struct HeldClaim {
   std::string owner;
   std::string redis_key;
-  std::string record;          // "I1P<#owner>:<owner><created>:<deadline>:<#fp>:<fp>"
-  std::size_t head_end = 0;    // record[3, head_end) = "<#owner>:<owner><created>"
-  std::size_t tail_begin = 0;  // record[tail_begin, end) = "<#fp>:<fp>"
+  std::string record;         // the in-progress record (detail::append_claim_record)
+  std::size_t owner_end = 0;  // where its creation time starts
   std::chrono::steady_clock::time_point sent_at{};  // just before the claim was sent
   std::chrono::milliseconds lease{0};
   bool used = false;
@@ -105,7 +136,7 @@ struct LastBatch {
 };
 thread_local LastBatch last_batch;
 
-enum class Op { kClaim, kComplete, kFail, kRelease, kFill, kLookup };
+enum class Op { kClaim, kComplete, kFail, kRelease, kExtend, kFill, kLookup };
 
 const char* op_name(Op op) noexcept {
   switch (op) {
@@ -117,6 +148,8 @@ const char* op_name(Op op) noexcept {
       return "fail";
     case Op::kRelease:
       return "release";
+    case Op::kExtend:
+      return "extend";
     case Op::kFill:
       return "fill";
     case Op::kLookup:
@@ -128,7 +161,8 @@ const char* op_name(Op op) noexcept {
 // Whether a timed-out reply leaves the write's outcome unknown (claims are decided by the
 // durable store anyway, so a claim timeout stays a plain StorageTimeout).
 bool write_may_apply(Op op) noexcept {
-  return op == Op::kComplete || op == Op::kFail || op == Op::kRelease || op == Op::kFill;
+  return op == Op::kComplete || op == Op::kFail || op == Op::kRelease || op == Op::kExtend ||
+         op == Op::kFill;
 }
 
 std::string describe(Op op, std::string_view key) {
@@ -153,6 +187,9 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
   detail::throw_error(Failure{Failure::Kind::kCorrupt, what, reason});
 }
 
+using detail::decode;
+using detail::Decoded;
+
 template <class Duration>
 std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fallback) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d);
@@ -171,6 +208,7 @@ class IDEM_LOCAL RedisStore::Impl {
         complete_(detail::kCompleteScript),
         complete_fast_(detail::kCompleteFastScript),
         release_(detail::kReleaseScript),
+        extend_(detail::kExtendScript),
         lookup_(detail::kLookupScript),
         native_claim_(!options_.claim_script) {}
 
@@ -209,6 +247,7 @@ class IDEM_LOCAL RedisStore::Impl {
     s.command_timeout = o.command_timeout;
     s.wait_timeout = o.pool_wait_timeout;
     s.reconnect_backoff = o.reconnect_backoff;
+    s.auto_pipeline = o.auto_pipeline;
     // TLS for rediss:// (one server). Sentinel and Cluster parse their nodes as redis://.
     detail::Topology t = detail::parse_topology(o.uri);
     if (t.kind == detail::Topology::Kind::kSingle) {
@@ -242,6 +281,19 @@ class IDEM_LOCAL RedisStore::Impl {
         Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
   }
 
+  // One command on `pool`: queued on its auto-pipeline when it has one, else on a lent
+  // connection. A connection-level failure throws; an error reply is returned.
+  ReplyUPtr send(detail::Pool& pool, Op op, std::string_view key, int argc, const char** argv,
+                 const std::size_t* lens) {
+    if (detail::Pipeline* pipeline = pool.pipeline()) {
+      SmallBuf cmd;
+      format_command(cmd, argc, argv, lens);
+      return pipeline->call(cmd.view(), op_name(op), key, write_may_apply(op));
+    }
+    detail::Pool::Lease conn = pool.acquire(op_name(op));
+    return exec(conn, argc, argv, lens, op, key);
+  }
+
   // One command for `key`, sent to the node that serves it. In a cluster, MOVED (slot moved:
   // the map is re-read) and ASK (slot being migrated: ASKING, then this one command on the
   // importing node) are followed, a few hops at most. Connection failures and replies saying
@@ -253,15 +305,16 @@ class IDEM_LOCAL RedisStore::Impl {
       bool asking = false;
       for (int hop = 0;; ++hop) {
         ReplyUPtr r;
-        {
+        if (asking) {
+          // ASKING and the command on one connection, back to back: never pipelined.
           detail::Pool::Lease conn = pool->acquire(op_name(op));
-          if (asking) {
-            const char* ask_argv[] = {"ASKING"};
-            const std::size_t ask_lens[] = {6};
-            ReplyUPtr ok = exec(conn, 1, ask_argv, ask_lens, op, key);
-            if (ok->type == REDIS_REPLY_ERROR) server_error(ok.get(), op, key);
-          }
+          const char* ask_argv[] = {"ASKING"};
+          const std::size_t ask_lens[] = {6};
+          ReplyUPtr ok = exec(conn, 1, ask_argv, ask_lens, op, key);
+          if (ok->type == REDIS_REPLY_ERROR) server_error(ok.get(), op, key);
           r = exec(conn, argc, argv, lens, op, key);
+        } else {
+          r = send(*pool, op, key, argc, argv, lens);
         }
         if (r->type != REDIS_REPLY_ERROR) return r;
         const std::string_view text = text_of(r.get());
@@ -295,12 +348,12 @@ class IDEM_LOCAL RedisStore::Impl {
     detail::throw_error(Failure{Failure::Kind::kServer, what, text_of(r)});
   }
 
-  // EVALSHA with up to 5 arguments; on NOSCRIPT (a restarted or flushed server) runs the
+  // EVALSHA with up to 7 arguments; on NOSCRIPT (a restarted or flushed server) runs the
   // script once with EVAL, which also loads it. Error replies throw.
   ReplyUPtr eval(const Script& script, Op op, std::string_view key,
                  std::initializer_list<std::string_view> args) {
-    const char* argv[9];
-    std::size_t lens[9];
+    const char* argv[11];
+    std::size_t lens[11];
     argv[0] = "EVALSHA";
     lens[0] = 7;
     argv[1] = script.sha.data();
@@ -346,8 +399,8 @@ class IDEM_LOCAL RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num lease_ms(lease.count());
     SmallBuf record;  // the in-progress record this claim writes if the key is absent
-    std::size_t head_end = 0, tail_begin = 0;
-    build_claim_record(record, owner, fingerprint, lease, head_end, tail_begin);
+    std::size_t owner_end = 0;
+    build_claim_record(record, owner, fingerprint, lease, owner_end);
     const auto sent_at = std::chrono::steady_clock::now();
     ReplyUPtr r;
     if (native_claim_.load(std::memory_order_relaxed)) {
@@ -376,7 +429,7 @@ class IDEM_LOCAL RedisStore::Impl {
       result.status = ClaimStatus::kClaimed;
       LastClaim& lc = last_claim;
       lc.store = this;
-      hold(lc.claim, owner, rk.view(), record.view(), head_end, tail_begin, sent_at, lease);
+      hold(lc.claim, owner, rk.view(), record.view(), owner_end, sent_at, lease);
       return result;
     }
     if (r->type != REDIS_REPLY_STRING) {
@@ -386,20 +439,27 @@ class IDEM_LOCAL RedisStore::Impl {
     return result;
   }
 
+  static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
+                                 std::string_view fingerprint, std::chrono::milliseconds lease,
+                                 std::size_t& owner_end) {
+    detail::append_new_claim(record, owner.str(), fingerprint, lease, owner_end);
+  }
+
   static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
-                   std::string_view record, std::size_t head_end, std::size_t tail_begin,
+                   std::string_view record, std::size_t owner_end,
                    std::chrono::steady_clock::time_point sent_at, std::chrono::milliseconds lease) {
     h.owner.assign(owner.str());
     h.redis_key.assign(rk.data(), rk.size());
     h.record.assign(record.data(), record.size());
-    h.head_end = head_end;
-    h.tail_begin = tail_begin;
+    h.owner_end = owner_end;
     h.sent_at = sent_at;
     h.lease = lease;
     h.used = false;
   }
 
-  // What the existing record a claim found means (the rulebook, through record_codec.hpp).
+  // Decodes the existing record a claim found and asks the rulebook what it means: mismatch /
+  // done / busy, or `owner`'s own claim (kept). A key that exists holds a live lease (its TTL
+  // is the lease) or a record within its retention.
   static void answer(std::string_view existing, std::string_view fingerprint,
                      const OwnerToken& owner, std::string_view rk, ClaimResult& result) {
     if (!detail::answer_found(existing, fingerprint, owner, result)) {
@@ -441,16 +501,18 @@ class IDEM_LOCAL RedisStore::Impl {
     return age < margin;
   }
 
-  // "I1C<#owner>:<owner><created>:<deadline>:<#fp>:<fp><response>" from the held claim.
-  static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view deadline,
-                               std::string_view response) {
-    detail::completed_record(out, h.record, h.head_end, h.tail_begin, deadline, response);
+  // The completed record of the held claim (detail::append_completed).
+  static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view response) {
+    detail::append_completed(out, h.record, h.owner_end, response);
   }
 
   // Reads one pipelined reply. A connection-level failure drops the connection and throws.
   ReplyUPtr read_reply(detail::Pool::Lease& conn, Op op, std::string_view key) {
     errno = 0;
     void* raw = nullptr;
+    if (sdslen(conn.get()->obuf) > 0 && write_buffered(conn.get()) != REDIS_OK) {
+      context_failure(conn, op, key);
+    }
     if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {
       context_failure(conn, op, key);
     }
@@ -463,6 +525,16 @@ class IDEM_LOCAL RedisStore::Impl {
   detail::Pool::Lease acquire_unrouted(Op op, std::string_view key) {
     try {
       return router_.pool_for(key).acquire(op_name(op));
+    } catch (const StorageError&) {
+      router_.failed();
+      throw;
+    }
+  }
+
+  // The pool of the one server (as acquire_unrouted; a failure to find it re-discovers).
+  detail::Pool& unrouted_pool(Op, std::string_view key) {
+    try {
+      return router_.pool_for(key);
     } catch (const StorageError&) {
       router_.failed();
       throw;
@@ -487,7 +559,7 @@ class IDEM_LOCAL RedisStore::Impl {
     std::vector<ClaimResult> out(requests.size());
     if (requests.empty()) return out;
     struct Pending {
-      std::size_t head_end = 0, tail_begin = 0;
+      std::size_t owner_end = 0;
       std::string_view key, record;
     };
     std::vector<Pending> pending(requests.size());
@@ -497,7 +569,7 @@ class IDEM_LOCAL RedisStore::Impl {
       RedisKey rk(options_.key_prefix, *requests[i].key);
       SmallBuf record;
       build_claim_record(record, *requests[i].owner, requests[i].fingerprint, lease,
-                         pending[i].head_end, pending[i].tail_begin);
+                         pending[i].owner_end);
       buffer.add(rk.view());
       buffer.add(record.view());
     }
@@ -516,10 +588,10 @@ class IDEM_LOCAL RedisStore::Impl {
       detail::Pool::Lease conn = acquire_unrouted(Op::kClaim, pending.front().key);
       sent_at = std::chrono::steady_clock::now();
       for (const Pending& p : pending) {
-        const char* argv[] = {"SET", p.key.data(), p.record.data(), "NX", "PX",
-                              lease_ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, p.key.size(), p.record.size(), 2, 2,
-                                    lease_ms.view().size(), 3};
+        const char* argv[] = {
+            "SET", p.key.data(), p.record.data(), "NX", "PX", lease_ms.view().data(), "GET"};
+        const std::size_t lens[] = {3, p.key.size(), p.record.size(), 2, 2, lease_ms.view().size(),
+                                    3};
         append(conn, 7, argv, lens, Op::kClaim, p.key);
       }
       for (std::size_t i = 0; i < pending.size(); ++i) {
@@ -535,11 +607,10 @@ class IDEM_LOCAL RedisStore::Impl {
         out[i].status = ClaimStatus::kClaimed;
         if (lb.size == lb.claims.size()) lb.claims.emplace_back();
         hold(lb.claims[lb.size++], *requests[i].owner, pending[i].key, pending[i].record,
-             pending[i].head_end, pending[i].tail_begin, sent_at, lease);
+             pending[i].owner_end, sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
         answer(text_of(r), requests[i].fingerprint, *requests[i].owner, pending[i].key, out[i]);
-      } else if (r->type == REDIS_REPLY_ERROR &&
-                 text_of(r).substr(0, 16) == "ERR syntax error") {
+      } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 16) == "ERR syntax error") {
         native_claim_.store(false, std::memory_order_relaxed);
         redo.push_back(i);
       } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 4) == "OOM ") {
@@ -567,7 +638,6 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     std::vector<std::size_t> native, scripted;
     // keys[i] and expected[i] view the held claim (this thread's, untouched until the next
     // claim); the completed records go into one buffer.
@@ -582,7 +652,7 @@ class IDEM_LOCAL RedisStore::Impl {
           !router_.clustered()) {
         h->used = true;
         SmallBuf completed;
-        completed_record(completed, *h, deadline.view(), requests[i].response);
+        completed_record(completed, *h, requests[i].response);
         keys[i] = h->redis_key;
         value_slot[i] = buffer.add(completed.view());
         expected[i] = h->record;
@@ -597,10 +667,9 @@ class IDEM_LOCAL RedisStore::Impl {
       replies.reserve(native.size());
       detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, keys[native.front()]);
       for (std::size_t i : native) {
-        const char* argv[] = {"SET", keys[i].data(), values[i].data(), "XX", "PX",
-                              ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, keys[i].size(), values[i].size(), 2, 2,
-                                    ms.view().size(), 3};
+        const char* argv[] = {"SET", keys[i].data(), values[i].data(), "XX", "PX", ms.view().data(),
+                              "GET"};
+        const std::size_t lens[] = {3, keys[i].size(), values[i].size(), 2, 2, ms.view().size(), 3};
         append(conn, 7, argv, lens, Op::kComplete, keys[i]);
       }
       for (std::size_t i : native) replies.push_back(read_reply(conn, Op::kComplete, keys[i]));
@@ -612,7 +681,10 @@ class IDEM_LOCAL RedisStore::Impl {
       for (std::size_t j = 0; j < native.size(); ++j) {
         const std::size_t i = native[j];
         try {
-          out[i] = settle_native(conn, replies[j].get(), expected[i], keys[i]);
+          auto run = [&](int argc, const char** argv, const std::size_t* lens) {
+            return exec(conn, argc, argv, lens, Op::kComplete, keys[i]);
+          };
+          out[i] = settle_native(run, replies[j].get(), expected[i], keys[i], ms.view());
         } catch (const CorruptRecord&) {
           if (!first_error) first_error = std::current_exception();
         }
@@ -630,8 +702,10 @@ class IDEM_LOCAL RedisStore::Impl {
   // else: the margin's assumption failed (a pause longer than the margin, a foreign writer),
   // so the previous value is put back at once (an idem record with its own deadline) and the
   // lease counts as lost, or the value is reported as foreign.
-  bool settle_native(detail::Pool::Lease& conn, const redisReply* r, std::string_view expected,
-                     std::string_view key) {
+  // `run(argc, argv, lens)` sends the put-back command.
+  template <class Run>
+  bool settle_native(Run&& run, const redisReply* r, std::string_view expected,
+                     std::string_view key, std::string_view retention_ms) {
     if (r->type == REDIS_REPLY_NIL) return false;
     if (r->type == REDIS_REPLY_STRING && text_of(r) == expected) return true;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -647,11 +721,15 @@ class IDEM_LOCAL RedisStore::Impl {
       Num at(d.deadline);
       const char* argv[] = {"SET", key.data(), old.data(), "PXAT", at.view().data()};
       const std::size_t lens[] = {3, key.size(), old.size(), 4, at.view().size()};
-      back = exec(conn, 5, argv, lens, Op::kComplete, key);
+      back = run(5, argv, lens);
+    } else if (ours) {  // a completed record of format 2 keeps no deadline: the retention
+      const char* argv[] = {"SET", key.data(), old.data(), "PX", retention_ms.data()};
+      const std::size_t lens[] = {3, key.size(), old.size(), 2, retention_ms.size()};
+      back = run(5, argv, lens);
     } else {
       const char* argv[] = {"SET", key.data(), old.data()};
       const std::size_t lens[] = {3, key.size(), old.size()};
-      back = exec(conn, 3, argv, lens, Op::kComplete, key);
+      back = run(3, argv, lens);
     }
     if (back->type == REDIS_REPLY_ERROR) server_error(back.get(), Op::kComplete, key);
     if (!ours) corrupt(Op::kComplete, key, "not an idem record");
@@ -665,36 +743,41 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
     // on servers older than 7.0 (and with claim_script), which then take the general script.
     HeldClaim* h = find_held(owner, rk.view());
     if (h != nullptr && native_claim_.load(std::memory_order_relaxed)) {
       h->used = true;  // one use
       SmallBuf completed;
-      completed_record(completed, *h, deadline.view(), response);
+      completed_record(completed, *h, response);
       if (within_margin(*h) && !router_.clustered()) {
         // Nobody else can hold the key yet (see RedisStoreOptions::native_complete_fraction):
         // one native SET, no script. (In a cluster the routed script path follows redirects.)
-        const char* argv[] = {"SET", rk.view().data(), completed.view().data(), "XX", "PX",
-                              ms.view().data(), "GET"};
-        const std::size_t lens[] = {3, rk.view().size(), completed.view().size(), 2, 2,
-                                    ms.view().size(), 3};
-        detail::Pool::Lease conn = acquire_unrouted(Op::kComplete, rk.view());
-        ReplyUPtr r = exec(conn, 7, argv, lens, Op::kComplete, rk.view());
+        const char* argv[] = {
+            "SET", rk.view().data(), completed.view().data(), "XX", "PX", ms.view().data(), "GET"};
+        const std::size_t lens[] = {
+            3, rk.view().size(), completed.view().size(), 2, 2, ms.view().size(), 3};
+        detail::Pool& pool = unrouted_pool(Op::kComplete, rk.view());
+        auto run = [&](int argc, const char** av, const std::size_t* ls) {
+          try {
+            return send(pool, Op::kComplete, rk.view(), argc, av, ls);
+          } catch (const StorageError&) {
+            router_.failed();
+            throw;
+          }
+        };
+        ReplyUPtr r = run(7, argv, lens);
         native_completes_.fetch_add(1, std::memory_order_relaxed);
-        return settle_native(conn, r.get(), h->record, rk.view());
+        return settle_native(run, r.get(), h->record, rk.view(), ms.view());
       }
       script_completes_.fetch_add(1, std::memory_order_relaxed);
-      ReplyUPtr r = eval(complete_fast_, Op::kComplete, rk.view(),
-                         {h->record, completed.view(), ms.view()});
+      ReplyUPtr r =
+          eval(complete_fast_, Op::kComplete, rk.view(), {h->record, completed.view(), ms.view()});
       return flag(r, Op::kComplete, rk.view());
     }
     script_completes_.fetch_add(1, std::memory_order_relaxed);
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(complete_, Op::kComplete, rk.view(),
-                       {mine.view(), response, ms.view(), deadline.view(), "C"});
-    return flag(r, Op::kComplete, rk.view());
+    return complete_script(Op::kComplete, rk.view(), owner, response, ms.view(),
+                           to_millis(system_now()) + ret_ms, 'C');
   }
 
   // The general complete script writing a failed record ('F'): always owner-checked.
@@ -705,20 +788,40 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    Num deadline(to_millis(system_now()) + ret_ms);
     if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(complete_, Op::kFail, rk.view(),
-                       {mine.view(), reason, ms.view(), deadline.view(), "F"});
-    return flag(r, Op::kFail, rk.view());
+    return complete_script(Op::kFail, rk.view(), owner, reason, ms.view(),
+                           to_millis(system_now()) + ret_ms, 'F');
+  }
+
+  // kCompleteScript: writes a completed ('C') or failed ('F') record over `owner`'s claim, in
+  // the claim's own format (a format-1 claim of an earlier version stays format 1).
+  bool complete_script(Op op, std::string_view rk, const OwnerToken& owner,
+                       std::string_view response, std::string_view retention_ms, long long deadline,
+                       char status) {
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    const char tag = detail::final_tag(status);
+    Num decimal(deadline);  // format 1 keeps the deadline
+    ReplyUPtr r = eval(complete_, op, rk,
+                       {mine.view(), response, retention_ms, std::string_view(&tag, 1),
+                        std::string_view(&status, 1), mine_v1.view(), decimal.view()});
+    return flag(r, op, rk);
   }
 
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
     if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
-    ClaimPrefix mine(owner);
-    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view()});
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view(), mine_v1.view()});
     return flag(r, Op::kRelease, rk.view());
+  }
+
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
+    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    RedisKey rk(options_.key_prefix, key);
+    ClaimPrefix mine(owner), mine_v1(owner, 1);
+    Num ms(lease.count());
+    ReplyUPtr r = eval(extend_, Op::kExtend, rk.view(), {mine.view(), mine_v1.view(), ms.view()});
+    return flag(r, Op::kExtend, rk.view());
   }
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
@@ -727,7 +830,10 @@ class IDEM_LOCAL RedisStore::Impl {
     RedisKey rk(options_.key_prefix, key);
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());
     // Owner unknown (the durable store decided): stored empty.
-    const std::string value = detail::filled_record(fingerprint, response, retention);
+    std::string value;
+    value.reserve(64 + fingerprint.size() + response.size());
+    const long long now = to_millis(system_now());
+    detail::append_filled(value, fingerprint, now, response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
     ReplyUPtr r = command(Op::kFill, rk.view(), 5, argv, lens);
@@ -774,7 +880,7 @@ class IDEM_LOCAL RedisStore::Impl {
   const RedisStoreOptions options_;
   static constexpr int kMaxHops = 5;
   detail::Router router_;
-  const Script claim_, complete_, complete_fast_, release_, lookup_;
+  const Script claim_, complete_, complete_fast_, release_, extend_, lookup_;
   // SET NX ... GET works (Redis >= 7.0); cleared for good on the first "syntax error".
   std::atomic<bool> native_claim_;
   std::atomic<std::uint64_t> native_completes_{0}, script_completes_{0}, pipelined_claims_{0},
@@ -810,6 +916,10 @@ bool RedisStore::fail(const Key& key, const OwnerToken& owner, std::string_view 
 
 bool RedisStore::release(const Key& key, const OwnerToken& owner) {
   return impl_->release(key, owner);
+}
+
+bool RedisStore::extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
+  return impl_->extend(key, owner, lease);
 }
 
 void RedisStore::fill(const Key& key, std::string_view fingerprint, std::string_view response,

@@ -119,6 +119,7 @@ Router::Router(Topology topology, PoolSettings pool, std::chrono::milliseconds r
         PoolSettings s = base_;
         s.endpoint = ep;
         s.size = 1;  // discovery is serialised anyway
+        s.auto_pipeline = false;
         sentinels_.push_back(std::make_unique<Pool>(std::move(s)));
       }
       break;
@@ -286,6 +287,8 @@ RedisPoolStats Router::pool_stats() const {
     sum.script_loads += s.script_loads;
     sum.open += s.open;
     sum.idle += s.idle;
+    sum.pipelined_flushes += s.pipelined_flushes;
+    sum.pipelined_commands += s.pipelined_commands;
   }
   sum.script_loads += script_loads_.load(std::memory_order_relaxed);
   return sum;

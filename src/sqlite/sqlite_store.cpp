@@ -4,12 +4,14 @@
 
 #include <sqlite3.h>
 
+#include <array>
 #include <condition_variable>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "errors.hpp"
+#include "idem/detail/packed_fingerprint.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 
@@ -27,11 +29,6 @@ class WriterLock {
     if (!cv_.wait_for(lock, timeout, [&] { return !held_; })) return false;
     held_ = true;
     return true;
-  }
-  void lock() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !held_; });
-    held_ = true;
   }
   void unlock() {
     {
@@ -273,8 +270,11 @@ class IDEM_LOCAL Database::Impl {
 
   Connection* acquire_reader() {
     if (memory_) {
-      // One connection: readers share the writer's lock.
-      writer_mutex_.lock();
+      // One connection: readers share the writer's lock, and wait for it as long as a writer.
+      if (!writer_mutex_.try_lock_for(options_.busy_timeout)) {
+        throw StorageTimeout("sqlite: no lock on '" + path_ + "' for a read within " +
+                             std::to_string(options_.busy_timeout.count()) + " ms");
+      }
       return writer_.get();
     }
     std::unique_lock<std::mutex> lock(pool_mutex_);
@@ -336,11 +336,17 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 // The store's statements, built once from the validated table and column names.
 struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, insert, insert_completed, insert_completed_if_absent, takeover,
-      takeover_completed, remove_expired, complete, fail, release, purge;
+      takeover_completed, remove_expired, complete, fail, release, extend, purge;
+  // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
+  // text; tables created before schema 2 and tables adopted by name) or 2 (WITHOUT ROWID keyed
+  // by (key, scope), idem fingerprints as 32 raw bytes).
+  int layout = 2;
 };
 
 namespace {
-constexpr int kSchemaVersion = 1;
+// Schema versions of the record table: 1 (layout 1), 2 (layout 2, created since). A table of
+// version 1 is used as it is: idem never rebuilds a table by itself.
+constexpr int kSchemaVersion = 2;
 // The status check of the record table. Not `status IN ('in_progress', 'completed', 'failed')`:
 // SQLite (3.40) evaluates an IN list in a CHECK by building an ephemeral b-tree of the list on
 // every INSERT and every UPDATE that sets status, ~40,000 instructions, several times the cost
@@ -360,10 +366,30 @@ TimePoint time_column(const Statement& st, int col, const char* name, const Key&
   return from_millis(st.column_int64(col));
 }
 
-Record read_record(const Statement& st, const Key& key) {
+// Column 8 of a layout-2 select: whether the fingerprint is stored packed (a BLOB).
+constexpr int kPackedColumn = 8;
+
+// Calls `fn` with the fingerprint as a table of `layout` stores it: in layout 2, 32 raw bytes (a
+// BLOB) when it packs (idem::fingerprint's form), else its text as given.
+template <class Fn>
+decltype(auto) with_stored_fingerprint(int layout, std::string_view fp, Fn&& fn) {
+  std::array<char, idem::detail::kPackedFingerprintSize> packed;
+  if (layout == 2 && idem::detail::try_pack_fingerprint(fp, packed.data())) {
+    return fn(Blob{std::string_view(packed.data(), packed.size())});
+  }
+  return fn(fp);
+}
+
+Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
   r.status = idem::detail::record_status_or_throw(st.column_bytes(0), "sqlite", key.str());
   r.fingerprint = st.column_bytes(1);
+  if (layout == 2 && st.column_int64(kPackedColumn) == 1) {
+    if (!idem::detail::unpack_hex_fingerprint(r.fingerprint)) {
+      throw idem::detail::corrupt_record("sqlite", key.str(),
+                                         "a packed fingerprint is not 32 bytes");
+    }
+  }
   r.owner = st.column_bytes(2);
   r.response = st.column_bytes(3);
   r.lease_until = time_column(st, 4, "lease_until", key, false);
@@ -399,9 +425,12 @@ void SqliteStore::init() {
   if (k == s) throw UsageError("idem::sqlite: key and scope columns must differ");
   if (!options_.clock) options_.clock = system_now;
   sql_ = std::make_unique<Sql>();
+  migrate();
   std::string where = " WHERE " + k + " = ?1 AND " + s + " = ?2";
   sql_->select = "SELECT status, fingerprint, owner, response_body, lease_until, created_at, "
-                 "updated_at, expires_at FROM " + t + where;
+                 "updated_at, expires_at" +
+                 std::string(sql_->layout == 2 ? ", typeof(fingerprint) = 'blob'" : "") +
+                 " FROM " + t + where;
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
                  "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
@@ -427,9 +456,13 @@ void SqliteStore::init() {
                " SET status = 'failed', response_body = ?4, expires_at = ?5, updated_at = ?6" +
                where + " AND owner = ?3 AND status = 'in_progress'";
   sql_->release = "DELETE FROM " + t + where + " AND owner = ?3 AND status = 'in_progress'";
-  sql_->purge = "DELETE FROM " + t + " WHERE id IN (SELECT id FROM " + t +
+  sql_->extend = "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where +
+                 " AND owner = ?3 AND status = 'in_progress'";
+  // Layout 2 has no id column: rows are named by their primary key.
+  const std::string cols = sql_->layout == 2 ? k + ", " + s : "id";
+  const std::string row = sql_->layout == 2 ? "(" + cols + ")" : cols;
+  sql_->purge = "DELETE FROM " + t + " WHERE " + row + " IN (SELECT " + cols + " FROM " + t +
                 " WHERE status <> 'in_progress' AND expires_at <= ?1 LIMIT ?2)";
-  migrate();
 }
 
 SqliteStore::~SqliteStore() = default;
@@ -449,28 +482,41 @@ void SqliteStore::migrate() {
                          std::to_string(version) + ", newer than this idem (" +
                          std::to_string(kSchemaVersion) + ")");
     }
-    if (version < 1) {
-      tx.exec_script("CREATE TABLE IF NOT EXISTS " + t + " (" +
-                     " id INTEGER PRIMARY KEY," +
-                     " " + k + " VARCHAR(128) NOT NULL," +
-                     " " + s + " VARCHAR(64) NOT NULL," +
-                     " status VARCHAR(16) NOT NULL"
-                     "  CHECK (" + std::string(kStatusCheck) + "),"
-                     " fingerprint VARCHAR(64) NOT NULL DEFAULT '',"
-                     " owner VARCHAR(32) NOT NULL,"
-                     " response_body BLOB,"
-                     " lease_until INTEGER NOT NULL,"
-                     " expires_at INTEGER,"
-                     " attempts INTEGER NOT NULL DEFAULT 1,"
-                     " created_at INTEGER NOT NULL,"
-                     " updated_at INTEGER NOT NULL,"
-                     " UNIQUE (" + k + ", " + s + "));"
-                     "CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
-                     " (expires_at) WHERE status <> 'in_progress';");
+    if (version == 0) {
+      // A table of that name that idem did not create (adopted by name, e.g. the seed's
+      // api_idempotency) keeps its own layout: version 1.
+      const bool exists =
+          tx.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                         t)
+              .value_or(0) > 0;
+      if (exists) {
+        tx.exec_script("CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
+                       " (expires_at) WHERE status <> 'in_progress';");
+        version = 1;
+      } else {
+        tx.exec_script("CREATE TABLE " + t + " (" +
+                       " " + k + " VARCHAR(128) NOT NULL," +
+                       " " + s + " VARCHAR(64) NOT NULL," +
+                       " status VARCHAR(16) NOT NULL"
+                       "  CHECK (" + std::string(kStatusCheck) + "),"
+                       " fingerprint BLOB NOT NULL DEFAULT '',"
+                       " owner VARCHAR(32) NOT NULL,"
+                       " response_body BLOB,"
+                       " lease_until INTEGER NOT NULL,"
+                       " expires_at INTEGER,"
+                       " attempts INTEGER NOT NULL DEFAULT 1,"
+                       " created_at INTEGER NOT NULL,"
+                       " updated_at INTEGER NOT NULL,"
+                       " PRIMARY KEY (" + k + ", " + s + ")) WITHOUT ROWID;"
+                       "CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
+                       " (expires_at) WHERE status <> 'in_progress';");
+        version = 2;
+      }
       tx.exec("INSERT OR REPLACE INTO idem_schema_version (name, version, applied_at) "
               "VALUES (?, ?, ?)",
-              t, kSchemaVersion, to_millis(now()));
+              t, version, to_millis(now()));
     }
+    sql_->layout = static_cast<int>(version);
   });
 }
 
@@ -480,7 +526,7 @@ std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_vie
     Statement st = session.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
-    Record r = read_record(st, key);
+    Record r = read_record(st, key, sql_->layout);
     // Only the answers that need no write lock: a replay or a mismatch.
     idem::detail::ClaimDecision d =
         idem::detail::decide_claim(idem::detail::found_at(r, t), fingerprint, {});
@@ -499,8 +545,10 @@ ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_v
   auto t = now();
   auto lease_until = to_millis(t + lease);
   if (!c.took_over) {  // absent (or its retention had ended): a new in-progress record
-    tx.exec(sql_->insert, key.id(), key.scope(), fingerprint, owner.str(), lease_until,
-            to_millis(t));
+    with_stored_fingerprint(sql_->layout, fingerprint, [&](const auto& fp) {
+      return tx.exec(sql_->insert, key.id(), key.scope(), fp, owner.str(), lease_until,
+                     to_millis(t));
+    });
     return c;
   }
   tx.exec(sql_->takeover, key.id(), key.scope(), owner.str(), lease_until, to_millis(t));
@@ -514,7 +562,7 @@ ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_vi
   {
     Statement st = tx.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
-    if (st.step()) found = read_record(st, key);
+    if (st.step()) found = read_record(st, key, sql_->layout);
   }
   if (!found) return ClaimResult{};
   idem::detail::ClaimDecision d =
@@ -532,8 +580,10 @@ void SqliteStore::insert_completed_in(Transaction& tx, const Key& key,
                                       bool took_over) {
   auto t = now();
   if (!took_over) {
-    tx.exec(sql_->insert_completed, key.id(), key.scope(), fingerprint, owner.str(),
-            Blob{response}, to_millis(t), to_millis(t + retention));
+    with_stored_fingerprint(sql_->layout, fingerprint, [&](const auto& fp) {
+      return tx.exec(sql_->insert_completed, key.id(), key.scope(), fp, owner.str(),
+                     Blob{response}, to_millis(t), to_millis(t + retention));
+    });
     return;
   }
   int n = tx.exec(sql_->takeover_completed, key.id(), key.scope(), owner.str(), Blob{response},
@@ -554,8 +604,11 @@ std::vector<bool> SqliteStore::insert_completed_batch_in(Transaction& tx,
     if (r.key == nullptr || r.owner == nullptr) {
       throw UsageError("idem::sqlite: insert_completed_batch_in needs a key and an owner");
     }
-    out[i] = tx.exec(sql_->insert_completed_if_absent, r.key->id(), r.key->scope(), r.fingerprint,
-                     r.owner->str(), Blob{response}, to_millis(t), to_millis(t + retention)) == 1;
+    out[i] = with_stored_fingerprint(sql_->layout, r.fingerprint, [&](const auto& fp) {
+               return tx.exec(sql_->insert_completed_if_absent, r.key->id(), r.key->scope(), fp,
+                              r.owner->str(), Blob{response}, to_millis(t),
+                              to_millis(t + retention));
+             }) == 1;
   }
   return out;
 }
@@ -605,12 +658,22 @@ bool SqliteStore::release(const Key& key, const OwnerToken& owner) {
   });
 }
 
+bool SqliteStore::extend(const Key& key, const OwnerToken& owner,
+                         std::chrono::milliseconds lease) {
+  if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
+  return database_->write([&](Transaction& tx) {
+    auto t = now();
+    return tx.exec(sql_->extend, key.id(), key.scope(), owner.str(), to_millis(t + lease),
+                   to_millis(t)) == 1;
+  });
+}
+
 std::optional<Record> SqliteStore::lookup(const Key& key) {
   return database_->read([&](Session& session) -> std::optional<Record> {
     Statement st = session.prepare(sql_->select);
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
-    return read_record(st, key);
+    return read_record(st, key, sql_->layout);
   });
 }
 

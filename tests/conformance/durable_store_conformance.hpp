@@ -27,6 +27,7 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/reassigning_handler.hpp"
 #include "support/test_env.hpp"
 
 namespace idem::test {
@@ -406,18 +407,65 @@ TYPED_TEST_P(DurableStoreConformance, GuardHandlerThrowsThenRetryRuns) {
   EXPECT_EQ(Outcome::kExecuted, guard.run(k2, "", [] { return std::string("y"); }).outcome);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance,
-                            TransactionalRunCommitsRecordAndEffectTogether,
+// A handler that reassigns the Key and fingerprint it was passed (section "the call owns what
+// it acquired"): in both modes, durable only and with a fast store in front, one effect, the
+// acquired key completed with its own fingerprint, nothing under the other key, and the replay
+// works.
+TYPED_TEST_P(DurableStoreConformance,
+             HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  for (int shape = 0; shape < 4; ++shape) {
+    const bool with_fast = (shape & 1) != 0;
+    const bool transactional = (shape & 2) != 0;
+    SCOPED_TRACE(std::string(with_fast ? "memory + " : "") + std::string(store.name()) +
+                 (transactional ? ", transactional" : ", two-phase"));
+    auto acquired = this->key();
+    auto other = Key::make("payment", acquired.id() + "_other");
+    const std::string fp = heap_fingerprint(acquired.id());
+    int runs = 0;
+    MemoryStore fast;
+    auto check = [&](auto& guard) {
+      GuardResult<std::string> r;
+      if (transactional) {
+        r = run_reassigning<Tx>(guard, acquired, other, fp, runs,
+                                [&](Tx& tx) { TypeParam::insert_effect(tx, acquired.id()); });
+      } else {
+        r = run_reassigning<void>(guard, acquired, other, fp, runs, [] {});
+      }
+      EXPECT_EQ(Outcome::kExecuted, r.outcome);
+      EXPECT_EQ("pay", r.value.value_or("<none>"));
+      EXPECT_EQ(1, runs);
+      expect_acquired_key_completed(store, acquired, other, fp);
+      if (with_fast) expect_acquired_key_completed(fast, acquired, other, fp);
+      if (transactional) expect_replay<Tx>(guard, acquired, fp, runs);
+      if (!transactional) expect_replay<void>(guard, acquired, fp, runs);
+      EXPECT_EQ(transactional ? 1 : 0, TypeParam::count_effects(store, acquired.id()));
+      EXPECT_EQ(0, TypeParam::count_effects(store, other.id()));
+      EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+    };
+    try {  // every shape runs, whichever fails
+      if (with_fast) {
+        IdempotencyGuard guard{fast, store};
+        check(guard);
+      } else {
+        IdempotencyGuard<typename TypeParam::Store> guard{store};
+        check(guard);
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+}
+
+REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance, TransactionalRunCommitsRecordAndEffectTogether,
                             HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
-                            TwoPhaseLeaseExpiryFencesTheStaleOwner,
-                            TwoPhaseReleaseLetsARetryRun,
-                            FailedRecordAndRetriedBeginFollowTheRulebook,
-                            ResponsesAreByteIdentical,
+                            TwoPhaseLeaseExpiryFencesTheStaleOwner, TwoPhaseReleaseLetsARetryRun,
+                            FailedRecordAndRetriedBeginFollowTheRulebook, ResponsesAreByteIdentical,
                             HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
                             GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
-                            GuardTwoPhaseStormRunsOnce,
-                            FastStoreFailingEveryCallStillExactlyOnce,
-                            FastStoreThatLostTheRecordIsRefilled,
-                            GuardHandlerThrowsThenRetryRuns);
+                            GuardTwoPhaseStormRunsOnce, FastStoreFailingEveryCallStillExactlyOnce,
+                            FastStoreThatLostTheRecordIsRefilled, GuardHandlerThrowsThenRetryRuns,
+                            HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey);
 
 }  // namespace idem::test

@@ -24,6 +24,9 @@ struct FastStoreFactory {
   std::string name;
   const char* env_var;
   std::function<std::unique_ptr<FastStore>(const std::string& env_value)> make;
+  /// Whether a completed record reports its attempt's owner token as the holder of a duplicate
+  /// (ClaimResult::holder, "may be empty"): Redis drops it to keep records small.
+  bool keeps_completed_owner = true;
 };
 
 inline void PrintTo(const FastStoreFactory& f, std::ostream* os) { *os << f.name; }
@@ -65,7 +68,7 @@ TEST_P(FastStoreConformance, CompleteThenReplay) {
   auto again = store_->claim(k, "fp", OwnerToken::generate(), lease_);
   EXPECT_EQ(ClaimStatus::kDone, again.status);
   EXPECT_EQ("order_42", again.response);
-  EXPECT_EQ(a.str(), again.holder);
+  EXPECT_EQ(GetParam().keeps_completed_owner ? a.str() : std::string(), again.holder);
   auto rec = store_->lookup(k);
   ASSERT_TRUE(rec.has_value());
   EXPECT_EQ(Record::Status::kCompleted, rec->status);

@@ -16,6 +16,8 @@ internal=(
   'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error|TlsConnector|make_tls)'
   # called by the inline StateMachine driver of include/idem/postgres/state_machine.hpp
   'idem::postgres::detail::state_machine_(update|current)'
+  # called by the inline SqlDriver of include/idem/mysql/sql_driver.hpp
+  'idem::mysql::detail::helper_value'
 )
 internal_re="$(IFS='|'; echo "${internal[*]}")"
 status=0
@@ -27,6 +29,10 @@ for lib in "${libs[@]}"; do
     if [[ "$type" =~ ^[WVuw]$ && "$name" =~ ^((typeinfo|typeinfo\ name|vtable|VTT)\ for\ |[^\(]*\ )?(std|__gnu_cxx):: ]]; then
       continue
     fi
+    # A thunk adjusts `this` for a base class of a public class (e.g. the destructor of an
+    # exception with two bases): part of that class's API.
+    name="${name#non-virtual thunk to }"
+    name="${name#virtual thunk to }"
     if [[ "$name" =~ ^((typeinfo|typeinfo\ name|vtable|VTT|guard\ variable)\ for\ )?idem:: ]]; then
       qualified="${name%%(*}"
       if [[ ! "$qualified" =~ ::detail::|::Impl($|::)|anonymous ]]; then continue; fi

@@ -7,16 +7,20 @@
 //      bursts, from a seeded RNG (same --seed, same plan), while a fault schedule runs,
 //   4. heals (Redis resumed and restarted, PostgreSQL started, the service restarted plainly),
 //      waits past the lease, and retries every unresolved key until it resolves,
-//   5. reads the ground truth from PostgreSQL and checks: at most one effect per key and
+//   5. reads the ground truth from the database and checks: at most one effect per key and
 //      balances that match the payments; every success answer equal to the stored response
 //      and to the payment row; every key acknowledged as success has its payment; no key stuck
 //      in progress; no answer outside idem's typed errors,
 //   6. proves the fault fired (service counters, exit status, server start time).
 // It prints one row per scenario and a summary line; exit 1 on any violation or unfired fault.
 //
-// Environment (as scripts/servers.sh prints it): IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_DSN,
-// IDEM_SERVERS_SCRIPT, IDEM_SERVERS_DIR, IDEM_REDIS_PORT. Missing: exit 77 (skipped), or 1
-// when IDEM_REQUIRE_SERVERS=1.
+// Environment (as scripts/servers.sh prints it): IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_DSN
+// (or IDEM_TEST_MYSQL_URI with --backend mysql), IDEM_SERVERS_SCRIPT, IDEM_SERVERS_DIR,
+// IDEM_REDIS_PORT. Missing: exit 77 (skipped), or 1 when IDEM_REQUIRE_SERVERS=1.
+//
+// --backend mysql: the service runs on MysqlStore; the ground truth is read from MySQL, and
+// the database fault is `mysql_kill` (kill -9 of mysqld, then a start: InnoDB crash recovery)
+// instead of `pg_restart`.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -46,6 +50,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef IDEM_REL_WITH_MYSQL
+#include <mysql.h>
+#endif
+
 #include "wire.hpp"
 
 namespace {
@@ -67,6 +75,8 @@ std::string env_or(const char* name, const std::string& fallback = "") {
 struct Settings {
   std::string service_bin;
   std::string redis_url, pg_dsn, servers_script, servers_dir, redis_port;
+  std::string backend = "postgres";  // or "mysql"
+  std::string mysql_uri;
   std::uint64_t seed = 1;
   int keys = 60;
   int sends = 3;
@@ -301,6 +311,237 @@ class Client {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The ground truth: the business tables and idem's record table, read outside idem.
+
+struct Truth {
+  struct Effect {
+    long count = 0;
+    long first_id = 0;
+    long amount = 0;
+  };
+  std::map<std::string, Effect> effects;      // rel_payment by key
+  std::map<std::string, std::string> stored;  // completed records: key id -> response
+  long in_progress_rows = 0, idem_rows = 0, bad_accounts = 0;
+};
+
+constexpr long kAccounts = 16;
+constexpr long kInitialBalance = 100'000'000;
+// Accounts whose debits differ from their payments (any dialect).
+constexpr const char* kBadAccounts =
+    "SELECT count(*) FROM rel_account a WHERE a.initial - a.balance <> "
+    "(SELECT coalesce(sum(p.amount), 0) FROM rel_payment p WHERE p.account = a.id)";
+
+class Database {
+ public:
+  virtual ~Database() = default;
+  virtual void setup_schema() = 0;
+  /// Empties the business tables and the record table; refills the accounts.
+  virtual void reset() = 0;
+  virtual Truth truth() = 0;
+  /// Names the running server process (changes when it restarts).
+  virtual std::string server_identity() = 0;
+};
+
+class PgDatabase final : public Database {
+ public:
+  explicit PgDatabase(std::string dsn) : dsn_(std::move(dsn)) {}
+  void setup_schema() override {
+    pqxx::connection c(dsn_);
+    pqxx::work tx(c);
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS rel_account (id bigint PRIMARY KEY, initial bigint NOT NULL,"
+        " balance bigint NOT NULL)");
+    // No unique constraint on idem_key: a duplicate effect must be visible, not prevented here.
+    // The two-phase service's "external party": remembers each key's payment.
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS rel_gateway (idem_key text PRIMARY KEY, payment_id bigint)");
+    tx.exec(
+        "CREATE TABLE IF NOT EXISTS rel_payment (id bigserial PRIMARY KEY, idem_key text NOT NULL,"
+        " account bigint NOT NULL, amount bigint NOT NULL)");
+    tx.commit();
+  }
+  void reset() override {
+    pqxx::connection c(dsn_);
+    pqxx::work tx(c);
+    tx.exec("TRUNCATE rel_payment, rel_gateway");
+    tx.exec("DELETE FROM rel_account");
+    tx.exec("INSERT INTO rel_account SELECT g, " + std::to_string(kInitialBalance) + ", " +
+            std::to_string(kInitialBalance) + " FROM generate_series(0, " +
+            std::to_string(kAccounts - 1) + ") g");
+    if (tx.exec("SELECT to_regclass('rel_idempotency') IS NOT NULL").at(0).at(0).as<bool>()) {
+      tx.exec("TRUNCATE rel_idempotency");
+    }
+    tx.commit();
+  }
+  Truth truth() override {
+    Truth t;
+    pqxx::connection c(dsn_);
+    pqxx::work tx(c);
+    for (auto r : tx.exec("SELECT idem_key, count(*), min(id), min(amount) FROM rel_payment GROUP "
+                          "BY idem_key")) {
+      t.effects[r[0].as<std::string>()] = {r[1].as<long>(), r[2].as<long>(), r[3].as<long>()};
+    }
+    for (auto r : tx.exec(
+             "SELECT idem_key, status, convert_from(response_body, 'UTF8') FROM rel_idempotency")) {
+      ++t.idem_rows;
+      if (r[1].as<std::string>() == "completed")
+        t.stored[r[0].as<std::string>()] = r[2].as<std::string>();
+      else if (r[1].as<std::string>() == "in_progress")
+        ++t.in_progress_rows;
+    }
+    t.bad_accounts = tx.exec(kBadAccounts).at(0).at(0).as<long>();
+    return t;
+  }
+  std::string server_identity() override {
+    for (int i = 0; i < 100; ++i) {
+      try {
+        pqxx::connection c(dsn_);
+        pqxx::nontransaction tx(c);
+        return tx.exec("SELECT pg_postmaster_start_time()::text").at(0).at(0).as<std::string>();
+      } catch (const std::exception&) {
+        sleep_ms(200);
+      }
+    }
+    return "?";
+  }
+
+ private:
+  std::string dsn_;
+};
+
+#ifdef IDEM_REL_WITH_MYSQL
+// MySQL through the plain client library (text protocol), independent of idem's client.
+class MysqlDatabase final : public Database {
+ public:
+  MysqlDatabase(std::string uri, std::string pid_file)
+      : uri_(std::move(uri)), pid_file_(std::move(pid_file)) {}
+  void setup_schema() override {
+    Conn c(uri_);
+    c.run(
+        "CREATE TABLE IF NOT EXISTS rel_account (id bigint PRIMARY KEY,"
+        " initial bigint NOT NULL, balance bigint NOT NULL) ENGINE=InnoDB");
+    c.run(
+        "CREATE TABLE IF NOT EXISTS rel_gateway (idem_key varchar(255) CHARACTER SET ascii"
+        " COLLATE ascii_bin PRIMARY KEY, payment_id bigint NULL) ENGINE=InnoDB");
+    c.run(
+        "CREATE TABLE IF NOT EXISTS rel_payment (id bigint AUTO_INCREMENT PRIMARY KEY,"
+        " idem_key varchar(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,"
+        " account bigint NOT NULL, amount bigint NOT NULL) ENGINE=InnoDB");
+  }
+  void reset() override {
+    Conn c(uri_);
+    c.run("TRUNCATE rel_payment");
+    c.run("TRUNCATE rel_gateway");
+    c.run("DELETE FROM rel_account");
+    std::string values;
+    for (long a = 0; a < kAccounts; ++a) {
+      values += (a == 0 ? "(" : ", (") + std::to_string(a) + ", " +
+                std::to_string(kInitialBalance) + ", " + std::to_string(kInitialBalance) + ")";
+    }
+    c.run("INSERT INTO rel_account (id, initial, balance) VALUES " + values);
+    if (!c.rows("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                " AND TABLE_NAME = 'rel_idempotency'")
+             .empty()) {
+      c.run("TRUNCATE rel_idempotency");
+    }
+  }
+  Truth truth() override {
+    Truth t;
+    Conn c(uri_);
+    for (auto& r : c.rows("SELECT idem_key, count(*), min(id), min(amount) FROM rel_payment"
+                          " GROUP BY idem_key")) {
+      t.effects[r[0]] = {std::stol(r[1]), std::stol(r[2]), std::stol(r[3])};
+    }
+    for (auto& r : c.rows("SELECT idem_key, status, response_body FROM rel_idempotency")) {
+      ++t.idem_rows;
+      if (r[1] == "completed")
+        t.stored[r[0]] = r[2];
+      else if (r[1] == "in_progress")
+        ++t.in_progress_rows;
+    }
+    t.bad_accounts = std::stol(c.rows(kBadAccounts).at(0).at(0));
+    return t;
+  }
+  std::string server_identity() override {
+    for (int i = 0; i < 100; ++i) {
+      std::ifstream f(pid_file_);
+      std::string pid;
+      if (f >> pid) return "pid " + pid;
+      sleep_ms(200);
+    }
+    return "?";
+  }
+
+ private:
+  // mysql://user:password@host:port/database (what scripts/servers.sh prints; no escapes).
+  class Conn {
+   public:
+    explicit Conn(const std::string& uri) : m_(mysql_init(nullptr)) {
+      std::string rest = uri.substr(uri.find("://") + 3);
+      std::string user, password, host = "127.0.0.1", db;
+      unsigned port = 3306;
+      if (auto at = rest.rfind('@'); at != std::string::npos) {
+        std::string auth = rest.substr(0, at);
+        rest = rest.substr(at + 1);
+        auto colon = auth.find(':');
+        user = auth.substr(0, colon);
+        if (colon != std::string::npos) password = auth.substr(colon + 1);
+      }
+      if (auto slash = rest.find('/'); slash != std::string::npos) {
+        db = rest.substr(slash + 1, rest.find('?', slash) - slash - 1);
+        rest = rest.substr(0, slash);
+      }
+      if (auto colon = rest.rfind(':'); colon != std::string::npos) {
+        port = static_cast<unsigned>(std::stoul(rest.substr(colon + 1)));
+        rest = rest.substr(0, colon);
+      }
+      if (!rest.empty()) host = rest;
+      unsigned tcp = MYSQL_PROTOCOL_TCP;
+      mysql_optionsv(m_, MYSQL_OPT_PROTOCOL, &tcp);
+      for (int i = 0; i < 100; ++i) {  // the server may be starting (crash recovery)
+        if (mysql_real_connect(m_, host.c_str(), user.c_str(), password.c_str(), db.c_str(), port,
+                               nullptr, 0) != nullptr) {
+          return;
+        }
+        sleep_ms(200);
+      }
+      std::string e = mysql_error(m_);
+      mysql_close(m_);
+      throw std::runtime_error("mysql: " + e);
+    }
+    ~Conn() { mysql_close(m_); }
+    Conn(const Conn&) = delete;
+    Conn& operator=(const Conn&) = delete;
+    void run(const std::string& sql) { (void)rows(sql); }
+    std::vector<std::vector<std::string>> rows(const std::string& sql) {
+      if (mysql_real_query(m_, sql.data(), sql.size()) != 0) {
+        throw std::runtime_error("mysql: " + std::string(mysql_error(m_)) + " in: " + sql);
+      }
+      std::vector<std::vector<std::string>> out;
+      MYSQL_RES* r = mysql_store_result(m_);
+      if (r == nullptr) return out;
+      const unsigned n = mysql_num_fields(r);
+      while (MYSQL_ROW row = mysql_fetch_row(r)) {
+        unsigned long* len = mysql_fetch_lengths(r);
+        std::vector<std::string> v;
+        for (unsigned i = 0; i < n; ++i) {
+          v.emplace_back(row[i] != nullptr ? std::string(row[i], len[i]) : std::string());
+        }
+        out.push_back(std::move(v));
+      }
+      mysql_free_result(r);
+      return out;
+    }
+
+   private:
+    MYSQL* m_;
+  };
+
+  std::string uri_, pid_file_;
+};
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Scenario
 
 struct KeyInfo {
@@ -333,28 +574,19 @@ struct Row {
   }
 };
 
-constexpr long kAccounts = 16;
-constexpr long kInitialBalance = 100'000'000;
-
 class Runner {
  public:
-  explicit Runner(Settings s) : s_(std::move(s)) {}
-
-  void setup_schema() {
-    pqxx::connection c(s_.pg_dsn);
-    pqxx::work tx(c);
-    tx.exec(
-        "CREATE TABLE IF NOT EXISTS rel_account (id bigint PRIMARY KEY, initial bigint NOT NULL,"
-        " balance bigint NOT NULL)");
-    // No unique constraint on idem_key: a duplicate effect must be visible, not prevented here.
-    // The two-phase service's "external party": remembers each key's payment.
-    tx.exec(
-        "CREATE TABLE IF NOT EXISTS rel_gateway (idem_key text PRIMARY KEY, payment_id bigint)");
-    tx.exec(
-        "CREATE TABLE IF NOT EXISTS rel_payment (id bigserial PRIMARY KEY, idem_key text NOT NULL,"
-        " account bigint NOT NULL, amount bigint NOT NULL)");
-    tx.commit();
+  explicit Runner(Settings s) : s_(std::move(s)) {
+#ifdef IDEM_REL_WITH_MYSQL
+    if (s_.backend == "mysql") {
+      db_ = std::make_unique<MysqlDatabase>(s_.mysql_uri, s_.servers_dir + "/mysql/mariadb.pid");
+      return;
+    }
+#endif
+    db_ = std::make_unique<PgDatabase>(s_.pg_dsn);
   }
+
+  void setup_schema() { db_->setup_schema(); }
 
   /// Empties both stores and the business tables, so a replay of the same seed (same keys)
   /// starts from nothing: the service's Redis records (prefix idemrel:) too.
@@ -364,17 +596,7 @@ class Runner {
               "redis.call('DEL', k) end\" 0 >/dev/null");
     for (int attempt = 0;; ++attempt) {
       try {
-        pqxx::connection c(s_.pg_dsn);
-        pqxx::work tx(c);
-        tx.exec("TRUNCATE rel_payment, rel_gateway");
-        tx.exec("DELETE FROM rel_account");
-        tx.exec("INSERT INTO rel_account SELECT g, " + std::to_string(kInitialBalance) + ", " +
-                std::to_string(kInitialBalance) + " FROM generate_series(0, " +
-                std::to_string(kAccounts - 1) + ") g");
-        if (tx.exec("SELECT to_regclass('rel_idempotency') IS NOT NULL").at(0).at(0).as<bool>()) {
-          tx.exec("TRUNCATE rel_idempotency");
-        }
-        tx.commit();
+        db_->reset();
         return;
       } catch (const std::exception&) {
         if (attempt > 100) throw;
@@ -384,8 +606,8 @@ class Runner {
   }
 
   std::vector<std::string> base_args() const {
-    return {"--redis-url", s_.redis_url, "--pg-dsn",
-            s_.pg_dsn,     "--lease-ms", std::to_string(s_.lease_ms),
+    return {"--redis-url", s_.redis_url,  "--pg-dsn",   s_.pg_dsn,    "--backend",
+            s_.backend,    "--mysql-uri", s_.mysql_uri, "--lease-ms", std::to_string(s_.lease_ms),
             "--mode",      mode_};
   }
 
@@ -405,25 +627,14 @@ class Runner {
     f >> pid;
     return static_cast<pid_t>(pid);
   }
-  std::string pg_start_time() {
-    for (int i = 0; i < 100; ++i) {
-      try {
-        pqxx::connection c(s_.pg_dsn);
-        pqxx::nontransaction tx(c);
-        return tx.exec("SELECT pg_postmaster_start_time()::text").at(0).at(0).as<std::string>();
-      } catch (const std::exception&) {
-        sleep_ms(200);
-      }
-    }
-    return "?";
-  }
   void heal() {
     if (auto pid = redis_pid(); pid > 0) ::kill(pid, SIGCONT);
     servers("redis-start");
-    servers("pg-start");
+    servers(s_.backend == "mysql" ? "mysql-start" : "pg-start");
   }
 
   Settings s_;
+  std::unique_ptr<Database> db_;
   std::string mode_ = "transactional";
 };
 
@@ -567,10 +778,18 @@ Row Runner::run(const std::string& name) {
       sleep_ms(s_.lease_ms * 5 / 2);
       if (pid > 0) ::kill(pid, SIGCONT);
     } else if (name == "pg_restart") {
-      pg_before = pg_start_time();
+      pg_before = db_->server_identity();
       fault_ok = servers("pg-restart immediate") == 0;
       row.faults += 1;
-      pg_after = pg_start_time();
+      pg_after = db_->server_identity();
+    } else if (name == "mysql_kill") {
+      // kill -9 of mysqld with transactions open; the start runs InnoDB crash recovery.
+      pg_before = db_->server_identity();
+      fault_ok = servers("mysql-kill") == 0;
+      row.faults += 1;
+      sleep_ms(s_.duration_ms / 8);
+      fault_ok = servers("mysql-start") == 0 && fault_ok;
+      pg_after = db_->server_identity();
     }
   };
   std::thread fault_thread(fault);
@@ -648,37 +867,11 @@ Row Runner::run(const std::string& name) {
   sup.stop();
 
   // Ground truth -------------------------------------------------------------------------------
-  struct Effect {
-    long count = 0;
-    long first_id = 0;
-    long amount = 0;
-  };
-  std::map<std::string, Effect> effects;
-  std::map<std::string, std::string> stored;  // completed records: key id -> response
-  long in_progress_rows = 0, idem_rows = 0, bad_accounts = 0;
-  {
-    pqxx::connection c(s_.pg_dsn);
-    pqxx::work tx(c);
-    for (auto r : tx.exec("SELECT idem_key, count(*), min(id), min(amount) FROM rel_payment GROUP "
-                          "BY idem_key")) {
-      effects[r[0].as<std::string>()] = {r[1].as<long>(), r[2].as<long>(), r[3].as<long>()};
-    }
-    for (auto r : tx.exec(
-             "SELECT idem_key, status, convert_from(response_body, 'UTF8') FROM rel_idempotency")) {
-      ++idem_rows;
-      if (r[1].as<std::string>() == "completed")
-        stored[r[0].as<std::string>()] = r[2].as<std::string>();
-      else if (r[1].as<std::string>() == "in_progress")
-        ++in_progress_rows;
-    }
-    bad_accounts =
-        tx.exec(
-              "SELECT count(*) FROM rel_account a WHERE a.initial - a.balance <> "
-              "(SELECT coalesce(sum(p.amount), 0) FROM rel_payment p WHERE p.account = a.id)")
-            .at(0)
-            .at(0)
-            .as<long>();
-  }
+  Truth ground = db_->truth();
+  const auto& effects = ground.effects;
+  const auto& stored = ground.stored;
+  const long in_progress_rows = ground.in_progress_rows, idem_rows = ground.idem_rows,
+             bad_accounts = ground.bad_accounts;
 
   // Checks -------------------------------------------------------------------------------------
   long mismatches_seen = 0, typed_storage_errors = 0, invalid_key_answers = 0;
@@ -747,6 +940,11 @@ Row Runner::run(const std::string& name) {
     row.fired = fault_ok && pg_before != pg_after && typed_storage_errors > 0;
     proof << "postmaster restarted=" << (pg_before != pg_after ? "yes" : "no")
           << " typed_storage_errors=" << typed_storage_errors;
+  } else if (name == "mysql_kill") {
+    row.fired = fault_ok && pg_before != pg_after && typed_storage_errors > 0;
+    proof << "mysqld killed and restarted=" << (pg_before != pg_after ? "yes" : "no")
+          << " typed_storage_errors=" << typed_storage_errors
+          << " commits_unknown=" << delta("mysql_commits_unknown");
   } else if (name.rfind("crash_", 0) == 0) {
     row.faults = crashes;
     row.fired = crashes > 0;
@@ -769,9 +967,10 @@ Row Runner::run(const std::string& name) {
     proof << "negative control (no idem): checks caught " << row.duplicates
           << " duplicate effects (expected > 0; not counted)";
   } else if (name == "pool_exhaustion") {
-    row.faults = delta("pg_pool_exhausted") + delta("redis_exhausted");
-    row.fired = delta("pg_pool_exhausted") > 0;
-    proof << "pg_pool_exhausted=" << delta("pg_pool_exhausted")
+    const std::string db = s_.backend == "mysql" ? "mysql_" : "pg_";
+    row.faults = delta(db + "pool_exhausted") + delta("redis_exhausted");
+    row.fired = delta(db + "pool_exhausted") > 0;
+    proof << db << "pool_exhausted=" << delta(db + "pool_exhausted")
           << " redis_exhausted=" << delta("redis_exhausted");
   } else if (mismatch) {
     row.faults = static_cast<long>(keys.size());
@@ -794,7 +993,7 @@ Row Runner::run(const std::string& name) {
   std::cerr << "idem_rel_driver: " << why
             << "\nusage: idem_rel_driver --service <path> [--smoke|--full] [--seed N] [--keys N]"
                " [--sends N] [--workers N] [--duration-ms N] [--scenarios a,b,...]"
-               " [--modes transactional,two-phase] [--verbose]\n";
+               " [--modes transactional,two-phase] [--backend postgres|mysql] [--verbose]\n";
   std::exit(2);
 }
 
@@ -825,7 +1024,10 @@ int main(int argc, char** argv) {
       scenarios = next();
     else if (a == "--verbose")
       s.verbose = true;
-    else if (a == "--modes") {
+    else if (a == "--backend") {
+      s.backend = next();
+      if (s.backend != "postgres" && s.backend != "mysql") usage("--backend postgres|mysql");
+    } else if (a == "--modes") {
       s.modes.clear();
       std::stringstream in(next());
       std::string m;
@@ -852,22 +1054,33 @@ int main(int argc, char** argv) {
   if (s.service_bin.empty()) usage("--service is required");
   s.redis_url = env_or("IDEM_TEST_REDIS_URL");
   s.pg_dsn = env_or("IDEM_TEST_POSTGRES_DSN");
+  s.mysql_uri = env_or("IDEM_TEST_MYSQL_URI");
   s.servers_script = env_or("IDEM_SERVERS_SCRIPT");
   s.servers_dir = env_or("IDEM_SERVERS_DIR", "/tmp/idem-servers");
   s.redis_port = env_or("IDEM_REDIS_PORT", "16379");
-  if (s.redis_url.empty() || s.pg_dsn.empty() || s.servers_script.empty()) {
-    std::cerr << "idem_rel_driver: IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_DSN and "
-                 "IDEM_SERVERS_SCRIPT must be set (scripts/servers.sh start prints them)\n";
+  const bool mysql = s.backend == "mysql";
+#ifndef IDEM_REL_WITH_MYSQL
+  if (mysql) usage("--backend mysql needs a build with idem::mysql");
+#endif
+  if (s.redis_url.empty() || (mysql ? s.mysql_uri.empty() : s.pg_dsn.empty()) ||
+      s.servers_script.empty()) {
+    std::cerr << "idem_rel_driver: IDEM_TEST_REDIS_URL, "
+              << (mysql ? "IDEM_TEST_MYSQL_URI" : "IDEM_TEST_POSTGRES_DSN")
+              << " and IDEM_SERVERS_SCRIPT must be set (scripts/servers.sh prints them)\n";
     return env_or("IDEM_REQUIRE_SERVERS") == "1" ? 1 : 77;
   }
+  // The database fault of the backend: pg_restart for PostgreSQL, mysql_kill for MySQL.
+  std::vector<std::string> known = kAllScenarios;
+  if (mysql) {
+    std::replace(known.begin(), known.end(), std::string("pg_restart"), std::string("mysql_kill"));
+  }
   if (scenarios.empty()) {
-    s.scenarios = kAllScenarios;
+    s.scenarios = known;
   } else {
     std::stringstream in(scenarios);
     std::string n;
     while (std::getline(in, n, ',')) {
-      if (std::find(kAllScenarios.begin(), kAllScenarios.end(), n) == kAllScenarios.end())
-        usage("unknown scenario " + n);
+      if (std::find(known.begin(), known.end(), n) == known.end()) usage("unknown scenario " + n);
       s.scenarios.push_back(n);
     }
   }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // idem_rel_service: the payment service the reliability driver attacks. RedisStore in front of
-// PostgresStore, transactional mode: one pqxx::work debits the account, inserts the payment row
-// and holds idem's record; the response is the payment number ("pay_<row id>").
+// PostgresStore (or MysqlStore with --backend mysql), transactional mode: one transaction
+// (pqxx::work, idem::mysql::Transaction) debits the account, inserts the payment row and holds
+// idem's record; the response is the payment number ("pay_<row id>").
 //
 // Test-only failpoints (flags):
 //   --crash-step <fast_claimed|durable_claimed|handler_returned|durable_committed>
@@ -10,6 +11,7 @@
 //   --handler-ms MS      the handler sleeps MS for every key (pool exhaustion)
 //   --pg-pool N --pg-pool-wait-ms MS --redis-pool N --redis-pool-wait-ms MS
 //   --lease-ms MS (1000) --redis-timeout-ms MS (300)
+//   --backend postgres|mysql (postgres) --pg-dsn DSN --mysql-uri URI
 //   --unguarded          no idem at all: every request pays (the driver's negative control,
 //                        which proves its checks catch duplicate effects)
 //   --mode transactional|two-phase   two-phase: the handler runs outside idem's record, in its
@@ -42,6 +44,9 @@
 #include "idem/guard.hpp"
 #include "idem/postgres/postgres_store.hpp"
 #include "idem/redis/redis_store.hpp"
+#ifdef IDEM_REL_WITH_MYSQL
+#include "idem/mysql/mysql_store.hpp"
+#endif
 #include "wire.hpp"
 
 namespace {
@@ -52,6 +57,8 @@ using idem::reliability::LineSocket;
 struct Config {
   std::string redis_url = "redis://127.0.0.1:6379";
   std::string pg_dsn;
+  std::string mysql_uri;
+  bool mysql = false;
   std::string table = "rel_idempotency";
   int port = 0;
   long lease_ms = 1000;
@@ -92,7 +99,13 @@ Config parse(int argc, char** argv) {
       c.redis_url = next();
     else if (a == "--pg-dsn")
       c.pg_dsn = next();
-    else if (a == "--table")
+    else if (a == "--mysql-uri")
+      c.mysql_uri = next();
+    else if (a == "--backend") {
+      std::string b = next();
+      if (b != "postgres" && b != "mysql") usage("--backend postgres|mysql");
+      c.mysql = b == "mysql";
+    } else if (a == "--table")
       c.table = next();
     else if (a == "--port")
       c.port = std::stoi(next());
@@ -128,15 +141,100 @@ Config parse(int argc, char** argv) {
   return c;
 }
 
-class Service {
+// The business statements of each durable store: the payment (debit + payment row, in the
+// guard's transaction) and the two-phase mode's external party (its own transaction,
+// de-duplicated by the key).
+struct PostgresBackend {
+  using Store = idem::postgres::PostgresStore;
+  using Tx = pqxx::work;
+  static idem::postgres::PostgresStoreOptions options(const Config& c) {
+    idem::postgres::PostgresStoreOptions o;
+    o.conninfo = c.pg_dsn;
+    o.table = c.table;
+    o.pool_size = static_cast<std::size_t>(c.pg_pool);
+    o.pool_wait = std::chrono::milliseconds(c.pg_pool_wait_ms);
+    return o;
+  }
+  static std::string pay(Tx& tx, const std::string& id, long account, long amount) {
+    tx.exec_params("UPDATE rel_account SET balance = balance - $1 WHERE id = $2", amount, account);
+    auto row = tx.exec_params1(
+        "INSERT INTO rel_payment (idem_key, account, amount) VALUES ($1, $2, $3) RETURNING id", id,
+        account, amount);
+    return "pay_" + row[0].as<std::string>();
+  }
+  // The gateway's row for `id`: true when this call made it (a first payment).
+  static bool gateway_claim(Tx& tx, const std::string& id) {
+    return !tx.exec_params(
+                  "INSERT INTO rel_gateway (idem_key) VALUES ($1) ON CONFLICT DO NOTHING "
+                  "RETURNING idem_key",
+                  id)
+                .empty();
+  }
+  static std::string gateway_payment(Tx& tx, const std::string& id) {
+    return tx.exec_params1("SELECT payment_id FROM rel_gateway WHERE idem_key = $1", id)[0]
+        .as<std::string>();
+  }
+  static void gateway_done(Tx& tx, const std::string& id, long payment) {
+    tx.exec_params("UPDATE rel_gateway SET payment_id = $1 WHERE idem_key = $2", payment, id);
+  }
+};
+
+#ifdef IDEM_REL_WITH_MYSQL
+struct MysqlBackend {
+  using Store = idem::mysql::MysqlStore;
+  using Tx = idem::mysql::Transaction;
+  static idem::mysql::MysqlStoreOptions options(const Config& c) {
+    idem::mysql::MysqlStoreOptions o;
+    o.uri = c.mysql_uri;
+    o.table = c.table;
+    o.pool_size = static_cast<std::size_t>(c.pg_pool);
+    o.pool_wait = std::chrono::milliseconds(c.pg_pool_wait_ms);
+    return o;
+  }
+  static std::string pay(Tx& tx, const std::string& id, long account, long amount) {
+    tx.exec("UPDATE rel_account SET balance = balance - ? WHERE id = ?", amount, account);
+    tx.exec("INSERT INTO rel_payment (idem_key, account, amount) VALUES (?, ?, ?)", id, account,
+            amount);
+    return "pay_" + std::to_string(tx.last_insert_id());
+  }
+  static bool gateway_claim(Tx& tx, const std::string& id) {
+    try {
+      tx.exec("INSERT INTO rel_gateway (idem_key) VALUES (?)", id);
+      return true;
+    } catch (const idem::mysql::DuplicateKey&) {
+      return false;  // MySQL rolled back this statement only
+    }
+  }
+  static std::string gateway_payment(Tx& tx, const std::string& id) {
+    // A locking read: REPEATABLE READ's snapshot could predate the first payment's commit.
+    return tx
+        .query_text("SELECT payment_id FROM rel_gateway WHERE idem_key = ? LOCK IN SHARE MODE", id)
+        .value_or("");
+  }
+  static void gateway_done(Tx& tx, const std::string& id, long payment) {
+    tx.exec("UPDATE rel_gateway SET payment_id = ? WHERE idem_key = ?", payment, id);
+  }
+};
+#endif
+
+class Handler {
  public:
+  virtual ~Handler() = default;
+  virtual std::string handle(const std::string& line) = 0;
+};
+
+template <class Backend>
+class Service final : public Handler {
+ public:
+  using Store = typename Backend::Store;
+  using Tx = typename Backend::Tx;
   explicit Service(const Config& c)
       : cfg_(c),
         fast_(redis_options(c)),
-        durable_(pg_options(c)),
+        durable_(Backend::options(c)),
         guard_(fast_, durable_, guard_options(c)) {}
 
-  std::string handle(const std::string& line) {
+  std::string handle(const std::string& line) override {
     std::istringstream in(line);
     std::string verb;
     in >> verb;
@@ -156,21 +254,14 @@ class Service {
         if (cfg_.handler_ms > 0) sleep_ms(cfg_.handler_ms);
         if (cfg_.slow_ms > 0 && id->find("-slow-") != std::string::npos) sleep_ms(cfg_.slow_ms);
       };
-      auto pay = [&](pqxx::work& tx) -> std::string {
-        tx.exec_params("UPDATE rel_account SET balance = balance - $1 WHERE id = $2", amount,
-                       account);
-        auto row = tx.exec_params1(
-            "INSERT INTO rel_payment (idem_key, account, amount) VALUES ($1, $2, $3) RETURNING id",
-            *id, account, amount);
-        return "pay_" + row[0].as<std::string>();
-      };
+      auto pay = [&](Tx& tx) -> std::string { return Backend::pay(tx, *id, account, amount); };
       idem::GuardResult<std::string> r;
       if (cfg_.unguarded) {
         pause();
         return "OK executed " + durable_.with_transaction(pay);
       }
       if (!cfg_.two_phase) {
-        r = guard_.run(key, fp, [&](pqxx::work& tx) -> std::string {
+        r = guard_.run(key, fp, [&](Tx& tx) -> std::string {
           pause();
           return pay(tx);
         });
@@ -180,22 +271,14 @@ class Service {
           // The external party: one transaction of its own, de-duplicated by the key. Its
           // connection comes from the store's pool, so --handler-ms holds one (as in
           // transactional mode) and a tiny pool runs out.
-          return durable_.with_transaction([&](pqxx::work& tx) -> std::string {
+          return durable_.with_transaction([&](Tx& tx) -> std::string {
             if (cfg_.handler_ms > 0) sleep_ms(cfg_.handler_ms);
-            auto fresh = tx.exec_params(
-                "INSERT INTO rel_gateway (idem_key) VALUES ($1) ON CONFLICT DO NOTHING "
-                "RETURNING idem_key",
-                *id);
-            if (fresh.empty()) {
+            if (!Backend::gateway_claim(tx, *id)) {
               counters_.gateway_dedups.fetch_add(1);
-              return "pay_" +
-                     tx.exec_params1("SELECT payment_id FROM rel_gateway WHERE idem_key = $1",
-                                     *id)[0]
-                         .as<std::string>();
+              return "pay_" + Backend::gateway_payment(tx, *id);
             }
             std::string no = pay(tx);
-            tx.exec_params("UPDATE rel_gateway SET payment_id = $1 WHERE idem_key = $2",
-                           std::stol(no.substr(4)), *id);
+            Backend::gateway_done(tx, *id, std::stol(no.substr(4)));
             return no;
           });
         });
@@ -245,14 +328,6 @@ class Service {
     o.connect_timeout = std::chrono::milliseconds(c.redis_timeout_ms);
     return o;
   }
-  static idem::postgres::PostgresStoreOptions pg_options(const Config& c) {
-    idem::postgres::PostgresStoreOptions o;
-    o.conninfo = c.pg_dsn;
-    o.table = c.table;
-    o.pool_size = static_cast<std::size_t>(c.pg_pool);
-    o.pool_wait = std::chrono::milliseconds(c.pg_pool_wait_ms);
-    return o;
-  }
   static idem::GuardOptions guard_options(const Config& c) {
     idem::GuardOptions o;
     o.lease = std::chrono::milliseconds(c.lease_ms);
@@ -278,6 +353,8 @@ class Service {
     auto g = guard_.stats().snapshot();
     auto rp = fast_.pool_stats();
     auto ps = durable_.stats();
+    // The durable store's counters: pg_* for PostgreSQL, mysql_* for MySQL.
+    const std::string db = cfg_.mysql ? " mysql_" : " pg_";
     std::ostringstream out;
     out << "STATS calls=" << g.calls << " executed=" << g.executed << " replayed=" << g.replayed
         << " in_progress=" << g.in_progress << " mismatched=" << g.mismatched
@@ -285,12 +362,12 @@ class Service {
         << " durable_conflicts=" << g.durable_conflicts << " degraded=" << g.degraded
         << " takeovers=" << g.takeovers << " leases_lost=" << g.leases_lost
         << " fast_refills=" << g.fast_refills << " redis_exhausted=" << rp.exhausted
-        << " redis_dropped=" << rp.dropped << " pg_lock_timeouts=" << ps.lock_timeouts
-        << " pg_commits_resolved=" << ps.commits_resolved
-        << " pg_commits_unknown=" << ps.commits_unknown << " pg_retries=" << ps.retries
+        << " redis_dropped=" << rp.dropped << db << "lock_timeouts=" << ps.lock_timeouts << db
+        << "commits_resolved=" << ps.commits_resolved << db
+        << "commits_unknown=" << ps.commits_unknown << db << "retries=" << ps.retries
         << " requests=" << counters_.requests.load()
-        << " invalid_keys=" << counters_.invalid_keys.load()
-        << " pg_pool_exhausted=" << counters_.pg_pool_exhausted.load()
+        << " invalid_keys=" << counters_.invalid_keys.load() << db
+        << "pool_exhausted=" << counters_.pg_pool_exhausted.load()
         << " untyped=" << counters_.untyped.load()
         << " gateway_dedups=" << counters_.gateway_dedups.load();
     std::lock_guard<std::mutex> lock(counters_.mu);
@@ -300,12 +377,12 @@ class Service {
 
   Config cfg_;
   idem::redis::RedisStore fast_;
-  idem::postgres::PostgresStore durable_;
-  idem::IdempotencyGuard<idem::postgres::PostgresStore> guard_;
+  Store durable_;
+  idem::IdempotencyGuard<Store> guard_;
   Counters counters_;
 };
 
-void serve_connection(Service* svc, int fd) {
+void serve_connection(Handler* svc, int fd) {
   LineSocket sock(fd);
   while (auto line = sock.read_line()) {
     if (!sock.write_line(svc->handle(*line))) break;
@@ -316,9 +393,17 @@ void serve_connection(Service* svc, int fd) {
 
 int main(int argc, char** argv) {
   Config cfg = parse(argc, argv);
-  std::unique_ptr<Service> svc;
+  std::unique_ptr<Handler> svc;
   try {
-    svc = std::make_unique<Service>(cfg);
+    if (cfg.mysql) {
+#ifdef IDEM_REL_WITH_MYSQL
+      svc = std::make_unique<Service<MysqlBackend>>(cfg);
+#else
+      usage("--backend mysql needs a build with idem::mysql");
+#endif
+    } else {
+      svc = std::make_unique<Service<PostgresBackend>>(cfg);
+    }
   } catch (const std::exception& e) {
     std::cerr << "idem_rel_service: cannot start: " << e.what() << "\n";
     return 3;

@@ -840,6 +840,94 @@ TEST_F(ConsumerTest, ConcurrentOverlappingBatchesOneEffectEach) {
   for (int m = 0; m < kMessages; ++m) EXPECT_EQ(1, n.effects("m" + std::to_string(m)));
 }
 
+// Handlers that rewrite the bytes their Delivery views (message id and fingerprint, freeing
+// the old buffers): consume (transactional, two-phase) and consume_batch (including its rerun
+// with savepoints after a failing handler) record the ids and fingerprints as delivered, one
+// effect each, and a redelivery as delivered is a duplicate, not a mismatch.
+TEST_F(ConsumerTest, HandlersRewritingTheirDeliveryRecordWhatWasDelivered) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 1;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  auto expect_record = [&](const std::string& id, const std::string& fp,
+                           idem::Record::Status status) {
+    auto rec = n.durable.lookup(idem::Key::make("billing", id));
+    ASSERT_TRUE(rec.has_value()) << id;
+    EXPECT_EQ(status, rec->status) << id;
+    EXPECT_EQ(fp, rec->fingerprint) << id;
+    auto fast = n.fast.lookup(idem::Key::make("billing", id));
+    if (status == idem::Record::Status::kCompleted) {
+      ASSERT_TRUE(fast.has_value()) << id;
+      EXPECT_EQ(fp, fast->fingerprint) << id;
+    }
+  };
+  const std::string long_tail(64, 'm');
+  for (int mode = 0; mode < 2; ++mode) {
+    const std::string id0 = "single_" + std::to_string(mode) + "_" + long_tail;
+    const std::string fp0 = idem::fingerprint("body " + id0);
+    std::string id = id0, fp = fp0;
+    auto rewrite = [&] {
+      id = std::string(200, 'x');  // both move-assigned: the viewed buffers are freed
+      fp = std::string(200, 'y');
+    };
+    Verdict v;
+    if (mode == 0) {
+      v = n.consumer.consume(Delivery{id, fp}, [&](Transaction& tx) {
+        rewrite();
+        tx.exec("INSERT INTO effect (message_id) VALUES (?)", id0);
+      });
+      EXPECT_EQ(1, n.effects(id0));
+    } else {
+      v = n.consumer.consume(Delivery{id, fp}, [&] { rewrite(); });
+    }
+    EXPECT_EQ(Verdict::kAck, v);
+    expect_record(id0, fp0, idem::Record::Status::kCompleted);
+    EXPECT_EQ(Verdict::kAckDuplicate, n.consumer.consume(Delivery{id0, fp0}, [] {}));
+  }
+  // A failing handler that rewrites its delivery is dead-lettered under what was delivered.
+  {
+    const std::string id0 = "poison_" + long_tail;
+    const std::string fp0 = idem::fingerprint("body " + id0);
+    std::string id = id0, fp = fp0;
+    EXPECT_EQ(Verdict::kDeadLetter, n.consumer.consume(Delivery{id, fp}, [&](Transaction&) {
+      id = std::string(200, 'x');
+      fp = std::string(200, 'y');
+      throw std::runtime_error("poison");
+    }));
+    expect_record(id0, fp0, idem::Record::Status::kFailed);
+    EXPECT_EQ(Verdict::kAckDuplicate, n.consumer.consume(Delivery{id0, fp0}, [] {}));
+  }
+  // A batch whose first handler rewrites every delivery's bytes, and whose second fails, so
+  // the batch runs again with savepoints and writes its records after the rewrite.
+  std::vector<std::string> ids0, fps0;
+  for (int i = 0; i < 3; ++i) {
+    ids0.push_back("batch_" + std::to_string(i) + "_" + long_tail);
+    fps0.push_back(idem::fingerprint("body " + ids0.back()));
+  }
+  std::vector<std::string> ids = ids0, fps = fps0;
+  std::vector<Delivery> batch;
+  for (std::size_t i = 0; i < ids.size(); ++i) batch.push_back(Delivery{ids[i], fps[i]});
+  auto verdicts = n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+    for (std::size_t j = 0; j < ids.size(); ++j) {
+      ids[j] = std::string(200, 'x');
+      fps[j] = std::string(200, 'y');
+      ids[j].shrink_to_fit();
+      fps[j].shrink_to_fit();
+    }
+    tx.exec("INSERT INTO effect (message_id) VALUES (?)", ids0[i]);
+    if (i == 1) throw std::runtime_error("poison in a batch");
+  });
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kDeadLetter, Verdict::kAck}), verdicts);
+  for (std::size_t i : {0u, 2u}) {
+    EXPECT_EQ(1, n.effects(ids0[i]));
+    expect_record(ids0[i], fps0[i], idem::Record::Status::kCompleted);
+    EXPECT_EQ(Verdict::kAckDuplicate, n.consumer.consume(Delivery{ids0[i], fps0[i]}, [] {}));
+  }
+  EXPECT_EQ(0, n.effects(ids0[1]));
+  expect_record(ids0[1], fps0[1], idem::Record::Status::kFailed);
+}
+
 TEST(ConsumerOptionsTest, RejectsBadGroupAndZeroAttempts) {
   idem::MemoryStore fast;
   idem::IdempotencyGuard guard{fast};

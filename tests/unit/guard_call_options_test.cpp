@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Per-call lease and retention, the kill switch (GuardOptions::bypass), waiting for the first
-// result (wait_for_result) and bounded retries of transient durable-store failures
-// (store_attempts), on the MemoryStore and SQLite.
+// result (wait_for_result), bounded retries of transient durable-store failures
+// (store_attempts) and the lease heartbeat of long handlers, on the MemoryStore and SQLite.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -443,6 +443,137 @@ TEST_F(StoreRetryTest, TheHandlersOwnTransientErrorIsNotRetried) {
                idem::StorageTimeout);
   EXPECT_EQ(1, runs);
   EXPECT_EQ(0u, guard.stats().snapshot().store_retries);
+}
+
+// A handler running five leases long, with duplicates arriving all the time: `heartbeat` on,
+// every duplicate is in progress and the handler completes once; off (the control), a duplicate
+// takes the expired claim over and the first attempt is fenced.
+struct LongHandlerRun {
+  int runs = 0;
+  int duplicates_executed = 0, duplicates_in_progress = 0;
+  bool first_lease_lost = false;
+  idem::GuardStatsSnapshot stats;
+};
+
+LongHandlerRun run_long_handler(bool heartbeat) {
+  idem::MemoryStore fast;
+  GuardOptions o;
+  o.lease = 300ms;  // beats every 100 ms: 200 ms of slack for a loaded machine
+  o.heartbeat = heartbeat;
+  idem::IdempotencyGuard guard{fast, o};
+  const Key key = Key::make("report", "r1");
+  LongHandlerRun out;
+  std::atomic<bool> running{false}, done{false};
+  std::atomic<int> runs{0};
+  std::thread first([&] {
+    try {
+      auto r = guard.run(key, "", [&] {
+        ++runs;
+        running = true;
+        std::this_thread::sleep_for(1500ms);  // five leases
+        return std::string("report ready");
+      });
+      EXPECT_EQ(Outcome::kExecuted, r.outcome);
+    } catch (const idem::LeaseLost&) {
+      out.first_lease_lost = true;
+    }
+    done = true;
+  });
+  while (!running) std::this_thread::sleep_for(1ms);
+  while (!done) {
+    auto r = guard.run(key, "", [&] {
+      ++runs;
+      return std::string("duplicate ran");
+    });
+    if (r.outcome == Outcome::kExecuted) ++out.duplicates_executed;
+    if (r.outcome == Outcome::kInProgress) ++out.duplicates_in_progress;
+    std::this_thread::sleep_for(15ms);
+  }
+  first.join();
+  out.runs = runs.load();
+  out.stats = guard.stats().snapshot();
+  return out;
+}
+
+TEST(HeartbeatTest, AHandlerRunningFiveLeasesCompletesOnceWithNoTakeover) {
+  LongHandlerRun with = run_long_handler(true);
+  EXPECT_EQ(1, with.runs);
+  EXPECT_FALSE(with.first_lease_lost);
+  EXPECT_EQ(0, with.duplicates_executed);
+  EXPECT_GT(with.duplicates_in_progress, 5);
+  EXPECT_EQ(0u, with.stats.leases_lost);
+  EXPECT_EQ(0u, with.stats.takeovers);
+
+  LongHandlerRun without = run_long_handler(false);  // the control: the test can tell
+  EXPECT_GE(without.duplicates_executed, 1);
+  EXPECT_TRUE(without.first_lease_lost);
+}
+
+TEST(HeartbeatTest, TwoPhaseExtendsTheDurableRecordThatAnotherProcessSees) {
+  idem::test::TempDir dir;
+  const std::string file = dir.file("beat.sqlite");
+  idem::sqlite::SqliteStore durable_a{file}, durable_b{file};
+  idem::MemoryStore fast_a, fast_b;  // two processes: their fast stores do not share claims
+  GuardOptions oa;
+  oa.lease = 300ms;
+  oa.heartbeat = true;
+  idem::IdempotencyGuard a{fast_a, durable_a, oa};
+  idem::IdempotencyGuard b{fast_b, durable_b};
+  const Key key = Key::make("export", "x1");
+  std::atomic<bool> running{false}, done{false};
+  std::atomic<int> runs{0};
+  std::thread first([&] {
+    auto r = a.run(key, "", [&] {  // two-phase: the durable record is in progress meanwhile
+      ++runs;
+      running = true;
+      std::this_thread::sleep_for(1500ms);
+      return std::string("exported");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+    done = true;
+  });
+  while (!running) std::this_thread::sleep_for(1ms);
+  int in_progress = 0;
+  while (!done) {
+    auto r = b.run(key, "", [&] {
+      ++runs;
+      return std::string("again");
+    });
+    EXPECT_NE(Outcome::kExecuted, r.outcome) << "taken over although the owner is alive";
+    if (r.outcome == Outcome::kInProgress) ++in_progress;
+    std::this_thread::sleep_for(20ms);
+  }
+  first.join();
+  EXPECT_EQ(1, runs.load());
+  EXPECT_GT(in_progress, 5);
+  auto replay = b.run(key, "", [] { return std::string("again"); });
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("exported", *replay.value);
+  EXPECT_EQ(0u, a.stats().snapshot().leases_lost);
+}
+
+TEST(HeartbeatTest, ExtendIsOwnerCheckedOnEveryStore) {
+  idem::MemoryStore memory;
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore sqlite{dir.file("extend.sqlite")};
+  const Key key = Key::make("k", "1");
+  auto mine = idem::OwnerToken::generate();
+  auto other = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, memory.claim(key, "", mine, 50ms).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, sqlite.begin(key, "", mine, 50ms, {}).status);
+  EXPECT_TRUE(memory.extend(key, mine, 10s));
+  EXPECT_TRUE(sqlite.extend(key, mine, 10s));
+  EXPECT_FALSE(memory.extend(key, other, 10s));
+  EXPECT_FALSE(sqlite.extend(key, other, 10s));
+  std::this_thread::sleep_for(100ms);  // past the first lease, within the extended one
+  EXPECT_EQ(idem::ClaimStatus::kBusy, memory.claim(key, "", other, 50ms).status);
+  EXPECT_EQ(idem::ClaimStatus::kBusy, sqlite.begin(key, "", other, 50ms, {}).status);
+  ASSERT_TRUE(memory.complete(key, mine, "r", 60s));
+  ASSERT_TRUE(sqlite.complete(key, mine, "r", 60s));
+  EXPECT_FALSE(memory.extend(key, mine, 10s)) << "a completed record is not extended";
+  EXPECT_FALSE(sqlite.extend(key, mine, 10s));
+  EXPECT_FALSE(memory.extend(Key::make("k", "absent"), mine, 10s));
+  EXPECT_THROW(memory.extend(key, mine, 0ms), idem::UsageError);
 }
 
 }  // namespace

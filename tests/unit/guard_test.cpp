@@ -8,12 +8,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "idem/memory_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/reassigning_handler.hpp"
 
 namespace {
 
@@ -209,6 +210,24 @@ TEST(GuardFastOnly, FastStoreDownIsAnErrorWithoutADurableStore) {
     EXPECT_EQ(503, e.http_status());
   }
   EXPECT_EQ(0, runs);
+}
+
+// The handler reassigns the Key and fingerprint it was passed: the fast-only call completes
+// the key it claimed (no LeaseLost, no record under the other key) and the replay works.
+TEST(GuardFastOnly, HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto acquired = idem::Key::make("payment", "reassigned_1");
+  auto other = idem::Key::make("payment", "reassigned_2");
+  const std::string fp = idem::test::heap_fingerprint(acquired.id());
+  int runs = 0, effects = 0;
+  auto r = idem::test::run_reassigning<void>(guard, acquired, other, fp, runs, [&] { ++effects; });
+  EXPECT_EQ(idem::Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, effects);
+  idem::test::expect_acquired_key_completed(fast, acquired, other, fp);
+  idem::test::expect_replay<void>(guard, acquired, fp, runs);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
 }
 
 TEST(GuardFastOnly, ThirtyTwoThreadsOneKeyRunOnce) {

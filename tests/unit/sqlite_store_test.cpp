@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -20,8 +21,9 @@ struct SqliteTraits {
     static idem::test::TempDir dir;
     auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
     store->database().write([](idem::sqlite::Transaction& tx) {
-      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
-              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS idem_test_effects ("
+          " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
     });
     return store;
   }
@@ -77,8 +79,9 @@ struct HintedSqliteTraits : SqliteTraits {
     static idem::test::TempDir dir;
     auto store = std::make_unique<Store>(dir.file(idem::test::unique_name("db") + ".sqlite"));
     store->database().write([](idem::sqlite::Transaction& tx) {
-      tx.exec("CREATE TABLE IF NOT EXISTS idem_test_effects ("
-              " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
+      tx.exec(
+          "CREATE TABLE IF NOT EXISTS idem_test_effects ("
+          " id INTEGER PRIMARY KEY, key_id TEXT NOT NULL)");
     });
     return store;
   }
@@ -144,7 +147,7 @@ TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
     return s.query_int64("SELECT version FROM idem_schema_version WHERE name = ?",
                          "api_idempotency");
   });
-  EXPECT_EQ(1, version.value_or(0));
+  EXPECT_EQ(2, version.value_or(0));
   idem::sqlite::SqliteStore mq(b.shared_database(),
                                idem::sqlite::SqliteStoreOptions::mq_consume_record());
   auto key = idem::Key::make("billing-consumer", "msg-1");
@@ -190,6 +193,252 @@ TEST(SqliteStore, StatusCheckIsEnforcedWithoutAnEphemeralTable) {
   });
 }
 
+namespace {
+
+// The record table as schema version 1 created it (idem before schema 2), verbatim.
+void create_schema_one_table(idem::sqlite::Transaction& tx) {
+  tx.exec_script(
+      "CREATE TABLE idem_schema_version ("
+      " name TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at INTEGER NOT NULL);"
+      "CREATE TABLE api_idempotency ( id INTEGER PRIMARY KEY, idem_key VARCHAR(128) NOT NULL,"
+      " biz_type VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL  CHECK (status ="
+      " 'in_progress' OR status = 'completed' OR status = 'failed'), fingerprint VARCHAR(64) NOT"
+      " NULL DEFAULT '', owner VARCHAR(32) NOT NULL, response_body BLOB, lease_until INTEGER NOT"
+      " NULL, expires_at INTEGER, attempts INTEGER NOT NULL DEFAULT 1, created_at INTEGER NOT"
+      " NULL, updated_at INTEGER NOT NULL, UNIQUE (idem_key, biz_type));"
+      "CREATE INDEX api_idempotency_expires_idx ON api_idempotency (expires_at) WHERE status <>"
+      " 'in_progress';"
+      "INSERT INTO idem_schema_version VALUES ('api_idempotency', 1, 1);");
+}
+
+std::string stored_type(idem::sqlite::SqliteStore& store, const idem::Key& key) {
+  return store.database()
+      .read([&](idem::sqlite::Session& s) {
+        return s.query_text("SELECT typeof(fingerprint) FROM " + store.table() +
+                                " WHERE idem_key = ? AND biz_type = ?",
+                            key.id(), key.scope());
+      })
+      .value_or("absent");
+}
+
+}  // namespace
+
+// Tables of schema version 1 (rowid, a unique index, fingerprints as text) are used as they
+// are: their records replay, their claims complete, new records are written in their layout,
+// and the purge works.
+TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("v1.sqlite");
+  const std::string fp = idem::fingerprint("amount=10");
+  const std::string owner = idem::OwnerToken::generate().str();
+  const auto now = idem::to_millis(idem::system_now());
+  {
+    auto db = std::make_shared<idem::sqlite::Database>(path);
+    db->write([&](idem::sqlite::Transaction& tx) {
+      create_schema_one_table(tx);
+      const std::string insert =
+          "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+          " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+          " (?1, 'pay', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)";
+      tx.exec(insert, "done", "completed", fp, owner, idem::sqlite::Blob{"pay_1"}, now,
+              now + 3'600'000, now);
+      tx.exec(insert, "held", "in_progress", fp, owner, nullptr, now + 60'000, nullptr, now);
+      tx.exec(insert, "old", "completed", fp, owner, idem::sqlite::Blob{"gone"}, now - 10, now - 5,
+              now - 20);
+    });
+  }
+  idem::sqlite::SqliteStore store(path);
+  auto version = store.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = 'api_idempotency'");
+  });
+  EXPECT_EQ(1, version.value_or(0));
+  const auto done = idem::Key::make("pay", "done");
+  auto replay = store.run_transactional(done, fp, idem::OwnerToken::generate(),
+                                        std::chrono::seconds(60), [](idem::sqlite::Transaction&) {
+                                          ADD_FAILURE() << "ran again";
+                                          return std::string("x");
+                                        });
+  EXPECT_EQ(idem::TransactionalStatus::kReplayed, replay.status);
+  EXPECT_EQ("pay_1", replay.response);
+  EXPECT_EQ(owner, replay.holder);
+  EXPECT_EQ(idem::ClaimStatus::kMismatch,
+            store
+                .begin(done, idem::fingerprint("amount=11"), idem::OwnerToken::generate(),
+                       std::chrono::seconds(30))
+                .status);
+  const auto held = idem::Key::make("pay", "held");
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.begin(held, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  EXPECT_TRUE(store.complete(held, idem::OwnerToken::from_string(owner), "pay_2",
+                             std::chrono::seconds(60)));
+  EXPECT_EQ("pay_2", store.lookup(held)->response);
+  EXPECT_EQ(fp, store.lookup(held)->fingerprint);
+  // New records keep the table's layout (text fingerprints an earlier version reads).
+  const auto fresh = idem::Key::make("pay", "fresh");
+  auto r =
+      store.run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("p3"); });
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ("text", stored_type(store, fresh));
+  EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
+  EXPECT_EQ(1u, store.purge_expired());
+  EXPECT_FALSE(store.lookup(idem::Key::make("pay", "old")).has_value());
+  EXPECT_TRUE(store.lookup(done).has_value());
+}
+
+// The steps docs/versioning.md gives to move a version-1 table to version 2, verbatim.
+TEST(SqliteStore, SchemaOneTableMovedToVersionTwoKeepsItsRecords) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("move.sqlite");
+  const std::string fp = idem::fingerprint("amount=10");
+  const auto now = idem::to_millis(idem::system_now());
+  {
+    auto db = std::make_shared<idem::sqlite::Database>(path);
+    db->write([&](idem::sqlite::Transaction& tx) {
+      create_schema_one_table(tx);
+      tx.exec(
+          "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+          " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+          " ('done', 'pay', 'completed', ?1, 'o', x'7061795f31', ?2, ?3, ?2, ?2)",
+          fp, now, now + 3'600'000);
+    });
+    db->write([](idem::sqlite::Transaction& tx) {
+      tx.exec_script(
+          "CREATE TABLE api_idempotency_v2 ("
+          "  idem_key VARCHAR(128) NOT NULL, biz_type VARCHAR(64) NOT NULL,"
+          "  status VARCHAR(16) NOT NULL"
+          "    CHECK (status = 'in_progress' OR status = 'completed' OR status = 'failed'),"
+          "  fingerprint BLOB NOT NULL DEFAULT '', owner VARCHAR(32) NOT NULL, response_body BLOB,"
+          "  lease_until INTEGER NOT NULL, expires_at INTEGER, attempts INTEGER NOT NULL DEFAULT 1,"
+          "  created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+          "  PRIMARY KEY (idem_key, biz_type)) WITHOUT ROWID;"
+          "INSERT INTO api_idempotency_v2"
+          "  SELECT idem_key, biz_type, status, fingerprint, owner, response_body, lease_until,"
+          "         expires_at, attempts, created_at, updated_at"
+          "  FROM api_idempotency;"
+          "DROP TABLE api_idempotency;"
+          "ALTER TABLE api_idempotency_v2 RENAME TO api_idempotency;"
+          "CREATE INDEX api_idempotency_expires_idx ON api_idempotency (expires_at)"
+          "  WHERE status <> 'in_progress';"
+          "UPDATE idem_schema_version SET version = 2 WHERE name = 'api_idempotency';");
+    });
+  }
+  idem::sqlite::SqliteStore store(path);
+  const auto done = idem::Key::make("pay", "done");
+  auto replay = store.begin(done, fp, idem::OwnerToken::generate(), std::chrono::seconds(30));
+  EXPECT_EQ(idem::ClaimStatus::kDone, replay.status);
+  EXPECT_EQ("pay_1", replay.response);
+  EXPECT_EQ("text", stored_type(store, done));  // copied as it was
+  const auto fresh = idem::Key::make("pay", "fresh");
+  EXPECT_EQ(
+      idem::TransactionalStatus::kCommitted,
+      store
+          .run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                             [](idem::sqlite::Transaction&) { return std::string("p"); })
+          .status);
+  EXPECT_EQ("blob", stored_type(store, fresh));  // new rows are packed
+  EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
+}
+
+// A table of that name that idem did not create (adopted by name) keeps its own layout.
+TEST(SqliteStore, TablesAdoptedByNameKeepTheirLayout) {
+  idem::test::TempDir dir;
+  auto db = std::make_shared<idem::sqlite::Database>(dir.file("adopt.sqlite"));
+  db->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE mq_consume_record (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
+        " consumer_group TEXT NOT NULL, status TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT"
+        " '', owner TEXT NOT NULL, response_body BLOB, lease_until INTEGER NOT NULL, expires_at"
+        " INTEGER, attempts INTEGER NOT NULL DEFAULT 1, created_at INTEGER NOT NULL, updated_at"
+        " INTEGER NOT NULL, UNIQUE (message_id, consumer_group))");
+  });
+  idem::sqlite::SqliteStore store(db, idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  auto version = db->read([](idem::sqlite::Session& s) {
+    return s.query_int64(
+        "SELECT version FROM idem_schema_version WHERE name = 'mq_consume_record'");
+  });
+  EXPECT_EQ(1, version.value_or(0));
+  const auto key = idem::Key::make("billing", "m-1");
+  const std::string fp = idem::fingerprint("m-1");
+  auto r = store.run_transactional(key, fp, idem::OwnerToken::generate(), std::chrono::seconds(1),
+                                   [](idem::sqlite::Transaction&) { return std::string("acked"); });
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ(fp, store.lookup(key)->fingerprint);
+  auto count = [&](const char* sql) {
+    return db->read([&](idem::sqlite::Session& s) { return s.query_int64(sql); }).value_or(-1);
+  };
+  EXPECT_EQ(1, count("SELECT count(*) FROM mq_consume_record WHERE typeof(fingerprint) = 'text'"));
+}
+
+// Layout 2 (tables created since schema 2): WITHOUT ROWID on (key, scope), no other index than
+// the expiry index, idem fingerprints as 32 raw bytes; any other fingerprint round-trips as
+// text (a 32-byte one too).
+TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("v2.sqlite"));
+  auto count = [&](const std::string& sql) {
+    return store.database()
+        .read([&](idem::sqlite::Session& s) { return s.query_int64(sql); })
+        .value_or(-1);
+  };
+  auto ddl = store.database().read([](idem::sqlite::Session& s) {
+    return s.query_text("SELECT sql FROM sqlite_master WHERE name = 'api_idempotency'");
+  });
+  ASSERT_TRUE(ddl.has_value());
+  EXPECT_NE(std::string::npos, ddl->find("WITHOUT ROWID")) << *ddl;
+  EXPECT_EQ(1, count("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name ="
+                     " 'api_idempotency' AND sql IS NOT NULL"));  // the expiry index only
+  const std::string hex = idem::fingerprint("x");
+  std::string upper = hex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int n = 0;
+  for (const std::string& fp : {hex, std::string(), std::string("fp"), upper, hex.substr(32),
+                                hex.substr(1), hex + "0", std::string("a\0b", 3)}) {
+    SCOPED_TRACE(fp);
+    for (bool two_phase : {false, true}) {
+      const auto key = idem::Key::make("pay", "k" + std::to_string(n++));
+      const auto owner = idem::OwnerToken::generate();
+      if (two_phase) {
+        ASSERT_EQ(idem::ClaimStatus::kClaimed,
+                  store.begin(key, fp, owner, std::chrono::seconds(30)).status);
+        EXPECT_EQ(
+            idem::ClaimStatus::kBusy,
+            store.begin(key, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+        ASSERT_TRUE(store.complete(key, owner, "r", std::chrono::seconds(60)));
+      } else {
+        ASSERT_EQ(
+            idem::TransactionalStatus::kCommitted,
+            store
+                .run_transactional(key, fp, owner, std::chrono::seconds(60),
+                                   [](idem::sqlite::Transaction&) { return std::string("r"); })
+                .status);
+      }
+      EXPECT_EQ(fp == hex ? "blob" : "text", stored_type(store, key));
+      EXPECT_EQ(fp, store.lookup(key)->fingerprint);
+      auto again = store.begin(key, fp, idem::OwnerToken::generate(), std::chrono::seconds(30));
+      EXPECT_EQ(idem::ClaimStatus::kDone, again.status);
+      EXPECT_EQ("r", again.response);
+      EXPECT_EQ(owner.str(), again.holder);
+      EXPECT_EQ(idem::ClaimStatus::kMismatch,
+                store.begin(key, fp + "!", idem::OwnerToken::generate(), std::chrono::seconds(30))
+                    .status);
+    }
+  }
+  EXPECT_EQ(2, count("SELECT count(*) FROM api_idempotency WHERE length(fingerprint) = 32 AND"
+                     " typeof(fingerprint) = 'blob'"));
+  // The purge finds expired rows by the expiry index and deletes them by primary key.
+  store.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("UPDATE api_idempotency SET expires_at = 1 WHERE idem_key IN ('k0', 'k1', 'k2')");
+  });
+  EXPECT_EQ(3u, store.purge_expired(2));
+  EXPECT_EQ(n - 3, count("SELECT count(*) FROM api_idempotency"));
+  // A packed fingerprint of another length is a corrupt record, never a silent mismatch.
+  store.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("UPDATE api_idempotency SET fingerprint = x'0102' WHERE idem_key = 'k3'");
+  });
+  EXPECT_THROW(store.lookup(idem::Key::make("pay", "k3")), idem::CorruptRecord);
+}
+
 TEST(SqliteStore, RejectsBadIdentifiers) {
   idem::test::TempDir dir;
   idem::sqlite::SqliteStoreOptions o;
@@ -201,8 +450,7 @@ TEST(SqliteStore, RejectsBadIdentifiers) {
 }
 
 TEST(SqliteStore, UnopenablePathIsUnavailable) {
-  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"),
-               idem::StorageUnavailable);
+  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"), idem::StorageUnavailable);
 }
 
 TEST(SqliteStore, FailedRecordReplaysItsReason) {
@@ -210,8 +458,7 @@ TEST(SqliteStore, FailedRecordReplaysItsReason) {
   idem::sqlite::SqliteStore store(dir.file("f.sqlite"));
   auto key = idem::Key::make("billing", "poison");
   auto o = idem::OwnerToken::generate();
-  ASSERT_EQ(idem::ClaimStatus::kClaimed,
-            store.begin(key, "", o, std::chrono::seconds(30)).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.begin(key, "", o, std::chrono::seconds(30)).status);
   EXPECT_TRUE(store.fail(key, o, "too many attempts", std::chrono::seconds(60)));
   auto r = store.begin(key, "", idem::OwnerToken::generate(), std::chrono::seconds(30));
   EXPECT_EQ(idem::ClaimStatus::kDone, r.status);
@@ -255,9 +502,9 @@ TEST(SqliteStore, TransactionalRunTakesOverAnExpiredTwoPhaseRecord) {
   auto crashed = idem::OwnerToken::generate();
   ASSERT_EQ(idem::ClaimStatus::kClaimed,
             store.begin(key, "fp", crashed, std::chrono::milliseconds(100)).status);
-  auto busy = store.run_transactional(key, "fp", idem::OwnerToken::generate(),
-                                      std::chrono::seconds(60),
-                                      [](idem::sqlite::Transaction&) { return std::string("x"); });
+  auto busy =
+      store.run_transactional(key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("x"); });
   EXPECT_EQ(idem::TransactionalStatus::kBusy, busy.status);
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   auto fresh = idem::OwnerToken::generate();
@@ -286,6 +533,82 @@ TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {
   EXPECT_EQ(idem::Outcome::kReplayed, b.outcome);
   EXPECT_EQ("v", b.value.value());
   (void)a;
+}
+
+// Every SQLite wait is bounded by DatabaseOptions::busy_timeout and ends in a typed error:
+// another process holding the file's write lock (BEGIN IMMEDIATE waits in SQLite's busy
+// handler), this process's writer lock, and the one connection of a ":memory:" database.
+TEST(SqliteStore, AWriteLockHeldElsewhereEndsInStorageTimeoutAndTheRetryRunsOnce) {
+  idem::test::TempDir dir;
+  const std::string path = dir.file("busy.sqlite");
+  idem::sqlite::DatabaseOptions quick;
+  quick.busy_timeout = std::chrono::milliseconds(200);
+  auto db = std::make_shared<idem::sqlite::Database>(path, quick);
+  idem::sqlite::SqliteStore store(db);
+  idem::IdempotencyGuard guard{store};
+  idem::sqlite::Database other_process(path);  // its own connections: its own file locks
+  auto key = idem::Key::make("billing", "held");
+  int effects = 0;
+  auto charge = [&](idem::sqlite::Transaction&) {
+    ++effects;
+    return std::string("charged");
+  };
+  {
+    auto held = other_process.begin();
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)guard.run(key, "", charge);
+      ADD_FAILURE() << "a held file lock did not stop the call";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+    }
+    // Ended by the bound, not by the default 10 s (nor never).
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    held.rollback();
+  }
+  {
+    // A write transaction of this process (a long business transaction, say) holds the
+    // in-process writer lock: a call on another thread waits for it, bounded the same way.
+    auto mine = db->begin();
+    std::thread other_thread([&] {
+      try {
+        (void)guard.run(key, "", charge);
+        ADD_FAILURE() << "two write transactions at once";
+      } catch (const idem::StorageTimeout& e) {
+        EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+      }
+    });
+    other_thread.join();
+    mine.rollback();
+  }
+  EXPECT_EQ(0, effects);
+  auto r = guard.run(key, "", charge);
+  EXPECT_EQ(idem::Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(idem::Outcome::kReplayed, guard.run(key, "", charge).outcome);
+  EXPECT_EQ(1, effects);
+}
+
+TEST(SqliteStore, AnInMemoryDatabaseReaderWaitsForTheWriterNoLongerThanBusyTimeout) {
+  idem::sqlite::DatabaseOptions quick;
+  quick.busy_timeout = std::chrono::milliseconds(200);
+  idem::sqlite::Database db(":memory:", quick);
+  db.write([](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE t (v INTEGER)"); });
+  auto tx = db.begin();
+  tx.exec("INSERT INTO t (v) VALUES (1)");
+  std::thread reader([&] {
+    try {
+      (void)db.read(
+          [](idem::sqlite::Session& s) { return s.query_int64("SELECT count(*) FROM t"); });
+      ADD_FAILURE() << "read the one connection while a writer held it";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+    }
+  });
+  reader.join();
+  tx.commit();
+  EXPECT_EQ(1, db.read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM t").value_or(-1);
+  }));
 }
 
 }  // namespace
@@ -336,10 +659,11 @@ TEST(GuardSteps, CrashBeforeTheFastStoreUpdateLosesNothing) {
   int runs = 0;
   {
     idem::IdempotencyGuard guard{fast, durable, options};
-    EXPECT_THROW((void)guard.run(key, "", [&](idem::sqlite::Transaction&) {
-      ++runs;
-      return std::string("pay_1");
-    }),
+    EXPECT_THROW((void)guard.run(key, "",
+                                 [&](idem::sqlite::Transaction&) {
+                                   ++runs;
+                                   return std::string("pay_1");
+                                 }),
                  std::runtime_error);
   }
   idem::IdempotencyGuard guard{fast, durable};
@@ -369,27 +693,30 @@ TEST(SqliteStore, ForeignStatusAndLeaseValuesAreCorruptRecords) {
   auto status = idem::Key::make("pay", "odd_status");
   auto expiry = idem::Key::make("pay", "text_expiry");
   store.database().write([&](idem::sqlite::Transaction& tx) {
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
-            " 'tomorrow', 1, 1)",
-            lease.id(), lease.scope());
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-            " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
-            expiry.id(), expiry.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
+        " 'tomorrow', 1, 1)",
+        lease.id(), lease.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+        " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
+        expiry.id(), expiry.scope());
     tx.exec_script("PRAGMA ignore_check_constraints = ON");
-    tx.exec("INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-            " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
-            " 1, 1, 1)",
-            status.id(), status.scope());
+    tx.exec(
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
+        " 1, 1, 1)",
+        status.id(), status.scope());
     tx.exec_script("PRAGMA ignore_check_constraints = OFF");
   });
   for (const auto& key : {lease, status, expiry}) {
     SCOPED_TRACE(key.str());
     bool ran = false;
-    EXPECT_THROW((void)store.begin(key, "fp", idem::OwnerToken::generate(),
-                                   std::chrono::seconds(30)),
-                 idem::CorruptRecord);
+    EXPECT_THROW(
+        (void)store.begin(key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)),
+        idem::CorruptRecord);
     EXPECT_THROW((void)store.run_transactional(key, "fp", idem::OwnerToken::generate(),
                                                std::chrono::seconds(60),
                                                [&](idem::sqlite::Transaction&) {

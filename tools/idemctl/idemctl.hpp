@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT
-// idemctl's pieces: duration parsing, record sources (one per store) and the SQLite admin.
+// idemctl's pieces: duration parsing, record sources (one per store), the SQLite admin, the
+// response escaping and the duplicate-log counter.
 //
-// Adding a store is a few lines: a RecordSource for `show` (any FastStore or durable store
-// with lookup() fits FastStoreSource / DurableSource below), and an Admin for purge/stats when
-// it is a relational store.
+// Adding a store is a few lines: a RecordSource for the per-key commands (lookup, the store's
+// own owner-fenced release, and attempts or nullopt; any FastStore fits FastStoreSource
+// below), and an Admin for stats / purge / duplicates --top when it is a relational store.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <istream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -58,11 +61,21 @@ inline std::chrono::seconds parse_duration(std::string_view text) {
     }
     std::int64_t unit = 0;
     switch (text[i]) {
-      case 's': unit = 1; break;
-      case 'm': unit = 60; break;
-      case 'h': unit = 3600; break;
-      case 'd': unit = 86400; break;
-      case 'w': unit = 7 * 86400; break;
+      case 's':
+        unit = 1;
+        break;
+      case 'm':
+        unit = 60;
+        break;
+      case 'h':
+        unit = 3600;
+        break;
+      case 'd':
+        unit = 86400;
+        break;
+      case 'w':
+        unit = 7 * 86400;
+        break;
       default:
         throw UsageError("bad duration unit '" + std::string(1, text[i]) + "' in '" +
                          std::string(text) + "' (units: s m h d w)");
@@ -74,7 +87,7 @@ inline std::chrono::seconds parse_duration(std::string_view text) {
   return total;
 }
 
-/// One store `show` reads a record from.
+/// One store the per-key commands (`show`, `response`, `release`, `duplicates`) act on.
 class RecordSource {
  public:
   virtual ~RecordSource() = default;
@@ -82,8 +95,21 @@ class RecordSource {
   virtual std::string name() const = 0;
   /// The record, or nullopt. @throws StoreError.
   virtual std::optional<idem::Record> lookup(const idem::Key& key) = 0;
-  /// Extra rows for `show` (name, value), e.g. attempts. Default none.
-  virtual std::vector<std::pair<std::string, std::string>> extra(const idem::Key&) { return {}; }
+  /// Removes `owner`'s in-progress record with the store's own owner-fenced release (the
+  /// operation a service's guard calls), never a plain delete: a completed or failed record, or
+  /// one another attempt holds, is left as it is.
+  /// @return false when `owner` did not hold an in-progress record. @throws StoreError.
+  virtual bool release(const idem::Key& key, const idem::OwnerToken& owner) = 0;
+  /// How many attempts held the record (1 + lease takeovers), where the store keeps that count;
+  /// nullopt for an absent record or a store that does not count them (`duplicates` then says
+  /// "not recorded" instead of a number). @throws StoreError.
+  virtual std::optional<std::int64_t> attempts(const idem::Key& key) = 0;
+  /// Extra rows for `show` (name, value). Default: `attempts` where the store counts them.
+  virtual std::vector<std::pair<std::string, std::string>> extra(const idem::Key& key) {
+    auto n = attempts(key);
+    if (!n) return {};
+    return {{"attempts", std::to_string(*n)}};
+  }
 };
 
 /// A RecordSource over any FastStore (memory, Redis, Redis Cluster).
@@ -99,6 +125,15 @@ class FastStoreSource final : public RecordSource {
       throw StoreError(name_ + ": " + e.what());
     }
   }
+  bool release(const idem::Key& key, const idem::OwnerToken& owner) override {
+    try {
+      return store_->release(key, owner);
+    } catch (const idem::Error& e) {
+      throw StoreError(name_ + ": " + e.what());
+    }
+  }
+  /// A FastStore record keeps no attempt count.
+  std::optional<std::int64_t> attempts(const idem::Key&) override { return std::nullopt; }
 
  private:
   std::string name_;
@@ -121,6 +156,14 @@ class Admin {
   virtual std::int64_t purge_older_than(idem::TimePoint cutoff, bool dry_run) = 0;
   /// Deletes records whose retention ended. @return the number deleted.
   virtual std::int64_t purge_expired() = 0;
+  /// A record that more than one attempt held.
+  struct KeyAttempts {
+    std::string scope, id;      ///< the record's key
+    std::int64_t attempts = 0;  ///< 1 + lease takeovers
+  };
+  /// Records whose `attempts` exceed 1 (an attempt took over an expired lease), most first
+  /// (then by scope and id), at most `limit`.
+  virtual std::vector<KeyAttempts> most_attempts(std::size_t limit) = 0;
 };
 
 /// The SQLite durable store as a RecordSource and an Admin.
@@ -161,17 +204,35 @@ class SqliteSource final : public RecordSource, public Admin {
     return guarded([&] { return store_->lookup(key); });
   }
 
-  std::vector<std::pair<std::string, std::string>> extra(const idem::Key& key) override {
-    auto attempts = guarded([&] {
+  bool release(const idem::Key& key, const idem::OwnerToken& owner) override {
+    return guarded([&] { return store_->release(key, owner); });
+  }
+
+  std::optional<std::int64_t> attempts(const idem::Key& key) override {
+    return guarded([&] {
       return db_->read([&](idem::sqlite::Session& s) {
-        return s.query_int64("SELECT attempts FROM " + table_ + " WHERE " +
-                                 options_.key_column + " = ? AND " + options_.scope_column +
-                                 " = ?",
+        return s.query_int64("SELECT attempts FROM " + table_ + " WHERE " + options_.key_column +
+                                 " = ? AND " + options_.scope_column + " = ?",
                              key.id(), key.scope());
       });
     });
-    if (!attempts) return {};
-    return {{"attempts", std::to_string(*attempts)}};
+  }
+
+  std::vector<KeyAttempts> most_attempts(std::size_t limit) override {
+    return guarded([&] {
+      return db_->read([&](idem::sqlite::Session& s) {
+        auto st = s.prepare("SELECT " + options_.scope_column + ", " + options_.key_column +
+                            ", attempts FROM " + table_ +
+                            " WHERE attempts > 1 ORDER BY attempts"
+                            " DESC, " +
+                            options_.scope_column + ", " + options_.key_column + " LIMIT ?");
+        st.bind_all(static_cast<std::int64_t>(limit));
+        std::vector<KeyAttempts> out;
+        while (st.step())
+          out.push_back({st.column_bytes(0), st.column_bytes(1), st.column_int64(2)});
+        return out;
+      });
+    });
   }
 
   Stats stats(idem::TimePoint now) override {
@@ -184,8 +245,7 @@ class SqliteSource final : public RecordSource, public Admin {
               .value_or(0);
         };
         auto at_now = [&](const std::string& where) {
-          return s.query_int64("SELECT count(*) FROM " + table_ + " WHERE " + where, t)
-              .value_or(0);
+          return s.query_int64("SELECT count(*) FROM " + table_ + " WHERE " + where, t).value_or(0);
         };
         st.in_progress = by_status("in_progress");
         st.completed = by_status("completed");
@@ -212,8 +272,10 @@ class SqliteSource final : public RecordSource, public Admin {
       // Short batches: the service's writers wait at most one batch.
       int n = guarded([&] {
         return db_->write([&](idem::sqlite::Transaction& tx) {
-          return tx.exec("DELETE FROM " + table_ + " WHERE id IN (SELECT id FROM " + table_ +
-                             where + " LIMIT 1000)",
+          // Rows named by their unique key: schema 2 tables have no id column.
+          const std::string key = options_.key_column + ", " + options_.scope_column;
+          return tx.exec("DELETE FROM " + table_ + " WHERE (" + key + ") IN (SELECT " + key +
+                             " FROM " + table_ + where + " LIMIT 1000)",
                          t);
         });
       });
@@ -243,6 +305,102 @@ class SqliteSource final : public RecordSource, public Admin {
   std::unique_ptr<idem::sqlite::SqliteStore> store_;
 };
 
+/// `bytes` with every byte outside printable ASCII made visible: `\\` for a backslash, `\n`,
+/// `\r`, `\t`, and `\xHH` (two upper-case hex digits) for any other byte below 0x20 or above
+/// 0x7E (NUL, escape sequences, UTF-8). Printable ASCII, quotes included, is kept as it is.
+inline std::string escape_bytes(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(bytes.size());
+  for (char ch : bytes) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20 || c > 0x7E) {
+          out += "\\x";
+          out += kHex[c >> 4];
+          out += kHex[c & 0xF];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+/// Duplicates of one key counted from log lines, by outcome.
+struct DuplicateCount {
+  std::int64_t total = 0;                 ///< every `idem duplicate` line of the key
+  std::int64_t replayed = 0;              ///< outcome=replayed
+  std::int64_t in_progress = 0;           ///< outcome=in_progress
+  std::int64_t fingerprint_mismatch = 0;  ///< outcome=fingerprint_mismatch
+};
+
+/// The value of field `name=` in a LoggingObserver line, unquoted (a value that
+/// log::quote_field put in "..." with \", \\ and \xHH escapes), or nullopt when absent.
+inline std::optional<std::string> log_field(std::string_view line, std::string_view name) {
+  std::size_t at = 0;
+  for (;;) {
+    at = line.find(name, at);
+    if (at == std::string_view::npos) return std::nullopt;
+    bool starts = at == 0 || line[at - 1] == ' ';
+    at += name.size();
+    if (starts && at < line.size() && line[at] == '=') break;
+  }
+  ++at;
+  std::string out;
+  if (at >= line.size() || line[at] != '"') {
+    auto end = line.find(' ', at);
+    return std::string(line.substr(at, end == std::string_view::npos ? end : end - at));
+  }
+  for (std::size_t i = at + 1; i < line.size(); ++i) {
+    char c = line[i];
+    if (c == '"') return out;
+    if (c != '\\' || i + 1 >= line.size()) {
+      out += c;
+    } else if (line[i + 1] == 'x' && i + 3 < line.size()) {
+      out += static_cast<char>(std::stoi(std::string(line.substr(i + 2, 2)), nullptr, 16));
+      i += 3;
+    } else {
+      out += line[++i];
+    }
+  }
+  return std::nullopt;  // unterminated: not a line LoggingObserver wrote
+}
+
+/// Counts the `idem duplicate key=... outcome=...` lines (LoggingObserver::on_duplicate) of a
+/// log per key ("scope|id"); other lines, whatever prefix a sink adds, are skipped.
+inline std::map<std::string, DuplicateCount> count_duplicate_lines(std::istream& in) {
+  std::map<std::string, DuplicateCount> counts;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto at = line.find("idem duplicate key=");
+    if (at == std::string::npos) continue;
+    std::string_view rest = std::string_view(line).substr(at + 15);
+    auto key = log_field(rest, "key");
+    if (!key || key->empty()) continue;
+    auto outcome = log_field(rest, "outcome").value_or("");
+    auto& c = counts[*key];
+    ++c.total;
+    if (outcome == "replayed") ++c.replayed;
+    if (outcome == "in_progress") ++c.in_progress;
+    if (outcome == "fingerprint_mismatch") ++c.fingerprint_mismatch;
+  }
+  return counts;
+}
+
 /// `dsn` with any password replaced by "***" (URI userinfo, `password=` of a conninfo string
 /// or URI query), so names printed in errors and headers never leak it.
 inline std::string redact_dsn(const std::string& dsn) {
@@ -271,8 +429,8 @@ inline std::string redact_dsn(const std::string& dsn) {
 inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url,
                                                       const std::string& key_prefix = "idem:") {
 #ifdef IDEMCTL_WITH_REDIS
-  const bool redis = url.rfind("redis://", 0) == 0 || url.rfind("tcp://", 0) == 0 ||
-                     url.rfind("unix://", 0) == 0;
+  const bool redis =
+      url.rfind("redis://", 0) == 0 || url.rfind("tcp://", 0) == 0 || url.rfind("unix://", 0) == 0;
   if (!redis) {
     throw StoreError("cannot open fast store '" + redact_dsn(url) +
                      "': unknown scheme (expected redis://, tcp:// or unix://)");
@@ -280,8 +438,8 @@ inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url,
   try {
     idem::redis::RedisStoreOptions options{url};
     options.key_prefix = key_prefix;
-    return std::make_unique<FastStoreSource>(
-        "redis:" + redact_dsn(url), std::make_unique<idem::redis::RedisStore>(options));
+    return std::make_unique<FastStoreSource>("redis:" + redact_dsn(url),
+                                             std::make_unique<idem::redis::RedisStore>(options));
   } catch (const idem::Error& e) {
     throw StoreError("cannot open fast store '" + redact_dsn(url) + "': " + e.what());
   }

@@ -58,19 +58,40 @@ class PostgresSource final : public RecordSource, public Admin {
     return guarded([&] { return store_->lookup(key); });
   }
 
-  std::vector<std::pair<std::string, std::string>> extra(const idem::Key& key) override {
+  bool release(const idem::Key& key, const idem::OwnerToken& owner) override {
+    return guarded([&] { return store_->release(key, owner); });
+  }
+
+  std::optional<std::int64_t> attempts(const idem::Key& key) override {
     const auto& o = store_->options();
-    auto attempts = guarded([&] {
-      return store_->with_transaction([&](pqxx::work& tx) -> std::optional<long long> {
+    return guarded([&] {
+      return store_->with_transaction([&](pqxx::work& tx) -> std::optional<std::int64_t> {
         auto r = tx.exec_params("SELECT attempts FROM " + store_->qualified_table() + " WHERE " +
                                     o.key_column + " = $1 AND " + o.scope_column + " = $2",
                                 std::string(key.id()), std::string(key.scope()));
         if (r.empty()) return std::nullopt;
-        return r[0][0].as<long long>();
+        return r[0][0].as<std::int64_t>();
       });
     });
-    if (!attempts) return {};
-    return {{"attempts", std::to_string(*attempts)}};
+  }
+
+  std::vector<KeyAttempts> most_attempts(std::size_t limit) override {
+    const auto& o = store_->options();
+    const std::string cols = o.scope_column + ", " + o.key_column;
+    return guarded([&] {
+      return store_->with_transaction([&](pqxx::work& tx) {
+        auto r =
+            tx.exec_params("SELECT " + cols + ", attempts FROM " + store_->qualified_table() +
+                               " WHERE attempts > 1 ORDER BY attempts DESC, " + cols + " LIMIT $1",
+                           static_cast<long long>(limit));
+        std::vector<KeyAttempts> out;
+        for (const auto& row : r) {
+          out.push_back(
+              {row[0].as<std::string>(), row[1].as<std::string>(), row[2].as<std::int64_t>()});
+        }
+        return out;
+      });
+    });
   }
 
   Stats stats(idem::TimePoint) override {

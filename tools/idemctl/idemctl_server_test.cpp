@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "idem/guard.hpp"
 #include "idem/postgres/postgres_store.hpp"
@@ -90,8 +91,9 @@ TEST_F(IdemctlServerTest, ShowPrintsPostgresAndRedisSideBySide) {
   EXPECT_TRUE(contains(r.out, "key order.create|abc")) << r.out;
   EXPECT_TRUE(contains(r.out, "postgres:")) << r.out;
   EXPECT_TRUE(contains(r.out, "redis:" + redis_url_)) << r.out;
-  EXPECT_EQ(2u, occurrences(r.out, "completed")) << r.out;   // one per store
-  EXPECT_EQ(2u, occurrences(r.out, "1234 bytes")) << r.out;  // both hold the response
+  EXPECT_TRUE(contains(r.out, " redis:" + redis_url_)) << r.out;  // titles kept apart
+  EXPECT_EQ(2u, occurrences(r.out, "completed")) << r.out;        // one per store
+  EXPECT_EQ(2u, occurrences(r.out, "1234 bytes")) << r.out;       // both hold the response
   EXPECT_EQ(2u, occurrences(r.out, "fp1")) << r.out;
   EXPECT_TRUE(contains(r.out, "attempts     1")) << r.out;
 
@@ -140,6 +142,199 @@ TEST_F(IdemctlServerTest, PurgeExpiredDeletesRecordsPastRetention) {
   EXPECT_FALSE(store_->lookup(idem::Key::make("order.create", "old_0")));
   EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "old_stuck")));
   EXPECT_TRUE(store_->lookup(idem::Key::make("order.create", "abc")));
+}
+
+TEST_F(IdemctlServerTest, ResponseFromPostgresOrRedisEscapedOrRaw) {
+  const std::string odd("{\"a\":1}\n\0\x01\xff", 11);
+  (void)idem::IdempotencyGuard{*fast_, *store_}.run(idem::Key::make("order.create", "odd"), "",
+                                                    [&](pqxx::work&) { return odd; });
+  auto escaped = idemctl(db_ + "response order.create odd");
+  EXPECT_EQ(0, escaped.status) << escaped.out;
+  EXPECT_EQ("{\"a\":1}\\n\\x00\\x01\\xFF\n", escaped.out);
+  EXPECT_EQ(odd, idemctl(db_ + "response order.create odd --raw", false).out);
+
+  // Only in Redis (a fast-store-only service): read with --fast, with or without --db.
+  const std::string fast = " --fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_);
+  fast_->fill(idem::Key::make("cart", "c1"), "", std::string("\x1b[0m", 4), std::chrono::hours(1));
+  auto from_redis = idemctl(db_ + fast + " response cart c1");
+  EXPECT_EQ(0, from_redis.status) << from_redis.out;
+  EXPECT_EQ("\\x1B[0m\n", from_redis.out);
+  EXPECT_EQ(std::string("\x1b[0m", 4), idemctl(fast + " response cart c1 --raw", false).out);
+
+  auto absent = idemctl(db_ + fast + " response cart nothing");
+  EXPECT_EQ(1, absent.status) << absent.out;
+  EXPECT_TRUE(contains(absent.out, "no record of cart|nothing in postgres:")) << absent.out;
+  EXPECT_TRUE(contains(absent.out, ", redis:" + redis_url_)) << absent.out;
+  auto running = idemctl(db_ + "response payment running");
+  EXPECT_EQ(4, running.status) << running.out;
+  EXPECT_TRUE(contains(running.out, "no response is stored yet")) << running.out;
+}
+
+// A claim held in both stores by one attempt (crashed after its fast claim and durable begin).
+TEST_F(IdemctlServerTest, ReleaseRemovesAStuckClaimFromPostgresAndRedis) {
+  const auto key = idem::Key::make("order.create", "stuck");
+  const auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            fast_->claim(key, "fp", owner, std::chrono::minutes(5)).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store_->begin(key, "fp", owner, std::chrono::minutes(5)).status);
+  const std::string fast = " --fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_);
+
+  auto ask = idemctl(db_ + fast + " release order.create stuck");
+  EXPECT_EQ(4, ask.status) << ask.out;
+  EXPECT_EQ(2u, occurrences(ask.out, "owner " + owner.str() + ", lease until ")) << ask.out;
+
+  auto dry = idemctl(db_ + fast + " release order.create stuck --owner " + owner.str());
+  EXPECT_EQ(5, dry.status) << dry.out;
+  EXPECT_TRUE(contains(dry.out,
+                       "would release order.create|stuck (owner " + owner.str() + ") in postgres:"))
+      << dry.out;
+  EXPECT_TRUE(contains(dry.out, ") in redis:" + redis_url_)) << dry.out;
+  EXPECT_EQ(2u, occurrences(dry.out, "warning: the lease in ")) << dry.out;  // live leases
+  EXPECT_TRUE(store_->lookup(key));
+  EXPECT_TRUE(fast_->lookup(key));
+
+  auto done = idemctl(db_ + fast + " release order.create stuck --owner " + owner.str() + " --yes");
+  EXPECT_EQ(0, done.status) << done.out;
+  EXPECT_EQ(2u, occurrences(done.out, "released order.create|stuck")) << done.out;
+  EXPECT_FALSE(store_->lookup(key));
+  EXPECT_FALSE(fast_->lookup(key));
+
+  // The old attempt's own calls are fenced afterwards, and the next attempt runs once.
+  EXPECT_FALSE(store_->complete(key, owner, "late", std::chrono::hours(1)));
+  EXPECT_FALSE(fast_->complete(key, owner, "late", std::chrono::hours(1)));
+  int runs = 0;
+  auto again = idem::IdempotencyGuard{*fast_, *store_}.run(key, "fp", [&](pqxx::work&) {
+    ++runs;
+    return std::string("second");
+  });
+  EXPECT_TRUE(again.ok());
+  EXPECT_EQ(1, runs);
+}
+
+TEST_F(IdemctlServerTest, ReleaseRefusesFinishedRecordsAndOtherOwners) {
+  const std::string fast = " --fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_);
+  auto owner = store_->lookup(idem::Key::make("order.create", "abc"))->owner;
+  auto completed = idemctl(db_ + fast + " release order.create abc --owner " + owner + " --yes");
+  EXPECT_EQ(4, completed.status) << completed.out;
+  EXPECT_TRUE(contains(completed.out, "refusing to release a finished record")) << completed.out;
+  EXPECT_EQ(idem::Record::Status::kCompleted,
+            store_->lookup(idem::Key::make("order.create", "abc"))->status);
+  EXPECT_EQ(idem::Record::Status::kCompleted,
+            fast_->lookup(idem::Key::make("order.create", "abc"))->status);
+
+  // A fast claim left over a completed durable record (the attempt committed, then died before
+  // completing in Redis): the claim goes, the record stays, and duplicates replay it.
+  const auto late = idem::Key::make("order.create", "late");
+  const auto dead = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store_->begin(late, "", dead, std::chrono::minutes(5)).status);
+  ASSERT_TRUE(store_->complete(late, dead, "paid", std::chrono::hours(1)));
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            fast_->claim(late, "", dead, std::chrono::minutes(5)).status);
+  auto over = idemctl(db_ + fast + " release order.create late --owner " + dead.str() + " --yes");
+  EXPECT_EQ(0, over.status) << over.out;
+  EXPECT_TRUE(contains(over.out, "order.create|late completed in postgres:")) << over.out;
+  EXPECT_TRUE(contains(over.out, "left as it is (release never removes a finished record)"))
+      << over.out;
+  EXPECT_TRUE(contains(over.out, "released order.create|late (owner " + dead.str() + ") in redis:"))
+      << over.out;
+  EXPECT_EQ(idem::Record::Status::kCompleted, store_->lookup(late)->status);
+  int runs = 0;
+  auto replay = idem::IdempotencyGuard{*fast_, *store_}.run(late, "", [&](pqxx::work&) {
+    ++runs;
+    return std::string("again");
+  });
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(idem::Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("paid", replay.value.value_or(""));
+
+  // Redis held by one attempt, PostgreSQL by another: only the named owner's claim goes.
+  const auto key = idem::Key::make("order.create", "split");
+  const auto a = idem::OwnerToken::generate(), b = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, fast_->claim(key, "", a, std::chrono::minutes(5)).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store_->begin(key, "", b, std::chrono::minutes(5)).status);
+  auto split = idemctl(db_ + fast + " release order.create split --owner " + a.str() + " --yes");
+  EXPECT_EQ(0, split.status) << split.out;
+  EXPECT_TRUE(contains(split.out, "left as it is in postgres:")) << split.out;
+  EXPECT_TRUE(contains(split.out, "released order.create|split (owner " + a.str() + ") in redis:"))
+      << split.out;
+  EXPECT_FALSE(fast_->lookup(key));
+  EXPECT_EQ(b.str(), store_->lookup(key)->owner);
+  auto nobody = idemctl(db_ + " release order.create split --owner " + a.str() + " --yes");
+  EXPECT_EQ(4, nobody.status) << nobody.out;
+  EXPECT_TRUE(contains(nobody.out, "does not hold")) << nobody.out;
+  EXPECT_TRUE(store_->lookup(key));
+}
+
+// release racing the attempt's own complete: exactly one of them wins every round, and what
+// idemctl says matches what happened to the record.
+TEST_F(IdemctlServerTest, ReleaseRacingTheOwnersCompleteHasOneWinner) {
+  int released = 0, completed = 0, changed_after_read = 0;
+  for (int round = 0; round < 12; ++round) {
+    const auto key = idem::Key::make("order.create", "race_" + std::to_string(round));
+    const auto owner = idem::OwnerToken::generate();
+    ASSERT_EQ(idem::ClaimStatus::kClaimed,
+              store_->begin(key, "", owner, std::chrono::minutes(5)).status);
+    bool complete_ok = false;
+    std::thread attempt([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(round * 10));
+      complete_ok = store_->complete(key, owner, "paid", std::chrono::hours(1));
+    });
+    auto r = idemctl(db_ + "release order.create race_" + std::to_string(round) + " --owner " +
+                     owner.str() + " --yes");
+    attempt.join();
+    const bool said_released = contains(r.out, "released order.create|race_");
+    auto record = store_->lookup(key);
+    EXPECT_NE(complete_ok, said_released) << r.out;
+    if (complete_ok) {
+      ++completed;
+      EXPECT_EQ(4, r.status) << r.out;  // refused, or "not released: the record changed"
+      if (contains(r.out, "the record changed since it was read")) ++changed_after_read;
+      ASSERT_TRUE(record);
+      EXPECT_EQ(idem::Record::Status::kCompleted, record->status);
+    } else {
+      ++released;
+      EXPECT_EQ(0, r.status) << r.out;
+      EXPECT_FALSE(record);
+    }
+  }
+  std::printf(
+      "release won %d rounds, the owner's complete %d (%d between idemctl's read and its "
+      "release)\n",
+      released, completed, changed_after_read);
+}
+
+TEST_F(IdemctlServerTest, DuplicatesCountsPostgresTakeoversAndNotRedis) {
+  // Two attempts take over an expired lease (database clock) of order.create|taken.
+  const auto key = idem::Key::make("order.create", "taken");
+  auto last = idem::OwnerToken::generate();
+  for (int i = 0; i < 3; ++i) {
+    last = idem::OwnerToken::generate();
+    auto c = store_->begin(key, "fp", last, std::chrono::milliseconds(1));
+    ASSERT_EQ(idem::ClaimStatus::kClaimed, c.status);
+    EXPECT_EQ(i > 0, c.took_over);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(store_->complete(key, last, "done", std::chrono::hours(1)));
+  fast_->fill(key, "fp", "done", std::chrono::hours(1));
+
+  const std::string fast = " --fast " + quote(redis_url_) + " --fast-prefix " + quote(prefix_);
+  auto one = idemctl(db_ + fast + " duplicates order.create taken");
+  EXPECT_EQ(0, one.status) << one.out;
+  EXPECT_TRUE(contains(one.out, "attempts     3 ")) << one.out;
+  EXPECT_TRUE(contains(one.out, "takeovers    2 ")) << one.out;
+  // Redis keeps no attempt count and no store counts replays: Redis' attempts and takeovers
+  // and both stores' replays say so.
+  EXPECT_EQ(4u, occurrences(one.out, "not recorded")) << one.out;
+
+  auto top = idemctl(db_ + "duplicates --top 3");
+  EXPECT_EQ(0, top.status) << top.out;
+  EXPECT_TRUE(contains(top.out,
+                       "attempts  takeovers  key\n3         2          order.create|taken\n"
+                       "1 record held by more than one attempt\n"))
+      << top.out;
 }
 
 TEST_F(IdemctlServerTest, UnreachableOrWrongStoresExit3WithAClearMessage) {

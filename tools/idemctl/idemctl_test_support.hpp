@@ -30,8 +30,10 @@ inline std::string quote(const std::string& s) {
 }
 
 /// Runs `idemctl <args>` with IDEMCTL_DB unset, so only the arguments choose the store.
-inline Run idemctl(const std::string& args) {
-  std::string cmd = std::string("env -u IDEMCTL_DB ") + IDEMCTL_PATH + " " + args + " 2>&1";
+/// `out` holds stdout and stderr, or stdout alone when `with_stderr` is false.
+inline Run idemctl(const std::string& args, bool with_stderr = true) {
+  std::string cmd = std::string("env -u IDEMCTL_DB ") + IDEMCTL_PATH + " " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null");
   Run r;
   std::FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

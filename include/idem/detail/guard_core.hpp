@@ -57,10 +57,12 @@ inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
 }
 
-/// The lease and retention one call runs with (copied from GuardOptions at its start).
+/// The lease, retention and heartbeat one call runs with (copied from GuardOptions at its
+/// start, or from its CallOptions).
 struct CallTerms {
   std::chrono::milliseconds lease = kDefaultLease;
   std::chrono::seconds retention = kDefaultRetention;
+  bool heartbeat = false;
 };
 
 /// The state of one guarded call, passed to every GuardCore step.
@@ -232,8 +234,10 @@ class GuardCore {
   GuardStats& counters() noexcept { return stats_; }
   /// Whether an observer listens (drivers time their phases only then).
   bool observed() const noexcept { return options_.observer != nullptr; }
-  /// A call's lease and retention.
-  CallTerms call_options() const noexcept { return CallTerms{options_.lease, options_.retention}; }
+  /// A call's lease, retention and heartbeat.
+  CallTerms call_options() const noexcept {
+    return CallTerms{options_.lease, options_.retention, options_.heartbeat};
+  }
   /// The label of duplicates the durable store catches.
   DuplicateSource durable_source() const noexcept { return options_.durable_source; }
 
@@ -313,11 +317,15 @@ class GuardCore {
   }
   /// The call's lease was lost before it completed: counted, reported; the error to throw.
   LeaseLost lease_lost(const CallState& c, std::string_view store) noexcept {
-    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_lease_lost(c.key(), store);
+    note_lease_lost(c.key(), store);
     return LeaseLost("idem: the lease on '" + c.key().str() +
                      "' expired and was taken over before the handler completed; "
                      "raise GuardOptions::lease above the handler's duration");
+  }
+  /// The claim of `key` in `store` was found lost (taken over): counted, reported.
+  void note_lease_lost(const Key& key, std::string_view store) noexcept {
+    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
   }
   /// Runs the step hook (whatever it throws propagates).
   void step(Step s, const Key& key) {

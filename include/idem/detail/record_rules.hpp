@@ -66,17 +66,34 @@ struct FoundRecord {
   bool retention_over = false;
 };
 
-/// The same description from a Record read at `now` (stores that keep times as values).
-inline FoundRecord found_at(const Record& r, TimePoint now) noexcept {
+/// The same description from a record (a Record, or a store's own entry with the same field
+/// names) whose liveness and expiry the store's clock decided (SQL stores compute both in the
+/// statement that read the row).
+template <class R>
+FoundRecord found_by_store_clock(const R& r, bool lease_live, bool retention_over) noexcept {
   FoundRecord f;
   f.status = r.status;
   f.fingerprint = r.fingerprint;
   f.owner = r.owner;
   f.response = r.response;
   f.created_at = r.created_at;
-  f.lease_live = r.status == Record::Status::kInProgress && r.lease_until > now;
-  f.retention_over = r.status != Record::Status::kInProgress && r.expires_at <= now;
+  f.lease_live = lease_live;
+  f.retention_over = retention_over;
   return f;
+}
+
+/// The same description from a Record read at `now` (stores that keep times as values).
+inline FoundRecord found_at(const Record& r, TimePoint now) noexcept {
+  return found_by_store_clock(r, r.status == Record::Status::kInProgress && r.lease_until > now,
+                              r.status != Record::Status::kInProgress && r.expires_at <= now);
+}
+
+/// A claim's answer when another attempt holds the key and the store cannot say who (a lock
+/// wait gave up, a uniqueness race was lost to a writer still in flight).
+inline ClaimResult busy_claim() {
+  ClaimResult c;
+  c.status = ClaimStatus::kBusy;
+  return c;
 }
 
 /// What a store does after a claim found a record (see the file comment).

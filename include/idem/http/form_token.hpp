@@ -204,6 +204,7 @@ class FormTokens {
 
   /// Makes `options` accept only issued tokens as keys: sets admit_key (admission() with the
   /// options' problem type prefix) and key_required.
+  /// @param options the endpoint's options, changed in place
   /// @param guard_options the options of the endpoint's guard
   /// @throws idem::UsageError when the token ttl exceeds guard_options.retention (a token
   ///         alive after its used record was purged could run the handler again).

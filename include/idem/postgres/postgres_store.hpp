@@ -36,10 +36,13 @@
 // a wrong database, role, password or conninfo/URI is idem::UsageError (not retryable: it stays
 // wrong), statement_timeout is StorageTimeout, a connection lost at COMMIT is resolved by asking
 // the server (`txid_status`) and re-reading the record on a fresh connection — success, a
-// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run blind.
-// Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
-// `max_retries` times. Exceptions thrown by the handler itself propagate unchanged, unless the
-// connection failed under it (then StorageUnavailable: nothing was committed).
+// retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run
+// blind. Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
+// `max_retries` times. Database errors of the handler's own statements are typed the same way
+// (a deadlock after the re-runs StorageUnavailable, lock_timeout StorageTimeout, a lost
+// connection StorageUnavailable, other server errors StorageError); every translated error
+// nests the libpqxx exception as its cause (std::rethrow_if_nested). Other exceptions of the
+// handler propagate unchanged.
 //
 // @code
 //   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
@@ -71,13 +74,10 @@
 #include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/key.hpp"
+#include "idem/postgres/connection_pool.hpp"
 #include "idem/store.hpp"
 
 namespace idem::postgres {
-
-namespace detail {
-struct PoolSlot;  // one pooled connection (src/postgres/connection_pool.cpp)
-}  // namespace detail
 
 /// Options of a PostgresStore.
 struct PostgresStoreOptions {
@@ -97,6 +97,18 @@ struct PostgresStoreOptions {
   /// statement_timeout set on every pooled connection (StorageTimeout when it fires).
   /// 0 means the server's setting (usually none).
   std::chrono::milliseconds statement_timeout{0};
+  /// Client-side bound on every wait of idem on the server, whatever the network does: each
+  /// idem statement (a claim, a completion, BEGIN, COMMIT, the session setup of a new
+  /// connection) that gets no answer within it is cancelled (pg_cancel_backend) and its
+  /// connection dropped; the call throws StorageTimeout (OutcomeUnknown for a COMMIT of
+  /// with_transaction; a transactional COMMIT is resolved as when its connection is lost).
+  /// It also sets TCP keepalives (idle after half of it), tcp_user_timeout and
+  /// connect_timeout (at least 2 s, libpq's minimum) on every connection, unless `conninfo`
+  /// sets them, so a peer that stops answering at the TCP level ends the wait of any
+  /// statement, the handler's own included. A transactional handler's statements are not
+  /// armed (their duration is the handler's). 0 means no bound (wait as long as TCP does).
+  /// Keep it well under GuardOptions::lease.
+  std::chrono::milliseconds client_timeout{5'000};
   /// Schema of the record table and of idem_schema_version (a validated identifier; created
   /// by the migration if missing).
   std::string schema = "public";
@@ -146,57 +158,6 @@ struct PostgresStoreOptions {
   }
 };
 
-/// A connection lent by the pool (RAII: returned on destruction, dropped if it broke).
-class IDEM_EXPORT PooledConnection {
- public:
-  /// Takes over `other`'s loan (`other` then returns nothing).
-  PooledConnection(PooledConnection&& other) noexcept;
-  PooledConnection& operator=(PooledConnection&&) = delete;
-  PooledConnection(const PooledConnection&) = delete;
-  /// Returns the connection to the pool, or closes it if it broke.
-  ~PooledConnection();
-  /// The libpqxx connection (valid while this object lives).
-  pqxx::connection& get() const noexcept;
-  /// Marks the connection unusable: it is closed instead of returned.
-  void mark_broken() noexcept { broken_ = true; }
-
- private:
-  friend class ConnectionPool;
-  PooledConnection(class ConnectionPool* pool, detail::PoolSlot* slot) noexcept
-      : pool_(pool), slot_(slot) {}
-  ConnectionPool* pool_;
-  detail::PoolSlot* slot_;
-  bool broken_ = false;
-};
-
-/// A bounded, thread-safe pool of libpqxx connections. Connections are opened lazily, get the
-/// store's prepared statements and session settings, and are replaced when they break.
-class IDEM_EXPORT ConnectionPool {
- public:
-  /// Connection setup run once per new connection (prepare statements, SET ...).
-  using Setup = std::function<void(pqxx::connection&)>;
-  /// @param conninfo libpq conninfo or URI; @param size most connections; @param wait how
-  /// long `acquire` waits when all are in use; @param setup run on each new connection.
-  ConnectionPool(std::string conninfo, std::size_t size, std::chrono::milliseconds wait,
-                 Setup setup);
-  /// Closes the idle connections. Every PooledConnection must have been returned.
-  ~ConnectionPool();
-  ConnectionPool(const ConnectionPool&) = delete;
-  ConnectionPool& operator=(const ConnectionPool&) = delete;
-
-  /// Lends a connection. @throws idem::StorageUnavailable when none is free within the wait,
-  /// or a new connection cannot be opened.
-  PooledConnection acquire();
-  /// Connections currently open (idle + lent).
-  std::size_t open_connections() const;
-
- private:
-  friend class PooledConnection;
-  void give_back(detail::PoolSlot* slot, bool broken) noexcept;
-  class Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
 /// Counters of a PostgresStore (always on).
 struct PostgresStoreStats {
   /// Transactions re-run after 40001/40P01.
@@ -233,6 +194,7 @@ class IDEM_EXPORT PostgresStore {
   /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
   /// is down) the record is read first, so a duplicate is answered in one round trip (see
   /// PostgresStoreOptions::read_first). A hint never changes an answer.
+  /// @param hint what the guard knows (DurableHint); never changes the answer
   /// @param key the operation's key; @param fingerprint the payload's fingerprint;
   /// @param owner this attempt's token; @param retention how long the completed record is kept
   /// @param handler `std::string(pqxx::work&)`; may be called again after a serialization
@@ -240,8 +202,11 @@ class IDEM_EXPORT PostgresStore {
   /// @return kCommitted (handler ran and committed; `response` holds its bytes), kReplayed,
   ///         kBusy (another transaction holds the key beyond lock_timeout, or a live two-phase
   ///         lease), kMismatch.
-  /// @throws whatever the handler throws (after rollback), except a lost connection, which is
-  ///         idem::StorageUnavailable; idem::StorageError subclasses.
+  /// @throws whatever the handler throws (after rollback) when it is not a libpqxx exception;
+  ///         idem::StorageError subclasses for database errors, the handler's statements
+  ///         included (a deadlock after `max_retries` re-runs or a lost connection:
+  ///         StorageUnavailable; lock_timeout or statement_timeout: StorageTimeout), each with
+  ///         the libpqxx exception nested as its cause (std::rethrow_if_nested).
   template <class Handler>
   TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
                                         const OwnerToken& owner, std::chrono::seconds retention,
@@ -264,6 +229,9 @@ class IDEM_EXPORT PostgresStore {
                 std::chrono::seconds retention);
   /// Deletes the in-progress record of `owner`. false when it did not hold it.
   bool release(const Key& key, const OwnerToken& owner);
+  /// Keeps `owner`'s in-progress record alive: its lease ends `lease` from now on the server's
+  /// clock (the guard's heartbeat). @return false when `owner` no longer holds it.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease);
   /// Marks `owner`'s in-progress record failed (kept for `retention`, replayed as kDone with
   /// ClaimResult::failed and `reason` as response). false: lease lost.
   bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
@@ -343,8 +311,8 @@ class IDEM_EXPORT PostgresStore {
   }
   /// Contract: after decide_in granted the claim, the record completed (complete_in).
   void record_in(pqxx::work& tx, const Key& key, std::string_view /*fingerprint*/,
-                 const OwnerToken& owner, std::string_view response,
-                 std::chrono::seconds retention, const ClaimResult& /*decided*/) {
+                 const OwnerToken& owner, std::string_view response, std::chrono::seconds retention,
+                 const ClaimResult& /*decided*/) {
     complete_in(tx, key, owner, response, retention);
   }
   /// Contract: with `hint.fast_claimed`, the plain insert (insert_new_completed_batch_in;
@@ -381,13 +349,15 @@ class IDEM_EXPORT PostgresStore {
     std::string operator()(pqxx::work& tx) const { return call(self, tx); }
   };
   TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
-                                     const OwnerToken& owner, std::chrono::seconds retention,
-                                     HandlerRef handler, bool read_first);
+                                             const OwnerToken& owner,
+                                             std::chrono::seconds retention, HandlerRef handler,
+                                             bool read_first);
   void run_in_transaction(const std::function<void(pqxx::work&)>& fn);
 
   struct Impl;
   PostgresStoreOptions options_;
   std::string qualified_table_;
+  std::string connect_info_;  // conninfo with the client-side bounds of client_timeout
   std::unique_ptr<ConnectionPool> pool_;
   std::unique_ptr<Impl> impl_;
 };

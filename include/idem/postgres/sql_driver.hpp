@@ -12,13 +12,13 @@
 // aborts the transaction.
 #pragma once
 
-#include <pqxx/pqxx>
-
 #include <cstdint>
 #include <optional>
+#include <pqxx/pqxx>
 #include <string>
 #include <type_traits>
 
+#include "idem/postgres/detail/pqxx_compat.hpp"
 #include "idem/sql_driver.hpp"
 
 namespace idem {
@@ -34,12 +34,7 @@ struct SqlDriver<Tx, std::enable_if_t<std::is_base_of_v<pqxx::transaction_base, 
   template <class... Args>
   static std::optional<std::int64_t> query_int64(Tx& tx, const std::string& sql,
                                                  const Args&... args) {
-    // libpqxx 7.10 deprecates exec_params in favour of exec(query, params).
-#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
-    pqxx::result r = tx.exec(sql, pqxx::params{args...});
-#else
-    pqxx::result r = tx.exec_params(sql, args...);
-#endif
+    pqxx::result r = postgres::detail::exec_params(tx, sql, args...);
     if (r.empty() || r[0][0].is_null()) return std::nullopt;
     return r[0][0].template as<std::int64_t>();
   }

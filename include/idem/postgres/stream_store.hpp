@@ -39,6 +39,7 @@
 #include "idem/key.hpp"
 #include "idem/postgres/postgres_store.hpp"
 #include "idem/sql.hpp"
+#include "idem/stream.hpp"
 
 namespace idem::postgres {
 
@@ -50,17 +51,8 @@ struct ChunkStoreOptions {
   bool migrate = true;
 };
 
-/// Where a stream stands in the durable table.
-struct StreamResume {
-  /// One past the last byte of the contiguous prefix stored from offset 0: continue here.
-  std::uint64_t next_offset = 0;
-  /// The contiguous prefix itself (bytes [0, next_offset)).
-  std::string text;
-  /// Rows stored for the request (including any after the first hole).
-  std::uint64_t chunks = 0;
-  /// True when chunks are stored beyond a hole (a writer skipped an offset).
-  bool has_gap = false;
-};
+/// Where a stream stands in the durable table (idem/stream.hpp).
+using StreamResume = stream::StreamResume;
 
 /// Stores each (request_id, chunk_offset) once. Thread-safe (each call takes a pooled
 /// connection). The store must outlive it.
@@ -110,6 +102,8 @@ class ChunkStore {
 
   /// Stores several chunks of `request_id` inside the caller's transaction (one statement per
   /// chunk; the same call as idem::sqlite::ChunkStore::append_all).
+  /// @param tx the caller's open transaction (the guard's)
+  /// @param request_id the streamed request's id
   /// @param chunks a range of elements with `offset` and `body` members, as idem::stream::Chunk
   /// @return how many were stored (the others were stored before)
   template <class Chunks>
@@ -138,18 +132,8 @@ class ChunkStore {
       StreamResume r;
       auto rows = tx.exec_params(select_, std::string(request_id));
       for (const auto& row : rows) {
-        ++r.chunks;
-        if (r.has_gap) continue;
-        auto offset = static_cast<std::uint64_t>(row[0].as<std::int64_t>());
         pqxx::binarystring raw(row[1]);
-        std::string body = raw.str();
-        std::uint64_t end = offset + body.size();
-        if (offset > r.next_offset) {
-          r.has_gap = true;
-        } else if (end > r.next_offset) {
-          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset), std::string::npos);
-          r.next_offset = end;
-        }
+        r.add(static_cast<std::uint64_t>(row[0].as<std::int64_t>()), raw.str());
       }
       return r;
     });

@@ -133,8 +133,10 @@ struct Message {
   std::string content_type;
   /// The `headers` property.
   Headers headers;
-  /// The exchange it was published to ("" for the default exchange) and its routing key.
-  std::string exchange, routing_key;
+  /// The exchange it was published to ("" for the default exchange).
+  std::string exchange;
+  /// The routing key it was published with.
+  std::string routing_key;
   /// The broker's redelivery flag: it may have been delivered before (to this consumer or
   /// another) and was not acked. Classic queues say nothing more; see delivery_count().
   bool redelivered = false;
@@ -196,8 +198,10 @@ class IDEM_EXPORT QueueConsumer {
   explicit QueueConsumer(QueueConsumerOptions options);
   /// Closes the connection (unacked deliveries return to the queue).
   ~QueueConsumer();
-  QueueConsumer(QueueConsumer&&) noexcept;
-  QueueConsumer& operator=(QueueConsumer&&) noexcept;
+  /// Takes over `other`'s connection (`other` is left without one).
+  QueueConsumer(QueueConsumer&& other) noexcept;
+  /// Takes over `other`'s connection, closing this one's.
+  QueueConsumer& operator=(QueueConsumer&& other) noexcept;
   QueueConsumer(const QueueConsumer&) = delete;
   QueueConsumer& operator=(const QueueConsumer&) = delete;
 
@@ -300,9 +304,12 @@ class IDEM_EXPORT Publisher {
  public:
   /// Checks the options; connects on first use. @throws idem::UsageError.
   explicit Publisher(PublisherOptions options);
+  /// Closes the connection.
   ~Publisher();
-  Publisher(Publisher&&) noexcept;
-  Publisher& operator=(Publisher&&) noexcept;
+  /// Takes over `other`'s connection (`other` is left without one).
+  Publisher(Publisher&& other) noexcept;
+  /// Takes over `other`'s connection, closing this one's.
+  Publisher& operator=(Publisher&& other) noexcept;
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 

@@ -107,6 +107,17 @@ struct RedisStoreOptions {
   /// risk, a client pause longer than the margin). Past it, complete takes the script. 0 means
   /// always the script. Must be in [0, 0.9].
   double native_complete_fraction = 0.5;
+  /// Auto-pipelining: single calls (claim, complete, fail, release, extend, fill, lookup) of
+  /// concurrent threads share one connection per server (per node in a cluster): a call queues
+  /// its command; when no batch is on the wire it writes every queued command in one write and
+  /// reads the replies in order, each handed to its caller as it arrives. A lone caller is never
+  /// delayed (no timer: it sends at once), and pays one mutex more than without. A broken
+  /// connection fails every call on the wire with the error the call would get alone; each
+  /// call keeps its own deadline (command_timeout once written). claim_batch, complete_batch
+  /// and ASK redirects take pooled connections of their own (the shared one is
+  /// pooled too: taken while batches follow each other, given back when no call is queued).
+  /// See docs/redis.md ("Auto-pipelining") for the figures behind the default.
+  bool auto_pipeline = true;
   /// `rediss://` only: the CA file, expected server name and client certificate. The server's
   /// certificate and name are always verified (docs/redis.md, "TLS"). Sentinel and Cluster
   /// URIs take no TLS.
@@ -159,6 +170,11 @@ struct RedisPoolStats {
   std::size_t open = 0;
   /// Connections idle in the pool now.
   std::size_t idle = 0;
+  /// Auto-pipelining (RedisStoreOptions::auto_pipeline): batches written on the shared
+  /// connection (pipelined_commands / pipelined_flushes is the mean batch size).
+  std::uint64_t pipelined_flushes = 0;
+  /// Auto-pipelining: commands those batches carried.
+  std::uint64_t pipelined_commands = 0;
 };
 
 /// The Redis FastStore (see the file comment). Thread-safe; share one per process and server.
@@ -194,6 +210,10 @@ class IDEM_EXPORT RedisStore final : public FastStore {
 
   /// Deletes `owner`'s in-progress record. @return false when `owner` did not hold it.
   bool release(const Key& key, const OwnerToken& owner) override;
+
+  /// Extends `owner`'s in-progress record: its TTL becomes `lease` (one owner-checked script;
+  /// the record's bytes stay as they are). @return false when `owner` does not hold it.
+  bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) override;
 
   /// Writes a completed record unconditionally (owner unknown: stored empty).
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,

@@ -41,6 +41,7 @@
 #include "idem/key.hpp"
 #include "idem/sql.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "idem/stream.hpp"
 
 namespace idem::sqlite {
 
@@ -52,17 +53,8 @@ struct ChunkStoreOptions {
   Clock clock;
 };
 
-/// Where a stream stands in the durable table.
-struct StreamResume {
-  /// One past the last byte of the contiguous prefix stored from offset 0: continue here.
-  std::uint64_t next_offset = 0;
-  /// The contiguous prefix itself (bytes [0, next_offset)).
-  std::string text;
-  /// Rows stored for the request (including any after the first hole).
-  std::uint64_t chunks = 0;
-  /// True when chunks are stored beyond a hole (a writer skipped an offset).
-  bool has_gap = false;
-};
+/// Where a stream stands in the durable table (idem/stream.hpp).
+using StreamResume = stream::StreamResume;
 
 /// Stores each (request_id, chunk_offset) once. Thread-safe (Database serialises writers).
 class ChunkStore {
@@ -113,6 +105,8 @@ class ChunkStore {
   /// Stores several chunks of `request_id` inside the caller's transaction, 64 rows per
   /// statement (`INSERT ... VALUES (...), (...) ... ON CONFLICT DO NOTHING`): what a producer
   /// emitted between two commits, at about 3/4 of the cost of one append per chunk.
+  /// @param tx the caller's open transaction (the guard's)
+  /// @param request_id the streamed request's id
   /// @param chunks a range of elements with `offset` (unsigned) and `body` (bytes) members, as
   ///               idem::stream::Chunk
   /// @return how many were stored (the others were stored before)
@@ -156,17 +150,7 @@ class ChunkStore {
       Statement st = s.prepare(select_);
       st.bind_all(request_id);
       while (st.step()) {
-        ++r.chunks;
-        if (r.has_gap) continue;
-        auto offset = static_cast<std::uint64_t>(st.column_int64(0));
-        std::string body = st.column_bytes(1);
-        std::uint64_t end = offset + body.size();
-        if (offset > r.next_offset) {
-          r.has_gap = true;
-        } else if (end > r.next_offset) {
-          r.text.append(body, static_cast<std::size_t>(r.next_offset - offset), std::string::npos);
-          r.next_offset = end;
-        }
+        r.add(static_cast<std::uint64_t>(st.column_int64(0)), st.column_bytes(1));
       }
       return r;
     });

@@ -39,10 +39,12 @@ std::unique_ptr<idem::FastStore> make_async_script_claim(const std::string& url)
 
 }  // namespace
 
+// Redis records (format 2) keep no owner once completed, as RedisStore's.
 IDEM_FAST_STORE_CONFORMANCE(AsyncRedis,
-                            (FastStoreFactory{"async_redis", "IDEM_TEST_REDIS_URL", make_async}),
+                            (FastStoreFactory{"async_redis", "IDEM_TEST_REDIS_URL", make_async,
+                                              false}),
                             (FastStoreFactory{"async_redis_script_claim", "IDEM_TEST_REDIS_URL",
-                                              make_async_script_claim}))
+                                              make_async_script_claim, false}))
 
 namespace {
 
@@ -63,15 +65,84 @@ TEST_F(AsyncRedisStoreTest, RecordsAreSharedWithTheSynchronousStore) {
       [&](idem::async::Executor ex) { return std::make_unique<AsyncRedisStore>(ex, url_); });
   auto k = key("shared");
   auto a = idem::OwnerToken::generate();
-  ASSERT_EQ(idem::ClaimStatus::kClaimed, async_store.claim(k, "fp", a, std::chrono::seconds(30)).status);
-  EXPECT_EQ(idem::ClaimStatus::kBusy, sync.claim(k, "fp", idem::OwnerToken::generate(),
-                                                 std::chrono::seconds(30)).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            async_store.claim(k, "fp", a, std::chrono::seconds(30)).status);
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            sync.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
   EXPECT_TRUE(sync.complete(k, a, "from sync", std::chrono::seconds(60)));
   auto r = async_store.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30));
   EXPECT_EQ(idem::ClaimStatus::kDone, r.status);
   EXPECT_EQ("from sync", r.response);
   EXPECT_EQ(sync.redis_key(k),
             static_cast<AsyncRedisStore&>(async_store.async_store()).redis_key(k));
+}
+
+// The records the asynchronous store writes are byte for byte RedisStore's (format 2), the
+// times aside; a format-1 claim of an earlier release is completed in its own format.
+TEST_F(AsyncRedisStoreTest, WritesTheSynchronousStoresRecordFormat) {
+  idem::redis::RedisStore sync{url_};
+  BlockingFastStore async_store(
+      [&](idem::async::Executor ex) { return std::make_unique<AsyncRedisStore>(ex, url_); });
+  idem::test::RawRedis raw(url_);
+  const auto owner = idem::OwnerToken::generate();
+  const std::string fp = idem::fingerprint("{\"amount\": 42}");
+  const auto lease = std::chrono::seconds(30);
+  const auto retention = std::chrono::seconds(60);
+  auto get = [&](const idem::Key& k) { return raw.text({"GET", sync.redis_key(k)}); };
+  auto same_but_times = [](const std::string& a, const std::string& b, std::size_t times_at,
+                           std::size_t times_len) {
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(a.substr(0, times_at), b.substr(0, times_at));
+    EXPECT_EQ(a.substr(times_at + times_len), b.substr(times_at + times_len));
+  };
+  // In progress: <tag 0xA9> <owner: 12 bytes> <created: 6> <deadline: 6> 'H' <fingerprint: 32>.
+  auto ks = key("fmt-sync"), ka = key("fmt-async");
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, sync.claim(ks, fp, owner, lease).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, async_store.claim(ka, fp, owner, lease).status);
+  const std::string claim_s = get(ks), claim_a = get(ka);
+  EXPECT_EQ(static_cast<char>(0xA9), claim_a[0]);
+  EXPECT_EQ(1u + 12 + 6 + 6 + 1 + 32, claim_a.size());
+  same_but_times(claim_s, claim_a, 13, 12);
+  // Completed: <tag 0xA2> <created: 6> 'H' <fingerprint: 32> <response>.
+  ASSERT_TRUE(sync.complete(ks, owner, "order_7", retention));
+  ASSERT_TRUE(async_store.complete(ka, owner, "order_7", retention));
+  const std::string done_s = get(ks), done_a = get(ka);
+  EXPECT_EQ(static_cast<char>(0xA2), done_a[0]);
+  EXPECT_EQ(1u + 6 + 1 + 32 + 7, done_a.size());
+  same_but_times(done_s, done_a, 1, 6);
+  // Filled (no claim): the same completed record.
+  auto fs = key("fill-sync"), fa = key("fill-async");
+  sync.fill(fs, fp, "order_7", retention);
+  async_store.fill(fa, fp, "order_7", retention);
+  same_but_times(get(fs), get(fa), 1, 6);
+  same_but_times(done_a, get(fa), 1, 6);
+  // Failed: <tag 0xA3>.
+  auto xs = key("fail-sync"), xa = key("fail-async");
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, sync.claim(xs, fp, owner, lease).status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, async_store.claim(xa, fp, owner, lease).status);
+  ASSERT_TRUE(sync.fail(xs, owner, "poison", retention));
+  ASSERT_TRUE(async_store.fail(xa, owner, "poison", retention));
+  EXPECT_EQ(static_cast<char>(0xA3), get(xa)[0]);
+  same_but_times(get(xs), get(xa), 1, 6);
+  // Format 1 (an earlier release's claim): completed by the asynchronous store in format 1,
+  // replayed by both; a format-1 claim of another owner is busy for both.
+  auto old = key("format1");
+  const long long now = idem::to_millis(idem::system_now());
+  const std::string v1 = "I1P" + std::to_string(owner.str().size()) + ":" + owner.str() +
+                         std::to_string(now) + ":" + std::to_string(now + 30000) + ":" +
+                         std::to_string(fp.size()) + ":" + fp;
+  raw.cmd({"SET", sync.redis_key(old), v1, "PX", "30000"});
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            async_store.claim(old, fp, idem::OwnerToken::generate(), lease).status);
+  ASSERT_TRUE(async_store.complete(old, owner, "from v1", retention));
+  EXPECT_EQ("I1C", get(old).substr(0, 3));
+  EXPECT_EQ("from v1", sync.claim(old, fp, idem::OwnerToken::generate(), lease).response);
+  EXPECT_EQ("from v1", async_store.lookup(old).value().response);
+  auto old2 = key("format1-release");
+  raw.cmd({"SET", sync.redis_key(old2), v1, "PX", "30000"});
+  EXPECT_FALSE(async_store.release(old2, idem::OwnerToken::generate()));
+  EXPECT_TRUE(async_store.release(old2, owner));
+  EXPECT_EQ("<nil>", get(old2));
 }
 
 // Many claims in flight on one connection from one loop thread, answered in order.
@@ -116,25 +187,25 @@ TEST_F(AsyncRedisStoreTest, AForeignValueIsACorruptRecordAndUsageErrorsAreTyped)
   idem::test::RawRedis raw(url_);
   auto k = key("foreign");
   raw.cmd({"SET", store.redis_key(k), "not an idem record"});
-  EXPECT_THROW((void)async_store.claim(k, "fp", idem::OwnerToken::generate(),
-                                       std::chrono::seconds(30)),
-               idem::CorruptRecord);
+  EXPECT_THROW(
+      (void)async_store.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)),
+      idem::CorruptRecord);
   EXPECT_THROW((void)async_store.lookup(k), idem::CorruptRecord);
-  EXPECT_THROW((void)async_store.complete(k, idem::OwnerToken::generate(), "x",
-                                          std::chrono::seconds(60)),
-               idem::CorruptRecord);
+  EXPECT_THROW(
+      (void)async_store.complete(k, idem::OwnerToken::generate(), "x", std::chrono::seconds(60)),
+      idem::CorruptRecord);
   auto h = key("hash");
   raw.cmd({"HSET", store.redis_key(h), "f", "v"});
-  EXPECT_THROW((void)async_store.claim(h, "fp", idem::OwnerToken::generate(),
-                                       std::chrono::seconds(30)),
-               idem::CorruptRecord);
+  EXPECT_THROW(
+      (void)async_store.claim(h, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)),
+      idem::CorruptRecord);
   raw.cmd({"DEL", store.redis_key(k), store.redis_key(h)});
-  EXPECT_THROW((void)async_store.claim(k, "fp", idem::OwnerToken::generate(),
-                                       std::chrono::milliseconds(0)),
-               idem::UsageError);
-  EXPECT_THROW((void)async_store.complete(k, idem::OwnerToken::generate(), "x",
-                                          std::chrono::seconds(0)),
-               idem::UsageError);
+  EXPECT_THROW(
+      (void)async_store.claim(k, "fp", idem::OwnerToken::generate(), std::chrono::milliseconds(0)),
+      idem::UsageError);
+  EXPECT_THROW(
+      (void)async_store.complete(k, idem::OwnerToken::generate(), "x", std::chrono::seconds(0)),
+      idem::UsageError);
   idem::test::LoopThread loop;
   EXPECT_THROW(AsyncRedisStore(loop.executor(), "redis://[bad"), idem::UsageError);
   AsyncRedisStoreOptions bad;

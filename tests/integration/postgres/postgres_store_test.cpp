@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,7 @@ using idem::Outcome;
 using idem::OwnerToken;
 using idem::postgres::PostgresStore;
 namespace pg = idem::test::pg;
+using namespace std::chrono_literals;
 
 Key unique_key(const std::string& scope = "payment") {
   return Key::make(scope, idem::test::unique_name(
@@ -813,6 +816,343 @@ TEST_F(PostgresStoreTest, ForeignStatusInAnAdoptedTableIsACorruptRecord) {
                idem::CorruptRecord);
   EXPECT_THROW((void)store.lookup(key), idem::CorruptRecord);
   EXPECT_FALSE(ran);
+}
+
+// The guard's heartbeat: extend moves the lease on the server's clock, only for the holder.
+TEST_F(PostgresStoreTest, ExtendIsOwnerCheckedAndKeepsAClaimFromBeingTakenOver) {
+  auto key = Key::make("pg.extend", idem::test::unique_name("extend"));
+  auto mine = idem::OwnerToken::generate();
+  auto other = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store_->begin(key, "", mine, 100ms, {}).status);
+  EXPECT_FALSE(store_->extend(key, other, 10s));
+  EXPECT_TRUE(store_->extend(key, mine, 10s));
+  std::this_thread::sleep_for(250ms);  // past the first lease, within the extended one
+  auto c = store_->begin(key, "", other, 100ms, {});
+  EXPECT_EQ(idem::ClaimStatus::kBusy, c.status);
+  EXPECT_FALSE(c.took_over);
+  ASSERT_TRUE(store_->complete(key, mine, "done", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->extend(key, mine, 10s)) << "a completed record is not extended";
+  EXPECT_THROW((void)store_->extend(key, mine, 0ms), idem::UsageError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database errors of a transactional handler's own statements are typed as idem's own are, the
+// libpqxx exception nested as the cause; other handler exceptions propagate unchanged.
+
+// The SQLSTATE of the libpqxx exception nested in `e` ("" when none is nested).
+std::string nested_sqlstate(const std::exception& e) {
+  try {
+    std::rethrow_if_nested(e);
+  } catch (const pqxx::sql_error& s) {  // libpqxx 7: every server error, rollbacks included
+    return s.sqlstate();
+  } catch (const pqxx::deadlock_detected&) {  // libpqxx 6: rollbacks carry no SQLSTATE
+    return "40P01";
+  } catch (const pqxx::serialization_failure&) {
+    return "40001";
+  } catch (const pqxx::broken_connection&) {
+    return "broken_connection";
+  } catch (const std::exception& other) {
+    return std::string("not pqxx: ") + other.what();
+  }
+  return "";
+}
+
+TEST_F(PostgresStoreTest, HandlerDeadlockAfterTheRetriesIsStorageUnavailableWithItsCause) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.max_retries = 0;  // the first deadlock is final
+  PostgresStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  auto base = unique_key();
+  const std::string a = base.id() + "_a", b = base.id() + "_b";
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + a + "', 0), ('" + b + "', 0)");
+  std::atomic<int> at_barrier{0};
+  auto body = [&](const std::string& id, const std::string& first, const std::string& second) {
+    return [&, id, first, second](pqxx::work& tx) {
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     first);
+      ++at_barrier;  // both hold their first row, then each asks for the other's
+      while (at_barrier.load() < 2) std::this_thread::yield();
+      tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance + 1 WHERE id = $1",
+                     second);
+      pg::insert_effect(tx, id);
+      return std::string("done");
+    };
+  };
+  const Key k1 = Key::make("transfer", base.id() + "_t1");
+  const Key k2 = Key::make("transfer", base.id() + "_t2");
+  std::atomic<int> executed{0}, unavailable{0}, other{0};
+  std::string state, retry_key;
+  std::mutex mutex;
+  auto transfer = [&](const Key& k, const std::string& first, const std::string& second) {
+    try {
+      auto r = guard.run(k, "", body(k.id(), first, second));
+      if (r.outcome == Outcome::kExecuted) ++executed;
+    } catch (const idem::StorageUnavailable& e) {
+      ++unavailable;
+      EXPECT_TRUE(e.retryable());
+      EXPECT_NE(std::string(e.what()).find("40P01"), std::string::npos) << e.what();
+      std::lock_guard<std::mutex> lock(mutex);
+      state = nested_sqlstate(e);
+      retry_key = k.id();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "untyped: " << e.what();
+      ++other;
+    }
+  };
+  std::thread t1([&] { transfer(k1, a, b); });
+  std::thread t2([&] { transfer(k2, b, a); });
+  t1.join();
+  t2.join();
+  ASSERT_EQ(1, executed.load());
+  ASSERT_EQ(1, unavailable.load());
+  EXPECT_EQ(0, other.load());
+  EXPECT_EQ("40P01", state);
+  EXPECT_EQ(0u, store.stats().retries);
+  // The failed call left no record and released its fast claim: the retry runs at once.
+  const Key& failed = retry_key == k1.id() ? k1 : k2;
+  EXPECT_FALSE(store.lookup(failed).has_value());
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", failed.id()));
+  at_barrier = 2;
+  auto retry = guard.run(failed, "", body(failed.id(), failed == k1 ? a : b, failed == k1 ? b : a));
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k1.id()));
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k2.id()));
+  EXPECT_EQ(4, pg::scalar("SELECT sum(balance) FROM " + pg::table("account") + " WHERE id IN ('" +
+                          a + "', '" + b + "')"));
+}
+
+TEST_F(PostgresStoreTest, HandlerLockTimeoutOnABusinessRowIsStorageTimeoutWithItsCause) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.lock_timeout = std::chrono::milliseconds(200);
+  PostgresStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  auto key = unique_key();
+  const std::string account = key.id();
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + account + "', 0)");
+  int runs = 0;
+  auto debit = [&](pqxx::work& tx) {
+    ++runs;
+    tx.exec_params("UPDATE " + pg::table("account") + " SET balance = balance - 1 WHERE id = $1",
+                   account);
+    pg::insert_effect(tx, key.id());
+    return std::string("debited");
+  };
+  {
+    // Another connection holds the business row for longer than lock_timeout.
+    pqxx::connection holder(pg::dsn());
+    pqxx::work lock(holder);
+    lock.exec_params("SELECT 1 FROM " + pg::table("account") + " WHERE id = $1 FOR UPDATE",
+                     account);
+    try {
+      (void)guard.run(key, "", debit);
+      ADD_FAILURE() << "the handler's statement did not time out";
+    } catch (const idem::StorageTimeout& e) {
+      EXPECT_TRUE(e.retryable());
+      EXPECT_EQ(idem::errc::kStoreTimeout, e.code());
+      EXPECT_EQ("55P03", nested_sqlstate(e));
+      EXPECT_NE(std::string(e.what()).find("55P03"), std::string::npos) << e.what();
+    }
+    lock.abort();
+  }
+  EXPECT_EQ(1, runs);
+  EXPECT_FALSE(store.lookup(key).has_value());  // rolled back with the handler's writes
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", key.id()));
+  auto retry = guard.run(key, "", debit);  // the fast claim was released: runs at once
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+  EXPECT_EQ(-1, pg::scalar("SELECT balance FROM " + pg::table("account") + " WHERE id = '" +
+                           account + "'"));
+}
+
+TEST_F(PostgresStoreTest, HandlerStatementErrorsAreTypedAndOtherExceptionsUnchanged) {
+  idem::IdempotencyGuard guard{*store_};
+  // A constraint violation of the handler's own statement: StorageError (not retryable), the
+  // pqxx::unique_violation nested.
+  auto key = unique_key();
+  pg::exec("INSERT INTO " + pg::table("account") + " VALUES ('" + key.id() + "', 0)");
+  try {
+    (void)guard.run(key, "", [&](pqxx::work& tx) {
+      tx.exec_params("INSERT INTO " + pg::table("account") + " VALUES ($1, 0)", key.id());
+      return std::string("never");
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable());
+    EXPECT_EQ("23505", nested_sqlstate(e));
+    bool unique = false;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const pqxx::unique_violation&) {
+      unique = true;
+    } catch (...) {
+    }
+    EXPECT_TRUE(unique);
+  }
+  EXPECT_FALSE(store_->lookup(key).has_value());
+  // The handler's own connection killed under it: StorageUnavailable, cause nested.
+  auto killed = unique_key();
+  try {
+    (void)guard.run(killed, "", [&](pqxx::work& tx) {
+      tx.exec("SELECT pg_terminate_backend(pg_backend_pid())");
+      return std::string("never");
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_FALSE(nested_sqlstate(e).empty());
+    EXPECT_EQ(std::string::npos, nested_sqlstate(e).find("not pqxx")) << nested_sqlstate(e);
+  }
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run(killed, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
+  // Exceptions that are not database errors propagate as they were thrown.
+  struct NotADatabaseError {
+    int code;
+  };
+  try {
+    (void)guard.run(unique_key(), "",
+                    [](pqxx::work&) -> std::string { throw NotADatabaseError{7}; });
+    ADD_FAILURE() << "no exception";
+  } catch (const NotADatabaseError& e) {
+    EXPECT_EQ(7, e.code);
+  }
+  EXPECT_THROW((void)guard.run(
+                   unique_key(), "",
+                   [](pqxx::work&) -> std::string { throw std::invalid_argument("bad amount"); }),
+               std::invalid_argument);
+  // An idem error the handler throws itself is not re-wrapped either.
+  EXPECT_THROW((void)guard.run(
+                   unique_key(), "",
+                   [](pqxx::work&) -> std::string { throw idem::UsageError("from the handler"); }),
+               idem::UsageError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every wait is bounded on the client (client_timeout): a proxy that stops forwarding without
+// closing anything (the TCP connection stays up, the client's bytes are acknowledged).
+
+// A store that reaches the server through `proxy`, with client_timeout 500 ms.
+idem::postgres::PostgresStoreOptions behind(const idem::test::CommitDroppingProxy& proxy) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo = pg::dsn_with_port(proxy.port());
+  o.client_timeout = std::chrono::milliseconds(500);
+  return o;
+}
+
+TEST_F(PostgresStoreTest, StalledServerAnswersATypedErrorWithinTheClientTimeout) {
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+  PostgresStore store(behind(proxy));
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  int runs = 0;
+  auto transactional = [&](const Key& k) {
+    return [&runs, k](pqxx::work& tx) {
+      ++runs;
+      pg::insert_effect(tx, k.id());
+      return std::string("paid");
+    };
+  };
+  auto warm = unique_key();
+  ASSERT_EQ(Outcome::kExecuted, guard.run(warm, "", transactional(warm)).outcome);
+  ASSERT_EQ(1u, store.pool().open_connections());
+  proxy.stalled = true;
+  // Transactional, on the pooled connection: its claim waits; the deadline cancels it and cuts
+  // the connection. Typed and retryable, well before the 30 s lease.
+  auto k1 = unique_key();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)guard.run(k1, "", transactional(k1));
+    ADD_FAILURE() << "a stalled claim answered";
+  } catch (const idem::StorageTimeout& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("client_timeout")) << e.what();
+  }
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(3));
+  EXPECT_EQ(1, runs);                              // only the warm-up ran
+  EXPECT_EQ(0u, store.pool().open_connections());  // the cut connection was dropped
+  // Two-phase, on a new connection: its start-up waits; connect_timeout (libpq's minimum is
+  // 2 s) ends it: StorageUnavailable, retryable.
+  auto k2 = unique_key();
+  t0 = std::chrono::steady_clock::now();
+  int external = 0;
+  try {
+    (void)guard.run(k2, "", [&] {
+      ++external;
+      return std::string("sent");
+    });
+    ADD_FAILURE() << "a stalled begin answered";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_TRUE(e.code() == idem::errc::kStoreTimeout || e.code() == idem::errc::kStoreUnavailable)
+        << e.what();
+  }
+  waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(6));
+  EXPECT_EQ(0, external);
+  // Forwarding again: both retries run at once (the fast claims were released), each effect
+  // once, and nothing of the cut attempts committed.
+  proxy.stalled = false;
+  EXPECT_EQ(Outcome::kExecuted, guard.run(k1, "", transactional(k1)).outcome);
+  EXPECT_EQ(Outcome::kExecuted, guard
+                                    .run(k2, "",
+                                         [&] {
+                                           ++external;
+                                           return std::string("sent");
+                                         })
+                                    .outcome);
+  EXPECT_EQ(1, external);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k1.id()));
+  EXPECT_EQ(Outcome::kReplayed, guard.run(k1, "", transactional(k1)).outcome);
+  EXPECT_EQ(2, runs);
+}
+
+TEST_F(PostgresStoreTest, StalledTwoPhaseCompletionIsBoundedAndTheRecordStaysHeld) {
+  idem::test::CommitDroppingProxy proxy(pg::dsn_port());
+  PostgresStore store(behind(proxy));
+  idem::IdempotencyGuard guard{store};
+  auto key = unique_key();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)guard.run(key, "", [&] {
+      proxy.stalled = true;  // the gateway answered; then the database path hangs
+      return std::string("sent");
+    });
+    ADD_FAILURE() << "a stalled completion answered";
+  } catch (const idem::StorageTimeout& e) {
+    EXPECT_TRUE(e.retryable());
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  proxy.stalled = false;
+  // The record is still this attempt's, in progress: a duplicate is told "in progress" (the
+  // lease decides, as after a crash between the phases), never run twice.
+  auto rec = store.lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, rec->status);
+  int again = 0;
+  auto dup = guard.run(key, "", [&] {
+    ++again;
+    return std::string("twice");
+  });
+  EXPECT_EQ(Outcome::kInProgress, dup.outcome);
+  EXPECT_EQ(0, again);
+}
+
+TEST_F(PostgresStoreTest, ClientTimeoutIsValidated) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.client_timeout = std::chrono::milliseconds(-1);
+  EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  o.client_timeout = std::chrono::milliseconds(0);  // no bound: allowed
+  PostgresStore unbounded(o);
+  idem::IdempotencyGuard guard{unbounded};
+  auto key = unique_key();
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run(key, "", [](pqxx::work&) { return std::string("ok"); }).outcome);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // A loopback TCP proxy in front of PostgreSQL that can lose the connection right after
 // forwarding a COMMIT: the server commits, the client never hears back (a network failure at
-// the worst moment, without a mock of PostgreSQL).
+// the worst moment, without a mock of PostgreSQL). It can also stall: stop forwarding in both
+// directions without closing anything, as a hung middlebox or a partition behind a live TCP
+// peer does (the client's kernel still sees its bytes acknowledged).
 #pragma once
 
 #include <arpa/inet.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -54,6 +57,8 @@ class CommitDroppingProxy {
   std::atomic<bool> drop_next_commit{false};
   /// Connections dropped that way.
   std::atomic<int> dropped{0};
+  /// While true nothing is forwarded, on open connections and new ones; nothing is closed.
+  std::atomic<bool> stalled{false};
 
  private:
   void accept_loop() {
@@ -80,6 +85,10 @@ class CommitDroppingProxy {
     }
     char buf[65536];
     while (!stop_) {
+      if (stalled.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       if (::poll(p, 2, 100) <= 0) continue;
       if (p[0].revents != 0) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Faults of the real redis-server: kill -9 and restart in the middle of guarded calls, a server
 // busy in a script, a slow server (timeouts), maxmemory reached, a read-only replica, flushed
-// scripts. These change the shared server, so ctest runs them serially (RUN_SERIAL).
+// scripts, a heartbeat that cannot reach a stalled server. These change the shared server, so ctest runs them serially (RUN_SERIAL).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -347,6 +347,85 @@ TEST_F(RedisFaultTest, FlushedScriptsAreReloadedOnNoscript) {
   EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
   EXPECT_EQ("r", store.lookup(k).value().response);  // loaded: no reload
   EXPECT_EQ(loads + 2, store.pool_stats().script_loads);
+}
+
+// Counts the failures and lost leases the guard reports.
+struct FailureCounter final : idem::Observer {
+  std::atomic<int> store_errors{0}, leases_lost{0};
+  void on_store_error(const idem::StoreErrorEvent&) noexcept override { ++store_errors; }
+  void on_lease_lost(const Key&, std::string_view) noexcept override { ++leases_lost; }
+};
+
+// The heartbeat keeps a long handler's claim alive; when the server stalls for longer than the
+// lease (as under SIGSTOP), the beats time out (reported), the claim expires, another process
+// takes the key, and the first attempt is fenced: its completion throws LeaseLost and the
+// record is the second attempt's.
+TEST_F(RedisFaultTest, AStalledServerEndsTheHeartbeatAndTheOldOwnerIsFenced) {
+  idem::test::RawRedis blocker(url_);
+  RedisStoreOptions o{url_};
+  o.command_timeout = 150ms;
+  RedisStore first_store(o), second_store(RedisStoreOptions{url_});
+  auto counter = std::make_shared<FailureCounter>();
+  idem::GuardOptions go;
+  go.lease = 400ms;
+  go.heartbeat = true;
+  go.observer = counter;
+  idem::IdempotencyGuard first{first_store, go};
+  idem::IdempotencyGuard second{second_store};
+  const Key k = key("beat");
+  // Load the scripts the stalled calls will need (a fresh server answers NOSCRIPT otherwise).
+  auto warm = key("beat_warmup");
+  auto w = OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, first_store.claim(warm, "", w, 30'000ms).status);
+  ASSERT_TRUE(first_store.extend(warm, w, 30'000ms));
+  ASSERT_TRUE(first_store.complete(warm, w, "r", std::chrono::seconds(60)));
+
+  std::atomic<int> runs{0};
+  std::atomic<bool> lease_lost{false};
+  std::thread a([&] {
+    try {
+      (void)first.run(k, "", [&] {
+        ++runs;
+        std::this_thread::sleep_for(200ms);
+        blocker.send({"EVAL", spin_script(1500), "0"});  // the server stalls 1.5 s
+        std::this_thread::sleep_for(2500ms);
+        return std::string("first");
+      });
+    } catch (const idem::LeaseLost&) {
+      lease_lost = true;
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(blocker.receive());  // the stall is over; the claim's TTL ran out meanwhile
+  auto r = second.run(k, "", [&] {
+    ++runs;
+    return std::string("second");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  a.join();
+  EXPECT_TRUE(lease_lost) << "the first attempt's completion must be refused";
+  EXPECT_EQ(2, runs.load());  // fast-store only: best effort, the takeover is the point here
+  EXPECT_GE(counter->store_errors.load(), 1) << "the beats that timed out were reported";
+  EXPECT_GE(counter->leases_lost.load(), 1);
+  auto rec = second_store.lookup(k);
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  EXPECT_EQ("second", rec->response);
+}
+
+// Extending is owner-checked and changes only the TTL.
+TEST_F(RedisFaultTest, ExtendIsOwnerCheckedAndKeepsTheRecordBytes) {
+  RedisStore store(RedisStoreOptions{url_});
+  const Key k = key("extend");
+  auto mine = OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed, store.claim(k, "fp", mine, 100ms).status);
+  EXPECT_FALSE(store.extend(k, OwnerToken::generate(), 10'000ms));
+  EXPECT_TRUE(store.extend(k, mine, 10'000ms));
+  std::this_thread::sleep_for(250ms);  // past the first lease
+  EXPECT_EQ(idem::ClaimStatus::kBusy, store.claim(k, "fp", OwnerToken::generate(), 100ms).status);
+  EXPECT_TRUE(store.complete(k, mine, "done", std::chrono::seconds(60)));
+  EXPECT_FALSE(store.extend(k, mine, 10'000ms)) << "a completed record is not extended";
+  EXPECT_FALSE(store.extend(key("absent"), mine, 10'000ms));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "idem/consumer.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "support/reassigning_handler.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -138,6 +139,58 @@ TEST_F(RedisGuardTest, ThirtyTwoThreadsOneKeyRedisOnlyRunOnce) {
   EXPECT_GT(tally.replayed.load(), 0);
   EXPECT_EQ(0, tally.other.load());
   EXPECT_EQ(0, tally.wrong_value.load());
+}
+
+// The handler reassigns the Key and fingerprint it was passed: Redis in front of SQLite
+// (transactional and two-phase) and Redis alone complete the key they claimed, one effect,
+// nothing under the other key, and the replay comes from Redis.
+TEST_F(RedisGuardTest, HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey) {
+  using Tx = idem::sqlite::Transaction;
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable(dir.file("guard.db"));
+  durable.database().write([](Tx& tx) { tx.exec("CREATE TABLE effect (k TEXT NOT NULL)"); });
+  RedisStore fast(RedisStoreOptions{url_});
+  auto count = [&](const Key& k) {
+    return durable.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE k = ?", k.id()).value_or(-1);
+    });
+  };
+  for (int shape = 0; shape < 3; ++shape) {
+    SCOPED_TRACE(shape == 0   ? "redis + sqlite, transactional"
+                 : shape == 1 ? "redis + sqlite, two-phase"
+                              : "redis only");
+    auto acquired = key();
+    auto other = Key::make("redis.guard", acquired.id() + "_other");
+    const std::string fp = idem::test::heap_fingerprint(acquired.id());
+    int runs = 0, external = 0;
+    idem::GuardResult<std::string> r;
+    if (shape == 0) {
+      idem::IdempotencyGuard guard{fast, durable};
+      r = idem::test::run_reassigning<Tx>(guard, acquired, other, fp, runs, [&](Tx& tx) {
+        tx.exec("INSERT INTO effect (k) VALUES (?)", acquired.id());
+      });
+      idem::test::expect_replay<Tx>(guard, acquired, fp, runs);
+      EXPECT_EQ(1, count(acquired));
+      EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+    } else if (shape == 1) {
+      idem::IdempotencyGuard guard{fast, durable};
+      r = idem::test::run_reassigning<void>(guard, acquired, other, fp, runs, [&] { ++external; });
+      idem::test::expect_replay<void>(guard, acquired, fp, runs);
+      EXPECT_EQ(1, external);
+      EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+    } else {
+      idem::IdempotencyGuard guard{fast};
+      r = idem::test::run_reassigning<void>(guard, acquired, other, fp, runs, [&] { ++external; });
+      idem::test::expect_replay<void>(guard, acquired, fp, runs);
+      EXPECT_EQ(1, external);
+      EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+    }
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+    EXPECT_EQ(1, runs);
+    EXPECT_EQ(0, count(other));
+    idem::test::expect_acquired_key_completed(fast, acquired, other, fp);
+    if (shape < 2) idem::test::expect_acquired_key_completed(durable, acquired, other, fp);
+  }
 }
 
 TEST_F(RedisGuardTest, ExpiredLeaseIsTakenOverAndTheStaleOwnerLosesItsCompletion) {

@@ -25,7 +25,7 @@ std::unique_ptr<idem::FastStore> make_sentinel(const std::string& url) {
 
 IDEM_FAST_STORE_CONFORMANCE(RedisSentinel,
                             (FastStoreFactory{"redis_sentinel", "IDEM_TEST_REDIS_SENTINEL_URL",
-                                              make_sentinel}))
+                                              make_sentinel, false}))
 
 namespace {
 

@@ -269,6 +269,23 @@ TEST_F(Secrets, IdemctlOutputNeverShowsThePassword) {
            " show s ctl",
        -1},
       {"--db " + quote("postgresql://idem_pw:" + secret_ + "@127.0.0.1:1/x") + " stats", 3},
+      // The per-key commands name the stores they read in every message.
+      {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
+           " response s ctl",
+       0},
+      {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
+           " response s absent",
+       1},
+      {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
+           " release s ctl --owner x --yes",
+       4},
+      {"--db " + quote(good_uri) + table + " release s absent --owner x", 1},
+      {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
+           " duplicates s ctl",
+       0},
+      {"--db " + quote(good_uri) + table + " duplicates --top 5", 0},
+      {"--db " + quote("postgresql://idem_pw:" + secret_ + "@127.0.0.1:1/x") + " response s ctl",
+       3},
   };
   for (const auto& c : cases) {
     auto r = idemctl_test::idemctl(c.args);

@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: MIT
-// The one place libpqxx version differences live (6.4 on Debian 12, 7.x elsewhere).
+// The one place libpqxx version differences live (6.4 on Debian 12, 7.x elsewhere): the
+// adapter's sources and its public templates (sql_driver.hpp) use these functions only.
+// libpqxx 7.10 introduced exec(pqxx::prepped / query, pqxx::params) and deprecated
+// exec_prepared / exec_params, which 6.x and 7.0-7.9 have; bytea maps to std::byte strings
+// from 7.0 on (pqxx::binarystring before).
 #pragma once
 
 #include <cstddef>
@@ -9,6 +13,12 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+#define IDEM_PQXX_EXEC_PARAMS 1  // exec(query, pqxx::params), exec(pqxx::prepped, ...)
+#else
+#define IDEM_PQXX_EXEC_PARAMS 0  // exec_params / exec_prepared
+#endif
 
 namespace idem::postgres::detail {
 
@@ -23,6 +33,19 @@ inline std::string read_bytea(const pqxx::field& f) {
   auto b = f.as<std::basic_string<std::byte>>();
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
+#else
+/// A bytea parameter (6.x: pqxx::binarystring travels in binary format).
+inline pqxx::binarystring bytea(std::string_view s) {
+  return pqxx::binarystring(s.data(), s.size());
+}
+/// A bytea column as raw bytes ("" for NULL).
+inline std::string read_bytea(const pqxx::field& f) {
+  if (f.is_null()) return {};
+  return pqxx::binarystring(f).str();
+}
+#endif
+
+#if IDEM_PQXX_EXEC_PARAMS
 /// Runs a prepared statement.
 template <class... Args>
 pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {
@@ -51,15 +74,6 @@ inline void prepare(pqxx::connection& c, const std::string& name, const std::str
   c.prepare(name, sql);
 }
 #else
-/// A bytea parameter (6.x: pqxx::binarystring travels in binary format).
-inline pqxx::binarystring bytea(std::string_view s) {
-  return pqxx::binarystring(s.data(), s.size());
-}
-/// A bytea column as raw bytes ("" for NULL).
-inline std::string read_bytea(const pqxx::field& f) {
-  if (f.is_null()) return {};
-  return pqxx::binarystring(f).str();
-}
 /// Runs a prepared statement.
 template <class... Args>
 pqxx::result exec_prepared(pqxx::transaction_base& t, const std::string& name, Args&&... args) {

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: MIT
+// The one place where MariaDB Connector/C and server errors become idem exceptions.
+#include "errors.hpp"
+
+#include <string>
+
+#include "idem/errors.hpp"
+#include "idem/mysql/client.hpp"
+
+namespace idem::mysql::detail {
+namespace {
+
+// Server errors.
+constexpr unsigned kConnectionCount = 1040;  // too many connections
+constexpr unsigned kDbAccessDenied = 1044;   // no privilege on the database
+constexpr unsigned kServerShutdown = 1053;   // the server is shutting down
+constexpr unsigned kNetReadError = 1158;     // 1158..1161: the server's network reads/writes
+constexpr unsigned kNetWriteInterrupted = 1161;
+constexpr unsigned kTooManyUserConnections = 1203;
+constexpr unsigned kHostNotPrivileged = 1130;  // host not allowed to connect
+constexpr unsigned kReadOnly = 1290;           // --read-only (a replica after failover)
+constexpr unsigned kQueryInterrupted = 1317;   // KILL QUERY
+constexpr unsigned kReadOnlyTransaction = 1792;
+constexpr unsigned kMariadbStatementTimeout = 1969;  // max_statement_time
+constexpr unsigned kMysqlStatementTimeout = 3024;    // max_execution_time
+constexpr unsigned kClientInactivityTimeout = 4031;  // MySQL 8: disconnected for inactivity
+// Client library errors.
+constexpr unsigned kConnectionError = 2002;
+constexpr unsigned kConnHostError = 2003;
+constexpr unsigned kUnknownHost = 2005;
+constexpr unsigned kServerHandshake = 2012;
+constexpr unsigned kTlsError = 2026;
+constexpr unsigned kServerLostExtended = 2055;
+constexpr unsigned kNetRead = 5013;
+constexpr unsigned kNetWrite = 5014;
+
+std::string describe(unsigned number, std::string_view sqlstate, std::string_view message,
+                     std::string_view context) {
+  std::string what = "mysql: ";
+  what.append(context);
+  what.append(": [");
+  what.append(std::to_string(number));
+  if (!sqlstate.empty()) {
+    what.append(" ");
+    what.append(sqlstate);
+  }
+  what.append("] ");
+  what.append(message);
+  return what;
+}
+
+template <class E>
+[[noreturn]] void raise(const std::string& what, unsigned number, std::string_view sqlstate) {
+  throw Failure<E>(what, number, std::string(sqlstate));
+}
+
+}  // namespace
+
+bool is_connection_failure(unsigned n) noexcept {
+  switch (n) {
+    case kConnectionError:
+    case kConnHostError:
+    case kUnknownHost:
+    case kServerGone:
+    case kServerHandshake:
+    case kServerLost:
+    case kServerLostExtended:
+    case kNetRead:
+    case kNetWrite:
+    case kServerShutdown:
+    case kClientInactivityTimeout:
+      return true;
+    default:
+      return n >= kNetReadError && n <= kNetWriteInterrupted;
+  }
+}
+
+void throw_error(unsigned number, std::string_view sqlstate, std::string_view message,
+                 const Context& context) {
+  std::string what = describe(number, sqlstate, message, context.what);
+  if (is_duplicate(number)) {
+    throw DuplicateKey(what, number, std::string(sqlstate));
+  }
+  if (number == kLockWaitTimeout || number == kMariadbStatementTimeout ||
+      number == kMysqlStatementTimeout) {
+    raise<StorageTimeout>(what, number, sqlstate);
+  }
+  if (number == kServerLost && context.read_timeout.count() > 0 &&
+      context.waited + std::chrono::milliseconds(50) >= context.read_timeout) {
+    raise<StorageTimeout>(what + " (no answer within read_timeout " +
+                              std::to_string(context.read_timeout.count()) + " s)",
+                          number, sqlstate);
+  }
+  switch (number) {
+    case kAccessDenied:
+      raise<StorageError>(what + " (check the user and password of the connection URI)", number,
+                          sqlstate);
+    case kDbAccessDenied:
+    case kHostNotPrivileged:
+      raise<StorageError>(what + " (grant the user access, or connect as another user)", number,
+                          sqlstate);
+    case kBadDatabase:
+      raise<StorageError>(what + " (create the database, or fix the URI's database name)", number,
+                          sqlstate);
+    case kTlsError:
+      raise<StorageError>(what + " (check the TLS settings of the connection URI)", number,
+                          sqlstate);
+    case kDeadlock:
+    case kConnectionCount:
+    case kTooManyUserConnections:
+    case kReadOnly:
+    case kReadOnlyTransaction:
+    case kQueryInterrupted:
+      raise<StorageUnavailable>(what, number, sqlstate);
+    default:
+      break;
+  }
+  if (is_connection_failure(number)) raise<StorageUnavailable>(what, number, sqlstate);
+  raise<StorageError>(what, number, sqlstate);
+}
+
+void throw_outcome_unknown(unsigned number, std::string_view sqlstate, std::string_view message,
+                           std::string_view context) {
+  raise<OutcomeUnknown>(describe(number, sqlstate, message, context), number, sqlstate);
+}
+
+}  // namespace idem::mysql::detail

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+// A bounded pool of client connections, kept apart by autocommit mode.
+#include "pool.hpp"
+
+#include <string>
+
+#include "idem/errors.hpp"
+
+namespace idem::mysql::detail {
+
+Pool::Pool(ConnectSettings settings, std::size_t size, std::chrono::milliseconds wait)
+    : settings_(std::move(settings)), size_(size), wait_(wait) {}
+
+Pool::~Pool() {
+  for (auto& list : idle_) {
+    for (Connection* c : list) delete c;
+  }
+}
+
+Pool::Lease Pool::acquire(bool autocommit) {
+  Connection* conn = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto ready = [&] { return !idle_[0].empty() || !idle_[1].empty() || open_ < size_; };
+    if (!cv_.wait_for(lock, wait_, ready)) {
+      throw StorageUnavailable("mysql: connection pool exhausted: " + std::to_string(size_) +
+                               " connections in use for " + std::to_string(wait_.count()) + " ms");
+    }
+    auto& same = idle_[autocommit ? 1 : 0];
+    auto& other = idle_[autocommit ? 0 : 1];
+    if (!same.empty()) {
+      conn = same.back();
+      same.pop_back();
+    } else if (open_ < size_) {
+      ++open_;  // a place reserved; the connection opens outside the lock
+    } else {
+      conn = other.back();
+      other.pop_back();
+    }
+  }
+  if (conn == nullptr) {
+    try {
+      conn = new Connection(settings_);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --open_;
+      }
+      cv_.notify_one();
+      throw;
+    }
+  }
+  Lease lease(this, conn);
+  // A switch is one round trip; on failure the lease closes the connection.
+  conn->set_autocommit(autocommit);
+  return lease;
+}
+
+void Pool::give_back(Connection* conn) noexcept {
+  if (!conn->broken() && (conn->handle()->server_status & SERVER_STATUS_IN_TRANS) != 0) {
+    conn->rollback();  // never lend a connection with a transaction still open
+  }
+  conn->unwatch_transaction();
+  std::vector<Connection*> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (conn->broken()) {
+      dropped.push_back(conn);
+      // A connection that broke usually means the server restarted or the network failed:
+      // the idle ones are most likely dead too, so close them instead of failing on each.
+      for (auto& list : idle_) {
+        dropped.insert(dropped.end(), list.begin(), list.end());
+        list.clear();
+      }
+      open_ -= dropped.size();
+    } else {
+      idle_[conn->autocommit() ? 1 : 0].push_back(conn);
+    }
+  }
+  cv_.notify_all();
+  for (Connection* c : dropped) delete c;  // closes outside the lock
+}
+
+std::size_t Pool::open_connections() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_;
+}
+
+}  // namespace idem::mysql::detail

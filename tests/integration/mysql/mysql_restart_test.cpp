@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+// MariaDB killed (kill -9, InnoDB crash recovery on restart) under guarded payments, and at
+// COMMIT; a server whose time zone is not UTC. Runs alone (RUN_SERIAL): it kills the shared
+// server and changes a global setting.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "mysql_test_support.hpp"
+
+namespace {
+
+namespace my = idem::test::my;
+using idem::Outcome;
+using idem::mysql::MysqlStore;
+using idem::mysql::Transaction;
+
+void servers(const std::string& script, const std::string& command) {
+  const std::string cmd = script + " " + command + " >/dev/null 2>&1";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << cmd;
+}
+
+long effects(const std::string& id) { return my::count_where("idem_test_effects", "key_id", id); }
+
+// kill -9 of mysqld while four threads pay: calls fail typed and retryable while it is down,
+// succeed once it is back (InnoDB rolled back what was open), and no key runs twice.
+TEST(MysqlRestart, KillNineUnderLoadLosesNothingAndDoublesNothing) {
+  IDEM_REQUIRE_MYSQL();
+  std::string script;
+  IDEM_REQUIRE_ENV(script, "IDEM_SERVERS_SCRIPT");
+  (void)my::Database::name();
+  auto o = my::options();
+  o.pool_size = 8;
+  o.pool_wait = std::chrono::milliseconds(2000);
+  MysqlStore store(o);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  constexpr int kThreads = 4;
+  std::atomic<bool> restarted{false};
+  std::atomic<int> failures{0}, untyped{0};
+  std::mutex m;
+  std::map<std::string, int> kinds;
+  std::vector<std::string> keys[kThreads];
+  auto worker = [&](int t) {
+    int after = 0;
+    for (int i = 0; !restarted.load() || after < 15; ++i) {
+      if (restarted.load()) ++after;
+      auto key = idem::Key::make("payment", idem::test::unique_name("kill_t" + std::to_string(t)));
+      keys[t].push_back(key.id());
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      for (;;) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no success for " << key.id();
+        try {
+          auto r = guard.run(key, "", [&](Transaction& tx) {
+            my::insert_effect(tx, key.id());
+            return std::string("paid");
+          });
+          if (r.ok()) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // in progress: retry
+        } catch (const idem::Error& e) {
+          ++failures;
+          EXPECT_TRUE(e.retryable()) << e.what();
+          std::lock_guard<std::mutex> lock(m);
+          ++kinds[std::string(idem::errc_name(e.code()))];
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        } catch (const std::exception& e) {
+          ++untyped;
+          ADD_FAILURE() << "untyped: " << e.what();
+          return;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  servers(script, "mysql-kill");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  servers(script, "mysql-start");
+  restarted = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(0, untyped.load());
+  EXPECT_GT(failures.load(), 0) << "the kill was not seen";
+  for (const auto& list : keys) {
+    for (const auto& id : list) EXPECT_EQ(1, effects(id)) << id;
+  }
+  for (const auto& [kind, n] : kinds) std::printf("  %s: %d\n", kind.c_str(), n);
+}
+
+// The server dies between the handler and COMMIT: the commit cannot be resolved while it is
+// down (OutcomeUnknown, retryable); after the restart the retry of the same key runs once
+// (crash recovery rolled the transaction back).
+TEST(MysqlRestart, ServerDownAtCommitIsOutcomeUnknownResolvedByTheRetry) {
+  IDEM_REQUIRE_MYSQL();
+  std::string script;
+  IDEM_REQUIRE_ENV(script, "IDEM_SERVERS_SCRIPT");
+  (void)my::Database::name();
+  auto o = my::options();
+  bool kill = true;
+  o.before_commit = [&](Transaction&) {
+    if (kill) servers(script, "mysql-kill");
+  };
+  MysqlStore store(o);
+  idem::IdempotencyGuard guard{store};
+  auto key = idem::Key::make("payment", idem::test::unique_name("commit_kill"));
+  EXPECT_THROW((void)guard.run(key, "",
+                               [&](Transaction& tx) {
+                                 my::insert_effect(tx, key.id());
+                                 return std::string("paid");
+                               }),
+               idem::OutcomeUnknown);
+  EXPECT_EQ(1u, store.stats().commits_unknown);
+  kill = false;
+  servers(script, "mysql-start");
+  auto r = guard.run(key, "", [&](Transaction& tx) {
+    my::insert_effect(tx, key.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, effects(key.id()));
+  auto again = guard.run(key, "", [&](Transaction&) { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("paid", again.value.value_or(""));
+}
+
+// datetime has no time zone: idem writes UTC whatever the server's time_zone is, and leases
+// are judged on the same clock.
+TEST(MysqlRestart, TimesAreUtcWhateverTheServerTimeZone) {
+  IDEM_REQUIRE_MYSQL();
+  (void)my::Database::name();
+  my::RawConnection admin(my::connection());
+  admin.query("SET GLOBAL time_zone = '+05:00'");
+  struct Restore {
+    ~Restore() {
+      try {
+        my::RawConnection(my::connection()).query("SET GLOBAL time_zone = SYSTEM");
+      } catch (...) {
+      }
+    }
+  } restore;
+  MysqlStore store(my::options());  // new sessions: time_zone +05:00
+  idem::IdempotencyGuard guard{store};
+  auto key = idem::Key::make("payment", idem::test::unique_name("utc"));
+  (void)guard.run(key, "", [&](Transaction& tx) {
+    EXPECT_EQ("+05:00", tx.query_text("SELECT @@session.time_zone").value_or(""));
+    return std::string("paid");
+  });
+  my::RawConnection utc(my::connection());
+  utc.query("SET time_zone = '+00:00'");
+  const long skew = utc.scalar(
+      "SELECT ABS(TIMESTAMPDIFF(SECOND, created_at, UTC_TIMESTAMP())) FROM api_idempotency"
+      " WHERE idem_key = " +
+      utc.quote(key.id()));
+  EXPECT_LE(skew, 5);
+  auto rec = store.lookup(key);
+  ASSERT_TRUE(rec.has_value());
+  const auto now = idem::system_now();
+  EXPECT_LE(std::abs((now - rec->created_at).count()), 5000);
+  // A two-phase lease of 30 s is not taken for over in a +05:00 session.
+  auto k2 = idem::Key::make("payment", idem::test::unique_name("utc_lease"));
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(k2, "", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.begin(k2, "", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+}
+
+}  // namespace

@@ -1,0 +1,689 @@
+// SPDX-License-Identifier: MIT
+// MysqlStore on MariaDB: MySQL's own traps, each on the real server — 1062 is a duplicate,
+// never an error; REPEATABLE READ's gap / next-key locks (a duplicate racing a takeover, two
+// handlers deadlocking) end in retries or typed errors; what goes over the wire (no RETURNING,
+// no ON DUPLICATE KEY UPDATE, no BEGIN); a connection lost at COMMIT; utf8mb4 and
+// binary-safe bodies; an oversize response refused before anything is written; bad
+// configuration typed and non-retryable; adopting the seed table.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../postgres/tcp_proxy.hpp"
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "mysql_test_support.hpp"
+
+namespace {
+
+namespace my = idem::test::my;
+using idem::ClaimStatus;
+using idem::Outcome;
+using idem::mysql::MysqlStore;
+using idem::mysql::Transaction;
+
+idem::Key key(const std::string& prefix = "k") {
+  return idem::Key::make("payment", idem::test::unique_name(prefix));
+}
+
+long effects(const idem::Key& k) { return my::count_where("idem_test_effects", "key_id", k.id()); }
+
+class MysqlStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { IDEM_REQUIRE_MYSQL(); }
+};
+
+// Durable-only guard, 32 threads, one key: the duplicates reach MySQL and hit 1062 (or wait on
+// the uncommitted row); none is an error.
+TEST_F(MysqlStoreTest, DuplicateKeyIsAnAnswerNeverAnError) {
+  MysqlStore store{my::options()};
+  idem::IdempotencyGuard guard{store};
+  auto k = key("dup");
+  std::atomic<int> runs{0}, executed{0}, other{0}, errors{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      try {
+        auto r = guard.run(k, "fp", [&](Transaction& tx) {
+          ++runs;
+          my::insert_effect(tx, k.id());
+          std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          return std::string("paid");
+        });
+        (r.outcome == Outcome::kExecuted ? executed : other).fetch_add(1);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++errors;
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(0, errors.load());
+  EXPECT_EQ(1, runs.load());
+  EXPECT_EQ(1, executed.load());
+  EXPECT_EQ(31, other.load());
+  EXPECT_EQ(1, effects(k));
+}
+
+// A crashed two-phase attempt left an expired lease; 32 transactional duplicates race to take
+// it over. Under REPEATABLE READ their failed INSERTs hold shared next-key locks on the row and
+// the takeovers' UPDATEs want exclusive ones: InnoDB resolves that with deadlocks (1213),
+// which the store retries. Exactly one runs the handler; nobody sees an untyped error.
+TEST_F(MysqlStoreTest, DuplicatesRacingATakeoverNeverSeeAnUntypedError) {
+  for (int round = 0; round < 3; ++round) {
+    MysqlStore store{my::options()};
+    auto k = key("takeover");
+    ASSERT_EQ(
+        ClaimStatus::kClaimed,
+        store.begin(k, "fp", idem::OwnerToken::generate(), std::chrono::milliseconds(100)).status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // the owner "crashed"
+    idem::IdempotencyGuard guard{store};
+    std::atomic<int> runs{0}, executed{0}, typed{0}, untyped{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 32; ++i) {
+      threads.emplace_back([&, i] {
+        while (!go.load()) std::this_thread::yield();
+        try {
+          idem::GuardResult<std::string> r;
+          if (i % 4 == 0) {
+            r = guard.run(k, "fp", [&] {  // two-phase takers too
+              ++runs;
+              return std::string("paid");
+            });
+          } else {
+            r = guard.run(k, "fp", [&](Transaction& tx) {
+              ++runs;
+              my::insert_effect(tx, k.id());
+              return std::string("paid");
+            });
+          }
+          if (r.outcome == Outcome::kExecuted) ++executed;
+        } catch (const idem::Error& e) {
+          ++typed;  // allowed only as a retryable, typed answer
+          EXPECT_TRUE(e.retryable()) << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "untyped: " << e.what();
+          ++untyped;
+        }
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(0, untyped.load());
+    EXPECT_EQ(1, runs.load());
+    EXPECT_EQ(1, executed.load());
+    EXPECT_LE(effects(k), 1);
+    auto rec = store.lookup(k);
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+  }
+}
+
+// Two handlers lock two rows in opposite order: InnoDB kills one with 1213 and rolls it back;
+// the store re-runs that transaction, so both calls succeed and each effect exists once.
+TEST_F(MysqlStoreTest, DeadlockInHandlersIsRetried) {
+  const std::string rows = idem::test::unique_name("locks");
+  my::raw().query("CREATE TABLE " + rows + " (id int PRIMARY KEY, n int NOT NULL) ENGINE=InnoDB");
+  my::raw().query("INSERT INTO " + rows + " VALUES (1, 0), (2, 0)");
+  auto o = my::options();
+  std::atomic<int> retries_seen{0};
+  o.on_retry = [&](const idem::Key&, unsigned n) {
+    if (n == 1213) ++retries_seen;
+  };
+  MysqlStore store{o};
+  idem::IdempotencyGuard guard{store};
+  auto ka = key("dla"), kb = key("dlb");
+  std::atomic<int> runs{0};
+  auto handler = [&](const idem::Key& k, int first, int second) {
+    return [&, first, second](Transaction& tx) {
+      ++runs;
+      tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", first);
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", second);
+      my::insert_effect(tx, k.id());
+      return std::string("ok");
+    };
+  };
+  idem::GuardResult<std::string> ra, rb;
+  std::thread a([&] { ra = guard.run(ka, "", handler(ka, 1, 2)); });
+  std::thread b([&] { rb = guard.run(kb, "", handler(kb, 2, 1)); });
+  a.join();
+  b.join();
+  EXPECT_EQ(Outcome::kExecuted, ra.outcome);
+  EXPECT_EQ(Outcome::kExecuted, rb.outcome);
+  EXPECT_GE(retries_seen.load(), 1);
+  EXPECT_GE(store.stats().retries, 1u);
+  EXPECT_EQ(3, runs.load());  // the victim ran twice, its first run rolled back
+  EXPECT_EQ(1, effects(ka));
+  EXPECT_EQ(1, effects(kb));
+  EXPECT_EQ(4, my::raw().scalar("SELECT SUM(n) FROM " + rows));
+  my::raw().query("DROP TABLE " + rows);
+}
+
+// Retries spent: a deadlock is StorageUnavailable, a lock wait timeout StorageTimeout, both
+// keeping the server's error number; nothing of the failed call is committed.
+TEST_F(MysqlStoreTest, LockConflictsAfterTheRetriesAreTyped) {
+  const std::string rows = idem::test::unique_name("locks");
+  my::raw().query("CREATE TABLE " + rows + " (id int PRIMARY KEY, n int NOT NULL) ENGINE=InnoDB");
+  my::raw().query("INSERT INTO " + rows + " VALUES (1, 0), (2, 0)");
+  auto o = my::options();
+  o.max_retries = 1;
+  o.lock_wait_timeout = std::chrono::seconds(1);
+  MysqlStore store{o};
+  idem::IdempotencyGuard guard{store};
+
+  // 1205: another session holds the business row for longer than every attempt waits.
+  my::RawConnection holder(my::connection());
+  holder.query("START TRANSACTION; SELECT * FROM " + rows + " WHERE id = 1 FOR UPDATE");
+  auto k = key("lwt");
+  int runs = 0;
+  try {
+    (void)guard.run(k, "", [&](Transaction& tx) {
+      ++runs;
+      my::insert_effect(tx, k.id());
+      tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = 1");
+      return std::string("never");
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const idem::StorageTimeout& e) {
+    auto* info = dynamic_cast<const idem::mysql::ServerError*>(&e);
+    ASSERT_NE(nullptr, info);
+    EXPECT_EQ(1205u, info->error_number());
+    EXPECT_TRUE(e.retryable());
+  }
+  holder.query("ROLLBACK");
+  EXPECT_EQ(2, runs);  // once, plus max_retries
+  EXPECT_EQ(0, effects(k));
+  EXPECT_FALSE(store.lookup(k).has_value());
+  // Nothing is stuck: the retry of the same key runs now.
+  EXPECT_EQ(Outcome::kExecuted, guard
+                                    .run(k, "",
+                                         [&](Transaction& tx) {
+                                           my::insert_effect(tx, k.id());
+                                           return std::string("ok");
+                                         })
+                                    .outcome);
+  EXPECT_EQ(1, effects(k));
+
+  // 1213 with no retries left: the victim gets StorageUnavailable(1213), the other succeeds.
+  auto o0 = my::options();
+  o0.max_retries = 0;
+  MysqlStore no_retry{o0};
+  idem::IdempotencyGuard g0{no_retry};
+  std::atomic<int> unavailable{0}, ok{0};
+  auto run = [&](int first, int second) {
+    auto kk = key("dl0");
+    try {
+      (void)g0.run(kk, "", [&](Transaction& tx) {
+        tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", first);
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", second);
+        return std::string("ok");
+      });
+      ++ok;
+    } catch (const idem::StorageUnavailable& e) {
+      auto* info = dynamic_cast<const idem::mysql::ServerError*>(&e);
+      EXPECT_TRUE(info != nullptr && info->error_number() == 1213u) << e.what();
+      EXPECT_FALSE(no_retry.lookup(kk).has_value());  // rolled back with the record
+      ++unavailable;
+    }
+  };
+  std::thread a([&] { run(1, 2); });
+  std::thread b([&] { run(2, 1); });
+  a.join();
+  b.join();
+  EXPECT_EQ(1, ok.load());
+  EXPECT_EQ(1, unavailable.load());
+  my::raw().query("DROP TABLE " + rows);
+}
+
+// A handler that swallows the deadlock error cannot go on outside the rolled-back
+// transaction: its next statement throws without being sent, and the store re-runs it.
+TEST_F(MysqlStoreTest, HandlerCannotContinueAfterTheServerRolledBack) {
+  const std::string rows = idem::test::unique_name("locks");
+  my::raw().query("CREATE TABLE " + rows + " (id int PRIMARY KEY, n int NOT NULL) ENGINE=InnoDB");
+  my::raw().query("INSERT INTO " + rows + " VALUES (1, 0), (2, 0)");
+  MysqlStore store{my::options()};
+  idem::IdempotencyGuard guard{store};
+  std::atomic<int> swallowed{0}, closed{0};
+  auto run = [&](const idem::Key& k, int first, int second) {
+    return guard.run(k, "", [&, first, second](Transaction& tx) {
+      tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", first);
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      try {
+        tx.exec("UPDATE " + rows + " SET n = n + 1 WHERE id = ?", second);
+      } catch (const idem::StorageError&) {
+        ++swallowed;  // the handler ignores the deadlock ...
+        if (!tx.open()) ++closed;
+      }
+      my::insert_effect(tx, k.id());  // ... and this must not run outside the transaction
+      return std::string("ok");
+    });
+  };
+  auto ka = key("sw"), kb = key("sw");
+  std::thread a([&] { EXPECT_EQ(Outcome::kExecuted, run(ka, 1, 2).outcome); });
+  std::thread b([&] { EXPECT_EQ(Outcome::kExecuted, run(kb, 2, 1).outcome); });
+  a.join();
+  b.join();
+  EXPECT_EQ(1, swallowed.load());
+  EXPECT_EQ(1, closed.load());
+  EXPECT_EQ(1, effects(ka));
+  EXPECT_EQ(1, effects(kb));
+  EXPECT_EQ(4, my::raw().scalar("SELECT SUM(n) FROM " + rows));
+  // DDL ends a transaction implicitly: refused as a usage error.
+  EXPECT_THROW((void)guard.run(key("ddl"), "",
+                               [&](Transaction& tx) {
+                                 tx.exec_text("CREATE TABLE IF NOT EXISTS " + rows + "_x (a int)");
+                                 return std::string("x");
+                               }),
+               idem::UsageError);
+  my::raw().query("DROP TABLE " + rows);
+  my::raw().query("DROP TABLE IF EXISTS " + rows + "_x");
+}
+
+// What goes over the wire, from the server's general log: no RETURNING, no ON DUPLICATE KEY
+// UPDATE, no BEGIN; a first execution is claim, business statement, completion, COMMIT.
+TEST_F(MysqlStoreTest, StatementsOnTheWire) {
+  auto o = my::options();
+  // Two sessions, one per autocommit mode (transactions, single statements), whose log lines
+  // are read below.
+  o.pool_size = 2;
+  MysqlStore store{o};
+  const long long reads = store.with_session(
+      [](idem::mysql::Session& s) { return s.query_int64("SELECT CONNECTION_ID()").value(); });
+  const long long writes = store.with_transaction(
+      [](Transaction& tx) { return tx.query_int64("SELECT CONNECTION_ID()").value(); });
+  ASSERT_NE(reads, writes);
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, store};
+  idem::IdempotencyGuard durable_only{store};
+  auto k = key("wire");
+  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  auto r = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  auto dup = durable_only.run(k, "fp", [&](Transaction&) { return std::string("never"); });
+  my::raw().query("SET GLOBAL general_log = 0");
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(Outcome::kReplayed, dup.outcome);
+  auto lines = my::raw().query(
+      "SELECT command_type, CONVERT(argument USING utf8mb4) FROM mysql.general_log WHERE "
+      "thread_id IN (" +
+      std::to_string(reads) + ", " + std::to_string(writes) +
+      ") AND command_type IN ('Query', 'Execute') ORDER BY event_time");
+  std::vector<std::string> sent;
+  for (auto& l : lines) sent.push_back(*l[1]);
+  ASSERT_EQ(5u, sent.size()) << ::testing::PrintToString(sent);
+  EXPECT_EQ(0u, sent[0].find("INSERT INTO `api_idempotency`"));
+  EXPECT_EQ(0u, sent[1].find("INSERT INTO idem_test_effects"));
+  EXPECT_EQ(0u, sent[2].find("UPDATE `api_idempotency` SET status = 'completed'"));
+  EXPECT_EQ("COMMIT", sent[3]);
+  EXPECT_EQ(0u, sent[4].find("SELECT status"));  // the replay: one read, nothing else
+  for (const auto& s : sent) {
+    EXPECT_EQ(std::string::npos, s.find("RETURNING")) << s;
+    EXPECT_EQ(std::string::npos, s.find("ON DUPLICATE KEY")) << s;
+    EXPECT_EQ(std::string::npos, s.find("BEGIN")) << s;
+  }
+}
+
+// The connection dies right after COMMIT reached the server: the store asks the server (a
+// locking read on a fresh connection) and answers from what committed.
+TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
+  auto base = my::connection();
+  idem::test::CommitDroppingProxy proxy(static_cast<int>(base.port));
+  auto o = my::options();
+  o.connection.port = static_cast<unsigned>(proxy.port());
+  o.before_commit = [&](Transaction&) { proxy.drop_next_commit = true; };
+  MysqlStore store{o};
+  auto k = key("lost");
+  int runs = 0;
+  auto r = store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                   [&](Transaction& tx) {
+                                     ++runs;
+                                     my::insert_effect(tx, k.id());
+                                     return std::string("paid");
+                                   });
+  EXPECT_EQ(1, proxy.dropped.load());
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ("paid", r.response);
+  EXPECT_EQ(1u, store.stats().commits_resolved);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, effects(k));
+
+  // The connection killed before COMMIT: the transaction is lost, the store says so
+  // (retryable, nothing applied), and the retry of the same key runs once.
+  auto k2 = key("killed");
+  MysqlStore killer_store{[&] {
+    auto o2 = my::options();
+    o2.before_commit = [&](Transaction& tx) {
+      auto id = tx.query_int64("SELECT CONNECTION_ID()").value();
+      my::RawConnection admin(my::connection());
+      admin.query("KILL " + std::to_string(id));
+    };
+    return o2;
+  }()};
+  EXPECT_THROW((void)killer_store.run_transactional(k2, "fp", idem::OwnerToken::generate(),
+                                                    std::chrono::seconds(600),
+                                                    [&](Transaction& tx) {
+                                                      my::insert_effect(tx, k2.id());
+                                                      return std::string("paid");
+                                                    }),
+               idem::StorageUnavailable);
+  EXPECT_EQ(0, effects(k2));
+  MysqlStore plain{my::options()};
+  idem::IdempotencyGuard guard{plain};
+  auto retry = guard.run(k2, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k2.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, effects(k2));
+}
+
+// Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
+// table itself with HEX(), outside idem.
+TEST_F(MysqlStoreTest, ResponsesAreBinarySafeInTheTable) {
+  MysqlStore store{my::options()};
+  std::string body;
+  for (int i = 0; i < 256; ++i) body.push_back(static_cast<char>(i));
+  body += "\xf0\x9f\x92\xb3 \xc3\x28 \xff\xfe";
+  auto k = key("bytes");
+  (void)store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                [&](Transaction&) { return body; });
+  auto hex = my::raw().query(
+      "SELECT HEX(response_body), LENGTH(response_body) FROM "
+      "api_idempotency WHERE idem_key = " +
+      my::raw().quote(k.id()));
+  ASSERT_EQ(1u, hex.size());
+  static const char* digits = "0123456789ABCDEF";
+  std::string expect;
+  for (unsigned char c : body) {
+    expect.push_back(digits[c >> 4]);
+    expect.push_back(digits[c & 15]);
+  }
+  EXPECT_EQ(expect, *hex[0][0]);
+  EXPECT_EQ(std::to_string(body.size()), *hex[0][1]);
+  EXPECT_EQ(body, store.lookup(k)->response);
+}
+
+// A response larger than the column takes is a UsageError before anything is written, never a
+// truncated replay; both modes.
+TEST_F(MysqlStoreTest, OversizeResponseIsRefusedBeforeAnythingIsWritten) {
+  MysqlStore store{my::options()};
+  const std::uint64_t max = store.max_response_bytes();
+  EXPECT_GT(max, 1'000'000u);  // longblob, bounded by max_allowed_packet
+  std::string big(static_cast<std::size_t>(max) + 1, 'x');
+  idem::IdempotencyGuard guard{store};
+  auto k = key("big");
+  EXPECT_THROW((void)guard.run(k, "",
+                               [&](Transaction& tx) {
+                                 my::insert_effect(tx, k.id());
+                                 return big;
+                               }),
+               idem::UsageError);
+  EXPECT_EQ(0, effects(k));
+  EXPECT_FALSE(store.lookup(k).has_value());
+  auto k2 = key("big2");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(k2, "", owner, std::chrono::milliseconds(30000)).status);
+  EXPECT_THROW(store.complete(k2, owner, big, std::chrono::seconds(60)), idem::UsageError);
+  auto rec = store.lookup(k2);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, rec->status);  // nothing was written
+  std::string fits(static_cast<std::size_t>(std::min<std::uint64_t>(max, 3'000'000)), 'y');
+  EXPECT_TRUE(store.complete(k2, owner, fits, std::chrono::seconds(60)));
+  EXPECT_EQ(fits.size(), store.lookup(k2)->response.size());
+}
+
+TEST_F(MysqlStoreTest, BadConfigurationIsTypedAndNotRetryable) {
+  auto o = my::options();
+  o.connection.password = "wrong";
+  try {
+    MysqlStore s{o};
+    ADD_FAILURE() << "connected with a wrong password";
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    auto* info = dynamic_cast<const idem::mysql::ServerError*>(&e);
+    ASSERT_NE(nullptr, info);
+    EXPECT_EQ(1045u, info->error_number());
+  }
+  auto nodb = my::options();
+  nodb.connection.database = "idem_no_such_database";
+  try {
+    MysqlStore s{nodb};
+    ADD_FAILURE() << "connected to a missing database";
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_EQ(1049u, dynamic_cast<const idem::mysql::ServerError&>(e).error_number());
+  }
+  // A server that is down: retryable (it may come back).
+  auto down = my::options();
+  down.connection.port = 1;  // nothing listens there
+  try {
+    MysqlStore s{down};
+    ADD_FAILURE() << "connected to a closed port";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+  }
+  // Lazy store (no migration): construction succeeds, the first call fails typed.
+  down.migrate = false;
+  MysqlStore lazy{down};
+  EXPECT_THROW((void)lazy.lookup(key()), idem::StorageUnavailable);
+  // Bad URIs and options: usage errors, before any connection.
+  EXPECT_THROW(MysqlStore{"postgresql://x/y"}, idem::UsageError);
+  EXPECT_THROW(MysqlStore{"mysql://u@h:99999/db"}, idem::UsageError);
+  EXPECT_THROW(MysqlStore{"mysql://u@h/db?read_timeout=x"}, idem::UsageError);
+  EXPECT_THROW(MysqlStore{"mysql://u@h/db?bogus=1"}, idem::UsageError);
+  EXPECT_THROW(MysqlStore{"mysql://u@h:3306"}, idem::UsageError);  // no database
+  auto bad = my::options();
+  bad.table = "api_idempotency; DROP TABLE x";
+  EXPECT_THROW(MysqlStore{bad}, idem::UsageError);
+}
+
+TEST(MysqlUri, ParsesEveryPart) {
+  auto o = idem::mysql::parse_uri(
+      "mysql://app%40x:p%3Ass%2Fw@db.example:3307/pay%5Fments?connect_timeout=3&read_timeout=7"
+      "&write_timeout=9&tls=true&tls_ca=%2Fetc%2Fca.pem");
+  EXPECT_EQ("app@x", o.user);
+  EXPECT_EQ("p:ss/w", o.password);
+  EXPECT_EQ("db.example", o.host);
+  EXPECT_EQ(3307u, o.port);
+  EXPECT_EQ("pay_ments", o.database);
+  EXPECT_EQ(3, o.connect_timeout.count());
+  EXPECT_EQ(7, o.read_timeout.count());
+  EXPECT_EQ(9, o.write_timeout.count());
+  EXPECT_TRUE(o.tls);
+  EXPECT_EQ("/etc/ca.pem", o.tls_ca);
+  auto v6 = idem::mysql::parse_uri("mariadb://[::1]:3306/db");
+  EXPECT_EQ("::1", v6.host);
+  auto d = idem::mysql::parse_uri("mysql://h/db");
+  EXPECT_EQ(3306u, d.port);
+  EXPECT_EQ("", d.user);
+  try {
+    (void)idem::mysql::parse_uri("mysql://u:secret@h/db?nope=1");
+    ADD_FAILURE();
+  } catch (const idem::UsageError& e) {
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("secret"));  // never echoed
+  }
+  EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/db?read_timeout=0"), idem::UsageError);
+  EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/a%2"), idem::UsageError);
+}
+
+// The seed table exactly as services create it, adopted: idem adds its columns, its key
+// columns start comparing bytes, its TEXT response becomes a BLOB; rows survive.
+TEST_F(MysqlStoreTest, AdoptsTheSeedTable) {
+  const std::string db = idem::test::unique_name("idem_adopt");
+  my::RawConnection admin(my::connection(), false);
+  admin.query("CREATE DATABASE " + db + " CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci");
+  admin.query("CREATE TABLE " + db +
+              ".api_idempotency (id bigint primary key auto_increment,"
+              " idem_key varchar(128) not null, biz_type varchar(64) not null,"
+              " status varchar(32) not null, response_body text,"
+              " created_at datetime not null, updated_at datetime not null,"
+              " unique key uk_idem_key_biz_type (idem_key, biz_type))");
+  admin.query("CREATE TABLE " + db +
+              ".mq_consume_record (id bigint primary key auto_increment,"
+              " message_id varchar(128) not null, consumer_group varchar(64) not null,"
+              " status varchar(32) not null, created_at datetime not null,"
+              " unique key uk_msg_group (message_id, consumer_group))");
+  admin.query("INSERT INTO " + db +
+              ".api_idempotency (idem_key, biz_type, status, response_body, created_at,"
+              " updated_at) VALUES ('old', 'payment', 'completed', 'kept', NOW(), NOW())");
+  auto o = my::options();
+  o.connection.database = db;
+  EXPECT_THROW(MysqlStore{o}, idem::UsageError);  // not without being asked
+  o.adopt_existing_table = true;
+  {
+    MysqlStore store{o};
+    MysqlStore again{o};  // a second migration is a no-op
+    // Keys differing in case only are two keys now.
+    auto upper = idem::Key::make("payment", "Order_1"),
+         lower = idem::Key::make("payment", "order_1");
+    for (const auto& k : {upper, lower}) {
+      auto r =
+          store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [&](Transaction&) { return "r_" + k.id(); });
+      EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status) << k.id();
+    }
+    EXPECT_EQ("r_Order_1", store.lookup(upper)->response);
+    EXPECT_EQ("r_order_1", store.lookup(lower)->response);
+    std::string bin("\x00\xff\xc3\x28", 4);
+    auto kb = key("adopt_bin");
+    (void)store.run_transactional(kb, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [&](Transaction&) { return bin; });
+    EXPECT_EQ(bin, store.lookup(kb)->response);
+    EXPECT_EQ(65535u, store.max_response_bytes());  // the seed's TEXT became a BLOB
+    auto mq = o;
+    mq.table = "mq_consume_record";
+    mq.key_column = "message_id";
+    mq.scope_column = "consumer_group";
+    MysqlStore records{mq};
+    auto m = idem::Key::make("billing", "msg-1");
+    auto owner = idem::OwnerToken::generate();
+    ASSERT_EQ(ClaimStatus::kClaimed,
+              records.begin(m, "", owner, std::chrono::milliseconds(30000)).status);
+    EXPECT_TRUE(records.complete(m, owner, "consumed", std::chrono::seconds(60)));
+  }
+  auto types = admin.query(
+      "SELECT COLUMN_NAME, DATA_TYPE, IFNULL(COLLATION_NAME, '') FROM information_schema.COLUMNS"
+      " WHERE TABLE_SCHEMA = '" +
+      db + "' AND TABLE_NAME = 'api_idempotency' ORDER BY COLUMN_NAME");
+  std::map<std::string, std::pair<std::string, std::string>> col;
+  for (auto& t : types) col[*t[0]] = {*t[1], *t[2]};
+  EXPECT_EQ("blob", col["response_body"].first);
+  EXPECT_EQ("utf8mb4_bin", col["idem_key"].second);
+  EXPECT_EQ("utf8mb4_bin", col["biz_type"].second);
+  for (const char* added : {"fingerprint", "owner", "lease_until", "expires_at", "attempts"}) {
+    EXPECT_EQ(1u, col.count(added)) << added;
+  }
+  EXPECT_EQ("kept", *admin.query("SELECT response_body FROM " + db +
+                                 ".api_idempotency WHERE idem_key = 'old'")[0][0]);
+  EXPECT_EQ(1, admin.scalar("SELECT version FROM " + db +
+                            ".idem_schema_version WHERE name = 'api_idempotency'"));
+  admin.query("DROP DATABASE " + db);
+}
+
+// A table whose response column stays TEXT (migrate = false: the DBA keeps it): valid UTF-8
+// (4-byte characters too) is stored, anything else refused before writing.
+TEST_F(MysqlStoreTest, TextResponseColumnTakesUtf8Only) {
+  const std::string t = idem::test::unique_name("api_text");
+  my::raw().query("CREATE TABLE " + t +
+                  " (id bigint primary key auto_increment,"
+                  " idem_key varchar(128) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " biz_type varchar(64) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " status varchar(32) not null, response_body text CHARACTER SET utf8mb4,"
+                  " created_at datetime(3) not null, updated_at datetime(3) not null,"
+                  " fingerprint varbinary(255) NOT NULL DEFAULT '', owner varchar(64) NOT NULL"
+                  " DEFAULT '', lease_until datetime(3) NULL, expires_at datetime(3) NULL,"
+                  " attempts int NOT NULL DEFAULT 1, unique key uk (idem_key, biz_type))");
+  auto o = my::options();
+  o.table = t;
+  o.migrate = false;
+  MysqlStore store{o};
+  const std::string json = "{\"card\":\"\xf0\x9f\x92\xb3\",\"name\":\"Zo\xc3\xab\"}";
+  auto k = key("utf8");
+  (void)store.run_transactional(k, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                [&](Transaction&) { return json; });
+  EXPECT_EQ(json, store.lookup(k)->response);
+  auto bad = key("latin");
+  EXPECT_THROW((void)store.run_transactional(bad, "", idem::OwnerToken::generate(),
+                                             std::chrono::seconds(600),
+                                             [&](Transaction&) { return std::string("\xff"); }),
+               idem::UsageError);
+  EXPECT_FALSE(store.lookup(bad).has_value());
+  my::raw().query("DROP TABLE " + t);
+}
+
+// The DDL shipped for DBAs is the migration's: a store finds nothing left to do on it.
+TEST_F(MysqlStoreTest, SchemaSqlMatchesTheMigration) {
+  const std::string db = idem::test::unique_name("idem_schema");
+  my::RawConnection admin(my::connection(), false);
+  admin.query("CREATE DATABASE " + db);
+  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/src/mysql/schema.sql");
+  std::string sql((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(sql.empty());
+  my::RawConnection c(my::connection(db));
+  c.query(sql);
+  c.query(sql);  // twice is safe
+  auto o = my::options();
+  o.connection.database = db;
+  MysqlStore store{o};  // migrate(): version 1 found, nothing to do
+  auto k = key("schema");
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted,
+            store
+                .run_transactional(k, "", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                   [](Transaction&) { return std::string("x"); })
+                .status);
+  // Compare the column definitions with a store-created database.
+  const std::string db2 = idem::test::unique_name("idem_migrated");
+  admin.query("CREATE DATABASE " + db2);
+  auto o2 = my::options();
+  o2.connection.database = db2;
+  { MysqlStore created{o2}; }
+  auto columns = [&](const std::string& d) {
+    return admin.query(
+        "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, IFNULL(COLLATION_NAME, ''),"
+        " IFNULL(COLUMN_DEFAULT, '') FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '" +
+        d + "' AND TABLE_NAME = 'api_idempotency' ORDER BY ORDINAL_POSITION");
+  };
+  EXPECT_EQ(columns(db), columns(db2));
+  admin.query("DROP DATABASE " + db);
+  admin.query("DROP DATABASE " + db2);
+}
+
+// The guard's heartbeat on MySQL: extend is owner-checked, keeps a claim past its first lease,
+// and answers true even twice within one millisecond (MySQL counts changed rows only).
+TEST_F(MysqlStoreTest, ExtendIsOwnerCheckedAndKeepsAClaimFromBeingTakenOver) {
+  MysqlStore store{my::options()};
+  auto k = key("extend");
+  auto mine = idem::OwnerToken::generate();
+  auto other = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(k, "", mine, std::chrono::milliseconds{100}, {}).status);
+  EXPECT_FALSE(store.extend(k, other, std::chrono::seconds{10}));
+  EXPECT_TRUE(store.extend(k, mine, std::chrono::seconds{10}));
+  EXPECT_TRUE(store.extend(k, mine, std::chrono::seconds{10}));
+  std::this_thread::sleep_for(std::chrono::milliseconds{250});
+  auto c = store.begin(k, "", other, std::chrono::milliseconds{100}, {});
+  EXPECT_EQ(ClaimStatus::kBusy, c.status);
+  EXPECT_FALSE(c.took_over);
+  ASSERT_TRUE(store.complete(k, mine, "done", std::chrono::seconds{60}));
+  EXPECT_FALSE(store.extend(k, mine, std::chrono::seconds{10}));
+}
+
+}  // namespace
