@@ -518,15 +518,21 @@ TYPED_TEST_P(AsyncGuardSuite, DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersA
   std::shared_ptr<idem::async::Reply<std::string>> pending;
   Answer<> call;
   idem::async::CallOptions co;
-  co.deadline = std::chrono::steady_clock::now() + 300ms;
+  // Long enough for the claims to be granted on a loaded machine: the deadline must pass while
+  // the handler holds its Reply.
+  co.deadline = std::chrono::steady_clock::now() + 1000ms;
   this->start(*g, k, "fp", idem::async::with_reply<std::string>([&](auto reply) {
                 pending = std::make_shared<idem::async::Reply<std::string>>(std::move(reply));
               }),
               call, co);
   const auto& c = call.wait();
   EXPECT_TRUE(holds<DeadlineExceeded>(c.error)) << what_of(c.error);
-  bool cancelled = false;
-  this->loop_.run([&] { cancelled = pending && pending->cancelled(); });
+  bool cancelled = false, started = false;
+  this->loop_.run([&] {
+    started = pending != nullptr;
+    cancelled = started && pending->cancelled();
+  });
+  ASSERT_TRUE(started) << "the deadline passed before the handler ran";
   EXPECT_TRUE(cancelled);
   Answer<> busy;
   this->start(*g, k, "fp", [] { return std::string("never"); }, busy);
