@@ -96,6 +96,9 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
   }
 
   void shutdown() {
+    // First: a command a failure callback sends while the nodes close fails too, instead of
+    // opening a new connection on a client that is going away.
+    closed = true;
     for (auto& n : nodes) n->close();
     for (auto& n : sentinels) n->close();
     std::deque<RequestPtr> waiting_now;
@@ -108,6 +111,10 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
   // --- routing ------------------------------------------------------------------------------
 
   void route(RequestPtr r) {
+    if (closed) {
+      fail_later(std::move(r), unavailable("redis: the client was closed"));
+      return;
+    }
     if (r->target != nullptr) {
       Node* n = r->target;
       r->target = nullptr;
@@ -149,6 +156,10 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
   }
 
   void send(Node* n, RequestPtr r) {
+    if (closed) {
+      fail_later(std::move(r), unavailable("redis: the client was closed"));
+      return;
+    }
     if (r->asking) {
       r->asking = false;
       n->send(resp_of({"ASKING"}), [](const redisReply*, const ConnectionFailure*) {
@@ -237,7 +248,7 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
 
   // Asks sentinel i for the master, and trusts it only when that server says ROLE master.
   void ask_sentinel(std::size_t i) {
-    if (i >= sentinels.size()) {
+    if (i >= sentinels.size() || closed) {
       refreshed(false);
       return;
     }
@@ -279,7 +290,7 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
   // Reads CLUSTER SLOTS from candidate i (then the next on failure) and installs it; slots no
   // range names keep their owner.
   void ask_slots(std::size_t i) {
-    if (i >= candidates.size()) {
+    if (i >= candidates.size() || closed) {
       refreshed(false);
       return;
     }
@@ -364,6 +375,7 @@ struct RedisClient::Core : std::enable_shared_from_this<RedisClient::Core> {
   std::deque<RequestPtr> waiting;  // for the first discovery
   bool refreshing = false;
   bool stale = true;
+  bool closed = false;  // close() or the destructor: every command fails
   Clock::time_point next_refresh{}, next_check{};
   redis::RedisRouteStats stats;
 };
@@ -374,6 +386,8 @@ RedisClient::RedisClient(Executor executor, redis::detail::Topology topology,
 }
 
 RedisClient::~RedisClient() { core_->shutdown(); }
+
+void RedisClient::close() { core_->shutdown(); }
 
 void RedisClient::command(std::string_view key, std::string resp, CommandInfo info,
                           RoutedCallback callback) {

@@ -48,8 +48,13 @@ class RedisClient {
   RedisClient& operator=(const RedisClient&) = delete;
 
   /// Sends the command `resp` (RESP) about `key` (a Redis key) to the node serving it.
-  /// `callback` runs on the executor, never inside command().
+  /// `callback` runs on the executor, never inside command(). After close(): fails with
+  /// StorageUnavailable.
   void command(std::string_view key, std::string resp, CommandInfo info, RoutedCallback callback);
+
+  /// Closes every connection: commands in flight fail (StorageUnavailable), and so does every
+  /// later one, including those their callbacks send while the connections close.
+  void close();
 
   /// True for a Redis Cluster.
   bool clustered() const noexcept;

@@ -266,16 +266,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
 Node::Node(Executor executor, ConnectionSettings settings)
     : executor_(std::move(executor)), settings_(std::move(settings)) {}
 
-Node::~Node() { close(); }
+Node::~Node() {
+  close();
+  // A connection opened by a callback inside close() must not outlive its node either.
+  if (conn_) {
+    conn_->detach();
+    close();
+  }
+}
 
 void Node::close() {
-  if (!conn_) return;
-  conn_->detach();
+  // Taken out first: the failure callbacks of its pending commands run inside close() and may
+  // send again, which opens the node's next connection (kept, not dropped with this one).
+  std::shared_ptr<Connection> c = std::move(conn_);
+  if (!c) return;
+  c->detach();
   ConnectionFailure f;
   f.hiredis_err = REDIS_ERR_OTHER;
   f.message = "the connection was closed by the client";
-  conn_->close(std::move(f));
-  conn_.reset();
+  c->close(std::move(f));
 }
 
 std::size_t Node::in_flight() const noexcept { return conn_ ? conn_->in_flight() : 0; }

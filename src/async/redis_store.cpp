@@ -382,6 +382,8 @@ class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStor
     return s;
   }
   redis::RedisRouteStats route_stats() const { return client_.route_stats(); }
+  // On the strand: fails what is in flight and every later call.
+  void close() { client_.close(); }
   std::string_view name() const noexcept { return client_.name(); }
   const AsyncRedisStoreOptions& options() const noexcept { return options_; }
 
@@ -404,7 +406,15 @@ AsyncRedisStore::AsyncRedisStore(Executor executor, std::string_view uri)
         return o;
       }()) {}
 
-AsyncRedisStore::~AsyncRedisStore() = default;
+AsyncRedisStore::~AsyncRedisStore() {
+  // The connections are closed on the store's strand, whichever thread destroys the store
+  // (at once when that is the strand's thread): the loop may be running the store's handlers
+  // right now. Calls in flight then complete with StorageUnavailable.
+  std::shared_ptr<Impl> impl = std::move(impl_);
+  if (!impl) return;
+  Impl* raw = impl.get();
+  raw->on_strand([impl = std::move(impl)] { impl->close(); });
+}
 
 void AsyncRedisStore::async_claim(const Key& key, std::string_view fingerprint,
                                   const OwnerToken& owner, std::chrono::milliseconds lease,

@@ -23,8 +23,10 @@
 // connect is tried again. Completions run on the executor each call names.
 //
 // Threading: the store's I/O runs on a strand of the executor given at construction; calls
-// may come from any thread. Destroy the store from that executor's thread, or once its
-// io_context has stopped: calls still in flight then complete with StorageUnavailable.
+// may come from any thread, and so may the store's destruction: its connections are closed on
+// that strand (at once from the strand's own thread, else as soon as the loop runs it; an
+// io_context that is never run again closes them when it is destroyed). Calls still in flight
+// then complete with StorageUnavailable.
 #pragma once
 
 #include <chrono>

@@ -171,13 +171,46 @@ TEST_F(AsyncRedisStoreTest, AThousandClaimsInFlightShareOneConnection) {
   // Keys 700..999 repeat keys 0..299, claimed by the same owner: its own claim, kept.
   EXPECT_EQ(kCalls, claimed.load());
   std::promise<idem::async::AsyncRedisStats> stats;
-  idem::async::net::post(loop.io(), [&] {
-    stats.set_value(store->stats());
-    store.reset();
-  });
+  idem::async::net::post(loop.io(), [&] { stats.set_value(store->stats()); });
   auto s = stats.get_future().get();
   EXPECT_EQ(1u, s.connects);
   EXPECT_GE(s.commands, static_cast<std::uint64_t>(kCalls));
+  // Destroyed from this thread while the loop runs: the store closes on its strand.
+  store.reset();
+}
+
+// A store destroyed from another thread than its loop's, with calls in flight: each call is
+// answered (a reply, or StorageUnavailable once the store closed), none twice, and nothing is
+// touched after the store is gone (run under ASan and TSan).
+TEST_F(AsyncRedisStoreTest, DestroyedFromAnotherThreadWithCallsInFlight) {
+  idem::test::LoopThread loop;
+  for (int round = 0; round < 20; ++round) {
+    auto store = std::make_unique<AsyncRedisStore>(loop.executor(), url_);
+    constexpr int kCalls = 200;
+    std::atomic<int> answered{0}, unavailable{0}, other_errors{0};
+    std::promise<void> all;
+    auto owner = idem::OwnerToken::generate();
+    for (int i = 0; i < kCalls; ++i) {
+      store->async_claim(key("gone" + std::to_string(round) + "_" + std::to_string(i)), "fp", owner,
+                         std::chrono::seconds(30), loop.executor(),
+                         [&](std::exception_ptr e, idem::ClaimResult) {
+                           if (e) {
+                             try {
+                               std::rethrow_exception(e);
+                             } catch (const idem::StorageUnavailable&) {
+                               ++unavailable;
+                             } catch (...) {
+                               ++other_errors;
+                             }
+                           }
+                           if (++answered == kCalls) all.set_value();
+                         });
+    }
+    store.reset();  // this thread, the loop busy with the store's replies
+    ASSERT_EQ(std::future_status::ready, all.get_future().wait_for(std::chrono::seconds(30)));
+    EXPECT_EQ(kCalls, answered.load());
+    EXPECT_EQ(0, other_errors.load());
+  }
 }
 
 TEST_F(AsyncRedisStoreTest, AForeignValueIsACorruptRecordAndUsageErrorsAreTyped) {
