@@ -55,7 +55,7 @@ void settle(const Executor& ex, Completion<T>& done, std::exception_ptr e, T val
 
 }  // namespace
 
-class AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStore::Impl> {
+class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStore::Impl> {
  public:
   Impl(Executor executor, AsyncRedisStoreOptions o)
       : options_(normalise(std::move(o))),

@@ -98,7 +98,10 @@ class Reply {
   /// For AsyncGuard: `sink` receives the answer; `cancelled` is set when the call is cancelled.
   Reply(Sink sink, std::shared_ptr<std::atomic<bool>> cancelled)
       : sink_(std::move(sink)), cancelled_(std::move(cancelled)) {}
+  /// Moves the answer's duty (`other` no longer answers).
   Reply(Reply&&) noexcept = default;
+  /// A Reply that had not answered fails its call first (as its destructor does), then takes
+  /// `other`'s duty.
   Reply& operator=(Reply&& other) noexcept {
     if (this != &other) {
       drop();
@@ -152,7 +155,7 @@ class Reply {
 /// `void(Reply<R>)`.
 template <class R, class Fn>
 struct ReplyHandler {
-  Fn fn;
+  Fn fn;  ///< the user's handler, `void(Reply<R>)`
 };
 
 /// Wraps `fn(Reply<R>)` as an asynchronous two-phase handler.
@@ -165,7 +168,7 @@ ReplyHandler<R, std::decay_t<Fn>> with_reply(Fn&& fn) {
 /// worker thread: made by idem::async::on_loop(fn), fn being `R()`.
 template <class Fn>
 struct LoopHandler {
-  Fn fn;
+  Fn fn;  ///< the user's handler, `R()`
 };
 
 /// Wraps `fn()` to run on the loop (only for handlers that never block).

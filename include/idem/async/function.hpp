@@ -20,6 +20,7 @@ template <class R, class... Args>
 class Function<R(Args...)> {
  public:
   Function() noexcept = default;
+  /// An empty Function.
   Function(std::nullptr_t) noexcept {}  // NOLINT(google-explicit-constructor)
 
   /// Wraps `f` (moved in).
@@ -37,10 +38,12 @@ class Function<R(Args...)> {
     }
   }
 
+  /// Takes `other`'s callable (`other` is left empty).
   Function(Function&& other) noexcept : ops_(other.ops_) {
     if (ops_ != nullptr) ops_->move(&other.buf_, &buf_);
     other.ops_ = nullptr;
   }
+  /// Destroys the held callable, then takes `other`'s (`other` is left empty).
   Function& operator=(Function&& other) noexcept {
     if (this != &other) {
       reset();

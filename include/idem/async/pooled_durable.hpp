@@ -39,6 +39,7 @@ class PooledDurable {
   /// What transactional handlers receive (the store's own transaction type).
   using Transaction = typename Store::Transaction;
 
+  /// Runs `store`'s calls on `pool`; both must outlive this adapter and its calls.
   PooledDurable(Store& store, WorkerPool& pool) noexcept : store_(&store), pool_(&pool) {}
 
   /// Store::run_transactional on a worker: `body` (`std::string(Transaction&)`) runs there,

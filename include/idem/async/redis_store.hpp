@@ -38,6 +38,7 @@
 
 #include "idem/async/net.hpp"
 #include "idem/async/store.hpp"
+#include "idem/export.hpp"
 #include "idem/redis/redis_store.hpp"
 
 namespace idem::async {
@@ -77,7 +78,7 @@ struct AsyncRedisStats {
 };
 
 /// The asynchronous Redis fast store (see the file comment).
-class AsyncRedisStore final : public AsyncFastStore {
+class IDEM_EXPORT AsyncRedisStore final : public AsyncFastStore {
  public:
   /// Validates the options; connects on first use. @throws idem::UsageError for a malformed
   /// URI or a bad option.
