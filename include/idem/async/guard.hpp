@@ -10,9 +10,8 @@
 // `net::use_awaitable`; failures arrive as the exception the synchronous guard would throw.
 //
 //   fast claim ........... on the loop (AsyncRedisStore: hiredis async, pipelined)
-//   durable store ........ two-phase begin / complete / release: on the loop for
-//                          AsyncPostgresStore (libpq pipeline), on the worker pool for
-//                          PooledDurable<SqliteStore> (and MySQL)
+//   durable store ........ two-phase begin / complete / release: on the worker pool for
+//                          PooledDurable<S> (S a synchronous durable store: SqliteStore, ...)
 //   the handler .......... `R(Transaction&)`: transactional, on the durable store's worker pool
 //                          inside its transaction, never on the loop;
 //                          `R()`: two-phase, on AsyncGuardOptions::pool (it may block);
@@ -69,7 +68,9 @@ namespace idem::async {
 
 /// Options of an AsyncGuard.
 struct AsyncGuardOptions {
-  /// Lease, retention, observer, step hook: the same meaning as for IdempotencyGuard.
+  /// Lease, retention, observer, step hook, durable source, warn: the same meaning as for
+  /// IdempotencyGuard. Not supported (the constructor throws idem::UsageError when set):
+  /// bypass, wait_for_result, store_attempts other than 1, heartbeat.
   GuardOptions guard;
   /// Where synchronous handlers `R()` run (they may block). Null: such handlers are refused
   /// (idem::UsageError); transactional handlers use the durable store's own pool.
@@ -162,13 +163,15 @@ inline std::exception_ptr usage(const char* what) {
 
 /// The asynchronous idempotency guard (see the file comment).
 ///
-/// @tparam Durable an asynchronous durable store (AsyncPostgresStore, PooledDurable<S>) or
-///         idem::NoDurableStore for a fast-store-only guard.
+/// @tparam Durable an asynchronous durable store (idem::async::PooledDurable over a
+///         synchronous durable store; tested with SqliteStore) or idem::NoDurableStore for a
+///         fast-store-only guard.
 template <class Durable = NoDurableStore>
 class AsyncGuard {
  public:
   /// The durable store's transaction type (what transactional handlers receive).
   using Transaction = typename Durable::Transaction;
+  /// False for a fast-store-only guard.
   static constexpr bool kHasDurable = !std::is_same_v<Durable, NoDurableStore>;
 
   /// Fast store in front of a durable store; calls run on strands of `executor`.
@@ -177,18 +180,18 @@ class AsyncGuard {
       : executor_(std::move(executor)),
         fast_(&fast),
         durable_(&durable),
-        options_(std::move(options)),
+        options_(checked(std::move(options))),
         core_(true, options_.guard, kWho, fast.name(), durable.name()) {}
 
   /// Durable store only.
-  template <class D = Durable,
-            std::enable_if_t<std::is_same_v<D, Durable> && !std::is_same_v<D, NoDurableStore>,
-                             int> = 0>
+  template <
+      class D = Durable,
+      std::enable_if_t<std::is_same_v<D, Durable> && !std::is_same_v<D, NoDurableStore>, int> = 0>
   AsyncGuard(Executor executor, D& durable, AsyncGuardOptions options = {})
       : executor_(std::move(executor)),
         fast_(nullptr),
         durable_(&durable),
-        options_(std::move(options)),
+        options_(checked(std::move(options))),
         core_(false, options_.guard, kWho, "none", durable.name()) {}
 
   /// Fast store only: best effort, as IdempotencyGuard's fast-only mode.
@@ -197,7 +200,7 @@ class AsyncGuard {
       : executor_(std::move(executor)),
         fast_(&fast),
         durable_(nullptr),
-        options_(std::move(options)),
+        options_(checked(std::move(options))),
         core_(true, options_.guard, kWho, fast.name(), "none") {}
 
   AsyncGuard(const AsyncGuard&) = delete;
@@ -205,8 +208,8 @@ class AsyncGuard {
 
   /// The response type of `Fn` (std::string, idem::Unit for void, or a type with a Codec).
   template <class Fn>
-  using result_t =
-      typename detail::handler_traits<std::decay_t<Fn>, ::idem::detail::transaction_t<Durable>>::result;
+  using result_t = typename detail::handler_traits<std::decay_t<Fn>,
+                                                   ::idem::detail::transaction_t<Durable>>::result;
 
   /// Runs `handler` at most once for `key`, or answers the duplicate; completes `token` with
   /// `void(std::exception_ptr, GuardResult<R>)`. `key` and `fingerprint` are copied.
@@ -241,6 +244,26 @@ class AsyncGuard {
 
  private:
   static constexpr std::string_view kWho = "idem::async::AsyncGuard";
+
+  // GuardOptions this guard does not implement are refused, never ignored.
+  static AsyncGuardOptions checked(AsyncGuardOptions o) {
+    auto refuse = [](const char* field, const char* why) {
+      throw UsageError(std::string(kWho) + ": GuardOptions::" + field +
+                       " is not supported by the asynchronous guard (" + why + ")");
+    };
+    if (o.guard.bypass) refuse("bypass", "run the handler without the guard instead");
+    if (o.guard.wait_for_result.count() != 0) {
+      refuse("wait_for_result", "a duplicate is answered kInProgress at once");
+    }
+    if (o.guard.store_attempts != 1) {
+      refuse("store_attempts", "a transient durable-store failure is answered, typed");
+    }
+    if (o.guard.heartbeat) refuse("heartbeat", "choose a lease longer than the handler");
+    if (o.timeout.count() < 0) {
+      throw UsageError(std::string(kWho) + ": AsyncGuardOptions::timeout is negative");
+    }
+    return o;
+  }
   template <class R, class Fn>
   class RunOp;
 
@@ -256,8 +279,8 @@ class AsyncGuard {
         completion(e, std::move(r));
       });
     };
-    auto op = std::make_shared<Op>(*this, key, std::move(fingerprint), std::move(fn),
-                                   std::move(final));
+    auto op =
+        std::make_shared<Op>(*this, key, std::move(fingerprint), std::move(fn), std::move(final));
 #if defined(IDEM_ASIO_HAS_CANCELLATION_SLOT)
     auto slot = net::get_associated_cancellation_slot(completion);
     if (slot.is_connected()) op->bind_slot(slot);
@@ -285,12 +308,12 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   using Clock = std::chrono::steady_clock;
 
   enum class Phase {
-    kFastClaim,        // the fast claim is in flight
-    kDurableBegin,     // two-phase begin in flight
-    kTransaction,      // the transaction (and its handler) runs on the pool
-    kHandler,          // the two-phase / fast-only handler runs
-    kComplete,         // the durable (or, fast-only, the fast) completion is in flight
-    kFollowUp,         // the durable store decided; the fast store follows
+    kFastClaim,     // the fast claim is in flight
+    kDurableBegin,  // two-phase begin in flight
+    kTransaction,   // the transaction (and its handler) runs on the pool
+    kHandler,       // the two-phase / fast-only handler runs
+    kComplete,      // the durable (or, fast-only, the fast) completion is in flight
+    kFollowUp,      // the durable store decided; the fast store follows
     kDone,
   };
 
@@ -363,11 +386,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (g_.fast_ != nullptr) {
       phase_ = Phase::kFastClaim;
       t0_ = call_.now();
-      g_.fast_->async_claim(key_, fingerprint_, call_.owner(), call_.options.lease, strand_,
-                            [self = this->shared_from_this()](std::exception_ptr e,
-                                                              ClaimResult c) mutable {
-                              self->on_fast_claim(std::move(e), std::move(c));
-                            });
+      g_.fast_->async_claim(
+          key_, fingerprint_, call_.owner(), call_.options.lease, strand_,
+          [self = this->shared_from_this()](std::exception_ptr e, ClaimResult c) mutable {
+            self->on_fast_claim(std::move(e), std::move(c));
+          });
       return;
     }
     durable_phase();
@@ -416,12 +439,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     } else {
       phase_ = Phase::kDurableBegin;
       t0_ = call_.now();
-      g_.durable_->async_begin(key_, fingerprint_, call_.owner(), call_.options.lease, call_.hint(),
-                               strand_,
-                               [self = this->shared_from_this()](std::exception_ptr e,
-                                                                 ClaimResult d) mutable {
-                                 self->on_begin(std::move(e), std::move(d));
-                               });
+      g_.durable_->async_begin(
+          key_, fingerprint_, call_.owner(), call_.options.lease, call_.hint(), strand_,
+          [self = this->shared_from_this()](std::exception_ptr e, ClaimResult d) mutable {
+            self->on_begin(std::move(e), std::move(d));
+          });
     }
   }
 
@@ -596,13 +618,13 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       // Two-phase: release the durable claim first (a retry may then run at once).
       if constexpr (kHasDurable) {
         phase_ = Phase::kFollowUp;
-        g_.durable_->async_release(key_, call_.owner(), strand_,
-                                   [self = this->shared_from_this(), e](std::exception_ptr re,
-                                                                        bool) mutable {
-                                     // Failing: the record stays in progress until its lease.
-                                     self->g_.core_.durable_failed(self->key_, re);
-                                     self->release_then_fail(std::move(e), false);
-                                   });
+        g_.durable_->async_release(
+            key_, call_.owner(), strand_,
+            [self = this->shared_from_this(), e](std::exception_ptr re, bool) mutable {
+              // Failing: the record stays in progress until its lease.
+              self->g_.core_.durable_failed(self->key_, re);
+              self->release_then_fail(std::move(e), false);
+            });
         return;
       } else {
         return release_then_fail(std::move(e), false);
@@ -620,18 +642,18 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if constexpr (kHasDurable) {
       // If this fails, the durable record stays in progress (ours) until the lease ends, and
       // the fast claim is kept too, so duplicates answer "in progress" meanwhile.
-      g_.durable_->async_complete(key_, call_.owner(), bytes_, call_.options.retention, strand_,
-                                  [self = this->shared_from_this()](std::exception_ptr ce,
-                                                                    bool ok) mutable {
-                                    self->on_durable_complete(std::move(ce), ok);
-                                  });
+      g_.durable_->async_complete(
+          key_, call_.owner(), bytes_, call_.options.retention, strand_,
+          [self = this->shared_from_this()](std::exception_ptr ce, bool ok) mutable {
+            self->on_durable_complete(std::move(ce), ok);
+          });
     } else {
       // Fast only: the fast store is the only record; its failures propagate.
-      g_.fast_->async_complete(key_, call_.owner(), bytes_, call_.options.retention, strand_,
-                               [self = this->shared_from_this()](std::exception_ptr ce,
-                                                                 bool ok) mutable {
-                                 self->on_fast_only_complete(std::move(ce), ok);
-                               });
+      g_.fast_->async_complete(
+          key_, call_.owner(), bytes_, call_.options.retention, strand_,
+          [self = this->shared_from_this()](std::exception_ptr ce, bool ok) mutable {
+            self->on_fast_only_complete(std::move(ce), ok);
+          });
     }
   }
 
@@ -762,20 +784,20 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     phase_ = Phase::kFollowUp;
     if (abandoned_) g_.async_stats_.released_after_cancel.fetch_add(1, std::memory_order_relaxed);
     if (g_.core_.release_next(call_) != ::idem::detail::FastNext::kRelease) return fail(e);
-    g_.fast_->async_release(key_, call_.owner(), strand_,
-                            [self = this->shared_from_this(), e](std::exception_ptr re,
-                                                                 bool) mutable {
-                              if (re) {
-                                try {
-                                  std::rethrow_exception(re);
-                                } catch (const Error& x) {
-                                  // The claim ends with its lease.
-                                  self->g_.core_.fast_follow_up_failed(self->call_, x);
-                                } catch (...) {
-                                }
-                              }
-                              self->fail(std::move(e));
-                            });
+    g_.fast_->async_release(
+        key_, call_.owner(), strand_,
+        [self = this->shared_from_this(), e](std::exception_ptr re, bool) mutable {
+          if (re) {
+            try {
+              std::rethrow_exception(re);
+            } catch (const Error& x) {
+              // The claim ends with its lease.
+              self->g_.core_.fast_follow_up_failed(self->call_, x);
+            } catch (...) {
+            }
+          }
+          self->fail(std::move(e));
+        });
   }
 
   // A cancelled call that holds claims but started no work: give them back.
@@ -792,10 +814,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     };
     if constexpr (kHasDurable) {
       if (durable_claimed_) {
-        g_.durable_->async_release(key_, call_.owner(), strand_,
-                                   [fast_release](std::exception_ptr, bool) mutable {
-                                     fast_release();
-                                   });
+        g_.durable_->async_release(
+            key_, call_.owner(), strand_,
+            [fast_release](std::exception_ptr, bool) mutable { fast_release(); });
         return;
       }
     }
