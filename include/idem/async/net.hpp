@@ -17,6 +17,10 @@
 // `idem::async::CallOptions::cancel` and deadlines work with every version.
 #pragma once
 
+// Before Asio: Boost 1.74's awaitable.hpp (compiled in C++20) uses std::exchange without
+// including <utility>.
+#include <utility>
+
 #if defined(IDEM_ASIO_STANDALONE)
 #include <asio.hpp>
 #include <asio/version.hpp>
