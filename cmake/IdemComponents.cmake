@@ -106,3 +106,24 @@ idem_dependency(mariadb FIND "PKG_CONFIG libmariadb" PKG_CONFIG libmariadb DEB l
 idem_component(mysql OPTION IDEM_WITH_MYSQL TARGETS idem_mysql COMPONENTS core
                PRIVATE_DEPENDS mariadb HEADERS idem/mysql
                SUMMARY "MySQL / MariaDB durable store (MariaDB Connector/C)")
+# idem::async: Boost.Asio by default (header-only: Debian libboost-dev, whose BoostConfig.cmake
+# gives Boost::headers), or standalone Asio with IDEM_ASIO_STANDALONE (libasio-dev: headers
+# only, no package file; idem::async then names its include directory itself).
+# idem::async_postgres (libpq's asynchronous API on the loop) is built and tested but not a
+# component: its durable store does not exist yet (docs/async.md).
+idem_dependency(boost FIND "CONFIG Boost Boost::headers" DEB libboost-dev)
+if(IDEM_ASIO_STANDALONE)
+  set(_idem_asio_dependency "")
+else()
+  set(_idem_asio_dependency boost)
+endif()
+idem_component(async OPTION IDEM_WITH_ASYNC TARGETS idem_async COMPONENTS core
+               DEPENDS ${_idem_asio_dependency} threads
+               HEADERS idem/async/call.hpp idem/async/function.hpp idem/async/guard.hpp
+                       idem/async/net.hpp idem/async/pooled_durable.hpp idem/async/store.hpp
+                       idem/async/worker_pool.hpp
+               SUMMARY "asynchronous guard on Asio (header-only)")
+idem_component(async_redis OPTION IDEM_WITH_ASYNC TARGETS idem_async_redis
+               COMPONENTS async redis PRIVATE_DEPENDS hiredis
+               HEADERS idem/async/redis_store.hpp
+               SUMMARY "Redis fast store on hiredis's asynchronous API, driven by Asio")

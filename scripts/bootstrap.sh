@@ -17,6 +17,7 @@ packages=(
   chromium fonts-noto-color-emoji fonts-wqy-microhei
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   doxygen dpkg-dev openssl stunnel4
+  libboost-dev libasio-dev
 )
 # Node.js runs the browser module's tests and drives Chromium (tests/browser); a node that is
 # already installed (from anywhere) is used as it is.

@@ -21,10 +21,12 @@
 //   |   +-- InvalidKey         a key broke a named rule (rule()); nothing was stored
 //   +-- StorageError           I/O, protocol, SQL; carries the backend's message
 //   |   +-- StorageUnavailable can't reach the store (refused, pool exhausted, loading) [retryable]
-//   |   +-- StorageTimeout     the store did not answer in time                          [retryable]
-//   |   +-- OutcomeUnknown     a write may or may not have been applied (lost at COMMIT)  [retryable]
-//   |   +-- CorruptRecord      a value under an idem key that idem did not write
+//   |   +-- StorageTimeout     the store did not answer in time [retryable] |   +-- OutcomeUnknown
+//   a write may or may not have been applied (lost at COMMIT)  [retryable] |   +-- CorruptRecord a
+//   value under an idem key that idem did not write
 //   +-- LeaseLost              this attempt's lease was taken over; its completion was refused
+//   +-- Cancelled              the caller cancelled an asynchronous call               [retryable]
+//   +-- DeadlineExceeded       an asynchronous call ran past its deadline              [retryable]
 //
 // `OutcomeUnknown` is the reason idempotency exists: a client that cannot tell whether its
 // payment committed retries with the same key, and the retry either replays the committed
@@ -56,24 +58,43 @@ enum class errc {
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
   kUnknownToken = 12,        ///< the key is not a token this server issued (or it expired); 403
   kPayloadTooLarge = 13,     ///< a request body over the endpoint's limit; nothing stored; 413
+  kCancelled = 14,         ///< the caller cancelled the call (idem::async); retry with the key; 499
+  kDeadlineExceeded = 15,  ///< the call's deadline passed (idem::async); retry with the key; 504
 };
 
 /// Stable snake_case name of a code, e.g. "fingerprint_mismatch". Never changes once released.
 constexpr std::string_view errc_name(errc e) noexcept {
   switch (e) {
-    case errc::kInvalidKey: return "invalid_key";
-    case errc::kMissingKey: return "missing_key";
-    case errc::kInProgress: return "in_progress";
-    case errc::kFingerprintMismatch: return "fingerprint_mismatch";
-    case errc::kStoreUnavailable: return "store_unavailable";
-    case errc::kStoreTimeout: return "store_timeout";
-    case errc::kStorageError: return "storage_error";
-    case errc::kOutcomeUnknown: return "outcome_unknown";
-    case errc::kCorruptRecord: return "corrupt_record";
-    case errc::kLeaseLost: return "lease_lost";
-    case errc::kInvalidArgument: return "invalid_argument";
-    case errc::kUnknownToken: return "unknown_token";
-    case errc::kPayloadTooLarge: return "payload_too_large";
+    case errc::kInvalidKey:
+      return "invalid_key";
+    case errc::kMissingKey:
+      return "missing_key";
+    case errc::kInProgress:
+      return "in_progress";
+    case errc::kFingerprintMismatch:
+      return "fingerprint_mismatch";
+    case errc::kStoreUnavailable:
+      return "store_unavailable";
+    case errc::kStoreTimeout:
+      return "store_timeout";
+    case errc::kStorageError:
+      return "storage_error";
+    case errc::kOutcomeUnknown:
+      return "outcome_unknown";
+    case errc::kCorruptRecord:
+      return "corrupt_record";
+    case errc::kLeaseLost:
+      return "lease_lost";
+    case errc::kInvalidArgument:
+      return "invalid_argument";
+    case errc::kUnknownToken:
+      return "unknown_token";
+    case errc::kPayloadTooLarge:
+      return "payload_too_large";
+    case errc::kCancelled:
+      return "cancelled";
+    case errc::kDeadlineExceeded:
+      return "deadline_exceeded";
   }
   return "unknown";
 }
@@ -82,18 +103,29 @@ constexpr std::string_view errc_name(errc e) noexcept {
 constexpr int http_status(errc e) noexcept {
   switch (e) {
     case errc::kInvalidKey:
-    case errc::kMissingKey: return 400;
-    case errc::kUnknownToken: return 403;
+    case errc::kMissingKey:
+      return 400;
+    case errc::kUnknownToken:
+      return 403;
     case errc::kInProgress:
-    case errc::kLeaseLost: return 409;
-    case errc::kFingerprintMismatch: return 422;
-    case errc::kPayloadTooLarge: return 413;
+    case errc::kLeaseLost:
+      return 409;
+    case errc::kFingerprintMismatch:
+      return 422;
+    case errc::kPayloadTooLarge:
+      return 413;
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
-    case errc::kOutcomeUnknown: return 503;
+    case errc::kOutcomeUnknown:
+      return 503;
     case errc::kStorageError:
     case errc::kCorruptRecord:
-    case errc::kInvalidArgument: return 500;
+    case errc::kInvalidArgument:
+      return 500;
+    case errc::kCancelled:
+      return 499;  // "client closed request": nobody waits for the answer
+    case errc::kDeadlineExceeded:
+      return 504;
   }
   return 500;
 }
@@ -103,24 +135,36 @@ constexpr int http_status(errc e) noexcept {
 /// ABORTED (10) for in progress and a lost lease (a retry with the same key replays),
 /// FAILED_PRECONDITION (9) for a payload mismatch (the key's earlier use, not this request,
 /// makes it fail), PERMISSION_DENIED (7) for a key that is not an issued token,
-/// RESOURCE_EXHAUSTED (8) for a request over the size limit, UNAVAILABLE (14) for every
+/// RESOURCE_EXHAUSTED (8) for a request over the size limit, CANCELLED (1) and
+/// DEADLINE_EXCEEDED (4) for a cancelled or late asynchronous call, UNAVAILABLE (14) for every
 /// retryable store failure (so client retry policies on UNAVAILABLE cover them), INTERNAL (13)
 /// otherwise. idem::grpc answers with these.
 constexpr int grpc_status_code(errc e) noexcept {
   switch (e) {
     case errc::kInvalidKey:
-    case errc::kMissingKey: return 3;
+    case errc::kMissingKey:
+      return 3;
     case errc::kInProgress:
-    case errc::kLeaseLost: return 10;
-    case errc::kFingerprintMismatch: return 9;
-    case errc::kUnknownToken: return 7;
-    case errc::kPayloadTooLarge: return 8;
+    case errc::kLeaseLost:
+      return 10;
+    case errc::kFingerprintMismatch:
+      return 9;
+    case errc::kUnknownToken:
+      return 7;
+    case errc::kPayloadTooLarge:
+      return 8;
+    case errc::kCancelled:
+      return 1;  // CANCELLED
+    case errc::kDeadlineExceeded:
+      return 4;  // DEADLINE_EXCEEDED
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
-    case errc::kOutcomeUnknown: return 14;
+    case errc::kOutcomeUnknown:
+      return 14;
     case errc::kStorageError:
     case errc::kCorruptRecord:
-    case errc::kInvalidArgument: return 13;
+    case errc::kInvalidArgument:
+      return 13;
   }
   return 13;
 }
@@ -132,28 +176,48 @@ constexpr bool is_retryable(errc e) noexcept {
     case errc::kStoreUnavailable:
     case errc::kStoreTimeout:
     case errc::kOutcomeUnknown:
-    case errc::kLeaseLost: return true;
-    default: return false;
+    case errc::kLeaseLost:
+    case errc::kCancelled:
+    case errc::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
   }
 }
 
 /// Human-readable message of a code (the `what()` of an exception adds the detail).
 constexpr std::string_view errc_message(errc e) noexcept {
   switch (e) {
-    case errc::kInvalidKey: return "the idempotency key is not valid";
-    case errc::kMissingKey: return "an idempotency key is required and was not sent";
-    case errc::kInProgress: return "a request with this key is still being processed";
-    case errc::kFingerprintMismatch: return "this key was used with a different request payload";
-    case errc::kStoreUnavailable: return "the idempotency store is unavailable";
-    case errc::kStoreTimeout: return "the idempotency store did not answer in time";
-    case errc::kStorageError: return "the idempotency store failed";
-    case errc::kOutcomeUnknown: return "the outcome of a write is unknown; retry with the same key";
-    case errc::kCorruptRecord: return "an idempotency record is corrupt or was not written by idem";
-    case errc::kLeaseLost: return "the lease on this key was taken over by another attempt";
-    case errc::kInvalidArgument: return "invalid argument";
+    case errc::kInvalidKey:
+      return "the idempotency key is not valid";
+    case errc::kMissingKey:
+      return "an idempotency key is required and was not sent";
+    case errc::kInProgress:
+      return "a request with this key is still being processed";
+    case errc::kFingerprintMismatch:
+      return "this key was used with a different request payload";
+    case errc::kStoreUnavailable:
+      return "the idempotency store is unavailable";
+    case errc::kStoreTimeout:
+      return "the idempotency store did not answer in time";
+    case errc::kStorageError:
+      return "the idempotency store failed";
+    case errc::kOutcomeUnknown:
+      return "the outcome of a write is unknown; retry with the same key";
+    case errc::kCorruptRecord:
+      return "an idempotency record is corrupt or was not written by idem";
+    case errc::kLeaseLost:
+      return "the lease on this key was taken over by another attempt";
+    case errc::kInvalidArgument:
+      return "invalid argument";
     case errc::kUnknownToken:
       return "the idempotency key is not a token this server issued, or it expired";
-    case errc::kPayloadTooLarge: return "the request body is larger than this endpoint accepts";
+    case errc::kPayloadTooLarge:
+      return "the request body is larger than this endpoint accepts";
+    case errc::kCancelled:
+      return "the call was cancelled; retry with the same key";
+    case errc::kDeadlineExceeded:
+      return "the call's deadline passed; retry with the same key";
   }
   return "unknown idem error";
 }
@@ -271,6 +335,23 @@ class IDEM_EXPORT LeaseLost : public Error {
  public:
   /// errc::kLeaseLost with `what` as the message.
   explicit LeaseLost(const std::string& what) : Error(errc::kLeaseLost, what) {}
+};
+
+/// An asynchronous call (idem::async) was cancelled by its caller. Nothing was reported as
+/// done: the claim was released where no work had started, or is left to its lease where the
+/// work's outcome is unknown. Retrying with the same key replays, waits, or runs.
+class IDEM_EXPORT Cancelled : public Error {
+ public:
+  /// errc::kCancelled with `what` as the message.
+  explicit Cancelled(const std::string& what) : Error(errc::kCancelled, what) {}
+};
+
+/// An asynchronous call (idem::async) ran past its deadline; what happened to its claim is as
+/// for Cancelled. Retrying with the same key replays, waits, or runs.
+class IDEM_EXPORT DeadlineExceeded : public Error {
+ public:
+  /// errc::kDeadlineExceeded with `what` as the message.
+  explicit DeadlineExceeded(const std::string& what) : Error(errc::kDeadlineExceeded, what) {}
 };
 
 }  // namespace idem

@@ -67,105 +67,18 @@
 #include <vector>
 
 #include "idem/codec.hpp"
+#include "idem/detail/guard_core.hpp"
 #include "idem/detail/plain_transaction.hpp"
 #include "idem/durable_store.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
+#include "idem/guard_options.hpp"
 #include "idem/key.hpp"
 #include "idem/observer.hpp"
 #include "idem/outcome.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
-
-/// Points of the protocol, in order, as a step hook sees them. Fault-injection tests stop or kill
-/// the process at each to prove that a crash there loses nothing and doubles nothing.
-enum class Step {
-  kFastClaimed,       ///< the fast store granted the claim
-  kDurableClaimed,    ///< the durable store granted the claim (two-phase: the in-progress
-                      ///< record is committed; transactional: the record was found absent in
-                      ///< the open transaction, before the handler; it is written completed
-                      ///< after the handler)
-  kHandlerReturned,   ///< the handler returned (transactional: before COMMIT)
-  kDurableCommitted,  ///< the durable store committed the completed record
-  kFastCompleted,     ///< the fast store holds the completed record
-};
-
-/// Stable name: fast_claimed, durable_claimed, handler_returned, durable_committed,
-/// fast_completed.
-constexpr std::string_view step_name(Step s) noexcept {
-  switch (s) {
-    case Step::kFastClaimed: return "fast_claimed";
-    case Step::kDurableClaimed: return "durable_claimed";
-    case Step::kHandlerReturned: return "handler_returned";
-    case Step::kDurableCommitted: return "durable_committed";
-    case Step::kFastCompleted: return "fast_completed";
-  }
-  return "unknown";
-}
-
-/// Options of an IdempotencyGuard.
-struct GuardOptions {
-  /// How long an in-progress claim is honoured before another attempt may take it over.
-  /// Choose it longer than the slowest handler. Must be positive.
-  std::chrono::milliseconds lease = kDefaultLease;
-  /// How long a completed record (and its response) is kept. Must be positive.
-  std::chrono::seconds retention = kDefaultRetention;
-  /// Receives events for logs and metrics (null means none). Shared so adapters outlive calls.
-  std::shared_ptr<Observer> observer;
-  /// The label of duplicates the durable store catches (kMqRecord for consume records).
-  DuplicateSource durable_source = DuplicateSource::kUniqueIndex;
-  /// Called at each protocol step of a call that runs the handler (empty means none). For fault
-  /// injection in tests, which kill the process inside it. Whatever it throws propagates; claims
-  /// it leaves behind end with their lease, as after a crash.
-  std::function<void(Step, const Key&)> step_hook;
-  /// Kill switch: every call runs its handler directly, with no store I/O and no
-  /// idempotency at all (transactional handlers in a plain transaction of the durable store).
-  /// For an incident in which the stores themselves are the problem. The guard logs a warning
-  /// once (LogSink below) and tells the observer each call (on_passthrough, reason disabled).
-  bool bypass = false;
-  /// Where the guard's own warnings go (today: the bypass warning). Empty: standard error.
-  std::function<void(std::string_view)> warn;
-  /// A duplicate that finds the key in progress waits up to this long for the first attempt's
-  /// result and replays it (or, when the first attempt failed and released the key, runs the
-  /// handler itself), instead of answering kInProgress at once. 0 (the default) does not wait.
-  /// Waiters in one process wake as soon as a call of this guard completes the key; across
-  /// processes they try again after a backoff with jitter (5 ms doubling up to 100 ms), so a
-  /// waiter costs a claim per backoff step, not a busy loop. Per call: CallOptions.
-  std::chrono::milliseconds wait_for_result{0};
-  /// Transient failures (idem::StorageUnavailable, StorageTimeout, OutcomeUnknown) of the
-  /// durable store's begin, complete and run_transactional are tried again up to this many
-  /// times in all (1: no retry), after a backoff with full jitter between
-  /// `store_retry_backoff` and 8 times it. Safe because the call keeps its owner token: a claim
-  /// or commit that was applied before the failure is recognised as this attempt's own (a
-  /// transactional retry then replays what committed). A handler's own exceptions are never
-  /// retried, and two-phase handlers never run twice. Counted in GuardStats::store_retries.
-  unsigned store_attempts = 1;
-  /// The first backoff of store_attempts.
-  std::chrono::milliseconds store_retry_backoff{20};
-  /// Lease keep-alive for long handlers: while a handler runs, one thread of the guard extends
-  /// its claims every lease/3 (FastStore::extend; in two-phase mode also the durable record,
-  /// where the durable store has `bool extend(const Key&, const OwnerToken&,
-  /// std::chrono::milliseconds)`: SqliteStore and PostgresStore do; in transactional mode the
-  /// open transaction holds the record). A failed extension reaches the observer
-  /// (on_store_error) and is tried again at the next beat; a claim found lost (taken over after
-  /// its lease ended) is reported (on_lease_lost) and no longer extended: the attempt is fenced,
-  /// its completion throws LeaseLost. Per call: CallOptions::heartbeat.
-  bool heartbeat = false;
-};
-
-/// What one call may set differently from the guard's options (a refund keeps its record 30
-/// days, a cart 10 minutes). Unset fields take the GuardOptions value.
-struct CallOptions {
-  /// GuardOptions::lease for this call. Must be positive.
-  std::optional<std::chrono::milliseconds> lease;
-  /// GuardOptions::retention for this call. Must be positive.
-  std::optional<std::chrono::seconds> retention;
-  /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
-  std::optional<std::chrono::milliseconds> wait_for_result;
-  /// GuardOptions::heartbeat for this call (a handler that may outlive its lease).
-  std::optional<bool> heartbeat;
-};
 
 namespace detail {
 /// Stand-in transaction type for stores that have none, so traits never form `void&`.
@@ -204,10 +117,6 @@ R invoke_stored(Fn& fn, Args&... args) {
   }
 }
 
-using SteadyClock = std::chrono::steady_clock;
-inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
-}
 }  // namespace detail
 
 /// Runs handlers at most once per idempotency key and answers every duplicate with the first
@@ -228,9 +137,9 @@ class IdempotencyGuard {
 
   /// Fast store in front of a durable store (the production shape).
   IdempotencyGuard(FastStore& fast, Durable& durable, GuardOptions options = {})
-      : fast_(&fast), durable_(&durable), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(&fast),
+        durable_(&durable),
+        core_(true, std::move(options), kWho, fast.name(), durable.name()) {}
 
   /// Durable store only: correct, one durable round trip per call.
   template <class D = Durable,
@@ -238,16 +147,16 @@ class IdempotencyGuard {
                                  !std::is_same_v<D, NoDurableStore>,
                              int> = 0>
   explicit IdempotencyGuard(D& durable, GuardOptions options = {})
-      : fast_(nullptr), durable_(&durable), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(nullptr),
+        durable_(&durable),
+        core_(false, std::move(options), kWho, "none", durable.name()) {}
 
   /// Fast store only: best effort (see the file comment).
   template <class D = Durable, std::enable_if_t<std::is_same_v<D, NoDurableStore>, int> = 0>
   explicit IdempotencyGuard(FastStore& fast, GuardOptions options = {})
-      : fast_(&fast), durable_(nullptr), options_(std::move(options)) {
-    check_options();
-  }
+      : fast_(&fast),
+        durable_(nullptr),
+        core_(true, std::move(options), kWho, fast.name(), "none") {}
 
   IdempotencyGuard(const IdempotencyGuard&) = delete;
   IdempotencyGuard& operator=(const IdempotencyGuard&) = delete;
@@ -290,34 +199,29 @@ class IdempotencyGuard {
           typename detail::response_type<std::decay_t<Fn>, detail::transaction_t<Durable>>::type> {
     using Tx = detail::transaction_t<Durable>;
     using R = typename detail::response_type<std::decay_t<Fn>, Tx>::type;
-    const auto lease = call_options.lease.value_or(options_.lease);
-    const auto retention = call_options.retention.value_or(options_.retention);
-    const auto wait = call_options.wait_for_result.value_or(options_.wait_for_result);
-    const bool beat = call_options.heartbeat.value_or(options_.heartbeat);
+    const auto lease = call_options.lease.value_or(core_.options().lease);
+    const auto retention = call_options.retention.value_or(core_.options().retention);
+    const auto wait = call_options.wait_for_result.value_or(core_.options().wait_for_result);
+    const bool beat = call_options.heartbeat.value_or(core_.options().heartbeat);
     if (lease.count() <= 0) throw UsageError("idem::CallOptions::lease must be positive");
     if (retention.count() <= 0) {
       throw UsageError("idem::CallOptions::retention must be positive");
     }
     if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
-    if (options_.bypass) return bypassed<R>(key, handler);
-    GuardResult<R> r = run_once<R>(key, fingerprint, lease, retention, beat, handler);
+    if (core_.options().bypass) return bypassed<R>(key, handler);
+    const detail::CallTerms terms{lease, retention, beat};
+    GuardResult<R> r = run_once<R>(key, fingerprint, terms, handler);
     if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
-    return wait_for_first<R>(key, fingerprint, lease, retention, beat, wait, handler,
-                             std::move(r));
+    return wait_for_first<R>(key, fingerprint, terms, wait, handler, std::move(r));
   }
 
  private:
   template <class R, class Fn>
   GuardResult<R> run_once(const Key& key, std::string_view fingerprint,
-                          std::chrono::milliseconds lease, std::chrono::seconds retention,
-                          bool beat, Fn& handler) {
+                          const detail::CallTerms& terms, Fn& handler) {
     using Tx = detail::transaction_t<Durable>;
-    Call<R> call{key, fingerprint, options_.observer != nullptr};
-    call.lease = lease;
-    call.retention = retention;
-    call.heartbeat = beat;
-    call.start = call.now();
-    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    Call<R> call{key, fingerprint, Mode::kFastOnly, terms, core_.observed()};
+    core_.start(call);
     if constexpr (!kHasDurable) {
       call.mode = Mode::kFastOnly;
     } else if constexpr (detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
@@ -330,22 +234,14 @@ class IdempotencyGuard {
     if (fast_ != nullptr) {
       auto t0 = call.now();
       try {
-        ClaimResult c = fast_->claim(key, fingerprint, call.owner, call.lease);
+        ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
         call.fast_claim = call.since(t0);
-        fast_ok();
-        if (c.status == ClaimStatus::kClaimed) {
-          call.fast_claimed = true;
-          stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
-          if (c.took_over) note_takeover(key, "fast");
-          step(Step::kFastClaimed, key);
-        } else {
-          stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
-          return duplicate(call, c, Source::kFastStore, DuplicateSource::kFastStore);
+        if (!core_.fast_claim_answered(call, c)) {
+          return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);
         }
       } catch (const StorageError& e) {
         call.fast_claim = call.since(t0);
-        call.degraded = true;
-        fast_failed(key, e);
+        core_.fast_claim_failed(call, e);
         if constexpr (!kHasDurable) throw;
       }
     }
@@ -370,15 +266,15 @@ class IdempotencyGuard {
       const std::string text =
           "idem: WARNING: GuardOptions::bypass is on: handlers run with NO idempotency (no "
           "store I/O; duplicates run again) until it is turned off";
-      if (options_.warn) {
-        options_.warn(text);
+      if (core_.options().warn) {
+        core_.options().warn(text);
       } else {
         std::fprintf(stderr, "%s\n", text.c_str());
       }
     }
-    stats_.calls.fetch_add(1, std::memory_order_relaxed);
-    stats_.bypassed.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) {
+    core_.counters().calls.fetch_add(1, std::memory_order_relaxed);
+    core_.counters().bypassed.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = core_.options().observer.get()) {
       o->on_passthrough(PassthroughEvent{key.scope(), PassthroughReason::kDisabled});
     }
     GuardResult<R> r;
@@ -389,7 +285,7 @@ class IdempotencyGuard {
     } else {
       r.value.emplace(detail::invoke_stored<R>(handler));
     }
-    stats_.executed.fetch_add(1, std::memory_order_relaxed);
+    core_.counters().executed.fetch_add(1, std::memory_order_relaxed);
     return r;
   }
 
@@ -397,10 +293,9 @@ class IdempotencyGuard {
   // bound passes. Woken early by completions of this guard (notify_waiters).
   template <class R, class Fn>
   GuardResult<R> wait_for_first(const Key& key, std::string_view fingerprint,
-                                std::chrono::milliseconds lease, std::chrono::seconds retention,
-                                bool beat, std::chrono::milliseconds wait, Fn& handler,
-                                GuardResult<R> r) {
-    stats_.waits.fetch_add(1, std::memory_order_relaxed);
+                                const detail::CallTerms& terms, std::chrono::milliseconds wait,
+                                Fn& handler, GuardResult<R> r) {
+    core_.counters().waits.fetch_add(1, std::memory_order_relaxed);
     const auto deadline = detail::SteadyClock::now() + wait;
     std::chrono::milliseconds step{5};
     waiting_.fetch_add(1, std::memory_order_relaxed);
@@ -421,7 +316,7 @@ class IdempotencyGuard {
         wait_cv_.wait_for(lock, pause, [&] { return completions_ != seen; });
       }
       step = std::min(step * 2, std::chrono::milliseconds{100});
-      r = run_once<R>(key, fingerprint, lease, retention, beat, handler);
+      r = run_once<R>(key, fingerprint, terms, handler);
     }
     return r;
   }
@@ -453,12 +348,12 @@ class IdempotencyGuard {
       try {
         return op();
       } catch (const StorageError& e) {
-        if (attempt >= options_.store_attempts || !e.retryable()) throw;
+        if (attempt >= core_.options().store_attempts || !e.retryable()) throw;
         if (handler_threw != nullptr && *handler_threw) throw;
         store_error(key, StoreRole::kDurable, e);
-        stats_.store_retries.fetch_add(1, std::memory_order_relaxed);
+        core_.counters().store_retries.fetch_add(1, std::memory_order_relaxed);
         std::this_thread::sleep_for(
-            jittered(options_.store_retry_backoff * (1u << std::min(attempt - 1, 3u))));
+            jittered(core_.options().store_retry_backoff * (1u << std::min(attempt - 1, 3u))));
       }
     }
   }
@@ -494,18 +389,20 @@ class IdempotencyGuard {
   /// rate, unique conflicts and call counts include calls decided in batches.
   void report(const ReportedCall& c) noexcept {
     count_reported(c);
-    if (c.source == Source::kFastStore) stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
+    if (c.source == Source::kFastStore)
+      core_.counters().fast_hits.fetch_add(1, std::memory_order_relaxed);
     if (c.source == Source::kDurableStore) {
-      stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+      core_.counters().durable_conflicts.fetch_add(1, std::memory_order_relaxed);
     }
     count_outcome(c.outcome);
-    Observer* o = options_.observer.get();
+    Observer* o = core_.options().observer.get();
     if (o == nullptr) return;
     if (c.outcome != Outcome::kExecuted) {
-      o->on_duplicate(DuplicateEvent{
-          c.key, c.outcome,
-          c.source == Source::kFastStore ? DuplicateSource::kFastStore : options_.durable_source,
-          c.first_seen, c.holder});
+      o->on_duplicate(DuplicateEvent{c.key, c.outcome,
+                                     c.source == Source::kFastStore
+                                         ? DuplicateSource::kFastStore
+                                         : core_.options().durable_source,
+                                     c.first_seen, c.holder});
     }
     CallEvent e{c.key,     c.outcome,  Mode::kTransactional,
                 c.source,  c.degraded, c.fast_claim,
@@ -517,8 +414,8 @@ class IdempotencyGuard {
   /// call whose handler threw (on_handler_error, no on_call). `c.outcome` is not used.
   void report_handler_error(const ReportedCall& c) noexcept {
     count_reported(c);
-    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(c.key);
+    core_.counters().handler_errors.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = core_.options().observer.get()) o->on_handler_error(c.key);
   }
   /// A batch caller's durable store took over an expired lease.
   void report_takeover(const Key& key, std::string_view store) noexcept {
@@ -533,85 +430,25 @@ class IdempotencyGuard {
   void report_fast_ok() noexcept { fast_ok(); }
   /// A fast-store record was rewritten from the durable store for a batch call.
   void report_fast_refill() noexcept {
-    stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
+    core_.counters().fast_refills.fetch_add(1, std::memory_order_relaxed);
   }
   /// Whether an observer listens (batch callers time their phases only then).
-  bool observed() const noexcept { return options_.observer != nullptr; }
+  bool observed() const noexcept { return core_.options().observer != nullptr; }
 
   /// The guard's counters (always on).
-  const GuardStats& stats() const noexcept { return stats_; }
+  const GuardStats& stats() const noexcept { return core_.stats(); }
   /// The options in force.
-  const GuardOptions& options() const noexcept { return options_; }
+  const GuardOptions& options() const noexcept { return core_.options(); }
   /// The fast store, or null.
   FastStore* fast_store() const noexcept { return fast_; }
   /// The durable store, or null.
   Durable* durable_store() const noexcept { return durable_; }
 
  private:
-  // One call's own state. Until the fast store answers, the key and fingerprint are the
-  // caller's (a duplicate answered there costs no copy). Before anything can run the handler,
-  // own() copies them into the call, so a handler that reassigns or destroys the variables it
-  // was passed cannot make the call complete another key or bind freed bytes: the call
-  // finishes exactly the key, fingerprint and owner token it acquired.
+  static constexpr std::string_view kWho = "idem::IdempotencyGuard";
+  // One call's state (the guard core's), passed to every step.
   template <class R>
-  struct Call {
-    Call(const Key& k, std::string_view fp, bool t) noexcept
-        : key_(&k), fingerprint(fp), timed(t) {}
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-
-    const Key& key() const noexcept { return *key_; }
-    void own() {
-      owned_key_.emplace(*key_);
-      key_ = &*owned_key_;
-      owned_fingerprint_.assign(fingerprint.data(), fingerprint.size());
-      fingerprint = owned_fingerprint_;
-    }
-
-   private:
-    const Key* key_;
-    std::optional<Key> owned_key_;
-    std::string owned_fingerprint_;
-
-   public:
-    std::string_view fingerprint;
-    // Timings feed only the observer's CallEvent: without an observer the clock is not read.
-    bool timed = false;
-    detail::SteadyClock::time_point start{};
-    OwnerToken owner = OwnerToken::generate();
-    std::chrono::milliseconds lease{0};
-    std::chrono::seconds retention{0};
-    bool heartbeat = false;
-    Mode mode = Mode::kFastOnly;
-    bool fast_claimed = false;
-    bool degraded = false;
-    std::chrono::nanoseconds fast_claim{0};
-    std::chrono::nanoseconds durable{0};
-    std::chrono::nanoseconds handler{0};
-
-    detail::SteadyClock::time_point now() const noexcept {
-      return timed ? detail::SteadyClock::now() : detail::SteadyClock::time_point{};
-    }
-    std::chrono::nanoseconds since(detail::SteadyClock::time_point t) const noexcept {
-      return timed ? detail::since(t) : std::chrono::nanoseconds{0};
-    }
-  };
-
-  template <class R>
-  static DurableHint hint(const Call<R>& call) noexcept {
-    DurableHint h;
-    h.fast_claimed = call.fast_claimed;
-    return h;
-  }
-
-  void check_options() const {
-    if (options_.lease.count() <= 0) {
-      throw UsageError("idem::IdempotencyGuard: GuardOptions::lease must be positive");
-    }
-    if (options_.retention.count() <= 0) {
-      throw UsageError("idem::IdempotencyGuard: GuardOptions::retention must be positive");
-    }
-  }
+  using Call = detail::CallState;
 
   template <class R, class Fn>
   GuardResult<R> run_fast_only(Call<R>& call, Fn& handler) {
@@ -638,16 +475,13 @@ class IdempotencyGuard {
     // In a fast-only guard the fast store is the only record: its failures propagate.
     bool completed = false;
     try {
-      completed = fast_->complete(call.key(), call.owner, bytes, call.retention);
+      completed = fast_->complete(call.key(), call.owner(), bytes, call.options.retention);
     } catch (const Error& e) {
       store_error(call.key(), StoreRole::kFast, e);
       throw;
     }
     if (!completed) {
-      note_lease_lost(call.key(), "fast");
-      throw LeaseLost("idem: the lease on '" + call.key().str() +
-                      "' expired and was taken over before the handler completed; "
-                      "raise GuardOptions::lease above the handler's duration");
+      throw core_.lease_lost(call, "fast");
     }
     return executed(call, std::move(value));
   }
@@ -680,8 +514,8 @@ class IdempotencyGuard {
       d = with_store_retry(
           call.key(),
           [&] {
-            return durable_->run_transactional(call.key(), call.fingerprint, call.owner,
-                                               call.retention, body, hint(call));
+            return durable_->run_transactional(call.key(), call.fingerprint(), call.owner(),
+                                               call.options.retention, body, call.hint());
           },
           &handler_threw);
     } catch (...) {
@@ -703,18 +537,8 @@ class IdempotencyGuard {
     if (d.status == TransactionalStatus::kCommitted) {
       if (d.took_over) note_takeover(call.key(), "durable");
       step(Step::kDurableCommitted, call.key());
-      ClaimResult c;
-      c.response = std::move(d.response);
-      return after_durable<R>(call, c, std::move(value));
     }
-    ClaimResult c;
-    c.status = d.status == TransactionalStatus::kReplayed   ? ClaimStatus::kDone
-               : d.status == TransactionalStatus::kMismatch ? ClaimStatus::kMismatch
-                                                            : ClaimStatus::kBusy;
-    c.response = std::move(d.response);
-    c.failed = d.failed;
-    c.holder = std::move(d.holder);
-    c.first_seen = d.first_seen;
+    ClaimResult c = detail::claim_of(d);
     return after_durable<R>(call, c, std::move(value));
   }
 
@@ -724,7 +548,8 @@ class IdempotencyGuard {
     ClaimResult d;
     try {
       d = with_store_retry(call.key(), [&] {
-        return durable_->begin(call.key(), call.fingerprint, call.owner, call.lease, hint(call));
+        return durable_->begin(call.key(), call.fingerprint(), call.owner(), call.options.lease,
+                               call.hint());
       });
     } catch (...) {
       call.durable = call.since(t0);
@@ -749,7 +574,7 @@ class IdempotencyGuard {
       call.handler = call.since(h0);
       // Release the durable claim first: once it is gone a retry may run at once.
       try {
-        durable_->release(call.key(), call.owner);
+        durable_->release(call.key(), call.owner());
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
         durable_failed(call.key());
@@ -765,7 +590,7 @@ class IdempotencyGuard {
     bool completed = false;
     try {
       completed = with_store_retry(call.key(), [&] {
-        return durable_->complete(call.key(), call.owner, bytes, call.retention);
+        return durable_->complete(call.key(), call.owner(), bytes, call.options.retention);
       });
     } catch (...) {
       durable_failed(call.key());
@@ -774,10 +599,7 @@ class IdempotencyGuard {
     call.durable += call.since(c0);
     if (!completed) {
       release_fast(call);
-      note_lease_lost(call.key(), "durable");
-      throw LeaseLost("idem: the lease on '" + call.key().str() +
-                      "' expired and was taken over before the handler completed; "
-                      "raise GuardOptions::lease above the handler's duration");
+      throw core_.lease_lost(call, "durable");
     }
     step(Step::kDurableCommitted, call.key());
     d.status = ClaimStatus::kClaimed;
@@ -785,37 +607,18 @@ class IdempotencyGuard {
     return after_durable<R>(call, d, std::move(value));
   }
 
-  // Steps 4 and the durable store's duplicate answers, shared by both durable modes.
+  // Step 4 and the durable store's duplicate answers, shared by both durable modes: the core
+  // decides what the fast store does, this guard does it (blocking), then answers.
   template <class R>
   GuardResult<R> after_durable(Call<R>& call, ClaimResult& d, std::optional<R> value) {
-    switch (d.status) {
-      case ClaimStatus::kClaimed:
-        complete_fast(call, d.response);
-        return executed(call, std::move(value));
-      case ClaimStatus::kDone:
-        // The fast store let a completed key through (it lost the record, was down, or this
-        // guard has none): refill it so the next duplicate stops at the entrance again.
-        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-        complete_fast(call, d.response);
-        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
-      case ClaimStatus::kBusy:
-      case ClaimStatus::kMismatch:
-        stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-        release_fast(call);
-        return duplicate(call, d, Source::kDurableStore, options_.durable_source);
-    }
-    throw StorageError("idem: unknown claim status from the durable store");
+    follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status)), d.response);
+    if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));
+    return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
   }
 
   template <class R>
   GuardResult<R> executed(Call<R>& call, std::optional<R> value) {
-    count_outcome(Outcome::kExecuted);
-    GuardResult<R> r;
-    r.outcome = Outcome::kExecuted;
-    r.value = std::move(value);
-    r.source = Source::kHandler;
-    r.degraded = call.degraded;
-    emit_call(call, r);
+    GuardResult<R> r = core_.template executed<R>(call, std::move(value));
     notify_waiters();
     return r;
   }
@@ -824,133 +627,63 @@ class IdempotencyGuard {
   // Consumes `c` (its strings move into the result: no copies on the replay path).
   GuardResult<R> duplicate(Call<R>& call, ClaimResult& c, Source source,
                            DuplicateSource dup_source) {
-    GuardResult<R> r;
-    r.source = source;
-    r.degraded = call.degraded;
-    r.first_seen = c.first_seen;
-    switch (c.status) {
-      case ClaimStatus::kDone:
-        r.outcome = Outcome::kReplayed;
-        try {
-          if constexpr (std::is_same_v<R, std::string>) {
-            r.value.emplace(std::move(c.response));  // Codec<std::string> is the identity
-          } else {
-            r.value.emplace(Codec<R>::decode(c.response));
-          }
-        } catch (const std::exception& e) {
-          CorruptRecord corrupt("idem: the stored response of '" + call.key().str() +
-                                "' cannot be decoded: " + e.what());
-          store_error(call.key(),
-                      source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
-                      corrupt);
-          throw corrupt;
-        }
-        break;
-      case ClaimStatus::kBusy:
-        r.outcome = Outcome::kInProgress;
-        break;
-      case ClaimStatus::kMismatch:
-        r.outcome = Outcome::kFingerprintMismatch;
-        break;
-      case ClaimStatus::kClaimed:
-        throw StorageError("idem: internal error: a claim is not a duplicate");
-    }
-    count_outcome(r.outcome);
-    if (auto* o = options_.observer.get()) {
-      o->on_duplicate(DuplicateEvent{call.key(), r.outcome, dup_source, c.first_seen, c.holder});
-    }
-    r.holder = std::move(c.holder);
-    emit_call(call, r);
-    return r;
+    return core_.template duplicate<R>(call, detail::DuplicateAnswer::from(c), source, dup_source);
   }
 
-  template <class R>
-  void emit_call(Call<R>& call, const GuardResult<R>& r) {
-    if (auto* o = options_.observer.get()) {
-      CallEvent e{call.key(),   r.outcome,     call.mode,
-                  r.source,     call.degraded, call.fast_claim,
-                  call.durable, call.handler,  call.since(call.start)};
-      e.fast_claimed = call.fast_claimed;
-      o->on_call(e);
-    }
-  }
-
-  template <class R>
-  void complete_fast(Call<R>& call, std::string_view response) {
-    if (fast_ == nullptr) return;
+  // The fast follow-up the core chose (complete, fill, release or nothing).
+  void follow_up(detail::CallState& call, detail::FastNext next, std::string_view response) {
+    using detail::FastNext;
+    if (next == FastNext::kRelease) return release_fast(call);
     try {
-      if (call.fast_claimed) {
-        if (fast_->complete(call.key(), call.owner, response, call.retention)) {
-          step(Step::kFastCompleted, call.key());
-          return;
-        }
-        // Our fast claim expired and was taken over (or released) while the durable store
-        // decided. The durable answer stands; overwrite the fast record with it.
-      } else if (call.degraded) {
-        return;  // the fast store failed moments ago; do not pay a second timeout
+      if (next == FastNext::kComplete) {
+        next = core_.fast_complete_answered(
+            call, fast_->complete(call.key(), call.owner(), response, call.options.retention));
       }
-      fast_->fill(call.key(), call.fingerprint, response, call.retention);
-      stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
-      step(Step::kFastCompleted, call.key());
+      if (next == FastNext::kFill) {
+        // Our fast claim expired and was taken over (or released) while the durable store
+        // decided, or the fast store lost the record: the durable answer stands.
+        fast_->fill(call.key(), call.fingerprint(), response, call.options.retention);
+        core_.fast_filled(call);
+      }
     } catch (const StorageError& e) {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
-      fast_failed(call.key(), e);
+      core_.fast_follow_up_failed(call, e);
     }
   }
 
-  template <class R>
-  void release_fast(Call<R>& call) noexcept {
-    if (fast_ == nullptr || !call.fast_claimed) return;
+  void release_fast(detail::CallState& call) noexcept {
+    if (core_.release_next(call) != detail::FastNext::kRelease) return;
     try {
-      fast_->release(call.key(), call.owner);
+      fast_->release(call.key(), call.owner());
     } catch (const StorageError& e) {
       // The claim ends with its lease; duplicates answer "in progress" until then.
-      fast_failed(call.key(), e);
+      core_.fast_follow_up_failed(call, e);
     } catch (...) {
     }
   }
 
-  template <class R>
-  void handler_failed(Call<R>& call) {
+  void handler_failed(detail::CallState& call) {
     release_fast(call);
-    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(call.key());
+    core_.handler_failed(call);
     notify_waiters();  // the key is free again: a waiter may run it
   }
 
-  // The outcome's counter (run() and report() alike).
-  void count_outcome(Outcome o) noexcept {
-    switch (o) {
-      case Outcome::kExecuted:
-        stats_.executed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kReplayed:
-        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kInProgress:
-        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case Outcome::kFingerprintMismatch:
-        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
-        break;
-    }
-  }
-
+  void count_outcome(Outcome o) noexcept { core_.count_outcome(o); }
   // What every reported call counts, as run() counts it before it knows the outcome.
   void count_reported(const ReportedCall& c) noexcept {
-    stats_.calls.fetch_add(1, std::memory_order_relaxed);
-    if (c.fast_claimed) stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
-    if (c.degraded) stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+    core_.count_call(c.fast_claimed, c.degraded);
   }
-
-  void step(Step s, const Key& key) {
-    if (options_.step_hook) options_.step_hook(s, key);
+  void step(Step s, const Key& key) { core_.step(s, key); }
+  void note_takeover(const Key& key, std::string_view store) { core_.takeover(key, store); }
+  void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
+    core_.store_error(key, role, e);
   }
-
-  void note_takeover(const Key& key, std::string_view store) {
-    stats_.takeovers.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_takeover(key, store);
+  // Called inside a catch block: reports the durable store's exception in flight.
+  void durable_failed(const Key& key) noexcept { core_.durable_failed(key); }
+  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
+    core_.fast_burst(key, e, calls);
   }
+  void fast_ok() noexcept { core_.fast_ok(); }
 
   // --- heartbeat (GuardOptions::heartbeat) ----------------------------------------------------
   // The claims of one running handler, extended by the guard's heartbeat thread.
@@ -972,16 +705,15 @@ class IdempotencyGuard {
   // Registers the claims of `call` for the heartbeat while it lives (the handler's run).
   class Beating {
    public:
-    template <class R>
-    Beating(IdempotencyGuard& g, const Call<R>& call, bool durable_record) : g_(g) {
-      if (!call.heartbeat) return;
+    Beating(IdempotencyGuard& g, const detail::CallState& call, bool durable_record) : g_(g) {
+      if (!call.options.heartbeat) return;
       bool durable = false;
       if constexpr (kHasDurable && detail::has_extend<Durable>::value) durable = durable_record;
       (void)durable_record;
       const bool fast = g.fast_ != nullptr && (call.fast_claimed || call.mode == Mode::kFastOnly);
       if (!fast && !durable) return;
-      beat_ = std::make_shared<Beat>(call.key(), call.owner, call.lease, fast, durable);
-      beat_->next = detail::SteadyClock::now() + beat_period(call.lease);
+      beat_ = std::make_shared<Beat>(call.key(), call.owner(), call.options.lease, fast, durable);
+      beat_->next = detail::SteadyClock::now() + beat_period(call.options.lease);
       g_.start_beating(beat_);
     }
     ~Beating() {
@@ -1042,7 +774,7 @@ class IdempotencyGuard {
       try {
         if (!fast_->extend(b.key, b.owner, b.lease)) {
           b.fast = false;
-          note_lease_lost(b.key, "fast");
+          core_.note_lease_lost(b.key, "fast");
         }
       } catch (const UsageError& e) {
         b.fast = false;  // this fast store cannot extend leases
@@ -1057,7 +789,7 @@ class IdempotencyGuard {
         try {
           if (!durable_->extend(b.key, b.owner, b.lease)) {
             b.durable = false;
-            note_lease_lost(b.key, "durable");
+            core_.note_lease_lost(b.key, "durable");
           }
         } catch (const Error& e) {
           store_error(b.key, StoreRole::kDurable, e);
@@ -1067,60 +799,9 @@ class IdempotencyGuard {
     }
   }
 
-  void note_lease_lost(const Key& key, std::string_view store) {
-    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
-  }
-
-  // Every store failure reaches the observer (on_store_error) with the key and its errc.
-  void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
-    auto* o = options_.observer.get();
-    if (o == nullptr) return;
-    std::string_view store = role == StoreRole::kFast ? fast_->name() : durable_name();
-    o->on_store_error(StoreErrorEvent{&key, role, store, e});
-  }
-  // Called inside a catch block: reports the durable store's exception in flight.
-  void durable_failed(const Key& key) noexcept {
-    if (options_.observer == nullptr) return;
-    try {
-      throw;
-    } catch (const Error& e) {
-      store_error(key, StoreRole::kDurable, e);
-    } catch (...) {
-    }
-  }
-  std::string_view durable_name() const noexcept {
-    if constexpr (kHasDurable) {
-      return durable_->name();
-    } else {
-      return "none";
-    }
-  }
-
-  // Degraded-mode bookkeeping: count every failing call, report once per burst.
-  void fast_failed(const Key& key, const Error& e) noexcept {
-    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
-    fast_burst(key, e);
-  }
-  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
-    store_error(key, StoreRole::kFast, e);
-    burst_failures_.fetch_add(calls, std::memory_order_relaxed);
-    if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
-      if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
-    }
-  }
-  void fast_ok() noexcept {
-    if (fast_down_.load(std::memory_order_relaxed) &&
-        fast_down_.exchange(false, std::memory_order_acq_rel)) {
-      auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
-      if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
-    }
-  }
-
   FastStore* fast_;
   Durable* durable_;
-  GuardOptions options_;
-  GuardStats stats_;
+  detail::GuardCore core_;
   std::atomic<bool> bypass_warned_{false};
   // wait_for_first: calls waiting for a key's first result, woken by completions of this guard.
   std::atomic<int> waiting_{0};
@@ -1135,8 +816,6 @@ class IdempotencyGuard {
   const Beat* beating_ = nullptr;  // the claim being extended right now
   bool beat_stop_ = false;
   std::thread beat_thread_;
-  std::atomic<bool> fast_down_{false};
-  std::atomic<std::uint64_t> burst_failures_{0};
 };
 
 /// `IdempotencyGuard guard{fast}` deduces a fast-store-only guard.

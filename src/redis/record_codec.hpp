@@ -36,14 +36,19 @@
 
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include "idem/clock.hpp"
 #include "idem/detail/packed_fingerprint.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
+#include "idem/store.hpp"
 
 namespace idem::redis::detail {
 
@@ -311,6 +316,60 @@ inline bool decode(std::string_view v, Decoded& out) {
     return false;
   }
   return out.status != 'P' || out.response.empty();
+}
+
+/// The in-progress record a claim of `owner` writes now for `lease` (append_claim_record).
+template <class Out>
+void append_new_claim(Out& out, std::string_view owner, std::string_view fingerprint,
+                      std::chrono::milliseconds lease, std::size_t& owner_end) {
+  const long long now = to_millis(system_now());
+  append_claim_record(out, owner, fingerprint, now, now + lease.count(), owner_end);
+}
+
+/// What an existing record a claim found means to `owner`'s claim with `fingerprint`, by the
+/// rulebook: mismatch / done / busy, or `owner`'s own claim (kept). A key that exists holds a
+/// live lease (its TTL is the lease) or a record within its retention. false: not an idem
+/// record (the caller reports CorruptRecord).
+inline bool answer_found(std::string_view existing, std::string_view fingerprint,
+                         const OwnerToken& owner, ClaimResult& result) {
+  Decoded d;
+  if (!decode(existing, d)) return false;
+  idem::detail::FoundRecord f;
+  f.status = *idem::detail::record_status_from_letter(d.status);
+  f.fingerprint = d.fingerprint;
+  f.owner = d.owner;
+  f.response = d.response;
+  f.created_at = from_millis(d.created);
+  f.lease_live = f.status == Record::Status::kInProgress;
+  result = std::move(idem::detail::decide_claim(f, fingerprint, owner.str()).result);
+  return true;
+}
+
+/// The Record of a decoded value and its PTTL (ms; negative: no TTL).
+inline Record record_of(const Decoded& d, long long pttl) {
+  const TimePoint now = system_now();
+  Record rec;
+  rec.status = *idem::detail::record_status_from_letter(d.status);
+  rec.fingerprint = std::string(d.fingerprint);
+  rec.owner = std::string(d.owner);
+  rec.response = std::string(d.response);
+  rec.created_at = from_millis(d.created);
+  rec.updated_at = rec.created_at;
+  const TimePoint until = pttl >= 0 ? now + std::chrono::milliseconds(pttl) : TimePoint::max();
+  if (rec.status == Record::Status::kInProgress) {
+    rec.lease_until = until;
+  } else {
+    rec.expires_at = until;
+  }
+  return rec;
+}
+
+/// The Record of a lookup's encoded value and PTTL (ms; negative: no TTL). nullopt: not an
+/// idem record.
+inline std::optional<Record> record_of(std::string_view value, long long pttl) {
+  Decoded d;
+  if (!decode(value, d)) return std::nullopt;
+  return record_of(d, pttl);
 }
 
 }  // namespace idem::redis::detail

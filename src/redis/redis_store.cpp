@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "command_parts.hpp"
 #include "errors.hpp"
 #include "hiredis_handles.hpp"
 #include "idem/detail/record_rules.hpp"
@@ -31,50 +32,13 @@
 namespace idem::redis {
 namespace {
 
+using detail::ClaimPrefix;
 using detail::Failure;
+using detail::Num;
+using detail::RedisKey;
 using detail::ReplyUPtr;
-
-// A decimal integer formatted on the stack (no allocation per call).
-class Num {
- public:
-  explicit Num(long long value) noexcept {
-    auto res = std::to_chars(buf_.data(), buf_.data() + buf_.size(), value);
-    len_ = static_cast<std::size_t>(res.ptr - buf_.data());
-  }
-  std::string_view view() const noexcept { return {buf_.data(), len_}; }
-
- private:
-  std::array<char, 24> buf_{};
-  std::size_t len_ = 0;
-};
-
-// Bytes built on the stack when they fit (keys and claim records of ordinary size do), else
-// on the heap: no allocation per call on the hot path.
-class SmallBuf {
- public:
-  SmallBuf() = default;
-  SmallBuf(const SmallBuf&) = delete;
-  SmallBuf& operator=(const SmallBuf&) = delete;
-  SmallBuf& append(std::string_view s) {
-    if (heap_.empty() && size_ + s.size() <= inline_.size()) {
-      std::memcpy(inline_.data() + size_, s.data(), s.size());
-    } else {
-      if (heap_.empty()) heap_.assign(inline_.data(), size_);
-      heap_.append(s.data(), s.size());
-    }
-    size_ += s.size();
-    return *this;
-  }
-  SmallBuf& append(char c) { return append(std::string_view(&c, 1)); }
-  std::string_view view() const noexcept {
-    return heap_.empty() ? std::string_view(inline_.data(), size_) : std::string_view(heap_);
-  }
-
- private:
-  std::array<char, 320> inline_;
-  std::string heap_;
-  std::size_t size_ = 0;
-};
+using detail::Script;
+using detail::SmallBuf;
 
 // The byte strings of one batch call in one buffer: add() while building (the buffer may move,
 // so slots are offsets), then view() once building is done. No allocation per message.
@@ -96,28 +60,6 @@ class BatchBuffer {
  private:
   std::string bytes_;
   std::vector<std::pair<std::size_t, std::size_t>> slots_;  // offset, length
-};
-
-// prefix + "{" + scope + "|" + id + "}" (always inline with the default prefix: at most
-// 5 + 1 + 64 + 1 + 128 + 1 = 200 bytes).
-class RedisKey : public SmallBuf {
- public:
-  RedisKey(const std::string& prefix, const Key& key) {
-    append(prefix).append('{').append(key.scope()).append(kKeySeparator).append(key.id());
-    append('}');
-  }
-};
-
-// The prefix of `owner`'s in-progress record (record_codec.hpp), in format 2 or format 1.
-class ClaimPrefix : public SmallBuf {
- public:
-  explicit ClaimPrefix(const OwnerToken& owner, int format = 2) {
-    if (format == 2) {
-      detail::append_claim_prefix(*this, owner.str());
-    } else {
-      detail::append_v1_claim_prefix(*this, owner.str());
-    }
-  }
 };
 
 // Formats one command as RESP ("*<argc>\r\n" then "$<len>\r\n<arg>\r\n" per argument) on the
@@ -167,24 +109,6 @@ struct LastBatch {
   std::size_t next = 0;  // where find_held looks first (completions come in claim order)
 };
 thread_local LastBatch last_batch;
-
-struct Script {
-  explicit Script(const char* source) : text(source) {
-    std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-    unsigned int len = 0;
-    if (EVP_Digest(text.data(), text.size(), md.data(), &len, EVP_sha1(), nullptr) != 1 ||
-        len != 20) {
-      throw StorageError("idem::redis: cannot compute the SHA-1 of a script");
-    }
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (unsigned i = 0; i < 20; ++i) {
-      sha[2 * i] = kHex[md[i] >> 4];
-      sha[2 * i + 1] = kHex[md[i] & 0x0F];
-    }
-  }
-  std::string text;
-  std::array<char, 40> sha{};
-};
 
 enum class Op { kClaim, kComplete, kFail, kRelease, kExtend, kFill, kLookup };
 
@@ -570,20 +494,7 @@ class IDEM_LOCAL RedisStore::Impl {
     Decoded d;
     if (!decode(text_of(r->element[0]), d)) corrupt(Op::kLookup, rk, "not an idem record");
     const long long pttl = r->element[1]->integer;
-    Record rec;
-    rec.status = *idem::detail::record_status_from_letter(d.status);
-    rec.fingerprint = std::string(d.fingerprint);
-    rec.owner = std::string(d.owner);
-    rec.response = std::string(d.response);
-    rec.created_at = from_millis(d.created);
-    rec.updated_at = rec.created_at;
-    const TimePoint until =
-        pttl >= 0 ? system_now() + std::chrono::milliseconds(pttl) : TimePoint::max();
-    if (rec.status == Record::Status::kInProgress) {
-      rec.lease_until = until;
-    } else {
-      rec.expires_at = until;
-    }
+    Record rec = detail::record_of(d, pttl);
     if (ticket != nullptr && rec.status == Record::Status::kCompleted) {
       // Kept only if the node serving the key now is heard (tracked by the tier).
       try {
@@ -600,9 +511,7 @@ class IDEM_LOCAL RedisStore::Impl {
   static void build_claim_record(SmallBuf& record, const OwnerToken& owner,
                                  std::string_view fingerprint, std::chrono::milliseconds lease,
                                  std::size_t& owner_end) {
-    const long long now = to_millis(system_now());
-    detail::append_claim_record(record, owner.str(), fingerprint, now, now + lease.count(),
-                                owner_end);
+    detail::append_new_claim(record, owner.str(), fingerprint, lease, owner_end);
   }
 
   static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
@@ -622,16 +531,9 @@ class IDEM_LOCAL RedisStore::Impl {
   // is the lease) or a record within its retention.
   static void answer(std::string_view existing, std::string_view fingerprint,
                      const OwnerToken& owner, std::string_view rk, ClaimResult& result) {
-    Decoded d;
-    if (!decode(existing, d)) corrupt(Op::kClaim, rk, "not an idem record");
-    idem::detail::FoundRecord f;
-    f.status = *idem::detail::record_status_from_letter(d.status);
-    f.fingerprint = d.fingerprint;
-    f.owner = d.owner;
-    f.response = d.response;
-    f.created_at = from_millis(d.created);
-    f.lease_live = f.status == Record::Status::kInProgress;
-    result = std::move(idem::detail::decide_claim(f, fingerprint, owner.str()).result);
+    if (!detail::answer_found(existing, fingerprint, owner, result)) {
+      corrupt(Op::kClaim, rk, "not an idem record");
+    }
   }
 
   // The claim of `owner` on `rk` this thread made last (single or in its last batch), not yet

@@ -29,7 +29,7 @@ std::uint16_t crc16(std::string_view bytes) noexcept;
 
 /// The hash slot of `key` per the Redis Cluster spec: CRC16 of the part between the first '{'
 /// and the next '}' when that part is non-empty, else of the whole key; mod 16384.
-std::uint16_t key_slot(std::string_view key) noexcept;
+IDEM_EXPORT std::uint16_t key_slot(std::string_view key) noexcept;
 
 /// A `-MOVED <slot> <host>:<port>` or `-ASK <slot> <host>:<port>` error reply, parsed.
 struct Redirect {
@@ -40,7 +40,7 @@ struct Redirect {
 };
 
 /// Parses a MOVED or ASK error text; nullopt for any other text.
-std::optional<Redirect> parse_redirect(std::string_view error_text);
+IDEM_EXPORT std::optional<Redirect> parse_redirect(std::string_view error_text);
 
 /// Which layout a RedisStoreOptions::uri names.
 struct Topology {
@@ -57,7 +57,7 @@ struct Topology {
 /// Parses `redis://`, `tcp://`, `unix://` (see parse_uri), `redis-cluster://[[user]:password@]
 /// h:p[,h:p...]` and `redis-sentinel://[[user]:password@]h:p[,h:p...]/<service>[/db]`.
 /// @throws idem::UsageError naming what is wrong (the password is never echoed).
-Topology parse_topology(std::string_view uri);
+IDEM_EXPORT Topology parse_topology(std::string_view uri);
 
 /// Routes commands and keeps the pools (never freed before the router: a Pool* stays valid).
 /// Thread-safe. Re-discovery (slot map, Sentinel master) runs on a calling thread, at most once

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: MIT
+// idem::async::WorkerPool: a bounded pool of threads for the work that must block (SQLite and
+// MySQL statements, transactional handlers, synchronous two-phase handlers), with completions
+// posted back to the caller's executor.
+//
+// File: async/worker_pool.hpp
+//
+// An event-loop thread never waits for a database: the guard hands such work to this pool and
+// goes on serving other connections; when the work is done, its result is posted to the
+// executor the caller named (the loop), where the call continues. Bounded twice:
+//
+//   * `threads` threads run jobs (blocking work in flight is at most that many);
+//   * at most `max_queued` jobs wait for a thread; a job submitted beyond that is refused at
+//     once with idem::StorageUnavailable ("worker pool full"), so an overload is answered
+//     (HTTP 503, retryable) instead of queueing without limit.
+//
+// While a job runs or waits, the caller's executor counts as having outstanding work, so an
+// `io_context::run()` does not return under it.
+//
+// @code
+//   idem::async::WorkerPool pool{{.threads = 4}};
+//   idem::async::async_submit(pool, io.get_executor(), [] { return slow_query(); },
+//       [](std::exception_ptr e, int rows) { ... });          // runs on io's thread
+//   int rows = co_await idem::async::async_submit(pool, ex, work, net::use_awaitable);
+// @endcode
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "idem/async/function.hpp"
+#include "idem/async/net.hpp"
+#include "idem/errors.hpp"
+
+namespace idem::async {
+
+/// Sizes of a WorkerPool.
+struct WorkerPoolOptions {
+  /// Threads running jobs. 0 means 4.
+  std::size_t threads = 4;
+  /// Most jobs waiting for a thread; one more is refused (StorageUnavailable). 0 means 1024.
+  std::size_t max_queued = 1024;
+};
+
+/// Counters of a WorkerPool.
+struct WorkerPoolStats {
+  std::uint64_t submitted = 0;      ///< jobs accepted
+  std::uint64_t rejected = 0;       ///< jobs refused because the queue was full
+  std::uint64_t completed = 0;      ///< jobs that ran (returned or threw)
+  std::size_t queued = 0;           ///< jobs waiting now
+  std::size_t running = 0;          ///< jobs running now
+  std::size_t max_queued_seen = 0;  ///< the longest the queue has been
+};
+
+/// A bounded pool of worker threads (see the file comment). Thread-safe.
+class WorkerPool {
+ public:
+  /// Starts the threads.
+  explicit WorkerPool(WorkerPoolOptions options = {}) : options_(normalise(options)) {
+    threads_.reserve(options_.threads);
+    for (std::size_t i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  /// Runs the jobs already queued, then joins the threads. Jobs must not submit to a pool
+  /// being destroyed.
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  /// Queues `job` for a thread. @return false (nothing queued, `job` not run) when
+  /// `max_queued` jobs wait.
+  bool try_post(Function<void()> job) {
+    if (!admit()) return false;
+    enqueue(std::move(job));
+    return true;
+  }
+
+  /// Runs `work()` on a thread of the pool, then `done(error, value)` on `executor`:
+  /// `done(std::exception_ptr, std::optional<R>)` (value set when work returned) for a work
+  /// returning R, `done(std::exception_ptr)` for a void one. A full queue calls done with
+  /// idem::StorageUnavailable (posted, never inline). `executor` is any Asio executor.
+  template <class Ex, class Work, class Done>
+  void submit(const Ex& executor, Work work, Done done) {
+    using R = std::invoke_result_t<Work&>;
+    // Outstanding work on the caller's executor until `done` has run there.
+    auto tracked = net::prefer(executor, net::execution::outstanding_work.tracked);
+    if (!admit()) {
+      std::exception_ptr full = std::make_exception_ptr(StorageUnavailable(
+          "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
+          " jobs waiting for " + std::to_string(options_.threads) + " threads)"));
+      net::post(tracked, [done = std::move(done), full]() mutable {
+        if constexpr (std::is_void_v<R>) {
+          done(full);
+        } else {
+          done(full, std::optional<R>());
+        }
+      });
+      return;
+    }
+    enqueue([tracked, work = std::move(work), done = std::move(done)]() mutable {
+      std::exception_ptr error;
+      if constexpr (std::is_void_v<R>) {
+        try {
+          work();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        net::post(tracked, [done = std::move(done), error]() mutable { done(error); });
+      } else {
+        std::optional<R> value;
+        try {
+          value.emplace(work());
+        } catch (...) {
+          error = std::current_exception();
+        }
+        net::post(tracked, [done = std::move(done), error, value = std::move(value)]() mutable {
+          done(error, std::move(value));
+        });
+      }
+    });
+  }
+
+  /// The options in force (zeros replaced).
+  const WorkerPoolOptions& options() const noexcept { return options_; }
+
+  /// A snapshot of the counters.
+  WorkerPoolStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WorkerPoolStats s = stats_;
+    s.queued = queue_.size();
+    s.running = running_;
+    return s;
+  }
+
+ private:
+  static WorkerPoolOptions normalise(WorkerPoolOptions o) noexcept {
+    if (o.threads == 0) o.threads = 4;
+    if (o.max_queued == 0) o.max_queued = 1024;
+    return o;
+  }
+
+  // Reserves a place in the queue (false: full, or the pool is stopping).
+  bool admit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || queue_.size() + reserved_ >= options_.max_queued) {
+      ++stats_.rejected;
+      return false;
+    }
+    ++reserved_;
+    return true;
+  }
+
+  // Takes the place admit() reserved.
+  void enqueue(Function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --reserved_;
+      queue_.push_back(std::move(job));
+      ++stats_.submitted;
+      if (queue_.size() > stats_.max_queued_seen) stats_.max_queued_seen = queue_.size();
+    }
+    wake_.notify_one();
+  }
+
+  void loop() {
+    for (;;) {
+      Function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        ++running_;
+      }
+      job();  // never throws: the submitted wrappers catch
+      std::lock_guard<std::mutex> lock(mutex_);
+      --running_;
+      ++stats_.completed;
+    }
+  }
+
+  const WorkerPoolOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Function<void()>> queue_;
+  std::size_t running_ = 0;
+  std::size_t reserved_ = 0;
+  bool stopping_ = false;
+  WorkerPoolStats stats_;
+  std::vector<std::thread> threads_;
+};
+
+namespace detail {
+template <class R>
+struct SubmitSignature {
+  using type = void(std::exception_ptr, R);
+};
+template <>
+struct SubmitSignature<void> {
+  using type = void(std::exception_ptr);
+};
+}  // namespace detail
+
+/// Runs `work()` on `pool` and completes `token` with its result, Asio style: signature
+/// `void(std::exception_ptr, R)` (R must be default-constructible: it is passed empty with an
+/// error), or `void(std::exception_ptr)` for a void work. The completion runs on the token's
+/// associated executor, else on `executor`. Works with callbacks, `net::use_future` and, in
+/// C++20, `net::use_awaitable`.
+template <class Work, class Token>
+auto async_submit(WorkerPool& pool, const Executor& executor, Work work, Token&& token) {
+  using R = std::invoke_result_t<Work&>;
+  using Signature = typename detail::SubmitSignature<R>::type;
+  return net::async_initiate<Token, Signature>(
+      [&pool, executor](auto handler, Work w) {
+        auto ex = net::get_associated_executor(handler, executor);
+        if constexpr (std::is_void_v<R>) {
+          pool.submit(ex, std::move(w),
+                      [h = std::move(handler)](std::exception_ptr e) mutable { h(e); });
+        } else {
+          pool.submit(ex, std::move(w),
+                      [h = std::move(handler)](std::exception_ptr e, std::optional<R> v) mutable {
+                        h(e, v ? std::move(*v) : R{});
+                      });
+        }
+      },
+      token, std::move(work));
+}
+
+}  // namespace idem::async

@@ -1,0 +1,482 @@
+// SPDX-License-Identifier: MIT
+// The guard's decisions, written once for every driver of the protocol.
+//
+// File: detail/guard_core.hpp (internal: idem::IdempotencyGuard and idem::async::AsyncGuard
+// include it, services do not)
+//
+// A driver performs the round trips (a blocking call, or an asynchronous one whose completion
+// comes back later); `GuardCore` decides what each answer means and what comes next, keeps the
+// counters (GuardStats) and tells the Observer. The state of one call lives in a `CallState`
+// that the driver passes to every step explicitly (no thread-locals), so the steps of one call
+// may run on different threads, one after another.
+//
+//   step                         driver calls                 the core answers / records
+//   call begins                  start(c)                     calls counted, clock started
+//   fast claim answered          fast_claim_answered(c, r)    true: claimed (go on to the
+//                                                             durable store); false: a
+//                                                             duplicate (answer it)
+//   fast claim failed            fast_claim_failed(c, e)      degraded (durable store alone)
+//   durable store decided        durable_answered(c, a)       the fast follow-up: kComplete,
+//                                                             kFill, kRelease or kNothing
+//   fast complete answered       fast_complete_answered(c,ok) kFill when the claim was lost
+//   fast record filled           fast_filled(c)               refill counted
+//   fast follow-up failed        fast_follow_up_failed(c, e)  the burst of failures
+//   handler threw                handler_failed(c)            counted; then release (release_next)
+//   lease lost                   lease_lost(c, store)         the idem::LeaseLost to throw
+//   the answer                   executed<R>(c, v) /          the GuardResult, counted and
+//                                duplicate<R>(c, a, ...)      reported (on_duplicate, on_call)
+//
+// The record's own rules (what a found record means) are the stores' rulebook
+// (record_rules.hpp); these are the guard's: which store follows which, and what is counted.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "idem/clock.hpp"
+#include "idem/codec.hpp"
+#include "idem/durable_store.hpp"
+#include "idem/errors.hpp"
+#include "idem/guard_options.hpp"
+#include "idem/key.hpp"
+#include "idem/observer.hpp"
+#include "idem/outcome.hpp"
+#include "idem/store.hpp"
+
+namespace idem::detail {
+
+using SteadyClock = std::chrono::steady_clock;
+inline std::chrono::nanoseconds since(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t);
+}
+
+/// The lease, retention and heartbeat one call runs with (copied from GuardOptions at its
+/// start, or from its CallOptions).
+struct CallTerms {
+  std::chrono::milliseconds lease = kDefaultLease;
+  std::chrono::seconds retention = kDefaultRetention;
+  bool heartbeat = false;
+};
+
+/// The state of one guarded call, passed to every GuardCore step.
+///
+/// The key and fingerprint are views of the caller's (a blocking call outlives its steps);
+/// own() copies them for a call that outlives its caller's arguments (an asynchronous one).
+class CallState {
+ public:
+  CallState(const Key& key, std::string_view fingerprint, Mode m, CallTerms o, bool t,
+            OwnerToken owner = OwnerToken::generate())
+      : mode(m),
+        options(o),
+        timed(t),
+        key_(&key),
+        fingerprint_(fingerprint),
+        owner_(std::move(owner)) {}
+  CallState(const CallState&) = delete;
+  CallState& operator=(const CallState&) = delete;
+
+  /// The call's key.
+  const Key& key() const noexcept { return key_copy_ ? *key_copy_ : *key_; }
+  /// The payload's fingerprint ("" skips the check).
+  std::string_view fingerprint() const noexcept {
+    return owned_ ? std::string_view(fingerprint_copy_) : fingerprint_;
+  }
+  /// This attempt's owner token.
+  const OwnerToken& owner() const noexcept { return owner_; }
+  /// Copies the key and fingerprint into the call (idempotent).
+  void own() {
+    if (owned_) return;
+    key_copy_.emplace(*key_);
+    fingerprint_copy_.assign(fingerprint_.data(), fingerprint_.size());
+    owned_ = true;
+  }
+
+  Mode mode = Mode::kFastOnly;
+  CallTerms options;
+  bool fast_claimed = false;  ///< the fast store granted this call's claim
+  bool degraded = false;      ///< the fast store failed for this call
+  // Timings feed only the observer's CallEvent: without an observer the clock is not read.
+  bool timed = false;
+  SteadyClock::time_point start{};
+  std::chrono::nanoseconds fast_claim{0};
+  std::chrono::nanoseconds durable{0};
+  std::chrono::nanoseconds handler{0};
+
+  /// Now, or epoch for an untimed call.
+  SteadyClock::time_point now() const noexcept {
+    return timed ? SteadyClock::now() : SteadyClock::time_point{};
+  }
+  /// The time since `t`, or zero for an untimed call.
+  std::chrono::nanoseconds since(SteadyClock::time_point t) const noexcept {
+    return timed ? detail::since(t) : std::chrono::nanoseconds{0};
+  }
+  /// What the durable store may skip for this call (DurableHint).
+  DurableHint hint() const noexcept {
+    DurableHint h;
+    h.fast_claimed = fast_claimed;
+    return h;
+  }
+
+ private:
+  const Key* key_;
+  std::optional<Key> key_copy_;
+  std::string_view fingerprint_;
+  std::string fingerprint_copy_;
+  bool owned_ = false;
+  OwnerToken owner_;
+};
+
+/// What the fast store does after the durable store decided (or after a fast complete).
+enum class FastNext {
+  kNothing,   ///< nothing: answer
+  kComplete,  ///< complete this call's fast claim with the response
+  kFill,      ///< overwrite the fast record with the durable one
+  kRelease,   ///< release this call's fast claim
+};
+
+/// The durable store's answer, as the guard sees it.
+enum class DurableAnswer { kExecuted, kReplayed, kBusy, kMismatch };
+
+/// The DurableAnswer of a durable claim status (kClaimed: this call executed).
+constexpr DurableAnswer durable_answer(ClaimStatus s) noexcept {
+  switch (s) {
+    case ClaimStatus::kClaimed:
+      return DurableAnswer::kExecuted;
+    case ClaimStatus::kDone:
+      return DurableAnswer::kReplayed;
+    case ClaimStatus::kBusy:
+      return DurableAnswer::kBusy;
+    case ClaimStatus::kMismatch:
+      return DurableAnswer::kMismatch;
+  }
+  return DurableAnswer::kBusy;
+}
+
+/// The ClaimResult a durable store's transactional answer stands for (kCommitted: kClaimed).
+/// Consumes `d`'s strings.
+inline ClaimResult claim_of(TransactionalResult& d) {
+  ClaimResult c;
+  c.status = d.status == TransactionalStatus::kCommitted  ? ClaimStatus::kClaimed
+             : d.status == TransactionalStatus::kReplayed ? ClaimStatus::kDone
+             : d.status == TransactionalStatus::kMismatch ? ClaimStatus::kMismatch
+                                                          : ClaimStatus::kBusy;
+  c.response = std::move(d.response);
+  if (d.status != TransactionalStatus::kCommitted) {
+    c.failed = d.failed;
+    c.holder = std::move(d.holder);
+    c.first_seen = d.first_seen;
+  }
+  return c;
+}
+
+/// A duplicate's answer (what a store said about a record it holds).
+struct DuplicateAnswer {
+  Outcome outcome = Outcome::kReplayed;
+  std::string response;
+  std::string holder;
+  TimePoint first_seen{};
+  /// Consumes `c` (its strings move). @throws StorageError for kClaimed (not a duplicate).
+  static DuplicateAnswer from(ClaimResult& c) {
+    DuplicateAnswer a;
+    switch (c.status) {
+      case ClaimStatus::kDone:
+        a.outcome = Outcome::kReplayed;
+        break;
+      case ClaimStatus::kBusy:
+        a.outcome = Outcome::kInProgress;
+        break;
+      case ClaimStatus::kMismatch:
+        a.outcome = Outcome::kFingerprintMismatch;
+        break;
+      case ClaimStatus::kClaimed:
+        throw StorageError("idem: internal error: a claim is not a duplicate");
+    }
+    a.response = std::move(c.response);
+    a.holder = std::move(c.holder);
+    a.first_seen = c.first_seen;
+    return a;
+  }
+};
+
+/// The guard's decisions and bookkeeping (see the file comment). Thread-safe: its state is
+/// the counters and the fast store's up/down flag, all atomic.
+class GuardCore {
+ public:
+  /// `has_fast`: the guard has a fast store. `who` names the guard in UsageError messages; the
+  /// store names (FastStore::name, the durable store's name()) label StoreErrorEvent.
+  /// @throws UsageError when the lease or the retention is not positive.
+  GuardCore(bool has_fast, GuardOptions options, std::string_view who,
+            std::string_view fast_name = "none", std::string_view durable_name = "none")
+      : has_fast_(has_fast),
+        options_(std::move(options)),
+        fast_name_(fast_name),
+        durable_name_(durable_name) {
+    if (options_.lease.count() <= 0) {
+      throw UsageError(std::string(who) + ": GuardOptions::lease must be positive");
+    }
+    if (options_.retention.count() <= 0) {
+      throw UsageError(std::string(who) + ": GuardOptions::retention must be positive");
+    }
+  }
+
+  /// The options in force.
+  const GuardOptions& options() const noexcept { return options_; }
+  /// The counters.
+  const GuardStats& stats() const noexcept { return stats_; }
+  /// The counters, for what a driver counts itself (bypassed calls, waits, store retries).
+  GuardStats& counters() noexcept { return stats_; }
+  /// Whether an observer listens (drivers time their phases only then).
+  bool observed() const noexcept { return options_.observer != nullptr; }
+  /// A call's lease, retention and heartbeat.
+  CallTerms call_options() const noexcept {
+    return CallTerms{options_.lease, options_.retention, options_.heartbeat};
+  }
+  /// The label of duplicates the durable store catches.
+  DuplicateSource durable_source() const noexcept { return options_.durable_source; }
+
+  /// A call begins.
+  void start(CallState& c) noexcept {
+    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    c.start = c.now();
+  }
+
+  /// The fast store answered the claim: true when it was granted (go on), false when `r` is a
+  /// duplicate to answer. Throws what the step hook throws.
+  bool fast_claim_answered(CallState& c, const ClaimResult& r) {
+    fast_ok();
+    if (r.status != ClaimStatus::kClaimed) {
+      stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    c.fast_claimed = true;
+    stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
+    if (r.took_over) takeover(c.key(), "fast");
+    step(Step::kFastClaimed, c.key());
+    return true;
+  }
+  /// The fast claim failed: the call goes on degraded (a fast-only guard fails instead).
+  void fast_claim_failed(CallState& c, const Error& e) noexcept {
+    c.degraded = true;
+    fast_failed(c.key(), e);
+  }
+
+  /// The durable store decided: what the fast store does next.
+  FastNext durable_answered(const CallState& c, DurableAnswer a) noexcept {
+    if (a != DurableAnswer::kExecuted) {
+      stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (a == DurableAnswer::kBusy || a == DurableAnswer::kMismatch) return release_next(c);
+    return write_next(c);
+  }
+  /// The call gives up (busy, mismatch, a failure): release its fast claim, if it holds one.
+  FastNext release_next(const CallState& c) const noexcept {
+    return has_fast_ && c.fast_claimed ? FastNext::kRelease : FastNext::kNothing;
+  }
+  /// The durable store holds a completed record: write it to the fast store. A degraded call
+  /// does not (the fast store failed moments ago; do not pay a second timeout).
+  FastNext write_next(const CallState& c) const noexcept {
+    if (!has_fast_) return FastNext::kNothing;
+    if (c.fast_claimed) return FastNext::kComplete;
+    if (c.degraded) return FastNext::kNothing;
+    return FastNext::kFill;
+  }
+  /// The fast complete answered: when the claim expired and was taken over (or released)
+  /// while the durable store decided, the durable answer stands: overwrite (kFill).
+  FastNext fast_complete_answered(CallState& c, bool completed) {
+    if (!completed) return FastNext::kFill;
+    step(Step::kFastCompleted, c.key());
+    return FastNext::kNothing;
+  }
+  /// The fast record was overwritten with the durable one.
+  void fast_filled(CallState& c) {
+    stats_.fast_refills.fetch_add(1, std::memory_order_relaxed);
+    step(Step::kFastCompleted, c.key());
+  }
+  /// A fast complete, fill or release failed: the durable store replays from now on and the
+  /// next duplicate refills it (a release that failed ends with its lease).
+  void fast_follow_up_failed(CallState& c, const Error& e) noexcept { fast_failed(c.key(), e); }
+
+  /// The handler threw (the driver releases the claims).
+  void handler_failed(const CallState& c) noexcept { handler_error(c.key()); }
+  /// The handler of the call on `key` threw.
+  void handler_error(const Key& key) noexcept {
+    stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_handler_error(key);
+  }
+  /// A store took over an expired lease.
+  void takeover(const Key& key, std::string_view store) noexcept {
+    stats_.takeovers.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_takeover(key, store);
+  }
+  /// The call's lease was lost before it completed: counted, reported; the error to throw.
+  LeaseLost lease_lost(const CallState& c, std::string_view store) noexcept {
+    note_lease_lost(c.key(), store);
+    return LeaseLost("idem: the lease on '" + c.key().str() +
+                     "' expired and was taken over before the handler completed; "
+                     "raise GuardOptions::lease above the handler's duration");
+  }
+  /// The claim of `key` in `store` was found lost (taken over): counted, reported.
+  void note_lease_lost(const Key& key, std::string_view store) noexcept {
+    stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
+    if (auto* o = options_.observer.get()) o->on_lease_lost(key, store);
+  }
+  /// Runs the step hook (whatever it throws propagates).
+  void step(Step s, const Key& key) {
+    if (options_.step_hook) options_.step_hook(s, key);
+  }
+
+  /// The answer of a call whose handler ran and whose record is written.
+  template <class R>
+  GuardResult<R> executed(CallState& c, std::optional<R>&& value) {
+    count_outcome(Outcome::kExecuted);
+    GuardResult<R> r;
+    r.outcome = Outcome::kExecuted;
+    r.value = std::move(value);
+    r.source = Source::kHandler;
+    r.degraded = c.degraded;
+    emit_call(c, r.outcome, r.source);
+    return r;
+  }
+  /// The answer of a duplicate. @throws CorruptRecord if a stored response cannot be decoded.
+  template <class R>
+  GuardResult<R> duplicate(CallState& c, DuplicateAnswer&& a, Source source,
+                           DuplicateSource dup_source) {
+    GuardResult<R> r;
+    r.outcome = a.outcome;
+    r.source = source;
+    r.degraded = c.degraded;
+    r.first_seen = a.first_seen;
+    if (a.outcome == Outcome::kReplayed) {
+      try {
+        if constexpr (std::is_same_v<R, std::string>) {
+          r.value.emplace(std::move(a.response));  // Codec<std::string> is the identity
+        } else {
+          r.value.emplace(Codec<R>::decode(a.response));
+        }
+      } catch (const std::exception& e) {
+        CorruptRecord corrupt("idem: the stored response of '" + c.key().str() +
+                              "' cannot be decoded: " + e.what());
+        store_error(c.key(), source == Source::kFastStore ? StoreRole::kFast : StoreRole::kDurable,
+                    corrupt);
+        throw corrupt;
+      }
+    }
+    count_outcome(a.outcome);
+    if (auto* o = options_.observer.get()) {
+      o->on_duplicate(DuplicateEvent{c.key(), a.outcome, dup_source, a.first_seen, a.holder});
+    }
+    emit_call(c, a.outcome, source);
+    r.holder = std::move(a.holder);
+    return r;
+  }
+
+  // --- calls whose steps a caller ran itself, for a whole batch (IdempotencyGuard::report) --
+
+  /// What every call counts before its outcome is known.
+  void count_call(bool fast_claimed, bool degraded) noexcept {
+    stats_.calls.fetch_add(1, std::memory_order_relaxed);
+    if (fast_claimed) stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
+    if (degraded) stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// A duplicate the fast store recognised.
+  void count_fast_hit() noexcept { stats_.fast_hits.fetch_add(1, std::memory_order_relaxed); }
+  /// A duplicate the durable store recognised.
+  void count_durable_conflict() noexcept {
+    stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// A fast record rewritten from the durable store.
+  void count_refill() noexcept { stats_.fast_refills.fetch_add(1, std::memory_order_relaxed); }
+  /// The outcome's counter.
+  void count_outcome(Outcome o) noexcept {
+    switch (o) {
+      case Outcome::kExecuted:
+        stats_.executed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kReplayed:
+        stats_.replayed.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kInProgress:
+        stats_.in_progress.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case Outcome::kFingerprintMismatch:
+        stats_.mismatched.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+  }
+  /// The fast store failed for `calls` calls: a burst of failures begins (on_fast_store_down
+  /// once per burst). Count degraded calls with count_call / fast_claim_failed.
+  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
+    store_error(key, StoreRole::kFast, e);
+    burst_failures_.fetch_add(calls, std::memory_order_relaxed);
+    if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
+      if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
+    }
+  }
+  /// The fast store answered: closes a burst of failures (on_fast_store_recovered).
+  void fast_ok() noexcept {
+    if (fast_down_.load(std::memory_order_relaxed) &&
+        fast_down_.exchange(false, std::memory_order_acq_rel)) {
+      auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
+      if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
+    }
+  }
+
+  /// Every store failure reaches the observer (on_store_error) with the key and its errc.
+  void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
+    auto* o = options_.observer.get();
+    if (o == nullptr) return;
+    o->on_store_error(
+        StoreErrorEvent{&key, role, role == StoreRole::kFast ? fast_name_ : durable_name_, e});
+  }
+  /// The store in `role` failed with `e` (anything but an idem::Error is not reported).
+  void store_failed(const Key& key, StoreRole role, const std::exception_ptr& e) noexcept {
+    if (options_.observer == nullptr || !e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      store_error(key, role, x);
+    } catch (...) {
+    }
+  }
+  /// The durable store failed with `e`.
+  void durable_failed(const Key& key, const std::exception_ptr& e) noexcept {
+    store_failed(key, StoreRole::kDurable, e);
+  }
+  /// Inside a catch block: reports the durable store's exception in flight.
+  void durable_failed(const Key& key) noexcept {
+    if (options_.observer == nullptr) return;
+    durable_failed(key, std::current_exception());
+  }
+
+ private:
+  void emit_call(CallState& c, Outcome outcome, Source source) noexcept {
+    if (auto* o = options_.observer.get()) {
+      CallEvent e{c.key(),      outcome,   c.mode,    source,          c.degraded,
+                  c.fast_claim, c.durable, c.handler, c.since(c.start)};
+      e.fast_claimed = c.fast_claimed;
+      o->on_call(e);
+    }
+  }
+  // Degraded-mode bookkeeping: count every failing call, report once per burst.
+  void fast_failed(const Key& key, const Error& e) noexcept {
+    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+    fast_burst(key, e);
+  }
+
+  bool has_fast_;
+  GuardOptions options_;
+  std::string_view fast_name_;
+  std::string_view durable_name_;
+  GuardStats stats_;
+  std::atomic<bool> fast_down_{false};
+  std::atomic<std::uint64_t> burst_failures_{0};
+};
+
+}  // namespace idem::detail

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: MIT
+// AsyncGuard on the embedded stores: MemoryStore in front of SQLite on a worker pool, and SQLite
+// alone (no server needed).
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "async_guard_suite.hpp"
+#include "idem/async/pooled_durable.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+
+namespace {
+
+using idem::async::PooledDurable;
+using idem::sqlite::SqliteStore;
+
+struct SqliteBase {
+  using Durable = PooledDurable<SqliteStore>;
+  static const char* env_var() { return nullptr; }
+  explicit SqliteBase(const std::string&)
+      : sqlite(dir.file("async.db")), workers({4, 256}), pooled(sqlite, workers) {
+    sqlite.database().write([](idem::sqlite::Transaction& tx) {
+      tx.exec("CREATE TABLE idem_test_effects (key_id TEXT NOT NULL)");
+    });
+  }
+  Durable& durable() { return pooled; }
+  idem::async::WorkerPool& pool() { return workers; }
+  void insert_effect(idem::sqlite::Transaction& tx, const std::string& id) {
+    tx.exec("INSERT INTO idem_test_effects (key_id) VALUES (?)", id);
+  }
+  long count_effects(const std::string& id) {
+    return static_cast<long>(sqlite.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM idem_test_effects WHERE key_id = ?", id)
+          .value_or(-1);
+    }));
+  }
+  idem::test::TempDir dir;
+  SqliteStore sqlite;
+  idem::async::WorkerPool workers;
+  Durable pooled;
+};
+
+struct MemorySqlite : SqliteBase {
+  explicit MemorySqlite(const std::string& v) : SqliteBase(v), fast_adapter(memory) {}
+  idem::async::AsyncFastStore* fast() { return &fast_adapter; }
+  void forget_fast(const idem::Key&) { memory.clear(); }
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast_adapter;
+};
+
+struct SqliteOnly : SqliteBase {
+  using SqliteBase::SqliteBase;
+  idem::async::AsyncFastStore* fast() { return nullptr; }
+  void forget_fast(const idem::Key&) {}
+};
+
+}  // namespace
+
+namespace idem::test {
+using SqliteEnvs = ::testing::Types<MemorySqlite, SqliteOnly>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Embedded, AsyncGuardSuite, SqliteEnvs);
+}  // namespace idem::test
+
+namespace {
+
+// GuardOptions the asynchronous guard does not implement are refused at construction, typed,
+// on every constructor; the options it does implement construct.
+TEST(AsyncGuardOptionsTest, UnsupportedGuardOptionsAreRefusedAtConstruction) {
+  idem::async::net::io_context io;
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast{memory};
+  SqliteStore sqlite{":memory:"};
+  idem::async::WorkerPool pool;
+  PooledDurable<SqliteStore> durable{sqlite, pool};
+  using Guard = idem::async::AsyncGuard<PooledDurable<SqliteStore>>;
+  using FastOnly = idem::async::AsyncGuard<>;
+  std::vector<std::pair<std::string, std::function<void(idem::async::AsyncGuardOptions&)>>> bad = {
+      {"bypass", [](auto& o) { o.guard.bypass = true; }},
+      {"wait_for_result", [](auto& o) { o.guard.wait_for_result = std::chrono::milliseconds(5); }},
+      {"store_attempts", [](auto& o) { o.guard.store_attempts = 3; }},
+      {"heartbeat", [](auto& o) { o.guard.heartbeat = true; }},
+      {"timeout", [](auto& o) { o.timeout = std::chrono::milliseconds(-1); }}};
+  for (const auto& [field, set] : bad) {
+    idem::async::AsyncGuardOptions o;
+    set(o);
+    auto names_it = [&](const idem::UsageError& e) {
+      EXPECT_EQ(idem::errc::kInvalidArgument, e.code());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(field)) << e.what();
+    };
+    try {
+      Guard g{io.get_executor(), fast, durable, o};
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const idem::UsageError& e) {
+      names_it(e);
+    }
+    try {
+      Guard g{io.get_executor(), durable, o};
+      ADD_FAILURE() << field << " was accepted (durable only)";
+    } catch (const idem::UsageError& e) {
+      names_it(e);
+    }
+    try {
+      FastOnly g{io.get_executor(), fast, o};
+      ADD_FAILURE() << field << " was accepted (fast only)";
+    } catch (const idem::UsageError& e) {
+      names_it(e);
+    }
+  }
+  idem::async::AsyncGuardOptions fine;
+  fine.guard.store_attempts = 1;
+  fine.guard.lease = std::chrono::seconds(5);
+  fine.timeout = std::chrono::seconds(1);
+  EXPECT_NO_THROW((Guard{io.get_executor(), fast, durable, fine}));
+}
+
+}  // namespace

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: MIT
+// idem::async::WorkerPool: bounded threads and queue, completions on the caller's executor,
+// typed refusals, and the completion-token entry point (callbacks, futures).
+#include "idem/async/worker_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+using idem::async::WorkerPool;
+using idem::async::WorkerPoolOptions;
+namespace net = idem::async::net;
+using namespace std::chrono_literals;
+
+WorkerPoolOptions sized(std::size_t threads, std::size_t queued) {
+  WorkerPoolOptions o;
+  o.threads = threads;
+  o.max_queued = queued;
+  return o;
+}
+
+TEST(WorkerPoolTest, NeverRunsMoreJobsThanThreadsAndAnswersOnTheCallersThread) {
+  WorkerPool pool(sized(3, 100));
+  net::io_context io;
+  std::atomic<int> running{0}, peak{0};
+  int answered = 0;
+  bool all_on_loop = true;
+  std::thread::id loop_thread;
+  for (int i = 0; i < 30; ++i) {
+    pool.submit(
+        io.get_executor(),
+        [&, i] {
+          int now = ++running;
+          int p = peak.load();
+          while (now > p && !peak.compare_exchange_weak(p, now)) {
+          }
+          std::this_thread::sleep_for(5ms);
+          --running;
+          return i * 2;
+        },
+        [&, i](std::exception_ptr e, std::optional<int> v) {
+          EXPECT_FALSE(e);
+          EXPECT_EQ(i * 2, v.value_or(-1));
+          if (std::this_thread::get_id() != loop_thread) all_on_loop = false;
+          ++answered;
+        });
+  }
+  loop_thread = std::this_thread::get_id();
+  io.run();  // returns only once every completion ran (outstanding work is tracked)
+  EXPECT_EQ(30, answered);
+  EXPECT_TRUE(all_on_loop);
+  EXPECT_LE(peak.load(), 3);
+  EXPECT_GE(peak.load(), 2) << "the jobs should overlap";
+  auto s = pool.stats();
+  EXPECT_EQ(30u, s.submitted);
+  EXPECT_EQ(30u, s.completed);
+  EXPECT_EQ(0u, s.rejected);
+}
+
+TEST(WorkerPoolTest, AFullQueueRefusesWithATypedRetryableError) {
+  WorkerPool pool(sized(1, 2));
+  net::io_context io;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> started{false};
+  int ok = 0, refused = 0;
+  auto done = [&](std::exception_ptr e) {
+    if (!e) {
+      ++ok;
+      return;
+    }
+    try {
+      std::rethrow_exception(e);
+    } catch (const idem::StorageUnavailable& x) {
+      EXPECT_TRUE(x.retryable());
+      EXPECT_NE(std::string::npos, std::string(x.what()).find("worker pool full"));
+      ++refused;
+    }
+  };
+  pool.submit(
+      io.get_executor(),
+      [&] {
+        started = true;
+        gate.wait();
+      },
+      done);  // running
+  while (!started) std::this_thread::sleep_for(1ms);
+  pool.submit(
+      io.get_executor(), [&] { gate.wait(); }, done);  // queued 1
+  pool.submit(
+      io.get_executor(), [&] { gate.wait(); }, done);  // queued 2
+  pool.submit(
+      io.get_executor(), [&] {}, done);  // refused
+  io.poll();
+  EXPECT_EQ(1, refused);
+  EXPECT_EQ(0, ok);
+  release.set_value();
+  io.restart();
+  io.run();
+  EXPECT_EQ(3, ok);
+  EXPECT_EQ(1u, pool.stats().rejected);
+  EXPECT_EQ(2u, pool.stats().max_queued_seen);
+}
+
+TEST(WorkerPoolTest, ExceptionsOfTheWorkReachTheCompletionUnchanged) {
+  WorkerPool pool(sized(1, 4));
+  net::io_context io;
+  std::string caught;
+  pool.submit(
+      io.get_executor(), []() -> int { throw std::runtime_error("boom"); },
+      [&](std::exception_ptr e, std::optional<int> v) {
+        EXPECT_FALSE(v.has_value());
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::runtime_error& x) {
+          caught = x.what();
+        }
+      });
+  io.run();
+  EXPECT_EQ("boom", caught);
+}
+
+TEST(WorkerPoolTest, CompletionTokensCallbacksAndFutures) {
+  WorkerPool pool(sized(2, 16));
+  net::io_context io;
+  int got = 0;
+  idem::async::async_submit(
+      pool, io.get_executor(), [] { return 41; },
+      [&](std::exception_ptr e, int v) {
+        EXPECT_FALSE(e);
+        got = v + 1;
+      });
+  io.run();
+  EXPECT_EQ(42, got);
+
+  // use_future: the loop runs on another thread; the future rethrows the work's exception.
+  io.restart();
+  auto guard = net::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  std::future<std::string> f = idem::async::async_submit(
+      pool, io.get_executor(), [] { return std::string("from the pool"); }, net::use_future);
+  EXPECT_EQ("from the pool", f.get());
+  std::future<int> bad = idem::async::async_submit(
+      pool, io.get_executor(), []() -> int { throw idem::StorageTimeout("slow"); },
+      net::use_future);
+  EXPECT_THROW(bad.get(), idem::StorageTimeout);
+  std::future<void> v = idem::async::async_submit(
+      pool, io.get_executor(), [] {}, net::use_future);
+  v.get();
+  guard.reset();
+  loop.join();
+}
+
+TEST(WorkerPoolTest, DestroyingThePoolRunsWhatWasQueued) {
+  net::io_context io;
+  std::atomic<int> ran{0};
+  {
+    WorkerPool pool(sized(1, 64));
+    for (int i = 0; i < 20; ++i) {
+      pool.submit(
+          io.get_executor(),
+          [&] {
+            std::this_thread::sleep_for(1ms);
+            ++ran;
+          },
+          [](std::exception_ptr) {});
+    }
+  }
+  EXPECT_EQ(20, ran.load());
+  io.run();
+}
+
+}  // namespace
