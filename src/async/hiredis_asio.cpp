@@ -2,7 +2,49 @@
 // The hiredis <-> Asio adapter (see hiredis_asio.hpp).
 #include "hiredis_asio.hpp"
 
+#include <hiredis/sds.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 namespace idem::async::detail {
+namespace {
+
+// Writes what hiredis has buffered with send(2) and MSG_NOSIGNAL, as far as the socket takes it
+// now: hiredis writes with write(2), which raises SIGPIPE on a connection the server closed and
+// ends an event-loop server that does not ignore SIGPIPE. What is left (EAGAIN) stays buffered
+// for the next write-ready; a failure is left in c->err with the buffer emptied, and
+// redisAsyncHandleWrite then disconnects with it (redisBufferWrite returns at once on c->err)
+// without writing anything itself.
+void send_buffered(redisContext* c) noexcept {
+  if ((c->flags & REDIS_CONNECTED) == 0 || c->err != 0) return;  // hiredis checks the connect
+  const std::size_t len = sdslen(c->obuf);
+  std::size_t off = 0;
+  while (off < len) {
+    const ssize_t n = ::send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else {
+      c->err = REDIS_ERR_IO;
+      std::snprintf(c->errstr, sizeof(c->errstr), "%s",
+                    n < 0 ? std::strerror(errno) : "connection closed");
+      off = len;  // nothing more is written on this connection
+      break;
+    }
+  }
+  if (off == 0) return;
+  std::memmove(c->obuf, c->obuf + off, len - off);
+  sdssetlen(c->obuf, len - off);  // sds.h, inline: libhiredis's sds symbols are C, undeclared
+  c->obuf[len - off] = '\0';
+}
+
+}  // namespace
 
 std::shared_ptr<HiredisAsio> HiredisAsio::attach(redisAsyncContext* ac, const Executor& executor) {
   if (ac == nullptr || ac->ev.data != nullptr || ac->c.fd < 0) return nullptr;
@@ -82,7 +124,10 @@ void HiredisAsio::arm_write() {
                      [self = shared_from_this()](const error_code& ec) {
                        self->writing_ = false;
                        if (ec == net::error::operation_aborted || self->ac_ == nullptr) return;
-                       if (self->want_write_) redisAsyncHandleWrite(self->ac_);
+                       if (self->want_write_) {
+                         send_buffered(&self->ac_->c);
+                         redisAsyncHandleWrite(self->ac_);
+                       }
                        if (self->want_write_) self->arm_write();
                      });
 }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/async.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "async_support.hpp"
 #include "idem/errors.hpp"
 #include "redis/uri.hpp"
+#include "support/private_redis.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -180,6 +182,39 @@ TEST_F(RedisConnectionTest, TheServerClosingTheConnectionFailsPendingCommandsThe
   ASSERT_TRUE(idem::test::run_until(io_, [&] { return again.done; }));
   EXPECT_EQ("PONG", again.text) << what(again.error);
   EXPECT_EQ(2u, node.stats().connects);
+}
+
+// The server closes the connection while it is idle (CLIENT KILL), and the next command is
+// written before the close is read: over a Unix socket that write fails at once with EPIPE. It
+// must fail the command typed (or go on a new connection), never raise SIGPIPE, which would end
+// the process (Asio runs a descriptor's write-ready before its read-ready, so the write comes
+// first here).
+TEST(RedisConnectionFaults, AWriteToAConnectionTheServerClosedFailsTypedWithoutSigpipe) {
+  idem::test::PrivateRedis server;
+  io_context io;
+  Node node(io.get_executor(), settings_for(server.uri()));
+  Answer first;
+  node.send(resp({"PING"}), record(first));
+  ASSERT_TRUE(idem::test::run_until(io, [&] { return first.done; }));
+  ASSERT_EQ("PONG", first.text) << what(first.error);
+  int failed = 0;
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_GE(server.kill_clients(), 1);
+    Answer after_kill;
+    node.send(resp({"PING"}), record(after_kill));
+    ASSERT_TRUE(idem::test::run_until(io, [&] { return after_kill.done; }));
+    if (after_kill.error) {
+      EXPECT_TRUE(holds<idem::StorageUnavailable>(after_kill.error)) << what(after_kill.error);
+      ++failed;
+    } else {
+      EXPECT_EQ("PONG", after_kill.text);
+    }
+    Answer again;
+    node.send(resp({"PING"}), record(again));
+    ASSERT_TRUE(idem::test::run_until(io, [&] { return again.done; }));
+    EXPECT_EQ("PONG", again.text) << what(again.error);
+  }
+  std::printf("commands failed typed after a kill: %d of 3\n", failed);
 }
 
 TEST_F(RedisConnectionTest, RefusedConnectIsUnavailableAndFailsFastDuringTheBackoff) {
