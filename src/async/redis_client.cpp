@@ -404,15 +404,7 @@ bool RedisClient::clustered() const noexcept {
 }
 
 std::string_view RedisClient::name() const noexcept {
-  switch (core_->topology.kind) {
-    case Topology::Kind::kSentinel:
-      return "redis-sentinel";
-    case Topology::Kind::kCluster:
-      return "redis-cluster";
-    case Topology::Kind::kSingle:
-      break;
-  }
-  return "redis";
+  return redis::detail::topology_name(core_->topology.kind);
 }
 
 redis::RedisRouteStats RedisClient::route_stats() const {

@@ -134,17 +134,7 @@ Router::Router(Topology topology, PoolSettings pool, std::chrono::milliseconds r
 
 Router::~Router() = default;
 
-std::string_view Router::name() const noexcept {
-  switch (kind_) {
-    case Topology::Kind::kSentinel:
-      return "redis-sentinel";
-    case Topology::Kind::kCluster:
-      return "redis-cluster";
-    case Topology::Kind::kSingle:
-      break;
-  }
-  return "redis";
-}
+std::string_view Router::name() const noexcept { return topology_name(kind_); }
 
 Pool& Router::add_node(const std::string& host, int port) {
   std::lock_guard<std::mutex> lock(nodes_mutex_);

@@ -54,6 +54,19 @@ struct Topology {
   Endpoint node_template;
 };
 
+/// The layout's name in stats and messages: "redis", "redis-sentinel" or "redis-cluster".
+inline std::string_view topology_name(Topology::Kind kind) noexcept {
+  switch (kind) {
+    case Topology::Kind::kSentinel:
+      return "redis-sentinel";
+    case Topology::Kind::kCluster:
+      return "redis-cluster";
+    case Topology::Kind::kSingle:
+      break;
+  }
+  return "redis";
+}
+
 /// Parses `redis://`, `tcp://`, `unix://` (see parse_uri), `redis-cluster://[[user]:password@]
 /// h:p[,h:p...]` and `redis-sentinel://[[user]:password@]h:p[,h:p...]/<service>[/db]`.
 /// @throws idem::UsageError naming what is wrong (the password is never echoed).
