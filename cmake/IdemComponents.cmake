@@ -67,8 +67,8 @@ idem_component(redis OPTION IDEM_WITH_REDIS TARGETS idem_redis COMPONENTS core
                PRIVATE_DEPENDS hiredis libssl HEADERS idem/redis
                SUMMARY "Redis fast store (hiredis)")
 idem_component(mq OPTION IDEM_WITH_REDIS TARGETS idem_mq COMPONENTS core redis
-               PRIVATE_DEPENDS hiredis HEADERS idem/mq
-               SUMMARY "Redis Streams consumer-group client")
+               HEADERS idem/mq
+               SUMMARY "Redis Streams consumer-group client (part of idem::redis)")
 idem_component(postgres OPTION IDEM_WITH_POSTGRES TARGETS idem_postgres COMPONENTS core
                DEPENDS pqxx HEADERS idem/postgres
                SUMMARY "PostgreSQL durable store (libpqxx)")

@@ -240,7 +240,7 @@ function(idem_library_properties)
     foreach(_t IN LISTS _targets)
       get_target_property(_type ${_t} TYPE)
       if(NOT _type STREQUAL "INTERFACE_LIBRARY")
-        # $ORIGIN: an installed libidem_mq.so finds the libidem_redis.so next to it, wherever
+        # $ORIGIN: an installed libidem_async_redis.so finds the libidem_redis.so next to it, wherever
         # the prefix is.
         set_target_properties(${_t} PROPERTIES CXX_VISIBILITY_PRESET hidden
                               VERSION ${PROJECT_VERSION} SOVERSION ${_soversion}

@@ -14,10 +14,9 @@
 set -euo pipefail
 dir="${1:?directory with libidem_*.so}"
 internal=(
-  # libidem_mq runs on libidem_redis's connection pool, its SIGPIPE-free writes (write_buffered,
-  # command_argv), URI parser and error mapping;
-  # libidem_async_redis on its URI parser, topology, hash slots, redirects and error mapping.
-  'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error|TlsConnector|make_tls|parse_topology|key_slot|parse_redirect|Topology|write_buffered|command_argv)'
+  # libidem_async_redis runs on libidem_redis's URI parser, topology, hash slots, redirects and
+  # error mapping.
+  'idem::redis::detail::(Pool|Endpoint|parse_uri|server_gone|throw_error|TlsConnector|make_tls|parse_topology|key_slot|parse_redirect|Topology)'
   # called by the inline StateMachine driver of include/idem/postgres/state_machine.hpp
   'idem::postgres::detail::state_machine_(update|current)'
   # called by the inline SqlDriver of include/idem/mysql/sql_driver.hpp

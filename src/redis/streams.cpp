@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Redis Streams commands over the Redis adapter's connection pool (hiredis 0.14).
-#include "idem/mq/redis_streams.hpp"
+#include "idem/redis/streams.hpp"
 
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
@@ -12,10 +12,10 @@
 #include <unordered_map>
 
 #include "idem/errors.hpp"
-#include "redis/errors.hpp"
-#include "redis/hiredis_handles.hpp"
-#include "redis/pool.hpp"
-#include "redis/uri.hpp"
+#include "errors.hpp"
+#include "hiredis_handles.hpp"
+#include "pool.hpp"
+#include "uri.hpp"
 
 namespace idem::mq {
 
