@@ -66,7 +66,9 @@
 #include <utility>
 #include <vector>
 
+#include "idem/batch.hpp"
 #include "idem/codec.hpp"
+#include "idem/detail/batch_run.hpp"
 #include "idem/detail/guard_core.hpp"
 #include "idem/detail/plain_transaction.hpp"
 #include "idem/durable_store.hpp"
@@ -366,74 +368,43 @@ class IdempotencyGuard {
     return run(Key::make(scope, id), fingerprint, std::forward<Fn>(handler));
   }
 
-  /// One call whose steps a caller ran itself, for a whole batch at once
-  /// (IdempotentConsumer::consume_batch). See report().
-  struct ReportedCall {
-    /// The call of `k`, ended with `o`, answered by `s`.
-    ReportedCall(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
-    const Key& key;             ///< the call's key
-    Outcome outcome;            ///< any but a handler error (report_handler_error)
-    Source source;              ///< kHandler when executed, else who recognised the duplicate
-    bool fast_claimed = false;  ///< the fast store granted this call's claim
-    bool degraded = false;      ///< the fast store failed for this call
-    TimePoint first_seen{};     ///< duplicates: when the record's first attempt began
-    std::string_view holder;    ///< duplicates: the record's owner token (may be empty)
-    std::chrono::nanoseconds fast_claim{0};  ///< the batch's fast-store claim
-    std::chrono::nanoseconds durable{0};     ///< the batch's durable transaction, handlers excluded
-    std::chrono::nanoseconds handler{0};     ///< this call's handler
-    std::chrono::nanoseconds total{0};       ///< from the batch's start to this call's answer
-  };
+  /// Runs a batch of calls with one fast-store round trip for all claims, ONE durable
+  /// transaction for all records and handlers, and one fast-store round trip for all
+  /// completions (see idem/batch.hpp and IdempotentConsumer::consume_batch, its main user).
+  ///
+  /// Each executed call's record stores `response` (batch handlers return nothing), so the
+  /// records are written before the handlers run, in one statement where the store can.
+  /// Calls of the same key in one batch run once: the record the first wrote decides the
+  /// others. A handler that throws loses only its own writes (the transaction runs again with
+  /// a savepoint per call, so a transactional handler may run twice for one committed effect:
+  /// keep its side effects in the transaction); its answer carries the exception. Every call
+  /// is counted in stats() and told to the observer as run() would count and tell it.
+  ///
+  /// @param calls    the calls (keys and fingerprints), taken over by the batch
+  /// @param response the bytes every executed call's record stores (replayed to duplicates)
+  /// @param handler  `void(Transaction&, std::size_t i)`, run for call `i` inside the batch's
+  ///                 transaction
+  /// @return one answer per call, in order, and whether the transaction ran again.
+  /// @throws idem::StorageError subclasses (nothing of the batch committed; its fast claims
+  ///         are released), a retryable idem error thrown by a handler (the whole batch rolls
+  ///         back).
+  template <class Fn>
+  BatchResult run_batch(std::vector<BatchCall> calls, std::string_view response, Fn&& handler) {
+    static_assert(detail::check_batch_store<Durable>());
+    static_assert(std::is_invocable_v<Fn&, Transaction&, std::size_t>,
+                  "idem: a batch handler must be callable as handler(Transaction&, std::size_t)");
+    if (calls.empty()) return BatchResult{};
+    detail::BatchRun<Durable> batch(core_, fast_, *durable_, calls, response);
+    BatchResult r = batch.run(handler);
+    for (const BatchAnswer& a : r.answers) {
+      if (a.outcome == Outcome::kExecuted) {
+        notify_waiters();
+        break;
+      }
+    }
+    return r;
+  }
 
-  /// Counts `c` in GuardStats and tells the observer (on_duplicate, on_call with mode
-  /// kTransactional) exactly as run() would for the same outcome and source, so fast-store hit
-  /// rate, unique conflicts and call counts include calls decided in batches.
-  void report(const ReportedCall& c) noexcept {
-    count_reported(c);
-    if (c.source == Source::kFastStore)
-      core_.counters().fast_hits.fetch_add(1, std::memory_order_relaxed);
-    if (c.source == Source::kDurableStore) {
-      core_.counters().durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-    }
-    count_outcome(c.outcome);
-    Observer* o = core_.options().observer.get();
-    if (o == nullptr) return;
-    if (c.outcome != Outcome::kExecuted) {
-      o->on_duplicate(DuplicateEvent{c.key, c.outcome,
-                                     c.source == Source::kFastStore
-                                         ? DuplicateSource::kFastStore
-                                         : core_.options().durable_source,
-                                     c.first_seen, c.holder});
-    }
-    CallEvent e{c.key,     c.outcome,  Mode::kTransactional,
-                c.source,  c.degraded, c.fast_claim,
-                c.durable, c.handler,  c.total};
-    e.fast_claimed = c.fast_claimed;
-    o->on_call(e);
-  }
-  /// The handler of a batch call threw (its writes rolled back): counted as run() counts a
-  /// call whose handler threw (on_handler_error, no on_call). `c.outcome` is not used.
-  void report_handler_error(const ReportedCall& c) noexcept {
-    count_reported(c);
-    core_.counters().handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = core_.options().observer.get()) o->on_handler_error(c.key);
-  }
-  /// A batch caller's durable store took over an expired lease.
-  void report_takeover(const Key& key, std::string_view store) noexcept {
-    note_takeover(key, store);
-  }
-  /// The fast store failed for a batch of `calls` calls (`key`: one of its keys): a burst of
-  /// failures begins (on_fast_store_down once). Count the calls with ReportedCall::degraded.
-  void report_fast_failure(const Key& key, const Error& e, std::uint64_t calls) noexcept {
-    fast_burst(key, e, calls);
-  }
-  /// The fast store answered a batch: closes a burst of failures (on_fast_store_recovered).
-  void report_fast_ok() noexcept { fast_ok(); }
-  /// A fast-store record was rewritten from the durable store for a batch call.
-  void report_fast_refill() noexcept {
-    core_.counters().fast_refills.fetch_add(1, std::memory_order_relaxed);
-  }
-  /// Whether an observer listens (batch callers time their phases only then).
-  bool observed() const noexcept { return core_.options().observer != nullptr; }
 
   /// The guard's counters (always on).
   const GuardStats& stats() const noexcept { return core_.stats(); }
@@ -475,7 +446,8 @@ class IdempotencyGuard {
     // In a fast-only guard the fast store is the only record: its failures propagate.
     bool completed = false;
     try {
-      completed = fast_->complete(call.key(), call.owner(), bytes, call.options.retention);
+      completed = fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, bytes,
+                                          call.options.retention);
     } catch (const Error& e) {
       store_error(call.key(), StoreRole::kFast, e);
       throw;
@@ -637,7 +609,8 @@ class IdempotencyGuard {
     try {
       if (next == FastNext::kComplete) {
         next = core_.fast_complete_answered(
-            call, fast_->complete(call.key(), call.owner(), response, call.options.retention));
+            call, fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, response,
+                                          call.options.retention));
       }
       if (next == FastNext::kFill) {
         // Our fast claim expired and was taken over (or released) while the durable store
@@ -668,11 +641,6 @@ class IdempotencyGuard {
     notify_waiters();  // the key is free again: a waiter may run it
   }
 
-  void count_outcome(Outcome o) noexcept { core_.count_outcome(o); }
-  // What every reported call counts, as run() counts it before it knows the outcome.
-  void count_reported(const ReportedCall& c) noexcept {
-    core_.count_call(c.fast_claimed, c.degraded);
-  }
   void step(Step s, const Key& key) { core_.step(s, key); }
   void note_takeover(const Key& key, std::string_view store) { core_.takeover(key, store); }
   void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
@@ -680,10 +648,6 @@ class IdempotencyGuard {
   }
   // Called inside a catch block: reports the durable store's exception in flight.
   void durable_failed(const Key& key) noexcept { core_.durable_failed(key); }
-  void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
-    core_.fast_burst(key, e, calls);
-  }
-  void fast_ok() noexcept { core_.fast_ok(); }
 
   // --- heartbeat (GuardOptions::heartbeat) ----------------------------------------------------
   // The claims of one running handler, extended by the guard's heartbeat thread.

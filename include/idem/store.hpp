@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,6 +67,21 @@ constexpr std::string_view claim_status_name(ClaimStatus s) noexcept {
   return "unknown";
 }
 
+/// What a fast store's claim hands on to the completion of the same attempt: ClaimResult::
+/// ticket, given back to FastStore::complete_claimed (or CompleteRequest::ticket). Opaque to
+/// the guard, which only carries it from the claim to the completion, on whatever thread
+/// completes, so nothing passes between them through thread-local state. A store may use it to
+/// complete faster (RedisStore: one native `SET ... XX` within the lease margin instead of a
+/// script); an empty ticket, or one another store issued, completes as complete() does.
+struct ClaimTicket {
+  /// The store that issued it (a store ignores tickets of others); null when empty.
+  const void* issuer = nullptr;
+  /// The issuer's own state of the claim.
+  std::shared_ptr<const void> state;
+  /// True when the ticket holds a claim's state.
+  explicit operator bool() const noexcept { return state != nullptr; }
+};
+
 /// The answer of a claim, with what is known of the first attempt (for duplicate logs).
 struct ClaimResult {
   /// claimed, busy, done or mismatch.
@@ -85,6 +101,8 @@ struct ClaimResult {
   std::string holder;
   /// kBusy/kDone/kMismatch: when the record was first created (epoch when unknown).
   TimePoint first_seen{};
+  /// kClaimed by a fast store: what its completion may use (FastStore::complete_claimed).
+  ClaimTicket ticket;
 };
 
 /// A record as a store keeps it (for lookup, operators and tests).
@@ -131,6 +149,8 @@ struct CompleteRequest {
   const OwnerToken* owner = nullptr;
   /// The response bytes to keep.
   std::string_view response;
+  /// The ticket of the claim being completed (ClaimResult::ticket), or null.
+  const ClaimTicket* ticket = nullptr;
 };
 
 /// Fast store: the claim at the entrance (one round trip where the backend allows).
@@ -154,6 +174,16 @@ class FastStore {
   /// @return false when the lease was lost (expired and taken over, released, or absent).
   virtual bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                         std::chrono::seconds retention) = 0;
+
+  /// Completes the claim that answered with `ticket` (ClaimResult::ticket of this attempt's
+  /// claim), as complete() does; a store that issues tickets may complete faster with it.
+  /// This default ignores the ticket.
+  /// @return false when the lease was lost (as complete).
+  virtual bool complete_claimed(const Key& key, const OwnerToken& owner, const ClaimTicket& ticket,
+                                std::string_view response, std::chrono::seconds retention) {
+    (void)ticket;
+    return complete(key, owner, response, retention);
+  }
 
   /// Marks `owner`'s in-progress record failed, kept for `retention` with `reason` as its
   /// response (a poison MQ message handed to the dead-letter sink): claims then answer kDone
@@ -207,14 +237,16 @@ class FastStore {
 
   /// Completes several claims: answer `i` is what `complete(*requests[i].key, ...)` would
   /// answer (false: that lease was lost). One round trip where the store can (Redis
-  /// pipelines); this default calls complete() in a loop.
+  /// pipelines); this default calls complete_claimed() (complete() without a ticket) in a loop.
   /// @throws as complete; when it throws, some completions may have been applied.
   virtual std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
                                            std::chrono::seconds retention) {
     std::vector<bool> out;
     out.reserve(requests.size());
     for (const auto& r : requests) {
-      out.push_back(complete(*r.key, *r.owner, r.response, retention));
+      out.push_back(r.ticket != nullptr
+                        ? complete_claimed(*r.key, *r.owner, *r.ticket, r.response, retention)
+                        : complete(*r.key, *r.owner, r.response, retention));
     }
     return out;
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -171,20 +172,33 @@ struct IDEM_LOCAL PostgresStore::Impl {
 
   // What transaction_base::conn() returns (pqxx::connection_base in libpqxx 6).
   using Connection = std::remove_reference_t<decltype(std::declval<pqxx::work&>().conn())>;
-  // The connection of the run_in_transaction running on this thread, and its store: a
-  // transaction on it has this store's prepared statements (the *_in calls use them then).
-  struct OpenTransaction {
-    const Impl* store = nullptr;
-    const void* connection = nullptr;
+  // The pooled connections inside run_in_transaction right now: a transaction on one of them
+  // has this store's prepared statements (the *_in calls use them then). Kept by connection,
+  // not by thread, so a *_in call from any thread on such a transaction finds it.
+  class OpenConnections {
+   public:
+    void add(const void* c) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_.push_back(c);
+    }
+    void remove(const void* c) noexcept {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = std::find(open_.begin(), open_.end(), c);
+      if (it != open_.end()) open_.erase(it);
+    }
+    bool contains(const void* c) const noexcept {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return std::find(open_.begin(), open_.end(), c) != open_.end();
+    }
+
+   private:
+    mutable std::mutex mutex_;
+    std::vector<const void*> open_;  // at most the pool's size
   };
-  static OpenTransaction& open_transaction() noexcept {
-    thread_local OpenTransaction current;
-    return current;
-  }
+  OpenConnections open_connections;
   // Whether `t` runs on one of this store's pooled connections (prepared statements ready).
   bool pooled(const pqxx::transaction_base& t) const noexcept {
-    const OpenTransaction& o = open_transaction();
-    return o.store == this && o.connection == static_cast<const void*>(&t.conn());
+    return open_connections.contains(static_cast<const void*>(&t.conn()));
   }
 
   // Runs statement `name`: prepared on pooled connections (also inside with_transaction), or
@@ -536,14 +550,13 @@ void PostgresStore::migrate() {
 
 void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& fn) {
   PooledConnection c = pool_->acquire();
-  // While fn runs, the *_in calls on `tx` know it is one of ours (restored however fn ends).
+  // While fn runs, the *_in calls on `tx` know it is one of ours (however fn ends).
   struct Mark {
-    Impl::OpenTransaction saved = Impl::open_transaction();
-    Mark(const Impl* store, const void* connection) {
-      Impl::open_transaction() = {store, connection};
-    }
-    ~Mark() { Impl::open_transaction() = saved; }
-  } mark{impl_.get(), &static_cast<Impl::Connection&>(c.get())};
+    Impl::OpenConnections& open;
+    const void* connection;
+    Mark(Impl::OpenConnections& o, const void* c) : open(o), connection(c) { open.add(c); }
+    ~Mark() { open.remove(connection); }
+  } mark{impl_->open_connections, &static_cast<Impl::Connection&>(c.get())};
   try {
     std::optional<pqxx::work> tx;
     impl_->bounded(c.get(), "begin", [&] { tx.emplace(c.get()); });

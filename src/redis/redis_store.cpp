@@ -81,34 +81,22 @@ int append_command(redisContext* c, int argc, const char** argv, const std::size
   return redisAppendFormattedCommand(c, v.data(), v.size());
 }
 
-// An in-progress record a claim of this thread wrote, and when the claim was sent. The guard
-// completes on the thread that claimed, so complete() usually knows the exact record it
-// expects: within the lease margin it replaces it with one native SET ... XX, past it with one
-// write in kCompleteFastScript. Matched by store, Redis key and owner token (random), so a
-// stale entry never matches another claim.
+// What a granted claim hands on to its completion (ClaimTicket::state): the Redis key and the
+// in-progress record written (one buffer), where the record's owner token ends, and when the
+// claim was sent. complete_claimed then knows the exact record it expects: within the lease
+// margin it replaces it with one native SET ... XX, past it with one write in
+// kCompleteFastScript. A ticket is checked against the key and the owner it completes for.
 struct HeldClaim {
-  std::string owner;
-  std::string redis_key;
-  std::string record;         // the in-progress record (detail::append_claim_record)
-  std::size_t owner_end = 0;  // where its creation time starts
+  std::string bytes;           // the Redis key, then the record (detail::append_claim_record)
+  std::size_t key_size = 0;
+  std::size_t owner_end = 0;   // where the record's creation time starts
   std::chrono::steady_clock::time_point sent_at{};  // just before the claim was sent
   std::chrono::milliseconds lease{0};
-  bool used = false;
+  std::string_view redis_key() const noexcept {
+    return std::string_view(bytes).substr(0, key_size);
+  }
+  std::string_view record() const noexcept { return std::string_view(bytes).substr(key_size); }
 };
-// This thread's last single claim.
-struct LastClaim {
-  const void* store = nullptr;
-  HeldClaim claim;
-};
-thread_local LastClaim last_claim;
-// This thread's last claim_batch (its granted claims).
-struct LastBatch {
-  const void* store = nullptr;
-  std::vector<HeldClaim> claims;  // [0, size) are the last batch's; later ones keep capacity
-  std::size_t size = 0;
-  std::size_t next = 0;  // where find_held looks first (completions come in claim order)
-};
-thread_local LastBatch last_batch;
 
 enum class Op { kClaim, kComplete, kFail, kRelease, kExtend, kFill, kLookup };
 
@@ -447,9 +435,7 @@ class IDEM_LOCAL RedisStore::Impl {
     ClaimResult result;
     if (r->type == REDIS_REPLY_NIL) {
       result.status = ClaimStatus::kClaimed;
-      LastClaim& lc = last_claim;
-      lc.store = this;
-      hold(lc.claim, owner, rk.view(), record.view(), owner_end, sent_at, lease);
+      result.ticket = claim_ticket(rk.view(), record.view(), owner_end, sent_at, lease);
       return result;
     }
     if (r->type != REDIS_REPLY_STRING) {
@@ -514,16 +500,20 @@ class IDEM_LOCAL RedisStore::Impl {
     detail::append_new_claim(record, owner.str(), fingerprint, lease, owner_end);
   }
 
-  static void hold(HeldClaim& h, const OwnerToken& owner, std::string_view rk,
-                   std::string_view record, std::size_t owner_end,
-                   std::chrono::steady_clock::time_point sent_at, std::chrono::milliseconds lease) {
-    h.owner.assign(owner.str());
-    h.redis_key.assign(rk.data(), rk.size());
-    h.record.assign(record.data(), record.size());
-    h.owner_end = owner_end;
-    h.sent_at = sent_at;
-    h.lease = lease;
-    h.used = false;
+  ClaimTicket claim_ticket(std::string_view rk, std::string_view record,
+                           std::size_t owner_end, std::chrono::steady_clock::time_point sent_at,
+                           std::chrono::milliseconds lease) const {
+    auto h = std::make_shared<HeldClaim>();
+    h->bytes.reserve(rk.size() + record.size());
+    h->bytes.append(rk.data(), rk.size()).append(record.data(), record.size());
+    h->key_size = rk.size();
+    h->owner_end = owner_end;
+    h->sent_at = sent_at;
+    h->lease = lease;
+    ClaimTicket t;
+    t.issuer = this;
+    t.state = std::move(h);
+    return t;
   }
 
   // Decodes the existing record a claim found and asks the rulebook what it means: mismatch /
@@ -536,28 +526,14 @@ class IDEM_LOCAL RedisStore::Impl {
     }
   }
 
-  // The claim of `owner` on `rk` this thread made last (single or in its last batch), not yet
-  // completed or released; null when unknown (another thread claimed, or it is too old).
-  HeldClaim* find_held(const OwnerToken& owner, std::string_view rk) {
-    LastClaim& lc = last_claim;
-    if (lc.store == this && !lc.claim.used && lc.claim.owner == owner.str() &&
-        lc.claim.redis_key == rk) {
-      return &lc.claim;
-    }
-    LastBatch& lb = last_batch;
-    if (lb.store == this) {
-      auto matches = [&](const HeldClaim& h) {
-        return !h.used && h.redis_key == rk && h.owner == owner.str();
-      };
-      if (lb.next < lb.size && matches(lb.claims[lb.next])) return &lb.claims[lb.next++];
-      for (std::size_t i = 0; i < lb.size; ++i) {
-        if (matches(lb.claims[i])) {
-          lb.next = i + 1;
-          return &lb.claims[i];
-        }
-      }
-    }
-    return nullptr;
+  // The claim `t` stands for, when this store issued it for `owner` on `rk`; else null.
+  const HeldClaim* held(const ClaimTicket* t, const OwnerToken& owner, std::string_view rk) const {
+    if (t == nullptr || t->issuer != this || !t->state) return nullptr;
+    const auto* h = static_cast<const HeldClaim*>(t->state.get());
+    if (h->redis_key() != rk) return nullptr;
+    const ClaimPrefix mine(owner);
+    if (h->record().substr(0, h->owner_end) != mine.view()) return nullptr;
+    return h;
   }
 
   // Whether a native SET ... XX may complete `h` now (see RedisStoreOptions).
@@ -572,7 +548,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   // The completed record of the held claim (detail::append_completed).
   static void completed_record(SmallBuf& out, const HeldClaim& h, std::string_view response) {
-    detail::append_completed(out, h.record, h.owner_end, response);
+    detail::append_completed(out, h.record(), h.owner_end, response);
   }
 
   // Reads one pipelined reply. A connection-level failure drops the connection and throws.
@@ -646,10 +622,6 @@ class IDEM_LOCAL RedisStore::Impl {
       pending[i].key = buffer.view(2 * i);
       pending[i].record = buffer.view(2 * i + 1);
     }
-    LastBatch& lb = last_batch;
-    lb.store = this;
-    lb.size = 0;
-    lb.next = 0;
     std::vector<ReplyUPtr> replies;
     replies.reserve(pending.size());
     std::chrono::steady_clock::time_point sent_at;
@@ -674,9 +646,8 @@ class IDEM_LOCAL RedisStore::Impl {
       const redisReply* r = replies[i].get();
       if (r->type == REDIS_REPLY_NIL) {
         out[i].status = ClaimStatus::kClaimed;
-        if (lb.size == lb.claims.size()) lb.claims.emplace_back();
-        hold(lb.claims[lb.size++], *requests[i].owner, pending[i].key, pending[i].record,
-             pending[i].owner_end, sent_at, lease);
+        out[i].ticket = claim_ticket(pending[i].key, pending[i].record, pending[i].owner_end,
+                                     sent_at, lease);
       } else if (r->type == REDIS_REPLY_STRING) {
         answer(text_of(r), requests[i].fingerprint, *requests[i].owner, pending[i].key, out[i]);
       } else if (r->type == REDIS_REPLY_ERROR && text_of(r).substr(0, 16) == "ERR syntax error") {
@@ -708,23 +679,22 @@ class IDEM_LOCAL RedisStore::Impl {
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
     std::vector<std::size_t> native, scripted;
-    // keys[i] and expected[i] view the held claim (this thread's, untouched until the next
-    // claim); the completed records go into one buffer.
+    // keys[i] and expected[i] view the claim's ticket; the completed records go into one
+    // buffer.
     std::vector<std::string_view> keys(requests.size()), values(requests.size()),
         expected(requests.size());
     std::vector<std::size_t> value_slot(requests.size());
     BatchBuffer buffer(requests.size(), requests.size() * 192);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       RedisKey rk(options_.key_prefix, *requests[i].key);
-      HeldClaim* h = find_held(*requests[i].owner, rk.view());
+      const HeldClaim* h = held(requests[i].ticket, *requests[i].owner, rk.view());
       if (h != nullptr && native_claim_.load(std::memory_order_relaxed) && within_margin(*h) &&
           !router_.clustered()) {
-        h->used = true;
         SmallBuf completed;
         completed_record(completed, *h, requests[i].response);
-        keys[i] = h->redis_key;
+        keys[i] = h->redis_key();
         value_slot[i] = buffer.add(completed.view());
-        expected[i] = h->record;
+        expected[i] = h->record();
         native.push_back(i);
       } else {
         scripted.push_back(i);
@@ -761,7 +731,8 @@ class IDEM_LOCAL RedisStore::Impl {
       if (first_error) std::rethrow_exception(first_error);
     }
     for (std::size_t i : scripted) {
-      out[i] = complete(*requests[i].key, *requests[i].owner, requests[i].response, retention);
+      out[i] = complete(*requests[i].key, *requests[i].owner, requests[i].response, retention,
+                        requests[i].ticket);
     }
     return out;
   }
@@ -805,8 +776,9 @@ class IDEM_LOCAL RedisStore::Impl {
     return false;
   }
 
+  // `t`: the claim's ticket (complete_claimed), or null.
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
-                std::chrono::seconds retention) {
+                std::chrono::seconds retention, const ClaimTicket* t) {
     if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
     RedisKey rk(options_.key_prefix, key);
     const long long ret_ms =
@@ -814,9 +786,8 @@ class IDEM_LOCAL RedisStore::Impl {
     Num ms(ret_ms);
     // The one-write script needs SET ... GET and PXAT (Redis >= 6.2); native_claim_ is false
     // on servers older than 7.0 (and with claim_script), which then take the general script.
-    HeldClaim* h = find_held(owner, rk.view());
+    const HeldClaim* h = held(t, owner, rk.view());
     if (h != nullptr && native_claim_.load(std::memory_order_relaxed)) {
-      h->used = true;  // one use
       SmallBuf completed;
       completed_record(completed, *h, response);
       if (within_margin(*h) && !router_.clustered()) {
@@ -837,11 +808,12 @@ class IDEM_LOCAL RedisStore::Impl {
         };
         ReplyUPtr r = run(7, argv, lens);
         native_completes_.fetch_add(1, std::memory_order_relaxed);
-        return settle_native(run, r.get(), h->record, rk.view(), ms.view());
+        return settle_native(run, r.get(), h->record(), rk.view(), ms.view());
       }
       script_completes_.fetch_add(1, std::memory_order_relaxed);
       ReplyUPtr r =
-          eval(complete_fast_, Op::kComplete, rk.view(), {h->record, completed.view(), ms.view()});
+          eval(complete_fast_, Op::kComplete, rk.view(),
+               {h->record(), completed.view(), ms.view()});
       return flag(r, Op::kComplete, rk.view());
     }
     script_completes_.fetch_add(1, std::memory_order_relaxed);
@@ -857,7 +829,6 @@ class IDEM_LOCAL RedisStore::Impl {
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
     Num ms(ret_ms);
-    if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
     return complete_script(Op::kFail, rk.view(), owner, reason, ms.view(),
                            to_millis(system_now()) + ret_ms, 'F');
   }
@@ -879,7 +850,6 @@ class IDEM_LOCAL RedisStore::Impl {
   bool release(const Key& key, const OwnerToken& owner) {
     RedisKey rk(options_.key_prefix, key);
     if (tier_) tier_->forget(rk.view());
-    if (HeldClaim* h = find_held(owner, rk.view())) h->used = true;
     ClaimPrefix mine(owner), mine_v1(owner, 1);
     ReplyUPtr r = eval(release_, Op::kRelease, rk.view(), {mine.view(), mine_v1.view()});
     return flag(r, Op::kRelease, rk.view());
@@ -971,7 +941,13 @@ ClaimResult RedisStore::claim(const Key& key, std::string_view fingerprint, cons
 
 bool RedisStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
                           std::chrono::seconds retention) {
-  return impl_->complete(key, owner, response, retention);
+  return impl_->complete(key, owner, response, retention, nullptr);
+}
+
+bool RedisStore::complete_claimed(const Key& key, const OwnerToken& owner,
+                                  const ClaimTicket& ticket, std::string_view response,
+                                  std::chrono::seconds retention) {
+  return impl_->complete(key, owner, response, retention, &ticket);
 }
 
 bool RedisStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,

@@ -77,7 +77,7 @@ inline constexpr const char* kClaimScript =
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
     "return false\n";
 
-/// complete, when the client knows its exact in-progress record (it claimed on this thread):
+/// complete, when the client knows its exact in-progress record (the claim's ticket):
 /// ARGV in-progress record, completed record, retention_ms. One write in the common case: the
 /// completed record replaces whatever is there, and if that was not this claim (lease lost),
 /// it is put back before the script ends (scripts are atomic: nobody sees the swap) with the TTL

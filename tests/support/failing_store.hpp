@@ -24,6 +24,11 @@ class SwitchableFastStore final : public FastStore {
     hit();
     return inner_.complete(k, o, r, ret);
   }
+  bool complete_claimed(const Key& k, const OwnerToken& o, const ClaimTicket& t,
+                        std::string_view r, std::chrono::seconds ret) override {
+    hit();
+    return inner_.complete_claimed(k, o, t, r, ret);
+  }
   bool fail(const Key& k, const OwnerToken& o, std::string_view reason,
             std::chrono::seconds ret) override {
     hit();

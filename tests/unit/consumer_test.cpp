@@ -330,6 +330,8 @@ TEST_F(ConsumerTest, ARedeliveryAfterAFailedHandOffIsDeadLetteredWithoutRunningA
   ASSERT_EQ(2u, sink.letters.size());
   EXPECT_EQ("bad2", sink.letters[1].message_id);
   EXPECT_EQ(3u, sink.letters[1].attempts);
+  // Each dead letter counted once ("bad" at its fourth delivery, "bad2" in the batch).
+  EXPECT_EQ(2u, n.consumer.stats().snapshot().dead_lettered);
 }
 
 TEST_F(ConsumerTest, RetryableHandlerErrorsPropagateWithoutCounting) {

@@ -102,6 +102,7 @@ class CallState {
   CallTerms options;
   bool fast_claimed = false;  ///< the fast store granted this call's claim
   bool degraded = false;      ///< the fast store failed for this call
+  ClaimTicket fast_ticket;    ///< the fast claim's ticket, for its completion
   // Timings feed only the observer's CallEvent: without an observer the clock is not read.
   bool timed = false;
   SteadyClock::time_point start{};
@@ -205,6 +206,23 @@ struct DuplicateAnswer {
   }
 };
 
+/// One call of a batch (IdempotencyGuard::run_batch), as GuardCore counts and reports it.
+struct BatchCallReport {
+  /// The call of `k`, ended with `o`, answered by `s`.
+  BatchCallReport(const Key& k, Outcome o, Source s) noexcept : key(k), outcome(o), source(s) {}
+  const Key& key;             ///< the call's key
+  Outcome outcome;            ///< the call's outcome (not read for a handler error)
+  Source source;              ///< kHandler when executed, else who recognised the duplicate
+  bool fast_claimed = false;  ///< the fast store granted this call's claim
+  bool degraded = false;      ///< the fast store failed for this call
+  TimePoint first_seen{};     ///< duplicates: when the record's first attempt began
+  std::string_view holder;    ///< duplicates: the record's owner token (may be empty)
+  std::chrono::nanoseconds fast_claim{0};  ///< the batch's fast-store claim
+  std::chrono::nanoseconds durable{0};     ///< the batch's durable transaction, handlers excluded
+  std::chrono::nanoseconds handler{0};     ///< this call's handler
+  std::chrono::nanoseconds total{0};       ///< from the batch's start to this call's answer
+};
+
 /// The guard's decisions and bookkeeping (see the file comment). Thread-safe: its state is
 /// the counters and the fast store's up/down flag, all atomic.
 class GuardCore {
@@ -247,15 +265,16 @@ class GuardCore {
     c.start = c.now();
   }
 
-  /// The fast store answered the claim: true when it was granted (go on), false when `r` is a
-  /// duplicate to answer. Throws what the step hook throws.
-  bool fast_claim_answered(CallState& c, const ClaimResult& r) {
+  /// The fast store answered the claim: true when it was granted (go on: its ticket moves into
+  /// the call), false when `r` is a duplicate to answer. Throws what the step hook throws.
+  bool fast_claim_answered(CallState& c, ClaimResult& r) {
     fast_ok();
     if (r.status != ClaimStatus::kClaimed) {
       stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
     c.fast_claimed = true;
+    c.fast_ticket = std::move(r.ticket);
     stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
     if (r.took_over) takeover(c.key(), "fast");
     step(Step::kFastClaimed, c.key());
@@ -377,7 +396,35 @@ class GuardCore {
     return r;
   }
 
-  // --- calls whose steps a caller ran itself, for a whole batch (IdempotencyGuard::report) --
+  // --- the calls of a batch (IdempotencyGuard::run_batch, detail/batch_run.hpp) ------------
+
+  /// Counts the batch call `c` and tells the observer (on_duplicate, on_call with mode
+  /// kTransactional) exactly as a run() call with the same outcome and source.
+  void report_batch_call(const BatchCallReport& c) noexcept {
+    count_call(c.fast_claimed, c.degraded);
+    if (c.source == Source::kFastStore) count_fast_hit();
+    if (c.source == Source::kDurableStore) count_durable_conflict();
+    count_outcome(c.outcome);
+    Observer* o = options_.observer.get();
+    if (o == nullptr) return;
+    if (c.outcome != Outcome::kExecuted) {
+      o->on_duplicate(DuplicateEvent{c.key, c.outcome,
+                                     c.source == Source::kFastStore ? DuplicateSource::kFastStore
+                                                                    : options_.durable_source,
+                                     c.first_seen, c.holder});
+    }
+    CallEvent e{c.key,     c.outcome,  Mode::kTransactional,
+                c.source,  c.degraded, c.fast_claim,
+                c.durable, c.handler,  c.total};
+    e.fast_claimed = c.fast_claimed;
+    o->on_call(e);
+  }
+  /// The handler of the batch call `c` threw (its writes rolled back): counted as a run()
+  /// call whose handler threw (on_handler_error, no on_call).
+  void report_batch_handler_error(const BatchCallReport& c) noexcept {
+    count_call(c.fast_claimed, c.degraded);
+    handler_error(c.key);
+  }
 
   /// What every call counts before its outcome is known.
   void count_call(bool fast_claimed, bool degraded) noexcept {

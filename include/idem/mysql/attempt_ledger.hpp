@@ -27,7 +27,7 @@
 #include <string>
 #include <string_view>
 
-#include "idem/consumer.hpp"
+#include "idem/attempt_ledger.hpp"
 #include "idem/errors.hpp"
 #include "idem/key.hpp"
 #include "idem/mysql/mysql_store.hpp"

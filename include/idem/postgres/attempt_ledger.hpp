@@ -30,7 +30,7 @@
 #include <string_view>
 #include <utility>
 
-#include "idem/consumer.hpp"
+#include "idem/attempt_ledger.hpp"
 #include "idem/errors.hpp"
 #include "idem/key.hpp"
 #include "idem/postgres/postgres_store.hpp"

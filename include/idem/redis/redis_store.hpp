@@ -129,7 +129,8 @@ struct RedisStoreOptions {
   /// failures.
   std::chrono::milliseconds sentinel_check_interval{1000};
   /// Fraction of the lease, counted on the client's monotonic clock from just before the claim
-  /// was sent, within which `complete` of that claim (on the claiming thread) is one native
+  /// was sent, within which the completion of that claim (complete_claimed with its ticket,
+  /// as the guard completes; any thread) is one native
   /// `SET key <completed record> XX PX <retention>` instead of the owner-checked script: the
   /// key cannot have changed owner before its lease ran out on the server, and that lease
   /// started after the claim was sent (docs/redis.md states the argument and its residual
@@ -271,6 +272,12 @@ class IDEM_EXPORT RedisStore final : public FastStore {
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention) override;
 
+  /// As complete(), with the ticket of `owner`'s claim (ClaimResult::ticket): within the lease
+  /// margin (RedisStoreOptions::native_complete_fraction) one native `SET ... XX`, past it the
+  /// one-write script that expects the claim's own record. Any thread may complete.
+  bool complete_claimed(const Key& key, const OwnerToken& owner, const ClaimTicket& ticket,
+                        std::string_view response, std::chrono::seconds retention) override;
+
   /// Marks `owner`'s in-progress record failed with `reason` (status letter 'F'; an
   /// owner-checked script), kept for `retention`. @return false when the lease was lost.
   bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
@@ -293,9 +300,10 @@ class IDEM_EXPORT RedisStore final : public FastStore {
   std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests,
                                        std::chrono::milliseconds lease) override;
 
-  /// Completes every request in one round trip: claims of this thread's last claim_batch (or
-  /// last claim) still within the lease margin are pipelined as native SET ... XX; the others
-  /// take the owner-checked script one by one. Answers as complete, in order.
+  /// Completes every request in one round trip: requests with their claim's ticket
+  /// (CompleteRequest::ticket) still within the lease margin are pipelined as native
+  /// SET ... XX; the others take the owner-checked script one by one. Answers as complete, in
+  /// order.
   std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
                                    std::chrono::seconds retention) override;
 

@@ -26,7 +26,7 @@
 #include <utility>
 
 #include "idem/clock.hpp"
-#include "idem/consumer.hpp"
+#include "idem/attempt_ledger.hpp"
 #include "idem/errors.hpp"
 #include "idem/key.hpp"
 #include "idem/sql.hpp"

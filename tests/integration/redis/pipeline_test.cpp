@@ -213,14 +213,15 @@ TEST_F(RedisPipeline, ConcurrentPipelinedRepliesReachTheirOwnCallers) {
         ++tally.wrong;
         tally.problem("lookup of " + id + " answered another record");
       }
-      // A fresh key of this thread: claimed, then completed with the native SET (this
-      // thread's claim), then read back.
+      // A fresh key of this thread: claimed, then completed with the native SET (its
+      // claim's ticket), then read back.
       const Key fresh = Key::make("redis.pipeline", id + "_fresh");
       const OwnerToken owner = OwnerToken::generate();
       tally.call([&] { c = store.claim(fresh, fp, owner, 30'000ms); });
       if (c.status != ClaimStatus::kClaimed) ++tally.wrong;
       bool done = false;
-      tally.call([&] { done = store.complete(fresh, owner, "fresh_" + id, 60s); });
+      tally.call(
+          [&] { done = store.complete_claimed(fresh, owner, c.ticket, "fresh_" + id, 60s); });
       if (!done) ++tally.wrong;
       tally.call([&] { rec = store.lookup(fresh); });
       if (!rec || rec->response != "fresh_" + id) ++tally.wrong;
@@ -577,14 +578,15 @@ TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {
   for (int i = 0; i < 20; ++i) {
     auto k = key("lone" + std::to_string(i));
     auto owner = OwnerToken::generate();
-    ASSERT_EQ(ClaimStatus::kClaimed, on.claim(k, "fp", owner, 30'000ms).status);
-    ASSERT_TRUE(on.complete(k, owner, "r", 60s));
+    auto claimed = on.claim(k, "fp", owner, 30'000ms);
+    ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
+    ASSERT_TRUE(on.complete_claimed(k, owner, claimed.ticket, "r", 60s));
   }
   const auto s = on.pool_stats();
   EXPECT_EQ(40u, s.pipelined_commands);
   EXPECT_EQ(40u, s.pipelined_flushes);
   EXPECT_EQ(1u, s.connects);
-  EXPECT_EQ(20u, on.command_stats().native_completes);  // the claiming thread's native SET
+  EXPECT_EQ(20u, on.command_stats().native_completes);  // native SETs, with the tickets
 
   // The shared connection goes back to the pool when idle: with pool_size 1, batch calls
   // (pooled connections of their own) still find it.

@@ -362,7 +362,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
   auto k = key();
   auto rk = store_->redis_key(k);
   auto stale = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stale, 150ms).status);
+  auto stale_claim = store_->claim(k, "fp", stale, 150ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, stale_claim.status);
   std::this_thread::sleep_for(400ms);
   auto fresh = OwnerToken::generate();
   std::string fresh_record;
@@ -370,7 +371,8 @@ TEST_F(RedisStoreTest, StaleOwnerOnItsClaimingThreadLeavesTheNewClaimIntact) {
       [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status); });
   other.join();
   fresh_record = raw_->text({"GET", rk});
-  EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(3600)));
+  EXPECT_FALSE(
+      store_->complete_claimed(k, stale, stale_claim.ticket, "stale", std::chrono::seconds(3600)));
   EXPECT_EQ(fresh_record, raw_->text({"GET", rk}));
   long long ttl = raw_->integer({"PTTL", rk});
   EXPECT_GT(ttl, 20'000);
@@ -390,8 +392,10 @@ TEST_F(RedisStoreTest, CompleteWithinTheLeaseMarginIsOneNativeSet) {
   auto k = key();
   auto a = OwnerToken::generate();
   const auto before = store_->command_stats();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
-  EXPECT_TRUE(store_->complete(k, a, "paid", std::chrono::seconds(600)));
+  auto claimed = store_->claim(k, "fp", a, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
+  EXPECT_TRUE(claimed.ticket);
+  EXPECT_TRUE(store_->complete_claimed(k, a, claimed.ticket, "paid", std::chrono::seconds(600)));
   const auto after = store_->command_stats();
   EXPECT_EQ(before.native_completes + 1, after.native_completes);
   EXPECT_EQ(before.script_completes, after.script_completes);
@@ -404,15 +408,58 @@ TEST_F(RedisStoreTest, CompleteWithinTheLeaseMarginIsOneNativeSet) {
   EXPECT_LE(ttl, 600'000);
 }
 
+// What passes from claim to complete is the claim's ticket, not the claiming thread: a claim
+// made on one thread is completed natively on another; complete() without the ticket takes
+// the owner-checked script; a ticket of another key or owner is not used (script, refused).
+TEST_F(RedisStoreTest, ATicketCompletesNativelyOnAnotherThreadAndOnlyForItsOwnClaim) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  const auto before = store_->command_stats();
+  idem::ClaimResult claimed;
+  std::thread claimer([&] { claimed = store_->claim(k, "fp", a, 30'000ms); });
+  claimer.join();
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
+  bool completed = false;
+  std::thread completer([&] {
+    completed = store_->complete_claimed(k, a, claimed.ticket, "paid", std::chrono::seconds(60));
+  });
+  completer.join();
+  EXPECT_TRUE(completed);
+  EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
+  EXPECT_EQ(before.script_completes, store_->command_stats().script_completes);
+  EXPECT_EQ("paid", store_->claim(k, "fp", OwnerToken::generate(), 30'000ms).response);
+
+  auto k2 = key();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k2, "fp", a, 30'000ms).status);
+  EXPECT_TRUE(store_->complete(k2, a, "scripted", std::chrono::seconds(60)));
+  EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
+  EXPECT_EQ(before.script_completes + 1, store_->command_stats().script_completes);
+
+  // k3 claimed by b: a's ticket of k (another key), or b's ticket with a's token, is not
+  // used natively, and the owner check refuses a.
+  auto k3 = key();
+  auto b = OwnerToken::generate();
+  auto b_claim = store_->claim(k3, "fp", b, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, b_claim.status);
+  EXPECT_FALSE(store_->complete_claimed(k3, a, claimed.ticket, "x", std::chrono::seconds(60)));
+  EXPECT_FALSE(store_->complete_claimed(k3, a, b_claim.ticket, "x", std::chrono::seconds(60)));
+  EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
+  EXPECT_EQ(idem::Record::Status::kInProgress, store_->lookup(k3)->status);
+  EXPECT_TRUE(store_->complete_claimed(k3, b, b_claim.ticket, "b's", std::chrono::seconds(60)));
+  EXPECT_EQ(before.native_completes + 2, store_->command_stats().native_completes);
+}
+
 // Past the margin (here: fraction 0.5 of a 2 s lease, completed after 1.2 s, the lease still
 // live), complete takes the owner-checked script, and still succeeds.
 TEST_F(RedisStoreTest, CompletePastTheLeaseMarginTakesTheScript) {
   auto k = key();
   auto a = OwnerToken::generate();
   const auto before = store_->command_stats();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 2'000ms).status);
+  auto claimed = store_->claim(k, "fp", a, 2'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
   std::this_thread::sleep_for(1'200ms);
-  EXPECT_TRUE(store_->complete(k, a, "late but live", std::chrono::seconds(60)));
+  EXPECT_TRUE(
+      store_->complete_claimed(k, a, claimed.ticket, "late but live", std::chrono::seconds(60)));
   const auto after = store_->command_stats();
   EXPECT_EQ(before.native_completes, after.native_completes);
   EXPECT_EQ(before.script_completes + 1, after.script_completes);
@@ -426,8 +473,9 @@ TEST_F(RedisStoreTest, NativeCompleteCanBeTurnedOff) {
   RedisStore scripted(o);
   auto k = key();
   auto a = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, scripted.claim(k, "fp", a, 30'000ms).status);
-  EXPECT_TRUE(scripted.complete(k, a, "r", std::chrono::seconds(60)));
+  auto claimed = scripted.claim(k, "fp", a, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
+  EXPECT_TRUE(scripted.complete_claimed(k, a, claimed.ticket, "r", std::chrono::seconds(60)));
   EXPECT_EQ(0u, scripted.command_stats().native_completes);
   EXPECT_EQ(1u, scripted.command_stats().script_completes);
   o.native_complete_fraction = 0.95;
@@ -440,14 +488,16 @@ TEST_F(RedisStoreTest, NativeCompleteCanBeTurnedOff) {
 TEST_F(RedisStoreTest, StaleOwnersCompleteTakesTheScriptAndIsRefused) {
   auto k = key();
   auto stale = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", stale, 150ms).status);
+  auto stale_claim = store_->claim(k, "fp", stale, 150ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, stale_claim.status);
   std::this_thread::sleep_for(400ms);
   auto fresh = OwnerToken::generate();
   std::thread other(
       [&] { ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", fresh, 30'000ms).status); });
   other.join();
   const auto before = store_->command_stats();
-  EXPECT_FALSE(store_->complete(k, stale, "stale", std::chrono::seconds(60)));
+  EXPECT_FALSE(
+      store_->complete_claimed(k, stale, stale_claim.ticket, "stale", std::chrono::seconds(60)));
   EXPECT_EQ(before.script_completes + 1, store_->command_stats().script_completes);
   EXPECT_EQ(before.native_completes, store_->command_stats().native_completes);
   auto rec = store_->lookup(k);
@@ -462,7 +512,8 @@ TEST_F(RedisStoreTest, NativeCompleteThatFindsAnotherRecordPutsItBack) {
   auto k = key();
   auto rk = store_->redis_key(k);
   auto a = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  auto claimed = store_->claim(k, "fp", a, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
   auto b = OwnerToken::generate();
   raw_->cmd({"DEL", rk});
   std::thread other(
@@ -470,7 +521,7 @@ TEST_F(RedisStoreTest, NativeCompleteThatFindsAnotherRecordPutsItBack) {
   other.join();
   const std::string b_record = raw_->text({"GET", rk});
   const auto before = store_->command_stats();
-  EXPECT_FALSE(store_->complete(k, a, "mine", std::chrono::seconds(600)));
+  EXPECT_FALSE(store_->complete_claimed(k, a, claimed.ticket, "mine", std::chrono::seconds(600)));
   EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
   EXPECT_EQ(b_record, raw_->text({"GET", rk}));
   long long ttl = raw_->integer({"PTTL", rk});
@@ -495,7 +546,10 @@ TEST_F(RedisStoreTest, BatchesArePipelinedAndCompletedNatively) {
   }
   const auto before = store_->command_stats();
   auto answers = store_->claim_batch(claims, 30'000ms);
-  for (const auto& c : answers) EXPECT_EQ(ClaimStatus::kClaimed, c.status);
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    EXPECT_EQ(ClaimStatus::kClaimed, answers[i].status);
+    completes[i].ticket = &answers[i].ticket;
+  }
   auto ok = store_->complete_batch(completes, std::chrono::seconds(60));
   EXPECT_EQ(std::vector<bool>(keys.size(), true), ok);
   const auto after = store_->command_stats();
@@ -510,9 +564,9 @@ TEST_F(RedisStoreTest, BatchesArePipelinedAndCompletedNatively) {
   }
 }
 
-// A batch whose claims share one owner token (IdempotentConsumer::consume_batch: the batch is
-// one attempt) completes natively in any order, each key with its own record; a second batch
-// on the same thread forgets the first one's claims.
+// A batch whose claims share one owner token (IdempotencyGuard::run_batch: the batch is one
+// attempt) completes natively in any order, each key with its own record (its ticket); a late
+// complete of a key already completed is refused.
 TEST_F(RedisStoreTest, BatchSharingOneOwnerCompletesNativelyInAnyOrder) {
   std::vector<Key> keys;
   for (int i = 0; i < 12; ++i) {
@@ -522,14 +576,13 @@ TEST_F(RedisStoreTest, BatchSharingOneOwnerCompletesNativelyInAnyOrder) {
   std::vector<idem::ClaimRequest> claims;
   for (const auto& k : keys) claims.push_back({&k, "fp", &owner});
   const auto before = store_->command_stats();
-  for (const auto& c : store_->claim_batch(claims, 30'000ms)) {
-    EXPECT_EQ(ClaimStatus::kClaimed, c.status);
-  }
+  auto answers = store_->claim_batch(claims, 30'000ms);
+  for (const auto& c : answers) EXPECT_EQ(ClaimStatus::kClaimed, c.status);
   std::vector<idem::CompleteRequest> completes;
   std::vector<std::string> responses;
   for (std::size_t i = 0; i < keys.size(); ++i) responses.push_back("r" + std::to_string(i));
   for (std::size_t i = keys.size(); i-- > 0;) {
-    completes.push_back({&keys[i], &owner, responses[i]});
+    completes.push_back({&keys[i], &owner, responses[i], &answers[i].ticket});
   }
   EXPECT_EQ(std::vector<bool>(keys.size(), true),
             store_->complete_batch(completes, std::chrono::seconds(60)));
@@ -539,14 +592,17 @@ TEST_F(RedisStoreTest, BatchSharingOneOwnerCompletesNativelyInAnyOrder) {
     EXPECT_EQ(ClaimStatus::kDone, c.status);
     EXPECT_EQ(responses[i], c.response);
   }
-  // The next batch on this thread: the earlier claims are no longer held (a late complete of
-  // one of them is refused and leaves its record as it is).
+  // The next batch: a late complete of an earlier key (completed already) is refused and
+  // leaves its record as it is, with its ticket or without.
   std::vector<Key> more{Key::make("redis.test", idem::test::unique_name("shared_owner"))};
   std::vector<idem::ClaimRequest> next{{&more[0], "fp", &owner}};
   ASSERT_EQ(ClaimStatus::kClaimed, store_->claim_batch(next, 30'000ms)[0].status);
   const std::string record = raw_->text({"GET", store_->redis_key(keys[0])});
   EXPECT_EQ(std::vector<bool>{false},
             store_->complete_batch({{&keys[0], &owner, "late"}}, std::chrono::seconds(60)));
+  EXPECT_EQ(std::vector<bool>{false},
+            store_->complete_batch({{&keys[0], &owner, "late", &answers[0].ticket}},
+                                   std::chrono::seconds(60)));
   EXPECT_EQ(record, raw_->text({"GET", store_->redis_key(keys[0])}));
   EXPECT_EQ(std::vector<bool>{true},
             store_->complete_batch({{&more[0], &owner, "next"}}, std::chrono::seconds(60)));
@@ -570,9 +626,11 @@ TEST_F(RedisStoreTest, ForeignValueWrittenDuringAClaimIsKeptAndReported) {
   auto k = key();
   auto rk = store_->redis_key(k);
   auto a = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, 30'000ms).status);
+  auto claimed = store_->claim(k, "fp", a, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
   raw_->cmd({"SET", rk, "someone else's value"});
-  EXPECT_THROW(store_->complete(k, a, "r", std::chrono::seconds(60)), idem::CorruptRecord);
+  EXPECT_THROW(store_->complete_claimed(k, a, claimed.ticket, "r", std::chrono::seconds(60)),
+               idem::CorruptRecord);
   EXPECT_EQ("someone else's value", raw_->text({"GET", rk}));
   auto b = OwnerToken::generate();
   raw_->cmd({"DEL", rk});

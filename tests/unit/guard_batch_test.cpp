@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: MIT
+// IdempotencyGuard::run_batch on SQLite with MemoryStore in front: one transaction for the
+// batch, answers per call, failures per call, and the fast store kept in step.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/guard.hpp"
+#include "idem/memory_store.hpp"
+#include "idem/sqlite/sqlite_store.hpp"
+#include "support/failing_store.hpp"
+#include "support/test_env.hpp"
+
+namespace {
+
+using idem::BatchAnswer;
+using idem::BatchCall;
+using idem::BatchResult;
+using idem::Key;
+using idem::Outcome;
+using idem::Source;
+using idem::sqlite::SqliteStore;
+using idem::sqlite::Transaction;
+
+class GuardBatchTest : public ::testing::Test {
+ protected:
+  GuardBatchTest() : durable_(dir_.file("batch.sqlite")) {
+    durable_.database().write(
+        [](Transaction& tx) { tx.exec("CREATE TABLE effect (id TEXT NOT NULL)"); });
+  }
+
+  // A batch of `ids` (fingerprint: the id), each handler writing one effect row.
+  std::vector<BatchCall> calls(const std::vector<std::string>& ids) {
+    fingerprints_.clear();
+    fingerprints_.reserve(ids.size());
+    std::vector<BatchCall> out;
+    for (const auto& id : ids) {
+      fingerprints_.push_back(idem::fingerprint(id));
+      out.push_back(BatchCall{Key::make("orders", id), fingerprints_.back()});
+    }
+    return out;
+  }
+  template <class Guard>
+  BatchResult run(Guard& guard, const std::vector<std::string>& ids) {
+    return guard.run_batch(calls(ids), "done", [&](Transaction& tx, std::size_t i) {
+      tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+    });
+  }
+  long effects(const std::string& id) {
+    return static_cast<long>(durable_.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE id = ?", id).value_or(-1);
+    }));
+  }
+
+  idem::test::TempDir dir_;
+  SqliteStore durable_;
+  std::vector<std::string> fingerprints_;
+};
+
+TEST_F(GuardBatchTest, EachKeyRunsOnceAndEveryCallIsAnsweredInOrder) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable_};
+  BatchResult r = run(guard, {"a", "b", "a", "c"});
+  ASSERT_EQ(4u, r.answers.size());
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  EXPECT_EQ(Outcome::kReplayed, r.answers[2].outcome) << "the repeat of a key inside the batch";
+  EXPECT_EQ(Source::kDurableStore, r.answers[2].source);
+  EXPECT_EQ("done", r.answers[2].response);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[3].outcome);
+  EXPECT_FALSE(r.rerun);
+  for (const char* id : {"a", "b", "c"}) EXPECT_EQ(1, effects(id)) << id;
+
+  // The fast store holds the completed records: a second batch is answered there alone.
+  BatchResult again = run(guard, {"a", "b", "c"});
+  for (const BatchAnswer& a : again.answers) {
+    EXPECT_EQ(Outcome::kReplayed, a.outcome);
+    EXPECT_EQ(Source::kFastStore, a.source);
+    EXPECT_EQ("done", a.response);
+  }
+  const auto s = guard.stats().snapshot();
+  EXPECT_EQ(7u, s.calls);
+  EXPECT_EQ(3u, s.executed);
+  EXPECT_EQ(4u, s.replayed);
+  EXPECT_EQ(3u, s.fast_hits);
+  EXPECT_EQ(1u, s.durable_conflicts);
+  for (const char* id : {"a", "b", "c"}) EXPECT_EQ(1, effects(id)) << id;
+  EXPECT_TRUE(guard.run_batch({}, "done", [](Transaction&, std::size_t) {}).answers.empty());
+}
+
+TEST_F(GuardBatchTest, AFailingHandlerLosesOnlyItsOwnWritesAndItsKeyStaysFree) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable_};
+  const std::vector<std::string> ids{"a", "bad", "c"};
+  int runs = 0;
+  BatchResult r = guard.run_batch(calls(ids), "done", [&](Transaction& tx, std::size_t i) {
+    ++runs;
+    tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+    if (ids[i] == "bad") throw std::runtime_error("cannot apply bad");
+  });
+  EXPECT_TRUE(r.rerun);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  ASSERT_TRUE(r.answers[1].error);
+  EXPECT_THROW(std::rethrow_exception(r.answers[1].error), std::runtime_error);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[2].outcome);
+  EXPECT_EQ(1, effects("a"));
+  EXPECT_EQ(0, effects("bad"));
+  EXPECT_EQ(1, effects("c"));
+  EXPECT_EQ(1u, guard.stats().snapshot().handler_errors);
+  // No record and no fast claim stay behind: the key runs again at once.
+  EXPECT_FALSE(durable_.lookup(Key::make("orders", "bad")));
+  EXPECT_FALSE(fast.lookup(Key::make("orders", "bad")));
+  BatchResult retry = run(guard, {"bad"});
+  EXPECT_EQ(Outcome::kExecuted, retry.answers[0].outcome);
+  EXPECT_EQ(1, effects("bad"));
+}
+
+TEST_F(GuardBatchTest, ARetryableHandlerErrorRollsTheWholeBatchBackAndReleasesItsClaims) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable_};
+  const std::vector<std::string> ids{"a", "b"};
+  EXPECT_THROW(guard.run_batch(calls(ids), "done",
+                               [&](Transaction& tx, std::size_t i) {
+                                 tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+                                 if (i == 1) throw idem::StorageTimeout("business row locked");
+                               }),
+               idem::StorageTimeout);
+  EXPECT_EQ(0, effects("a"));
+  EXPECT_FALSE(fast.lookup(Key::make("orders", "a"))) << "the fast claims are released";
+  BatchResult r = run(guard, ids);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  EXPECT_EQ(1, effects("a"));
+  EXPECT_EQ(1, effects("b"));
+}
+
+TEST_F(GuardBatchTest, RecordsTheFastStoreLostAreReplayedFromTheDatabaseAndWrittenBack) {
+  idem::MemoryStore first_fast;
+  idem::IdempotencyGuard first{first_fast, durable_};
+  BatchResult r = run(first, {"a", "b"});
+  ASSERT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  // A dead-lettered key, failed in the durable store.
+  const auto owner = idem::OwnerToken::generate();
+  const Key dead = Key::make("orders", "dead");
+  const std::string dead_fp = idem::fingerprint("dead");
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            durable_.begin(dead, dead_fp, owner, std::chrono::seconds{30}).status);
+  ASSERT_TRUE(durable_.fail(dead, owner, "poison", std::chrono::hours{1}));
+
+  idem::MemoryStore empty_fast;  // another process's fast store, or a flushed one
+  idem::IdempotencyGuard guard{empty_fast, durable_};
+  BatchResult again = run(guard, {"a", "b", "dead"});
+  for (const BatchAnswer& a : again.answers) {
+    EXPECT_EQ(Outcome::kReplayed, a.outcome);
+    EXPECT_EQ(Source::kDurableStore, a.source);
+  }
+  EXPECT_EQ("done", again.answers[0].response);
+  EXPECT_FALSE(again.answers[0].failed);
+  EXPECT_TRUE(again.answers[2].failed);
+  EXPECT_EQ("poison", again.answers[2].response);
+  EXPECT_EQ(1, effects("a"));
+  EXPECT_EQ(0, effects("dead"));
+  auto refilled = empty_fast.lookup(Key::make("orders", "a"));
+  ASSERT_TRUE(refilled);
+  EXPECT_EQ(idem::Record::Status::kCompleted, refilled->status);
+  EXPECT_EQ("done", refilled->response);
+  auto failed = empty_fast.lookup(dead);
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(idem::Record::Status::kFailed, failed->status) << "a failed record stays failed";
+}
+
+TEST_F(GuardBatchTest, AnotherPayloadUnderAKeyIsAMismatchAndRunsNothing) {
+  idem::IdempotencyGuard guard{durable_};
+  ASSERT_EQ(Outcome::kExecuted, run(guard, {"a"}).answers[0].outcome);
+  const std::string other = idem::fingerprint("another body");
+  std::vector<BatchCall> c;
+  c.push_back(BatchCall{Key::make("orders", "a"), other});
+  int runs = 0;
+  BatchResult r = guard.run_batch(std::move(c), "done", [&](Transaction&, std::size_t) { ++runs; });
+  EXPECT_EQ(Outcome::kFingerprintMismatch, r.answers[0].outcome);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(1, effects("a"));
+}
+
+TEST_F(GuardBatchTest, AFastStoreThatFailsLeavesTheBatchToTheDatabase) {
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast{inner};
+  fast.failing = true;
+  idem::IdempotencyGuard guard{fast, durable_};
+  BatchResult r = run(guard, {"a", "b"});
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  EXPECT_EQ(2u, guard.stats().snapshot().degraded);
+  BatchResult again = run(guard, {"a", "b"});
+  EXPECT_EQ(Outcome::kReplayed, again.answers[0].outcome);
+  EXPECT_EQ(Source::kDurableStore, again.answers[0].source);
+  EXPECT_EQ(1, effects("a"));
+  EXPECT_EQ(1, effects("b"));
+}
+
+// A handler that rewrites the bytes its call's fingerprint views: the record keeps what the
+// batch was given.
+TEST_F(GuardBatchTest, TheBatchOwnsItsFingerprints) {
+  idem::IdempotencyGuard guard{durable_};
+  std::string fp = idem::fingerprint("body");
+  const std::string original = fp;
+  std::vector<BatchCall> c;
+  c.push_back(BatchCall{Key::make("orders", "own"), fp});
+  BatchResult r = guard.run_batch(std::move(c), "done",
+                                  [&](Transaction&, std::size_t) { fp.assign(fp.size(), 'x'); });
+  ASSERT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  auto rec = durable_.lookup(Key::make("orders", "own"));
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(original, rec->fingerprint);
+}
+
+// Eight threads run overlapping batches of the same keys: exactly one effect per key, and
+// across all batches exactly one executed answer per key.
+TEST_F(GuardBatchTest, ConcurrentOverlappingBatchesRunEachKeyOnce) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable_};
+  constexpr int kThreads = 8;
+  constexpr int kKeys = 40;
+  std::atomic<int> executed{0};
+  std::atomic<int> answered{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        std::vector<std::string> ids;
+        std::vector<std::string> fps;
+        for (int k = (t + round) % 4; k < kKeys; k += 3) ids.push_back("k" + std::to_string(k));
+        for (const auto& id : ids) fps.push_back(idem::fingerprint(id));
+        std::vector<BatchCall> c;
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+          c.push_back(BatchCall{Key::make("orders", ids[i]), fps[i]});
+        }
+        try {
+          BatchResult r =
+              guard.run_batch(std::move(c), "done", [&](Transaction& tx, std::size_t i) {
+                tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+              });
+          for (const BatchAnswer& a : r.answers) {
+            ++answered;
+            if (a.outcome == Outcome::kExecuted) ++executed;
+          }
+        } catch (const idem::StorageError&) {
+          // A busy database is typed; the batch committed nothing and is retried below.
+          --round;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  int keys_run = 0;
+  for (int k = 0; k < kKeys; ++k) {
+    const long n = effects("k" + std::to_string(k));
+    EXPECT_EQ(1, n) << "k" << k;
+    keys_run += static_cast<int>(n);
+  }
+  EXPECT_EQ(keys_run, executed.load());
+  EXPECT_GT(answered.load(), 0);
+}
+
+}  // namespace
