@@ -28,3 +28,10 @@ foreach(_idem_c IN LISTS _idem_all_components)
     endif()
   endforeach()
 endforeach()
+
+# The core calls libcrypto 3 functions (EVP_MD_fetch; idem/detail/libcrypto.hpp declares them
+# without OpenSSL's headers): OpenSSL 1.1 would fail at link time, so say it here.
+if(OPENSSL_VERSION AND OPENSSL_VERSION VERSION_LESS 3.0)
+  message(FATAL_ERROR "idem: OpenSSL ${OPENSSL_VERSION} found; idem needs OpenSSL >= 3.0 "
+                      "(Debian 12: apt-get install libssl-dev)")
+endif()

@@ -1,27 +1,20 @@
 // SPDX-License-Identifier: MIT
-// Request fingerprints (SHA-256 of the payload, OpenSSL libcrypto) and per-attempt owner tokens.
+// Request fingerprints: SHA-256 of the payload (OpenSSL libcrypto, declared in
+// idem/detail/libcrypto.hpp: no OpenSSL header is included). Owner tokens are
+// idem/owner_token.hpp (included here too).
 //
 // A fingerprint lets idem tell "the same request again" (replay) from "the same key with a
 // different payload" (a client error, `Outcome::kFingerprintMismatch`). It is optional: pass an
 // empty fingerprint everywhere and every payload matches. Fingerprints are compared exactly.
-//
-// An owner token names one attempt (one call of the guard). Stores complete and release a key
-// only while the token still matches, so an attempt whose lease expired can never overwrite the
-// attempt that took over (fencing).
 #pragma once
 
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <pthread.h>
-
 #include <array>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 
+#include "idem/detail/libcrypto.hpp"
 #include "idem/errors.hpp"
+#include "idem/owner_token.hpp"
 
 namespace idem {
 
@@ -36,55 +29,18 @@ inline std::string to_hex(const unsigned char* data, std::size_t size) {
   return out;
 }
 
-// Bumped in a forked child, so buffered random bytes of the parent are never used twice.
-inline std::atomic<unsigned>& fork_generation() noexcept {
-  static std::atomic<unsigned> generation{0};
-  return generation;
-}
-
-/// `n` (<= 4096) bytes from OpenSSL's CSPRNG, served from a per-thread 4 KiB buffer.
-/// @throws idem::UsageError if RAND_bytes fails.
-inline void random_bytes(unsigned char* out, std::size_t n) {
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, [] { fork_generation().fetch_add(1); });
-    return true;
-  }();
-  (void)registered;
-  struct Buffer {
-    std::array<unsigned char, 4096> bytes{};
-    std::size_t used = 4096;
-    unsigned generation = 0;
-  };
-  thread_local Buffer buf;
-  const unsigned generation = fork_generation().load(std::memory_order_relaxed);
-  if (buf.used + n > buf.bytes.size() || buf.generation != generation) {
-    if (RAND_bytes(buf.bytes.data(), static_cast<int>(buf.bytes.size())) != 1) {
-      throw UsageError("idem::OwnerToken: RAND_bytes failed");
-    }
-    buf.used = 0;
-    buf.generation = generation;
-  }
-  std::memcpy(out, buf.bytes.data() + buf.used, n);
-  // Bytes handed out are wiped from the buffer.
-  std::memset(buf.bytes.data() + buf.used, 0, n);
-  buf.used += n;
-}
-
-// SHA-256, looked up once. With OpenSSL 3, EVP_sha256() hands out a placeholder that every
-// EVP_DigestInit_ex resolves again (a provider fetch: ~3,000 instructions, more than hashing a
-// short payload); an explicitly fetched EVP_MD skips that.
-inline const EVP_MD* sha256() noexcept {
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-  static EVP_MD* const fetched = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-  if (fetched != nullptr) return fetched;
-#endif
-  return EVP_sha256();
+// SHA-256, fetched once. (EVP_sha256() hands out a placeholder that every EVP_DigestInit_ex
+// resolves again, a provider fetch of ~3,000 instructions, more than hashing a short payload;
+// an explicitly fetched EVP_MD skips that.) Null if the default provider has no SHA-256.
+inline const evp_md_st* sha256() noexcept {
+  static evp_md_st* const fetched = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return fetched;
 }
 
 // One digest context per thread, reused by every fingerprint() of that thread (no allocation
 // per call).
 struct DigestContext {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  evp_md_ctx_st* ctx = EVP_MD_CTX_new();
   DigestContext() = default;
   DigestContext(const DigestContext&) = delete;
   DigestContext& operator=(const DigestContext&) = delete;
@@ -98,61 +54,16 @@ struct DigestContext {
 /// @endcode
 /// @throws idem::UsageError only if libcrypto itself fails (it does not for SHA-256).
 inline std::string fingerprint(std::string_view payload) {
-  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  std::array<unsigned char, detail::kSha256Size> md{};
   unsigned int len = 0;
   thread_local detail::DigestContext digest;
-  if (digest.ctx == nullptr || EVP_DigestInit_ex(digest.ctx, detail::sha256(), nullptr) != 1 ||
+  if (digest.ctx == nullptr || detail::sha256() == nullptr ||
+      EVP_DigestInit_ex(digest.ctx, detail::sha256(), nullptr) != 1 ||
       EVP_DigestUpdate(digest.ctx, payload.data(), payload.size()) != 1 ||
       EVP_DigestFinal_ex(digest.ctx, md.data(), &len) != 1) {
     throw UsageError("idem::fingerprint: SHA-256 failed");
   }
   return detail::to_hex(md.data(), len);
 }
-
-/// A random token naming one attempt: 90 random bits as 15 base64url characters
-/// ([A-Za-z0-9_-]). 15 characters fit std::string's inline buffer, so a token costs no heap
-/// allocation per attempt; 90 bits keep two attempts from ever sharing a token in practice
-/// (a token only has to differ from the other attempts on the same key during a lease).
-class OwnerToken {
- public:
-  /// Characters in a generated token.
-  static constexpr std::size_t kLength = 15;
-
-  /// A fresh random token (OpenSSL RAND_bytes, a CSPRNG: tokens never repeat in practice).
-  /// RAND_bytes is asked for 4 KiB at a time per thread (one call per ~340 tokens: a call
-  /// costs ~0.9 us with OpenSSL 3, a round trip to Redis ~20 us); a forked child never reuses
-  /// its parent's buffered bytes.
-  static OwnerToken generate() {
-    static constexpr char kAlphabet[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    std::array<unsigned char, 12> raw{};  // 96 bits; the 15 characters carry 90 of them
-    detail::random_bytes(raw.data(), raw.size());
-    std::string token(kLength, '\0');
-    std::size_t out = 0;
-    for (std::size_t i = 0; i < raw.size(); i += 3) {
-      const unsigned v = (unsigned{raw[i]} << 16) | (unsigned{raw[i + 1]} << 8) | raw[i + 2];
-      for (int shift = 18; shift >= 0 && out < kLength; shift -= 6) {
-        token[out++] = kAlphabet[(v >> shift) & 0x3F];
-      }
-    }
-    return OwnerToken(std::move(token));
-  }
-  /// Wraps a token read back from a store.
-  static OwnerToken from_string(std::string token) { return OwnerToken(std::move(token)); }
-
-  /// The token's characters (kLength for generated tokens; a token read from a store is kept
-  /// as stored, e.g. 32 hex characters in records written by earlier versions).
-  const std::string& str() const noexcept { return token_; }
-  /// Same characters.
-  friend bool operator==(const OwnerToken& a, const OwnerToken& b) noexcept {
-    return a.token_ == b.token_;
-  }
-  /// Different characters.
-  friend bool operator!=(const OwnerToken& a, const OwnerToken& b) noexcept { return !(a == b); }
-
- private:
-  explicit OwnerToken(std::string token) : token_(std::move(token)) {}
-  std::string token_;
-};
 
 }  // namespace idem

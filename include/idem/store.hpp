@@ -38,7 +38,7 @@
 
 #include "idem/clock.hpp"
 #include "idem/errors.hpp"
-#include "idem/fingerprint.hpp"
+#include "idem/owner_token.hpp"
 #include "idem/key.hpp"
 
 namespace idem {
