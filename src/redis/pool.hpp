@@ -56,12 +56,12 @@ const char* send_error_text(int err) noexcept;
 /// (0: the server got nothing, so no command of the buffer was applied). Every write to a Redis
 /// connection goes through it (hiredis' own write(2) would raise SIGPIPE on a connection the
 /// server closed).
-IDEM_EXPORT int write_buffered(redisContext* c, std::size_t* written = nullptr) noexcept;
+int write_buffered(redisContext* c, std::size_t* written = nullptr) noexcept;
 
 /// redisCommandArgv without SIGPIPE: buffers the command, writes it (write_buffered), reads
 /// its reply. Null on a connection failure (c->err set), as redisCommandArgv.
-IDEM_EXPORT redisReply* command_argv(redisContext* c, int argc, const char** argv,
-                                     const std::size_t* lens) noexcept;
+redisReply* command_argv(redisContext* c, int argc, const char** argv,
+                         const std::size_t* lens) noexcept;
 
 /// Connections are made on demand up to `size`, kept idle between calls, and dropped when
 /// they break. When one breaks because the server went away (EOF, reset, refused), every
