@@ -26,6 +26,10 @@ constexpr int kSchemaVersion = 1;
 constexpr int kClaimRounds = 4;
 // Fingerprints are stored in a varbinary(255).
 constexpr std::size_t kMaxFingerprint = 255;
+// Transactional mode's claim writes the record's expiry `retention` plus this margin from
+// the claim (at most a tenth of the retention): a transaction shorter than the margin
+// completes without moving it (see Impl::build).
+constexpr std::chrono::microseconds kExpirySlack = std::chrono::seconds(60);
 // Bytes of a statement packet that are not the response (keys, owner, fingerprint, header).
 constexpr std::uint64_t kPacketHeadroom = 4096;
 
@@ -130,8 +134,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
-  std::string claim, read, probe, probe_locked, takeover, remove_expired, complete, fail, release,
-      extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
+  std::string claim, claim_final, read, probe, probe_locked, takeover, remove_expired, complete,
+      fail, release, extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
@@ -151,6 +155,18 @@ struct IDEM_LOCAL MysqlStore::Impl {
             ", status, fingerprint, owner, lease_until, created_at, updated_at)"
             " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
             " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
+    // Transactional mode's claim also writes the record's expiry, with a margin (kExpirySlack)
+    // for the transaction's own duration; the completion keeps it when it is at least
+    // `retention` away, so the completion of a usual transaction leaves the expires_at index
+    // alone (an indexed column changed by an UPDATE costs a delete-mark and an insert in that
+    // index, and purge work later). The purge and every read ignore expires_at while the
+    // record is in progress, and nobody else sees the row before it commits completed.
+    claim_final =
+        "INSERT INTO " + t + " (" + k + ", " + s +
+        ", status, fingerprint, owner, lease_until, expires_at, created_at, updated_at)"
+        " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
+        " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND,"
+        " UTC_TIMESTAMP(3) + INTERVAL ?6 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
     read = "SELECT " + record_columns() + " FROM " + t + where;
     probe = "SELECT " +
             record_columns().substr(0, record_columns().find(", " + millis("lease_until"))) +
@@ -169,9 +185,13 @@ struct IDEM_LOCAL MysqlStore::Impl {
                " AND status = 'in_progress' AND owner = ?5 AND lease_until <= UTC_TIMESTAMP(3)";
     remove_expired = "DELETE FROM " + t + where +
                      " AND status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3)";
+    // The record is kept at least `retention` (?5) from now: an expiry written by the claim
+    // that is far enough stays (see claim_final), any other (NULL for a two-phase claim) is
+    // set.
     complete = "UPDATE " + t +
                " SET status = 'completed', response_body = ?4,"
-               " expires_at = UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND,"
+               " expires_at = IF(expires_at >= UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND, expires_at,"
+               " UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND),"
                " updated_at = UTC_TIMESTAMP(3)" +
                where + " AND owner = ?3 AND status = 'in_progress'";
     fail = "UPDATE " + t +
@@ -213,13 +233,23 @@ struct IDEM_LOCAL MysqlStore::Impl {
 
   // Claims or finds the record on `c` (inside its transaction when `locked`, else
   // autocommit). A lock wait timeout (1205) or deadlock (1213) propagates.
+  // `retention` > 0 (transactional mode): an inserted row carries its expiry already (see
+  // claim_final).
   ClaimResult claim_on(detail::Connection& c, const Key& key, std::string_view fingerprint,
-                       const OwnerToken& owner, std::chrono::milliseconds lease, bool locked) {
+                       const OwnerToken& owner, std::chrono::milliseconds lease, bool locked,
+                       std::chrono::seconds retention = std::chrono::seconds(0)) {
     const long long lease_us = lease.count() * 1000;
     for (int round = 0; round < kClaimRounds; ++round) {
       try {
-        exec(c, claim, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint}, owner.str(),
-             lease_us);
+        if (retention.count() > 0) {
+          const std::chrono::microseconds r = retention;
+          const std::chrono::microseconds keep = r + std::min(r / 10, kExpirySlack);
+          exec(c, claim_final, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint},
+               owner.str(), lease_us, static_cast<long long>(keep.count()));
+        } else {
+          exec(c, claim, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint}, owner.str(),
+               lease_us);
+        }
         return ClaimResult{};  // inserted: ours
       } catch (const DuplicateKey&) {
         // The key exists: decide from the row below.
@@ -471,8 +501,8 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
     c.watch_transaction();
     bool handler_ran = false;
     try {
-      ClaimResult claim =
-          impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0), true);
+      ClaimResult claim = impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0),
+                                          true, retention);
       if (claim.status != ClaimStatus::kClaimed) {
         c.rollback();  // nothing was written
         return TransactionalResult::found(std::move(claim));

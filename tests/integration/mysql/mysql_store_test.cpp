@@ -394,6 +394,82 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
   EXPECT_EQ(1, effects(k2));
 }
 
+// Transactional mode: the claim writes the record's expiry (retention plus a margin of a tenth,
+// at most 60 s), so the completion of a short transaction keeps it and leaves the expires_at
+// index alone; a transaction longer than the margin, a takeover and a two-phase completion set
+// it from the completion, so a record is always kept at least `retention` after it completed.
+TEST_F(MysqlStoreTest, ExpiryIsWrittenByTheClaimAndKeptAtLeastTheRetention) {
+  MysqlStore store{my::options()};
+  auto expiry = [](const idem::Key& k) {
+    auto rows = my::raw().query(
+        "SELECT status, CAST(expires_at AS CHAR), TIMESTAMPDIFF(MICROSECOND, created_at,"
+        " expires_at), TIMESTAMPDIFF(MICROSECOND, updated_at, expires_at) FROM api_idempotency"
+        " WHERE biz_type = 'payment' AND idem_key = " +
+        my::raw().quote(k.id()));
+    EXPECT_EQ(1u, rows.size());
+    return rows.empty() ? std::vector<std::optional<std::string>>(4) : rows[0];
+  };
+  // A short transaction: the claim's expiry, 600 s + 60 s from the claim, stays.
+  auto k = key("expiry");
+  std::optional<std::string> during;
+  auto r = store.run_transactional(
+      k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600), [&](Transaction& tx) {
+        auto row = tx.query(
+            "SELECT status, CAST(expires_at AS CHAR), TIMESTAMPDIFF(MICROSECOND, created_at,"
+            " expires_at) FROM api_idempotency WHERE biz_type = 'payment' AND idem_key = ?",
+            k.id());
+        EXPECT_EQ(1u, row.size());
+        if (row.size() == 1) {
+          EXPECT_EQ("in_progress", row[0][0].bytes());
+          EXPECT_EQ("660000000", row[0][2].bytes());
+          during = row[0][1].bytes();
+        }
+        return std::string("paid");
+      });
+  ASSERT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  auto done = expiry(k);
+  EXPECT_EQ("completed", done[0].value_or(""));
+  EXPECT_EQ(during, done[1]) << "the completion kept the claim's expiry";
+  EXPECT_EQ("660000000", done[2].value_or(""));
+  EXPECT_GE(std::stoll(done[3].value_or("0")), 600'000'000LL);
+
+  // A transaction longer than the margin (a tenth of 1 s): the completion moves the expiry to
+  // exactly `retention` after it.
+  auto slow = key("expiry_slow");
+  (void)store.run_transactional(slow, "", idem::OwnerToken::generate(), std::chrono::seconds(1),
+                                [](Transaction&) {
+                                  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                                  return std::string("slow");
+                                });
+  auto moved = expiry(slow);
+  EXPECT_EQ("completed", moved[0].value_or(""));
+  EXPECT_EQ("1000000", moved[3].value_or(""));
+  EXPECT_GE(std::stoll(moved[2].value_or("0")), 1'300'000LL);
+
+  // Two-phase: begin writes no expiry, complete sets it.
+  auto two = key("expiry_two_phase");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(two, "", owner, std::chrono::milliseconds(60'000)).status);
+  EXPECT_FALSE(expiry(two)[1].has_value()) << "no expiry while in progress";
+  ASSERT_TRUE(store.complete(two, owner, "done", std::chrono::seconds(600)));
+  EXPECT_EQ("600000000", expiry(two)[3].value_or(""));
+
+  // A transactional takeover of a crashed two-phase attempt sets it from the completion too.
+  auto taken = key("expiry_takeover");
+  ASSERT_EQ(
+      ClaimStatus::kClaimed,
+      store.begin(taken, "", idem::OwnerToken::generate(), std::chrono::milliseconds(50)).status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto t =
+      store.run_transactional(taken, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                              [](Transaction&) { return std::string("taken"); });
+  ASSERT_EQ(idem::TransactionalStatus::kCommitted, t.status);
+  EXPECT_TRUE(t.took_over);
+  EXPECT_EQ("600000000", expiry(taken)[3].value_or(""));
+  EXPECT_EQ("taken", store.lookup(taken)->response);
+}
+
 // Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
 // table itself with HEX(), outside idem.
 TEST_F(MysqlStoreTest, ResponsesAreBinarySafeInTheTable) {
