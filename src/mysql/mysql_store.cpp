@@ -142,6 +142,9 @@ struct IDEM_LOCAL MysqlStore::Impl {
   std::atomic<bool> column_known{false};
   std::atomic<bool> column_binary{true};
   std::atomic<std::uint64_t> column_max{0};
+  // The completion by the row's id, when the table's primary key is one AUTO_INCREMENT
+  // column (empty otherwise; written before column_known is set).
+  std::string complete_by_id;
 
   explicit Impl(MysqlStoreOptions& o) : options(o) {}
 
@@ -234,18 +237,22 @@ struct IDEM_LOCAL MysqlStore::Impl {
   // Claims or finds the record on `c` (inside its transaction when `locked`, else
   // autocommit). A lock wait timeout (1205) or deadlock (1213) propagates.
   // `retention` > 0 (transactional mode): an inserted row carries its expiry already (see
-  // claim_final).
+  // claim_final), and *row_id is its AUTO_INCREMENT id (0: none, or the row was not inserted).
   ClaimResult claim_on(detail::Connection& c, const Key& key, std::string_view fingerprint,
                        const OwnerToken& owner, std::chrono::milliseconds lease, bool locked,
-                       std::chrono::seconds retention = std::chrono::seconds(0)) {
+                       std::chrono::seconds retention = std::chrono::seconds(0),
+                       std::uint64_t* row_id = nullptr) {
+    if (row_id != nullptr) *row_id = 0;
     const long long lease_us = lease.count() * 1000;
     for (int round = 0; round < kClaimRounds; ++round) {
       try {
         if (retention.count() > 0) {
           const std::chrono::microseconds r = retention;
           const std::chrono::microseconds keep = r + std::min(r / 10, kExpirySlack);
-          exec(c, claim_final, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint},
-               owner.str(), lease_us, static_cast<long long>(keep.count()));
+          auto out =
+              exec(c, claim_final, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint},
+                   owner.str(), lease_us, static_cast<long long>(keep.count()));
+          if (row_id != nullptr) *row_id = out.insert_id;
         } else {
           exec(c, claim, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint}, owner.str(),
                lease_us);
@@ -305,6 +312,27 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        ": use a BLOB type (binary-safe) or utf8mb4 text");
     }
     column_binary.store(binary);
+    // The primary key, when it is one AUTO_INCREMENT column (idem's tables and the seed's
+    // `id`): a completion that finds the row by it reads the clustered index only, where one
+    // by (key, scope) reads the unique key first (and the optimizer plans a range on it).
+    Rows pk;
+    exec(c,
+         "SELECT MAX(k.COLUMN_NAME), COUNT(*), MAX(c.EXTRA LIKE '%auto_increment%')"
+         " FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c"
+         " ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME"
+         " AND c.COLUMN_NAME = k.COLUMN_NAME"
+         " WHERE k.TABLE_SCHEMA = DATABASE() AND k.TABLE_NAME = ?1"
+         " AND k.CONSTRAINT_NAME = 'PRIMARY'",
+         "read the table definition", &pk, options.table);
+    complete_by_id.clear();
+    if (!pk.empty() && !pk[0][1].is_null() && pk[0][1].as_int64() == 1 && !pk[0][2].is_null() &&
+        pk[0][2].as_int64() == 1) {
+      std::string quoted = "`";
+      for (char ch : pk[0][0].bytes()) quoted += ch == '`' ? std::string("``") : std::string(1, ch);
+      quoted += "`";
+      complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
+                       " = ?6 AND owner = ?3 AND status = 'in_progress'";
+    }
     column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
     column_known.store(true);
   }
@@ -501,8 +529,9 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
     c.watch_transaction();
     bool handler_ran = false;
     try {
+      std::uint64_t row_id = 0;
       ClaimResult claim = impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0),
-                                          true, retention);
+                                          true, retention, &row_id);
       if (claim.status != ClaimStatus::kClaimed) {
         c.rollback();  // nothing was written
         return TransactionalResult::found(std::move(claim));
@@ -510,9 +539,14 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       handler_ran = true;
       std::string response = handler(tx);
       impl_->check_response(c, response);
-      auto done =
-          impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(), owner.str(),
-                      Blob{response}, static_cast<long long>(retention.count()));
+      // The row this transaction inserted is found by its id where the primary key allows it
+      // (see load_column); a row it took over, by its key.
+      const auto seconds = static_cast<long long>(retention.count());
+      auto done = row_id != 0 && !impl_->complete_by_id.empty()
+                      ? impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(),
+                                    key.scope(), owner.str(), Blob{response}, seconds, row_id)
+                      : impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
+                                    owner.str(), Blob{response}, seconds);
       if (done.affected != 1) {
         // We inserted or took over the row in this transaction and hold its lock.
         throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");

@@ -331,6 +331,8 @@ TEST_F(MysqlStoreTest, StatementsOnTheWire) {
   EXPECT_EQ(0u, sent[0].find("INSERT INTO `api_idempotency`"));
   EXPECT_EQ(0u, sent[1].find("INSERT INTO idem_test_effects"));
   EXPECT_EQ(0u, sent[2].find("UPDATE `api_idempotency` SET status = 'completed'"));
+  // The row the claim inserted is completed by its id (the table's primary key).
+  EXPECT_NE(std::string::npos, sent[2].find(" WHERE `id` = ")) << sent[2];
   EXPECT_EQ("COMMIT", sent[3]);
   EXPECT_EQ(0u, sent[4].find("SELECT status"));  // the replay: one read, nothing else
   for (const auto& s : sent) {
@@ -468,6 +470,51 @@ TEST_F(MysqlStoreTest, ExpiryIsWrittenByTheClaimAndKeptAtLeastTheRetention) {
   EXPECT_TRUE(t.took_over);
   EXPECT_EQ("600000000", expiry(taken)[3].value_or(""));
   EXPECT_EQ("taken", store.lookup(taken)->response);
+}
+
+// The completion finds the row the claim inserted by its id only where the table's primary
+// key is one AUTO_INCREMENT column; elsewhere (here: the key columns are the primary key, and
+// an AUTO_INCREMENT column is only indexed) by its key, and every answer is the same.
+TEST_F(MysqlStoreTest, CompletionByIdOnlyWhereThePrimaryKeyIsOneAutoIncrementColumn) {
+  const std::string t = idem::test::unique_name("api_pk");
+  my::raw().query("CREATE TABLE " + t +
+                  " (seq bigint NOT NULL AUTO_INCREMENT,"
+                  " idem_key varchar(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,"
+                  " biz_type varchar(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,"
+                  " status varchar(32) NOT NULL, response_body longblob,"
+                  " created_at datetime(3) NOT NULL, updated_at datetime(3) NOT NULL,"
+                  " fingerprint varbinary(255) NOT NULL DEFAULT '', owner varchar(64) NOT NULL"
+                  " DEFAULT '', lease_until datetime(3) NULL, expires_at datetime(3) NULL,"
+                  " attempts int NOT NULL DEFAULT 1, PRIMARY KEY (idem_key, biz_type),"
+                  " KEY (seq), KEY (expires_at))");
+  auto o = my::options();
+  o.table = t;
+  o.migrate = false;
+  o.pool_size = 1;  // one session: its log lines are read below
+  MysqlStore store{o};
+  const long long session = store.with_transaction(
+      [](Transaction& tx) { return tx.query_int64("SELECT CONNECTION_ID()").value(); });
+  idem::IdempotencyGuard guard{store};
+  auto k = key("pk");
+  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  auto r = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  my::raw().query("SET GLOBAL general_log = 0");
+  auto updates = my::raw().query(
+      "SELECT CONVERT(argument USING utf8mb4) FROM mysql.general_log WHERE thread_id = " +
+      std::to_string(session) + " AND command_type = 'Execute' AND argument LIKE 'UPDATE%'");
+  ASSERT_EQ(1u, updates.size());
+  EXPECT_NE(std::string::npos, updates[0][0]->find(" WHERE `idem_key` = ")) << *updates[0][0];
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  auto again = guard.run(k, "fp", [&](Transaction&) { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("paid", again.value.value_or(""));
+  EXPECT_EQ(1, effects(k));
+  EXPECT_EQ("completed", *my::raw().query("SELECT status FROM " + t +
+                                          " WHERE idem_key = " + my::raw().quote(k.id()))[0][0]);
+  my::raw().query("DROP TABLE " + t);
 }
 
 // Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
