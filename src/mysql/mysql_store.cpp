@@ -35,31 +35,69 @@ constexpr std::uint64_t kPacketHeadroom = 4096;
 
 std::string q(const std::string& identifier) { return "`" + identifier + "`"; }
 
-// Milliseconds since the epoch of a UTC datetime column, NULL when NULL (independent of the
-// session's time_zone, unlike UNIX_TIMESTAMP()).
-std::string millis(const std::string& column) {
-  return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + column + ") DIV 1000";
-}
-
 struct Found {
   Record record;
   bool live = false;     // in progress and its lease has not ended (database clock)
   bool expired = false;  // completed/failed and its retention has ended
 };
 
-TimePoint time_field(const Field& f) {
-  return f.is_null() ? TimePoint{} : from_millis(f.as_int64());
+// Days from 1970-01-01 to the proleptic Gregorian date y-m-d.
+constexpr long long days_from_civil(long long y, unsigned m, unsigned d) noexcept {
+  y -= m <= 2 ? 1 : 0;
+  const long long era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<long long>(doe) - 719468;
 }
 
-// Columns of a full record read (lookup), in this order (see parse_found).
-std::string record_columns() {
-  return "status, fingerprint, owner, response_body, " + millis("created_at") +
-         ", lease_until > UTC_TIMESTAMP(3),"
-         " status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3), " +
-         millis("lease_until") + ", " + millis("updated_at") + ", " + millis("expires_at");
+// A time column as MySQL prints it, "YYYY-MM-DD hh:mm:ss[.f...]", read as UTC (idem writes
+// UTC_TIMESTAMP(3)); epoch for NULL and for a zero date. The text is parsed here rather than
+// converted by the server (TIMESTAMPDIFF from the epoch), which costs the server a function
+// and a literal to resolve and evaluate per column and row. @throws StorageError for
+// anything else.
+TimePoint time_field(const Field& f) {
+  if (f.is_null()) return TimePoint{};
+  const std::string& t = f.bytes();
+  bool ok = t.size() >= 19 && t[4] == '-' && t[7] == '-' && t[10] == ' ' && t[13] == ':' &&
+            t[16] == ':' && (t.size() == 19 || (t[19] == '.' && t.size() > 20));
+  auto number = [&](std::size_t at, std::size_t digits) {
+    long long v = 0;
+    for (std::size_t i = at; i < at + digits && i < t.size(); ++i) {
+      if (t[i] < '0' || t[i] > '9') ok = false;
+      v = v * 10 + (t[i] - '0');
+    }
+    return v;
+  };
+  const long long year = number(0, 4), month = number(5, 2), day = number(8, 2),
+                  hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
+  long long ms = 0;
+  for (std::size_t i = 20; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') ok = false;
+    if (i < 23) ms = ms * 10 + (t[i] - '0');
+  }
+  for (std::size_t i = t.size(); i < 23 && t.size() > 19; ++i) ms *= 10;  // ".5" is 500 ms
+  if (!ok || month > 12 || day > 31 || hour > 23 || minute > 59 || second > 59) {
+    throw StorageError("mysql: '" + t.substr(0, 40) + "' is not a datetime");
+  }
+  if (year == 0 && month == 0 && day == 0) return TimePoint{};  // a zero date
+  if (month == 0 || day == 0) throw StorageError("mysql: '" + t + "' is not a datetime");
+  const long long days =
+      days_from_civil(year, static_cast<unsigned>(month), static_cast<unsigned>(day));
+  return from_millis((((days * 24 + hour) * 60 + minute) * 60 + second) * 1000 + ms);
 }
+
+// Columns of a full record read (lookup), in this order (see parse_found). The expiry flag
+// is `expires_at <= now` alone: it counts only for a record that is not in progress, which
+// parse_found checks on the status it read.
+constexpr const char* kRecordColumns =
+    "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
+    " expires_at <= UTC_TIMESTAMP(3), lease_until, updated_at, expires_at";
 // What a claim or a replay needs: the first seven of them.
 constexpr std::size_t kProbeColumns = 7;
+constexpr const char* kProbeColumnsText =
+    "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
+    " expires_at <= UTC_TIMESTAMP(3)";
 
 // A record from a read's row; the row's bytes are moved out. Reads of the full record have
 // the three times after the probe's seven columns. A status or time value idem did not write
@@ -76,7 +114,8 @@ Found parse_found(Row& row, const Key& key) {
     f.record.response = row[3].take();
     f.record.created_at = time_field(row[4]);
     f.live = !row[5].is_null() && row[5].as_int64() != 0;
-    f.expired = !row[6].is_null() && row[6].as_int64() != 0;
+    f.expired = f.record.status != Record::Status::kInProgress && !row[6].is_null() &&
+                row[6].as_int64() != 0;
     if (row.size() >= kProbeColumns + 3) {
       f.record.lease_until = time_field(row[7]);
       f.record.updated_at = time_field(row[8]);
@@ -170,10 +209,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
         " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
         " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND,"
         " UTC_TIMESTAMP(3) + INTERVAL ?6 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
-    read = "SELECT " + record_columns() + " FROM " + t + where;
-    probe = "SELECT " +
-            record_columns().substr(0, record_columns().find(", " + millis("lease_until"))) +
-            " FROM " + t + where;
+    read = std::string("SELECT ") + kRecordColumns + " FROM " + t + where;
+    probe = std::string("SELECT ") + kProbeColumnsText + " FROM " + t + where;
     // Inside a transaction, after a 1062: a locking read sees the latest committed row, where
     // REPEATABLE READ's snapshot could show an older one. The failed INSERT already holds a
     // shared lock on that index record, so this adds no wait, and shared locks of concurrent

@@ -517,6 +517,63 @@ TEST_F(MysqlStoreTest, CompletionByIdOnlyWhereThePrimaryKeyIsOneAutoIncrementCol
   my::raw().query("DROP TABLE " + t);
 }
 
+// Record times are read to the millisecond, as the server computes them from the columns
+// (datetime(3) and an adopted table's datetime without fractions), and a replay's first_seen is
+// the record's created_at.
+TEST_F(MysqlStoreTest, RecordTimesAreReadToTheMillisecond) {
+  MysqlStore store{my::options()};
+  auto millis = [](const std::string& table, const std::string& column, const idem::Key& k) {
+    return my::raw().scalar("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + column +
+                            ") DIV 1000 FROM " + table +
+                            " WHERE idem_key = " + my::raw().quote(k.id()));
+  };
+  auto ms = [](idem::TimePoint t) { return static_cast<long>(idem::to_millis(t)); };
+  auto k = key("times");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(k, "", owner, std::chrono::milliseconds(60'000)).status);
+  auto held = store.lookup(k);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(millis("api_idempotency", "lease_until", k), ms(held->lease_until));
+  EXPECT_EQ(idem::TimePoint{}, held->expires_at) << "no expiry while in progress";
+  ASSERT_TRUE(store.complete(k, owner, "done", std::chrono::seconds(600)));
+  auto rec = store.lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(millis("api_idempotency", "created_at", k), ms(rec->created_at));
+  EXPECT_EQ(millis("api_idempotency", "updated_at", k), ms(rec->updated_at));
+  EXPECT_EQ(millis("api_idempotency", "expires_at", k), ms(rec->expires_at));
+  EXPECT_EQ(ms(rec->updated_at) + 600'000, ms(rec->expires_at));
+  idem::IdempotencyGuard guard{store};
+  auto replay = guard.run(k, "", [](Transaction&) { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ(ms(rec->created_at), ms(replay.first_seen));
+
+  // Whole seconds (a datetime column without fractions, as adopted tables may have).
+  const std::string t = idem::test::unique_name("api_seconds");
+  my::raw().query("CREATE TABLE " + t +
+                  " (id bigint primary key auto_increment,"
+                  " idem_key varchar(128) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " biz_type varchar(64) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " status varchar(32) not null, response_body longblob,"
+                  " created_at datetime not null, updated_at datetime not null,"
+                  " fingerprint varbinary(255) NOT NULL DEFAULT '', owner varchar(64) NOT NULL"
+                  " DEFAULT '', lease_until datetime NULL, expires_at datetime NULL,"
+                  " attempts int NOT NULL DEFAULT 1, unique key uk (idem_key, biz_type))");
+  auto o = my::options();
+  o.table = t;
+  o.migrate = false;
+  MysqlStore seconds{o};
+  auto s = key("seconds");
+  (void)seconds.run_transactional(s, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [](Transaction&) { return std::string("r"); });
+  auto whole = seconds.lookup(s);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(millis(t, "created_at", s), ms(whole->created_at));
+  EXPECT_EQ(0, ms(whole->created_at) % 1000);
+  EXPECT_EQ(millis(t, "expires_at", s), ms(whole->expires_at));
+  my::raw().query("DROP TABLE " + t);
+}
+
 // Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
 // table itself with HEX(), outside idem.
 TEST_F(MysqlStoreTest, ResponsesAreBinarySafeInTheTable) {
