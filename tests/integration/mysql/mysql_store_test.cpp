@@ -574,6 +574,38 @@ TEST_F(MysqlStoreTest, RecordTimesAreReadToTheMillisecond) {
   my::raw().query("DROP TABLE " + t);
 }
 
+// Session::query hands DATETIME and TIMESTAMP values over as the server prints them (here:
+// compared with the text protocol's answer), whatever their fractional digits, zero dates too.
+TEST_F(MysqlStoreTest, DatetimeColumnsReadAsTheServerPrintsThem) {
+  const std::string t = idem::test::unique_name("times");
+  my::raw().query("CREATE TABLE " + t +
+                  " (n int PRIMARY KEY, d0 datetime NULL, d1 datetime(1) NULL,"
+                  " d3 datetime(3) NULL, d6 datetime(6) NULL, ts2 timestamp(2) NULL)");
+  my::raw().query("SET SESSION sql_mode = ''");  // a zero date is accepted
+  my::raw().query("INSERT INTO " + t +
+                  " VALUES (1, '2026-12-02 03:04:05', '2026-12-02 03:04:05.9',"
+                  " '1999-01-31 23:59:59.007', '2026-02-28 00:00:00.000042',"
+                  " '2026-12-02 03:04:05.12'),"
+                  " (2, '0000-00-00 00:00:00', NULL, '1000-01-01 00:00:00.000',"
+                  " '9999-12-31 23:59:59.999999', NULL)");
+  my::raw().query("SET SESSION sql_mode = DEFAULT");
+  const std::string select = "SELECT d0, d1, d3, d6, ts2 FROM " + t + " ORDER BY n";
+  auto text = my::raw().query(select);
+  MysqlStore store{my::options()};
+  auto bound = store.with_session([&](idem::mysql::Session& s) { return s.query(select); });
+  ASSERT_EQ(2u, text.size());
+  ASSERT_EQ(2u, bound.size());
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t c = 0; c < 5; ++c) {
+      EXPECT_EQ(text[r][c].has_value(), !bound[r][c].is_null()) << r << "," << c;
+      EXPECT_EQ(text[r][c].value_or(""), bound[r][c].bytes()) << r << "," << c;
+    }
+  }
+  EXPECT_EQ("1999-01-31 23:59:59.007", bound[0][2].bytes());
+  EXPECT_EQ("0000-00-00 00:00:00", bound[1][0].bytes());
+  my::raw().query("DROP TABLE " + t);
+}
+
 // Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
 // table itself with HEX(), outside idem.
 TEST_F(MysqlStoreTest, ResponsesAreBinarySafeInTheTable) {
