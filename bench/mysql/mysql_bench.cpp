@@ -6,10 +6,13 @@
 //      by 1062);
 //   2. (with IDEM_TEST_REDIS_URL) the same with Redis in front: RedisStore vs hand-written
 //      hiredis + libmariadb (SET key owner NX PX; the four MySQL statements; SET key response);
-//   3. a duplicate with the fast store down (replayed from MySQL) vs one raw prepared SELECT of
-//      the record.
-// Prints per-call latencies, statements per call (the server's `Questions` counter), the
-// commit flush setting, and `ratio <name> = <ours over baseline, higher is better>`.
+//   3. a duplicate with the fast store down (replayed from MySQL; the guard skips the down fast
+//      store for a second after a failure, GuardOptions::fast_store_retry_after) vs one raw
+//      prepared SELECT of the record; the guard trying the fast store on every call is timed
+//      alongside.
+// Prints per-call latencies, the driver's and the server's CPU time per call, statements per
+// call (the server's `Questions` counter) and other SHOW GLOBAL STATUS counters, the commit
+// flush setting, and `ratio <name> = <ours over baseline, higher is better>`.
 //
 // Env: IDEM_TEST_MYSQL_URI (required), IDEM_TEST_REDIS_URL (optional: part 2),
 // IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS (per round and side, default 200),
