@@ -182,8 +182,10 @@ struct IDEM_LOCAL MysqlStore::Impl {
   std::atomic<bool> column_binary{true};
   std::atomic<std::uint64_t> column_max{0};
   // The completion by the row's id, when the table's primary key is one AUTO_INCREMENT
-  // column (empty otherwise; written before column_known is set).
+  // column (empty otherwise). Written once, under column_mutex, before by_id_known is set
+  // (idem's migration never changes a primary key); read only once by_id_known is.
   std::string complete_by_id;
+  std::atomic<bool> by_id_known{false};
 
   explicit Impl(MysqlStoreOptions& o) : options(o) {}
 
@@ -352,25 +354,28 @@ struct IDEM_LOCAL MysqlStore::Impl {
     // The primary key, when it is one AUTO_INCREMENT column (idem's tables and the seed's
     // `id`): a completion that finds the row by it reads the clustered index only, where one
     // by (key, scope) reads the unique key first (and the optimizer plans a range on it).
-    Rows pk;
-    exec(c,
-         "SELECT MAX(k.COLUMN_NAME), COUNT(*), MAX(c.EXTRA LIKE '%auto_increment%')"
-         " FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c"
-         " ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME"
-         " AND c.COLUMN_NAME = k.COLUMN_NAME"
-         " WHERE k.TABLE_SCHEMA = DATABASE() AND k.TABLE_NAME = ?1"
-         " AND k.CONSTRAINT_NAME = 'PRIMARY'",
-         "read the table definition", &pk, options.table);
-    complete_by_id.clear();
-    if (!pk.empty() && !pk[0][1].is_null() && pk[0][1].as_int64() == 1 && !pk[0][2].is_null() &&
-        pk[0][2].as_int64() == 1) {
-      std::string quoted = "`";
-      for (char ch : pk[0][0].bytes()) quoted += ch == '`' ? std::string("``") : std::string(1, ch);
-      quoted += "`";
-      complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
-                       " = ?6 AND owner = ?3 AND status = 'in_progress'";
+    if (!by_id_known.load()) {
+      Rows pk;
+      exec(c,
+           "SELECT MAX(k.COLUMN_NAME), COUNT(*), MAX(c.EXTRA LIKE '%auto_increment%')"
+           " FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c"
+           " ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME"
+           " AND c.COLUMN_NAME = k.COLUMN_NAME"
+           " WHERE k.TABLE_SCHEMA = DATABASE() AND k.TABLE_NAME = ?1"
+           " AND k.CONSTRAINT_NAME = 'PRIMARY'",
+           "read the table definition", &pk, options.table);
+      if (!pk.empty() && !pk[0][1].is_null() && pk[0][1].as_int64() == 1 && !pk[0][2].is_null() &&
+          pk[0][2].as_int64() == 1) {
+        std::string quoted = "`";
+        for (char ch : pk[0][0].bytes())
+          quoted += ch == '`' ? std::string("``") : std::string(1, ch);
+        quoted += "`";
+        complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
+                         " = ?6 AND owner = ?3 AND status = 'in_progress'";
+      }
+      column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
+      by_id_known.store(true);
     }
-    column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
     column_known.store(true);
   }
 
@@ -579,7 +584,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       // The row this transaction inserted is found by its id where the primary key allows it
       // (see load_column); a row it took over, by its key.
       const auto seconds = static_cast<long long>(retention.count());
-      auto done = row_id != 0 && !impl_->complete_by_id.empty()
+      auto done = row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()
                       ? impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(),
                                     key.scope(), owner.str(), Blob{response}, seconds, row_id)
                       : impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
