@@ -6,13 +6,20 @@
 //      by 1062);
 //   2. (with IDEM_TEST_REDIS_URL) the same with Redis in front: RedisStore vs hand-written
 //      hiredis + libmariadb (SET key owner NX PX; the four MySQL statements; SET key response);
-//   3. a duplicate with the fast store down (replayed from MySQL) vs one raw prepared SELECT of
-//      the record.
-// Prints per-call latencies, statements per call (the server's `Questions` counter), the
-// commit flush setting, and `ratio <name> = <ours over baseline, higher is better>`.
+//   3. a duplicate with the fast store down (replayed from MySQL; the guard skips the down fast
+//      store for a second after a failure, GuardOptions::fast_store_retry_after) vs one raw
+//      prepared SELECT of the record; the guard trying the fast store on every call is timed
+//      alongside.
+// Prints per-call latencies, the driver's and the server's CPU time per call, statements per
+// call (the server's `Questions` counter) and other SHOW GLOBAL STATUS counters, the commit
+// flush setting, and `ratio <name> = <ours over baseline, higher is better>`.
 //
 // Env: IDEM_TEST_MYSQL_URI (required), IDEM_TEST_REDIS_URL (optional: part 2),
-// IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS (per round and side, default 200).
+// IDEM_BENCH_ROUNDS (default 21), IDEM_BENCH_CALLS (per round and side, default 200),
+// IDEM_BENCH_SERVER_PID (optional, set by run.sh: mariadbd's pid; the server's CPU time per
+// call is then printed too, read from /proc/<pid>/task/*/schedstat: on a shared machine CPU
+// times are steadier than wall times).
+#include <dirent.h>
 #include <mysql.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -51,6 +59,23 @@ using idem::bench::RawRedis;
 
 [[noreturn]] void die(const std::string& what, MYSQL* m) {
   throw std::runtime_error("bench: " + what + ": " + mysql_error(m));
+}
+
+// CPU time (ns) of every thread of process `pid` so far; 0 when unreadable.
+double server_cpu_ns(int pid) {
+  if (pid <= 0) return 0;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  double total = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(dir + "/" + e->d_name + "/schedstat");
+    double ns = 0;
+    if (f >> ns) total += ns;
+  }
+  ::closedir(d);
+  return total;
 }
 
 // The hand-written side: plain libmariadb, prepared statements bound with string values.
@@ -124,7 +149,7 @@ class Raw {
     query(sql);
     MYSQL_RES* r = mysql_store_result(m_);
     MYSQL_ROW row = mysql_fetch_row(r);
-    long long v = row[1] != nullptr ? std::atoll(row[1]) : 0;
+    long long v = row != nullptr && row[1] != nullptr ? std::atoll(row[1]) : 0;
     mysql_free_result(r);
     return v;
   }
@@ -181,7 +206,14 @@ int main() {
   idem::MemoryStore fast;
   idem::IdempotencyGuard guard{fast, store};
   DownFastStore down;
-  idem::IdempotencyGuard replay_guard{static_cast<idem::FastStore&>(down), store};
+  // With the fast store down, the guard skips it for a second after each failure (what a
+  // deployment with Redis in front sets: otherwise every call pays the failed attempt, an
+  // exception here, a refused connection in production); the guard that tries it on every
+  // call (the default) is timed alongside, for the record.
+  idem::GuardOptions replay_options;
+  replay_options.fast_store_retry_after = std::chrono::seconds(1);
+  idem::IdempotencyGuard replay_guard{static_cast<idem::FastStore&>(down), store, replay_options};
+  idem::IdempotencyGuard every_call_guard{static_cast<idem::FastStore&>(down), store};
 
   // Hand-written baseline: the minimum statements for the same guarantee.
   Raw raw(conn);
@@ -224,6 +256,52 @@ int main() {
     fn(0);
     return counter.scalar("SHOW GLOBAL STATUS LIKE 'Questions'") - before - 1;
   };
+  // What the server did per call of fn, over `n` calls: SHOW GLOBAL STATUS deltas, less what
+  // two snapshots in a row count on their own.
+  // (Innodb_lsn_current: bytes of redo log written.)
+  const std::vector<std::string> work_names = {"Handler_write",
+                                               "Handler_update",
+                                               "Handler_read_key",
+                                               "Innodb_buffer_pool_read_requests",
+                                               "Innodb_buffer_pool_write_requests",
+                                               "Innodb_lsn_current"};
+  auto snapshot = [&] {
+    std::vector<long long> v;
+    for (const auto& name : work_names) {
+      v.push_back(counter.scalar(("SHOW GLOBAL STATUS LIKE '" + name + "'").c_str()));
+    }
+    return v;
+  };
+  auto server_work = [&](const std::function<void(int)>& fn, int n) {
+    auto a = snapshot();
+    auto b = snapshot();
+    for (int i = 0; i < n; ++i) fn(i);
+    auto c = snapshot();
+    std::string out;
+    for (std::size_t i = 0; i < work_names.size(); ++i) {
+      const double per = static_cast<double>((c[i] - b[i]) - (b[i] - a[i])) / n;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s=%.2f", work_names[i].c_str(), per);
+      out += buf;
+    }
+    return out;
+  };
+
+  const int server_pid = env_int("IDEM_BENCH_SERVER_PID", 0);
+  // timed(), and the server's CPU time per call appended to *server.
+  auto timed_both = [&](int n, const std::function<void(int)>& fn, std::vector<double>* cpu,
+                        std::vector<double>* server) {
+    const double s0 = server_cpu_ns(server_pid);
+    const double us = timed(n, fn, cpu);
+    server->push_back((server_cpu_ns(server_pid) - s0) / 1000.0 / n);
+    return us;
+  };
+  auto print_server = [&](const char* ours, const std::vector<double>& a, const char* base,
+                          const std::vector<double>& b) {
+    if (server_pid <= 0) return;
+    std::printf("  server CPU per call: %s %.1f us, %s %.1f us\n", ours, idem::bench::median_of(a),
+                base, idem::bench::median_of(b));
+  };
 
   for (int i = 0; i < 50; ++i) {  // warm up: connections, prepared statements, caches
     ours_first(i);
@@ -231,15 +309,17 @@ int main() {
   }
   const long long ours_statements = statements(ours_first);
   const long long raw_statements = statements(raw_first);
+  const std::string ours_work = server_work(ours_first, 20);
+  const std::string raw_work = server_work(raw_first, 20);
 
-  std::vector<double> ours_us, raw_us, ours_cpu, raw_cpu;
+  std::vector<double> ours_us, raw_us, ours_cpu, raw_cpu, ours_srv, raw_srv;
   for (int r = 0; r < rounds; ++r) {
     if (r % 2 == 0) {
-      ours_us.push_back(timed(calls, ours_first, &ours_cpu));
-      raw_us.push_back(timed(calls, raw_first, &raw_cpu));
+      ours_us.push_back(timed_both(calls, ours_first, &ours_cpu, &ours_srv));
+      raw_us.push_back(timed_both(calls, raw_first, &raw_cpu, &raw_srv));
     } else {
-      raw_us.push_back(timed(calls, raw_first, &raw_cpu));
-      ours_us.push_back(timed(calls, ours_first, &ours_cpu));
+      raw_us.push_back(timed_both(calls, raw_first, &raw_cpu, &raw_srv));
+      ours_us.push_back(timed_both(calls, ours_first, &ours_cpu, &ours_srv));
     }
   }
   std::printf("rounds=%d calls/round/side=%d (medians of per-round means)\n", rounds, calls);
@@ -252,6 +332,9 @@ int main() {
               idem::bench::median_of(ours_cpu), idem::bench::median_of(raw_cpu));
   std::printf("  statements per call (server's Questions): guard %lld, hand-written %lld\n",
               ours_statements, raw_statements);
+  print_server("guard", ours_srv, "hand-written", raw_srv);
+  std::printf("  server counters per call, guard:       %s\n", ours_work.c_str());
+  std::printf("  server counters per call, hand-written:%s\n", raw_work.c_str());
   std::printf("ratio mysql_first_execution = %.3f\n",
               idem::bench::median_of(raw_us) / idem::bench::median_of(ours_us));
 
@@ -295,14 +378,14 @@ int main() {
       raw_redis(i);
     }
     const long long ours_st = statements(ours_redis), raw_st = statements(raw_redis);
-    std::vector<double> a_us, b_us, a_cpu, b_cpu;
+    std::vector<double> a_us, b_us, a_cpu, b_cpu, a_srv, b_srv;
     for (int r = 0; r < rounds; ++r) {
       if (r % 2 == 0) {
-        a_us.push_back(timed(calls, ours_redis, &a_cpu));
-        b_us.push_back(timed(calls, raw_redis, &b_cpu));
+        a_us.push_back(timed_both(calls, ours_redis, &a_cpu, &a_srv));
+        b_us.push_back(timed_both(calls, raw_redis, &b_cpu, &b_srv));
       } else {
-        b_us.push_back(timed(calls, raw_redis, &b_cpu));
-        a_us.push_back(timed(calls, ours_redis, &a_cpu));
+        b_us.push_back(timed_both(calls, raw_redis, &b_cpu, &b_srv));
+        a_us.push_back(timed_both(calls, ours_redis, &a_cpu, &a_srv));
       }
     }
     std::printf("first execution with Redis + MySQL:\n");
@@ -316,6 +399,7 @@ int main() {
         "  MySQL statements per call: guard %lld, hand-written %lld (+ 2 Redis round trips "
         "each)\n",
         ours_st, raw_st);
+    print_server("guard", a_srv, "hand-written", b_srv);
     std::printf("ratio mysql_redis_first_execution = %.3f\n",
                 idem::bench::median_of(b_us) / idem::bench::median_of(a_us));
   } else {
@@ -332,20 +416,31 @@ int main() {
     });
     if (r.outcome != idem::Outcome::kReplayed) throw std::runtime_error("not replayed");
   };
+  auto every_call_replay = [&](int i) {
+    auto key =
+        idem::Key::make("payment", ours_keys[static_cast<std::size_t>(i) % ours_keys.size()]);
+    auto r = every_call_guard.run(key, "fp", [](idem::mysql::Transaction&) -> std::string {
+      throw std::runtime_error("ran");
+    });
+    if (r.outcome != idem::Outcome::kReplayed) throw std::runtime_error("not replayed");
+  };
   auto raw_replay = [&](int i) {
     raw.exec(raw_select, {raw_keys[static_cast<std::size_t>(i) % raw_keys.size()], "payment"},
              true);
   };
   ours_replay(0);
   const long long replay_statements = statements(ours_replay);
-  std::vector<double> rep_us, sel_us, rep_cpu, sel_cpu;
+  every_call_replay(0);
+  std::vector<double> rep_us, sel_us, rep_cpu, sel_cpu, rep_srv, sel_srv, all_us, all_cpu, all_srv;
   for (int r = 0; r < rounds; ++r) {
     if (r % 2 == 0) {
-      rep_us.push_back(timed(calls, ours_replay, &rep_cpu));
-      sel_us.push_back(timed(calls, raw_replay, &sel_cpu));
+      rep_us.push_back(timed_both(calls, ours_replay, &rep_cpu, &rep_srv));
+      sel_us.push_back(timed_both(calls, raw_replay, &sel_cpu, &sel_srv));
+      all_us.push_back(timed_both(calls, every_call_replay, &all_cpu, &all_srv));
     } else {
-      sel_us.push_back(timed(calls, raw_replay, &sel_cpu));
-      rep_us.push_back(timed(calls, ours_replay, &rep_cpu));
+      all_us.push_back(timed_both(calls, every_call_replay, &all_cpu, &all_srv));
+      sel_us.push_back(timed_both(calls, raw_replay, &sel_cpu, &sel_srv));
+      rep_us.push_back(timed_both(calls, ours_replay, &rep_cpu, &rep_srv));
     }
   }
   std::printf("duplicate, fast store down (replay from MySQL):\n");
@@ -353,8 +448,17 @@ int main() {
               idem::bench::median_of(rep_us), replay_statements);
   std::printf("  raw SELECT by key         %8.1f us/call  (1 statement)\n",
               idem::bench::median_of(sel_us));
+  std::printf(
+      "  (guard trying the down fast store on every call: %.1f us/call, driver CPU "
+      "%.1f us, server CPU %.1f us)\n",
+      idem::bench::median_of(all_us), idem::bench::median_of(all_cpu),
+      idem::bench::median_of(all_srv));
   std::printf("  driver CPU per call: guard %.1f us, raw SELECT %.1f us\n",
               idem::bench::median_of(rep_cpu), idem::bench::median_of(sel_cpu));
+  print_server("guard", rep_srv, "raw SELECT", sel_srv);
+  std::printf("  server counters per call, guard replay:%s\n",
+              server_work(ours_replay, 20).c_str());
+  std::printf("  server counters per call, raw SELECT:  %s\n", server_work(raw_replay, 20).c_str());
   std::printf("ratio mysql_replay_vs_select = %.3f\n",
               idem::bench::median_of(sel_us) / idem::bench::median_of(rep_us));
 

@@ -13,8 +13,10 @@ BIN="$IDEM_BENCH_BUILD/bench/mysql/idem_mysql_bench"
 [ -x "$BIN" ] || { echo "mysql bench not built (IDEM_WITH_MYSQL=OFF?)"; exit 0; }
 
 pin=()
+# The server's CPU time per call (read from /proc) is printed when its pid is known.
+pidfile="${IDEM_SERVERS_DIR:-/tmp/idem-servers}/mysql/mariadb.pid"
+[ -r "$pidfile" ] && export IDEM_BENCH_SERVER_PID="$(cat "$pidfile")"
 if command -v taskset >/dev/null 2>&1 && [ "${IDEM_BENCH_PIN:-1}" = "1" ]; then
-  pidfile="${IDEM_SERVERS_DIR:-/tmp/idem-servers}/mysql/mariadb.pid"
   if [ -r "$pidfile" ]; then
     # -a: every thread of mariadbd (one per connection; new ones inherit the mask).
     taskset -a -cp 0 "$(cat "$pidfile")" >/dev/null 2>&1 &&

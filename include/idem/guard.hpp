@@ -232,8 +232,10 @@ class IdempotencyGuard {
       call.mode = Mode::kTwoPhase;
     }
 
-    // 2. Fast store claim.
-    if (fast_ != nullptr) {
+    // 2. Fast store claim (skipped for a while after it failed, when the options say so).
+    bool skip_fast = false;
+    if constexpr (kHasDurable) skip_fast = fast_ != nullptr && core_.skip_fast(call);
+    if (fast_ != nullptr && !skip_fast) {
       auto t0 = call.now();
       try {
         ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);

@@ -97,6 +97,15 @@ struct GuardOptions {
   /// its lease ended) is reported (on_lease_lost) and no longer extended: the attempt is fenced,
   /// its completion throws LeaseLost. Per call: CallOptions::heartbeat.
   bool heartbeat = false;
+  /// After the fast store failed, IdempotencyGuard::run calls (of a guard with a durable store)
+  /// skip it for this long: they go to the durable store alone (degraded, counted in
+  /// GuardStats::degraded, as when the fast store fails; the durable store's answer is always
+  /// right), then the first call after the pause tries the fast store again. While the fast store
+  /// is down this saves every call the failed attempt (a connect attempt or refusal, an exception,
+  /// the observer's on_store_error); the price is that calls keep skipping it for up to this long
+  /// after it is back. 0 (the default): every call tries the fast store. A guard without a durable
+  /// store never skips it (its calls fail instead).
+  std::chrono::milliseconds fast_store_retry_after{0};
 };
 
 /// What one call may set differently from the guard's options (a refund keeps its record 30

@@ -3,7 +3,9 @@
 // fetches, transaction tracking.
 #include "connection.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -153,6 +155,54 @@ bool is_integer_type(enum_field_types t) noexcept {
 
 const char kEmpty[] = "";
 
+bool is_datetime_type(enum_field_types t) noexcept {
+  return t == MYSQL_TYPE_DATETIME || t == MYSQL_TYPE_TIMESTAMP;
+}
+
+// A DATETIME / TIMESTAMP value as the client library prints it when it is fetched as text
+// ("%04u-%02u-%02u %02u:%02u:%02u", then ".%06lu" cut to the column's 1..6 decimals), without
+// its two sprintf calls per value.
+void format_datetime(std::string& out, const MYSQL_TIME& t, unsigned decimals) {
+  if (t.year > 9999 || t.month > 99 || t.day > 99 || t.hour > 99 || t.minute > 99 ||
+      t.second > 99 || t.second_part > 999999) {
+    char buf[96];
+    int n = std::snprintf(buf, sizeof buf, "%04u-%02u-%02u %02u:%02u:%02u", t.year, t.month, t.day,
+                          t.hour, t.minute, t.second);
+    out.assign(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+    if (decimals >= 1 && decimals <= 6) {
+      char ms[16];
+      std::snprintf(ms, sizeof ms, ".%06lu", t.second_part);
+      out.append(ms, std::min<std::size_t>(std::strlen(ms), decimals + 1));
+    }
+    return;
+  }
+  char buf[26];
+  auto put = [&](std::size_t at, unsigned long v, int digits) {
+    for (int i = digits - 1; i >= 0; --i) {
+      buf[at + static_cast<std::size_t>(i)] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    }
+  };
+  put(0, t.year, 4);
+  buf[4] = '-';
+  put(5, t.month, 2);
+  buf[7] = '-';
+  put(8, t.day, 2);
+  buf[10] = ' ';
+  put(11, t.hour, 2);
+  buf[13] = ':';
+  put(14, t.minute, 2);
+  buf[16] = ':';
+  put(17, t.second, 2);
+  std::size_t n = 19;
+  if (decimals >= 1 && decimals <= 6) {
+    buf[19] = '.';
+    put(20, t.second_part, 6);
+    n = 20 + decimals;
+  }
+  out.assign(buf, n);
+}
+
 }  // namespace
 
 struct Connection::Statement {
@@ -163,6 +213,11 @@ struct Connection::Statement {
   std::size_t args = 0;
   unsigned fields = 0;
   std::vector<bool> integer;  // per result column: fetched as a 64-bit integer
+  // Per result column: a DATETIME / TIMESTAMP, fetched into `times` and printed here (its
+  // decimals kept in `decimals`).
+  std::vector<bool> datetime;
+  std::vector<unsigned> decimals;
+  std::vector<MYSQL_TIME> times;
   // Result buffers, bound once: integers land in `ints`; other columns are fetched with a
   // zero-size buffer (their length only), then straight into the Field.
   std::vector<MYSQL_BIND> result;
@@ -334,6 +389,9 @@ Connection::Statement& Connection::prepare(std::string_view sql, std::string_vie
     MYSQL_FIELD* f = mysql_fetch_fields(meta.get());
     const unsigned n = s->fields;
     s->integer.resize(n);
+    s->datetime.assign(n, false);
+    s->decimals.assign(n, 0);
+    s->times.assign(n, MYSQL_TIME{});
     s->result.assign(n, MYSQL_BIND{});
     s->ints.assign(n, 0);
     s->lengths.assign(n, 0);
@@ -347,9 +405,15 @@ Connection::Statement& Connection::prepare(std::string_view sql, std::string_vie
       b.is_null = &s->nulls[c];
       b.error = &s->errors[c];
       b.length = &s->lengths[c];
+      s->datetime[c] = is_datetime_type(f[c].type);
+      s->decimals[c] = f[c].decimals;
       if (s->integer[c]) {
         b.buffer_type = MYSQL_TYPE_LONGLONG;
         b.buffer = &s->ints[c];
+      } else if (s->datetime[c]) {
+        b.buffer_type = MYSQL_TYPE_DATETIME;
+        b.buffer = &s->times[c];
+        b.buffer_length = sizeof(MYSQL_TIME);
       } else {
         b.buffer_type = MYSQL_TYPE_STRING;
         b.buffer = nullptr;
@@ -465,6 +529,8 @@ Connection::Outcome Connection::execute(std::string_view sql, const Param* param
           FieldAccess::set_null(row[c]);
         } else if (st->integer[c]) {
           FieldAccess::set_int(row[c], ints[c]);
+        } else if (st->datetime[c]) {
+          format_datetime(FieldAccess::set_bytes(row[c]), st->times[c], st->decimals[c]);
         } else {
           std::string& bytes = FieldAccess::set_bytes(row[c]);
           bytes.resize(lengths[c]);

@@ -26,16 +26,14 @@ constexpr int kSchemaVersion = 1;
 constexpr int kClaimRounds = 4;
 // Fingerprints are stored in a varbinary(255).
 constexpr std::size_t kMaxFingerprint = 255;
+// Transactional mode's claim writes the record's expiry `retention` plus this margin from
+// the claim (at most a tenth of the retention): a transaction shorter than the margin
+// completes without moving it (see Impl::build).
+constexpr std::chrono::microseconds kExpirySlack = std::chrono::seconds(60);
 // Bytes of a statement packet that are not the response (keys, owner, fingerprint, header).
 constexpr std::uint64_t kPacketHeadroom = 4096;
 
 std::string q(const std::string& identifier) { return "`" + identifier + "`"; }
-
-// Milliseconds since the epoch of a UTC datetime column, NULL when NULL (independent of the
-// session's time_zone, unlike UNIX_TIMESTAMP()).
-std::string millis(const std::string& column) {
-  return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + column + ") DIV 1000";
-}
 
 struct Found {
   Record record;
@@ -43,19 +41,63 @@ struct Found {
   bool expired = false;  // completed/failed and its retention has ended
 };
 
-TimePoint time_field(const Field& f) {
-  return f.is_null() ? TimePoint{} : from_millis(f.as_int64());
+// Days from 1970-01-01 to the proleptic Gregorian date y-m-d.
+constexpr long long days_from_civil(long long y, unsigned m, unsigned d) noexcept {
+  y -= m <= 2 ? 1 : 0;
+  const long long era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<long long>(doe) - 719468;
 }
 
-// Columns of a full record read (lookup), in this order (see parse_found).
-std::string record_columns() {
-  return "status, fingerprint, owner, response_body, " + millis("created_at") +
-         ", lease_until > UTC_TIMESTAMP(3),"
-         " status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3), " +
-         millis("lease_until") + ", " + millis("updated_at") + ", " + millis("expires_at");
+// A time column as MySQL prints it, "YYYY-MM-DD hh:mm:ss[.f...]", read as UTC (idem writes
+// UTC_TIMESTAMP(3)); epoch for NULL and for a zero date. The text is parsed here rather than
+// converted by the server (TIMESTAMPDIFF from the epoch), which costs the server a function
+// and a literal to resolve and evaluate per column and row. @throws StorageError for
+// anything else.
+TimePoint time_field(const Field& f) {
+  if (f.is_null()) return TimePoint{};
+  const std::string& t = f.bytes();
+  bool ok = t.size() >= 19 && t[4] == '-' && t[7] == '-' && t[10] == ' ' && t[13] == ':' &&
+            t[16] == ':' && (t.size() == 19 || (t[19] == '.' && t.size() > 20));
+  auto number = [&](std::size_t at, std::size_t digits) {
+    long long v = 0;
+    for (std::size_t i = at; i < at + digits && i < t.size(); ++i) {
+      if (t[i] < '0' || t[i] > '9') ok = false;
+      v = v * 10 + (t[i] - '0');
+    }
+    return v;
+  };
+  const long long year = number(0, 4), month = number(5, 2), day = number(8, 2),
+                  hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
+  long long ms = 0;
+  for (std::size_t i = 20; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') ok = false;
+    if (i < 23) ms = ms * 10 + (t[i] - '0');
+  }
+  for (std::size_t i = t.size(); i < 23 && t.size() > 19; ++i) ms *= 10;  // ".5" is 500 ms
+  if (!ok || month > 12 || day > 31 || hour > 23 || minute > 59 || second > 59) {
+    throw StorageError("mysql: '" + t.substr(0, 40) + "' is not a datetime");
+  }
+  if (year == 0 && month == 0 && day == 0) return TimePoint{};  // a zero date
+  if (month == 0 || day == 0) throw StorageError("mysql: '" + t + "' is not a datetime");
+  const long long days =
+      days_from_civil(year, static_cast<unsigned>(month), static_cast<unsigned>(day));
+  return from_millis((((days * 24 + hour) * 60 + minute) * 60 + second) * 1000 + ms);
 }
+
+// Columns of a full record read (lookup), in this order (see parse_found). The expiry flag
+// is `expires_at <= now` alone: it counts only for a record that is not in progress, which
+// parse_found checks on the status it read.
+constexpr const char* kRecordColumns =
+    "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
+    " expires_at <= UTC_TIMESTAMP(3), lease_until, updated_at, expires_at";
 // What a claim or a replay needs: the first seven of them.
 constexpr std::size_t kProbeColumns = 7;
+constexpr const char* kProbeColumnsText =
+    "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
+    " expires_at <= UTC_TIMESTAMP(3)";
 
 // A record from a read's row; the row's bytes are moved out. Reads of the full record have
 // the three times after the probe's seven columns. A status or time value idem did not write
@@ -72,7 +114,8 @@ Found parse_found(Row& row, const Key& key) {
     f.record.response = row[3].take();
     f.record.created_at = time_field(row[4]);
     f.live = !row[5].is_null() && row[5].as_int64() != 0;
-    f.expired = !row[6].is_null() && row[6].as_int64() != 0;
+    f.expired = f.record.status != Record::Status::kInProgress && !row[6].is_null() &&
+                row[6].as_int64() != 0;
     if (row.size() >= kProbeColumns + 3) {
       f.record.lease_until = time_field(row[7]);
       f.record.updated_at = time_field(row[8]);
@@ -130,14 +173,19 @@ struct IDEM_LOCAL MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
-  std::string claim, read, probe, probe_locked, takeover, remove_expired, complete, fail, release,
-      extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
+  std::string claim, claim_final, read, probe, probe_locked, takeover, remove_expired, complete,
+      fail, release, extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
   std::atomic<bool> column_known{false};
   std::atomic<bool> column_binary{true};
   std::atomic<std::uint64_t> column_max{0};
+  // The completion by the row's id, when the table's primary key is one AUTO_INCREMENT
+  // column (empty otherwise). Written once, under column_mutex, before by_id_known is set
+  // (idem's migration never changes a primary key); read only once by_id_known is.
+  std::string complete_by_id;
+  std::atomic<bool> by_id_known{false};
 
   explicit Impl(MysqlStoreOptions& o) : options(o) {}
 
@@ -151,10 +199,20 @@ struct IDEM_LOCAL MysqlStore::Impl {
             ", status, fingerprint, owner, lease_until, created_at, updated_at)"
             " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
             " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
-    read = "SELECT " + record_columns() + " FROM " + t + where;
-    probe = "SELECT " +
-            record_columns().substr(0, record_columns().find(", " + millis("lease_until"))) +
-            " FROM " + t + where;
+    // Transactional mode's claim also writes the record's expiry, with a margin (kExpirySlack)
+    // for the transaction's own duration; the completion keeps it when it is at least
+    // `retention` away, so the completion of a usual transaction leaves the expires_at index
+    // alone (an indexed column changed by an UPDATE costs a delete-mark and an insert in that
+    // index, and purge work later). The purge and every read ignore expires_at while the
+    // record is in progress, and nobody else sees the row before it commits completed.
+    claim_final =
+        "INSERT INTO " + t + " (" + k + ", " + s +
+        ", status, fingerprint, owner, lease_until, expires_at, created_at, updated_at)"
+        " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
+        " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND,"
+        " UTC_TIMESTAMP(3) + INTERVAL ?6 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
+    read = std::string("SELECT ") + kRecordColumns + " FROM " + t + where;
+    probe = std::string("SELECT ") + kProbeColumnsText + " FROM " + t + where;
     // Inside a transaction, after a 1062: a locking read sees the latest committed row, where
     // REPEATABLE READ's snapshot could show an older one. The failed INSERT already holds a
     // shared lock on that index record, so this adds no wait, and shared locks of concurrent
@@ -169,9 +227,13 @@ struct IDEM_LOCAL MysqlStore::Impl {
                " AND status = 'in_progress' AND owner = ?5 AND lease_until <= UTC_TIMESTAMP(3)";
     remove_expired = "DELETE FROM " + t + where +
                      " AND status <> 'in_progress' AND expires_at <= UTC_TIMESTAMP(3)";
+    // The record is kept at least `retention` (?5) from now: an expiry written by the claim
+    // that is far enough stays (see claim_final), any other (NULL for a two-phase claim) is
+    // set.
     complete = "UPDATE " + t +
                " SET status = 'completed', response_body = ?4,"
-               " expires_at = UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND,"
+               " expires_at = IF(expires_at >= UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND, expires_at,"
+               " UTC_TIMESTAMP(3) + INTERVAL ?5 SECOND),"
                " updated_at = UTC_TIMESTAMP(3)" +
                where + " AND owner = ?3 AND status = 'in_progress'";
     fail = "UPDATE " + t +
@@ -213,13 +275,27 @@ struct IDEM_LOCAL MysqlStore::Impl {
 
   // Claims or finds the record on `c` (inside its transaction when `locked`, else
   // autocommit). A lock wait timeout (1205) or deadlock (1213) propagates.
+  // `retention` > 0 (transactional mode): an inserted row carries its expiry already (see
+  // claim_final), and *row_id is its AUTO_INCREMENT id (0: none, or the row was not inserted).
   ClaimResult claim_on(detail::Connection& c, const Key& key, std::string_view fingerprint,
-                       const OwnerToken& owner, std::chrono::milliseconds lease, bool locked) {
+                       const OwnerToken& owner, std::chrono::milliseconds lease, bool locked,
+                       std::chrono::seconds retention = std::chrono::seconds(0),
+                       std::uint64_t* row_id = nullptr) {
+    if (row_id != nullptr) *row_id = 0;
     const long long lease_us = lease.count() * 1000;
     for (int round = 0; round < kClaimRounds; ++round) {
       try {
-        exec(c, claim, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint}, owner.str(),
-             lease_us);
+        if (retention.count() > 0) {
+          const std::chrono::microseconds r = retention;
+          const std::chrono::microseconds keep = r + std::min(r / 10, kExpirySlack);
+          auto out =
+              exec(c, claim_final, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint},
+                   owner.str(), lease_us, static_cast<long long>(keep.count()));
+          if (row_id != nullptr) *row_id = out.insert_id;
+        } else {
+          exec(c, claim, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint}, owner.str(),
+               lease_us);
+        }
         return ClaimResult{};  // inserted: ours
       } catch (const DuplicateKey&) {
         // The key exists: decide from the row below.
@@ -275,7 +351,31 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        ": use a BLOB type (binary-safe) or utf8mb4 text");
     }
     column_binary.store(binary);
-    column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
+    // The primary key, when it is one AUTO_INCREMENT column (idem's tables and the seed's
+    // `id`): a completion that finds the row by it reads the clustered index only, where one
+    // by (key, scope) reads the unique key first (and the optimizer plans a range on it).
+    if (!by_id_known.load()) {
+      Rows pk;
+      exec(c,
+           "SELECT MAX(k.COLUMN_NAME), COUNT(*), MAX(c.EXTRA LIKE '%auto_increment%')"
+           " FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c"
+           " ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME"
+           " AND c.COLUMN_NAME = k.COLUMN_NAME"
+           " WHERE k.TABLE_SCHEMA = DATABASE() AND k.TABLE_NAME = ?1"
+           " AND k.CONSTRAINT_NAME = 'PRIMARY'",
+           "read the table definition", &pk, options.table);
+      if (!pk.empty() && !pk[0][1].is_null() && pk[0][1].as_int64() == 1 && !pk[0][2].is_null() &&
+          pk[0][2].as_int64() == 1) {
+        std::string quoted = "`";
+        for (char ch : pk[0][0].bytes())
+          quoted += ch == '`' ? std::string("``") : std::string(1, ch);
+        quoted += "`";
+        complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
+                         " = ?6 AND owner = ?3 AND status = 'in_progress'";
+      }
+      column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
+      by_id_known.store(true);
+    }
     column_known.store(true);
   }
 
@@ -471,8 +571,9 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
     c.watch_transaction();
     bool handler_ran = false;
     try {
-      ClaimResult claim =
-          impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0), true);
+      std::uint64_t row_id = 0;
+      ClaimResult claim = impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0),
+                                          true, retention, &row_id);
       if (claim.status != ClaimStatus::kClaimed) {
         c.rollback();  // nothing was written
         return TransactionalResult::found(std::move(claim));
@@ -480,9 +581,14 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       handler_ran = true;
       std::string response = handler(tx);
       impl_->check_response(c, response);
-      auto done =
-          impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(), owner.str(),
-                      Blob{response}, static_cast<long long>(retention.count()));
+      // The row this transaction inserted is found by its id where the primary key allows it
+      // (see load_column); a row it took over, by its key.
+      const auto seconds = static_cast<long long>(retention.count());
+      auto done = row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()
+                      ? impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(),
+                                    key.scope(), owner.str(), Blob{response}, seconds, row_id)
+                      : impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
+                                    owner.str(), Blob{response}, seconds);
       if (done.affected != 1) {
         // We inserted or took over the row in this transaction and hold its lock.
         throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");

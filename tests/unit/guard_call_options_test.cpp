@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Per-call lease and retention, the kill switch (GuardOptions::bypass), waiting for the first
 // result (wait_for_result), bounded retries of transient durable-store failures
-// (store_attempts) and the lease heartbeat of long handlers, on the MemoryStore and SQLite.
+// (store_attempts), the lease heartbeat of long handlers and the pause before a failed fast
+// store is tried again (fast_store_retry_after), on the MemoryStore and SQLite.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "support/failing_store.hpp"
 #include "support/test_env.hpp"
 
 namespace {
@@ -574,6 +576,115 @@ TEST(HeartbeatTest, ExtendIsOwnerCheckedOnEveryStore) {
   EXPECT_FALSE(sqlite.extend(key, mine, 10s));
   EXPECT_FALSE(memory.extend(Key::make("k", "absent"), mine, 10s));
   EXPECT_THROW(memory.extend(key, mine, 0ms), idem::UsageError);
+}
+
+// A failed fast store is skipped for fast_store_retry_after: the calls meanwhile go to the
+// durable store alone (degraded, every answer right), then one tries it again.
+class DownObserver : public idem::Observer {
+ public:
+  std::atomic<int> downs{0}, recoveries{0}, errors{0};
+  std::atomic<std::uint64_t> failed_calls{0};
+  void on_fast_store_down(const Key&, const idem::Error&) noexcept override { ++downs; }
+  void on_fast_store_recovered(std::uint64_t n) noexcept override {
+    ++recoveries;
+    failed_calls = n;
+  }
+  void on_store_error(const idem::StoreErrorEvent&) noexcept override { ++errors; }
+};
+
+TEST(FastStoreRetryAfterTest, ADownFastStoreIsSkippedWhileThePauseLasts) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("retry_after.sqlite")};
+  auto observer = std::make_shared<DownObserver>();
+  GuardOptions o;
+  o.fast_store_retry_after = std::chrono::hours{1};
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, durable, o};
+  int runs = 0;
+  auto handler = [&] {
+    ++runs;
+    return std::string("r") + std::to_string(runs);
+  };
+  fast.failing = true;
+  auto first = guard.run(Key::make("pay", "a"), "", handler);  // tries it: fails, degraded
+  EXPECT_EQ(Outcome::kExecuted, first.outcome);
+  EXPECT_TRUE(first.degraded);
+  EXPECT_EQ(1, fast.calls.load()) << "the claim only: no follow-up on a degraded call";
+  // Within the pause: the fast store is not called; the durable store answers everything.
+  fast.failing = false;  // back already: still skipped until the pause ends
+  auto replay = guard.run(Key::make("pay", "a"), "", handler);
+  auto second = guard.run(Key::make("pay", "b"), "", handler);
+  auto mismatch = guard.run(Key::make("pay", "b"), "other", handler);
+  EXPECT_EQ(1, fast.calls.load()) << "skipped while the pause lasts";
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("r1", *replay.value);
+  EXPECT_EQ(idem::Source::kDurableStore, replay.source);
+  EXPECT_TRUE(replay.degraded);
+  EXPECT_EQ(Outcome::kExecuted, second.outcome);
+  EXPECT_TRUE(second.degraded);
+  EXPECT_EQ(Outcome::kFingerprintMismatch, mismatch.outcome);
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(4u, guard.stats().snapshot().degraded);
+  EXPECT_EQ(1, observer->downs.load());
+  EXPECT_EQ(1, observer->errors.load()) << "a skipped call reports no store error";
+  EXPECT_EQ(0, observer->recoveries.load());
+}
+
+TEST(FastStoreRetryAfterTest, AfterThePauseTheNextCallTriesTheFastStoreAgain) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("retry_again.sqlite")};
+  auto observer = std::make_shared<DownObserver>();
+  GuardOptions o;
+  o.fast_store_retry_after = 20ms;
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, durable, o};
+  fast.failing = true;
+  EXPECT_TRUE(guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); }).degraded);
+  std::this_thread::sleep_for(60ms);  // past the pause: the next call tries it, and it fails
+  EXPECT_TRUE(guard.run(Key::make("pay", "b"), "", [] { return std::string("r"); }).degraded);
+  EXPECT_EQ(2, fast.calls.load());
+  fast.failing = false;
+  std::this_thread::sleep_for(60ms);
+  auto r = guard.run(Key::make("pay", "c"), "", [] { return std::string("r"); });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_FALSE(r.degraded);
+  EXPECT_EQ(1, observer->downs.load());
+  EXPECT_EQ(1, observer->recoveries.load());
+  EXPECT_EQ(2u, observer->failed_calls.load());
+  auto replay = guard.run(Key::make("pay", "c"), "", [] { return std::string("never"); });
+  EXPECT_EQ(idem::Source::kFastStore, replay.source);
+}
+
+TEST(FastStoreRetryAfterTest, WithoutAPauseEveryCallTriesTheFastStore) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("no_pause.sqlite")};
+  idem::IdempotencyGuard guard{fast, durable};  // fast_store_retry_after = 0
+  fast.failing = true;
+  for (int i = 0; i < 3; ++i) {
+    auto r = guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); });
+    EXPECT_TRUE(r.degraded);
+    EXPECT_EQ(i + 1, fast.calls.load());
+  }
+}
+
+TEST(FastStoreRetryAfterTest, AFastOnlyGuardNeverSkipsItsStore) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  GuardOptions o;
+  o.fast_store_retry_after = std::chrono::hours{1};
+  idem::IdempotencyGuard guard{fast, o};
+  fast.failing = true;
+  EXPECT_THROW(guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); }),
+               idem::StorageUnavailable);
+  fast.failing = false;
+  auto r = guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ namespace idem::async {
 struct AsyncGuardOptions {
   /// Lease, retention, observer, step hook, durable source, warn: the same meaning as for
   /// IdempotencyGuard. Not supported (the constructor throws idem::UsageError when set):
-  /// bypass, wait_for_result, store_attempts other than 1, heartbeat.
+  /// bypass, wait_for_result, store_attempts other than 1, heartbeat, fast_store_retry_after.
   GuardOptions guard;
   /// Where synchronous handlers `R()` run (they may block). Null: such handlers are refused
   /// (idem::UsageError); transactional handlers use the durable store's own pool.
@@ -259,6 +259,9 @@ class AsyncGuard {
       refuse("store_attempts", "a transient durable-store failure is answered, typed");
     }
     if (o.guard.heartbeat) refuse("heartbeat", "choose a lease longer than the handler");
+    if (o.guard.fast_store_retry_after.count() != 0) {
+      refuse("fast_store_retry_after", "every call tries the fast store");
+    }
     if (o.timeout.count() < 0) {
       throw UsageError(std::string(kWho) + ": AsyncGuardOptions::timeout is negative");
     }

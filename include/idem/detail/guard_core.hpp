@@ -285,6 +285,17 @@ class GuardCore {
     c.degraded = true;
     fast_failed(c.key(), e);
   }
+  /// Whether the call skips the fast store (GuardOptions::fast_store_retry_after: it failed
+  /// less than that long ago). A skipped call goes on degraded, as after a failure. Only for
+  /// a guard with a durable store.
+  bool skip_fast(CallState& c) noexcept {
+    const std::int64_t until = fast_retry_at_.load(std::memory_order_relaxed);
+    if (until == 0 || steady_ns() >= until) return false;
+    c.degraded = true;
+    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+    burst_failures_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
 
   /// The durable store decided: what the fast store does next.
   FastNext durable_answered(const CallState& c, DurableAnswer a) noexcept {
@@ -462,6 +473,12 @@ class GuardCore {
   void fast_burst(const Key& key, const Error& e, std::uint64_t calls = 1) noexcept {
     store_error(key, StoreRole::kFast, e);
     burst_failures_.fetch_add(calls, std::memory_order_relaxed);
+    if (options_.fast_store_retry_after.count() > 0) {
+      fast_retry_at_.store(steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             options_.fast_store_retry_after)
+                                             .count(),
+                           std::memory_order_relaxed);
+    }
     if (!fast_down_.exchange(true, std::memory_order_acq_rel)) {
       if (auto* o = options_.observer.get()) o->on_fast_store_down(key, e);
     }
@@ -470,6 +487,7 @@ class GuardCore {
   void fast_ok() noexcept {
     if (fast_down_.load(std::memory_order_relaxed) &&
         fast_down_.exchange(false, std::memory_order_acq_rel)) {
+      fast_retry_at_.store(0, std::memory_order_relaxed);
       auto n = burst_failures_.exchange(0, std::memory_order_relaxed);
       if (auto* o = options_.observer.get()) o->on_fast_store_recovered(n);
     }
@@ -517,6 +535,12 @@ class GuardCore {
     fast_burst(key, e);
   }
 
+  static std::int64_t steady_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               SteadyClock::now().time_since_epoch())
+        .count();
+  }
+
   bool has_fast_;
   GuardOptions options_;
   std::string_view fast_name_;
@@ -524,6 +548,8 @@ class GuardCore {
   GuardStats stats_;
   std::atomic<bool> fast_down_{false};
   std::atomic<std::uint64_t> burst_failures_{0};
+  // Until when calls skip the fast store (steady clock, ns; 0: none do).
+  std::atomic<std::int64_t> fast_retry_at_{0};
 };
 
 }  // namespace idem::detail

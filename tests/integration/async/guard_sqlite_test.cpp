@@ -82,6 +82,8 @@ TEST(AsyncGuardOptionsTest, UnsupportedGuardOptionsAreRefusedAtConstruction) {
       {"wait_for_result", [](auto& o) { o.guard.wait_for_result = std::chrono::milliseconds(5); }},
       {"store_attempts", [](auto& o) { o.guard.store_attempts = 3; }},
       {"heartbeat", [](auto& o) { o.guard.heartbeat = true; }},
+      {"fast_store_retry_after",
+       [](auto& o) { o.guard.fast_store_retry_after = std::chrono::seconds(1); }},
       {"timeout", [](auto& o) { o.timeout = std::chrono::milliseconds(-1); }}};
   for (const auto& [field, set] : bad) {
     idem::async::AsyncGuardOptions o;

@@ -331,6 +331,8 @@ TEST_F(MysqlStoreTest, StatementsOnTheWire) {
   EXPECT_EQ(0u, sent[0].find("INSERT INTO `api_idempotency`"));
   EXPECT_EQ(0u, sent[1].find("INSERT INTO idem_test_effects"));
   EXPECT_EQ(0u, sent[2].find("UPDATE `api_idempotency` SET status = 'completed'"));
+  // The row the claim inserted is completed by its id (the table's primary key).
+  EXPECT_NE(std::string::npos, sent[2].find(" WHERE `id` = ")) << sent[2];
   EXPECT_EQ("COMMIT", sent[3]);
   EXPECT_EQ(0u, sent[4].find("SELECT status"));  // the replay: one read, nothing else
   for (const auto& s : sent) {
@@ -392,6 +394,216 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
   });
   EXPECT_EQ(Outcome::kExecuted, retry.outcome);
   EXPECT_EQ(1, effects(k2));
+}
+
+// Transactional mode: the claim writes the record's expiry (retention plus a margin of a tenth,
+// at most 60 s), so the completion of a short transaction keeps it and leaves the expires_at
+// index alone; a transaction longer than the margin, a takeover and a two-phase completion set
+// it from the completion, so a record is always kept at least `retention` after it completed.
+TEST_F(MysqlStoreTest, ExpiryIsWrittenByTheClaimAndKeptAtLeastTheRetention) {
+  MysqlStore store{my::options()};
+  auto expiry = [](const idem::Key& k) {
+    auto rows = my::raw().query(
+        "SELECT status, CAST(expires_at AS CHAR), TIMESTAMPDIFF(MICROSECOND, created_at,"
+        " expires_at), TIMESTAMPDIFF(MICROSECOND, updated_at, expires_at) FROM api_idempotency"
+        " WHERE biz_type = 'payment' AND idem_key = " +
+        my::raw().quote(k.id()));
+    EXPECT_EQ(1u, rows.size());
+    return rows.empty() ? std::vector<std::optional<std::string>>(4) : rows[0];
+  };
+  // A short transaction: the claim's expiry, 600 s + 60 s from the claim, stays.
+  auto k = key("expiry");
+  std::optional<std::string> during;
+  auto r = store.run_transactional(
+      k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600), [&](Transaction& tx) {
+        auto row = tx.query(
+            "SELECT status, CAST(expires_at AS CHAR), TIMESTAMPDIFF(MICROSECOND, created_at,"
+            " expires_at) FROM api_idempotency WHERE biz_type = 'payment' AND idem_key = ?",
+            k.id());
+        EXPECT_EQ(1u, row.size());
+        if (row.size() == 1) {
+          EXPECT_EQ("in_progress", row[0][0].bytes());
+          EXPECT_EQ("660000000", row[0][2].bytes());
+          during = row[0][1].bytes();
+        }
+        return std::string("paid");
+      });
+  ASSERT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  auto done = expiry(k);
+  EXPECT_EQ("completed", done[0].value_or(""));
+  EXPECT_EQ(during, done[1]) << "the completion kept the claim's expiry";
+  EXPECT_EQ("660000000", done[2].value_or(""));
+  EXPECT_GE(std::stoll(done[3].value_or("0")), 600'000'000LL);
+
+  // A transaction longer than the margin (a tenth of 1 s): the completion moves the expiry to
+  // exactly `retention` after it.
+  auto slow = key("expiry_slow");
+  (void)store.run_transactional(slow, "", idem::OwnerToken::generate(), std::chrono::seconds(1),
+                                [](Transaction&) {
+                                  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                                  return std::string("slow");
+                                });
+  auto moved = expiry(slow);
+  EXPECT_EQ("completed", moved[0].value_or(""));
+  EXPECT_EQ("1000000", moved[3].value_or(""));
+  EXPECT_GE(std::stoll(moved[2].value_or("0")), 1'300'000LL);
+
+  // Two-phase: begin writes no expiry, complete sets it.
+  auto two = key("expiry_two_phase");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(two, "", owner, std::chrono::milliseconds(60'000)).status);
+  EXPECT_FALSE(expiry(two)[1].has_value()) << "no expiry while in progress";
+  ASSERT_TRUE(store.complete(two, owner, "done", std::chrono::seconds(600)));
+  EXPECT_EQ("600000000", expiry(two)[3].value_or(""));
+
+  // A transactional takeover of a crashed two-phase attempt sets it from the completion too.
+  auto taken = key("expiry_takeover");
+  ASSERT_EQ(
+      ClaimStatus::kClaimed,
+      store.begin(taken, "", idem::OwnerToken::generate(), std::chrono::milliseconds(50)).status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto t =
+      store.run_transactional(taken, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                              [](Transaction&) { return std::string("taken"); });
+  ASSERT_EQ(idem::TransactionalStatus::kCommitted, t.status);
+  EXPECT_TRUE(t.took_over);
+  EXPECT_EQ("600000000", expiry(taken)[3].value_or(""));
+  EXPECT_EQ("taken", store.lookup(taken)->response);
+}
+
+// The completion finds the row the claim inserted by its id only where the table's primary
+// key is one AUTO_INCREMENT column; elsewhere (here: the key columns are the primary key, and
+// an AUTO_INCREMENT column is only indexed) by its key, and every answer is the same.
+TEST_F(MysqlStoreTest, CompletionByIdOnlyWhereThePrimaryKeyIsOneAutoIncrementColumn) {
+  const std::string t = idem::test::unique_name("api_pk");
+  my::raw().query("CREATE TABLE " + t +
+                  " (seq bigint NOT NULL AUTO_INCREMENT,"
+                  " idem_key varchar(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,"
+                  " biz_type varchar(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,"
+                  " status varchar(32) NOT NULL, response_body longblob,"
+                  " created_at datetime(3) NOT NULL, updated_at datetime(3) NOT NULL,"
+                  " fingerprint varbinary(255) NOT NULL DEFAULT '', owner varchar(64) NOT NULL"
+                  " DEFAULT '', lease_until datetime(3) NULL, expires_at datetime(3) NULL,"
+                  " attempts int NOT NULL DEFAULT 1, PRIMARY KEY (idem_key, biz_type),"
+                  " KEY (seq), KEY (expires_at))");
+  auto o = my::options();
+  o.table = t;
+  o.migrate = false;
+  o.pool_size = 1;  // one session: its log lines are read below
+  MysqlStore store{o};
+  const long long session = store.with_transaction(
+      [](Transaction& tx) { return tx.query_int64("SELECT CONNECTION_ID()").value(); });
+  idem::IdempotencyGuard guard{store};
+  auto k = key("pk");
+  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  auto r = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  my::raw().query("SET GLOBAL general_log = 0");
+  auto updates = my::raw().query(
+      "SELECT CONVERT(argument USING utf8mb4) FROM mysql.general_log WHERE thread_id = " +
+      std::to_string(session) + " AND command_type = 'Execute' AND argument LIKE 'UPDATE%'");
+  ASSERT_EQ(1u, updates.size());
+  EXPECT_NE(std::string::npos, updates[0][0]->find(" WHERE `idem_key` = ")) << *updates[0][0];
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  auto again = guard.run(k, "fp", [&](Transaction&) { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("paid", again.value.value_or(""));
+  EXPECT_EQ(1, effects(k));
+  EXPECT_EQ("completed", *my::raw().query("SELECT status FROM " + t +
+                                          " WHERE idem_key = " + my::raw().quote(k.id()))[0][0]);
+  my::raw().query("DROP TABLE " + t);
+}
+
+// Record times are read to the millisecond, as the server computes them from the columns
+// (datetime(3) and an adopted table's datetime without fractions), and a replay's first_seen is
+// the record's created_at.
+TEST_F(MysqlStoreTest, RecordTimesAreReadToTheMillisecond) {
+  MysqlStore store{my::options()};
+  auto millis = [](const std::string& table, const std::string& column, const idem::Key& k) {
+    return my::raw().scalar("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + column +
+                            ") DIV 1000 FROM " + table +
+                            " WHERE idem_key = " + my::raw().quote(k.id()));
+  };
+  auto ms = [](idem::TimePoint t) { return static_cast<long>(idem::to_millis(t)); };
+  auto k = key("times");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(k, "", owner, std::chrono::milliseconds(60'000)).status);
+  auto held = store.lookup(k);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(millis("api_idempotency", "lease_until", k), ms(held->lease_until));
+  EXPECT_EQ(idem::TimePoint{}, held->expires_at) << "no expiry while in progress";
+  ASSERT_TRUE(store.complete(k, owner, "done", std::chrono::seconds(600)));
+  auto rec = store.lookup(k);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(millis("api_idempotency", "created_at", k), ms(rec->created_at));
+  EXPECT_EQ(millis("api_idempotency", "updated_at", k), ms(rec->updated_at));
+  EXPECT_EQ(millis("api_idempotency", "expires_at", k), ms(rec->expires_at));
+  EXPECT_EQ(ms(rec->updated_at) + 600'000, ms(rec->expires_at));
+  idem::IdempotencyGuard guard{store};
+  auto replay = guard.run(k, "", [](Transaction&) { return std::string("never"); });
+  EXPECT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ(ms(rec->created_at), ms(replay.first_seen));
+
+  // Whole seconds (a datetime column without fractions, as adopted tables may have).
+  const std::string t = idem::test::unique_name("api_seconds");
+  my::raw().query("CREATE TABLE " + t +
+                  " (id bigint primary key auto_increment,"
+                  " idem_key varchar(128) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " biz_type varchar(64) CHARACTER SET ascii COLLATE ascii_bin not null,"
+                  " status varchar(32) not null, response_body longblob,"
+                  " created_at datetime not null, updated_at datetime not null,"
+                  " fingerprint varbinary(255) NOT NULL DEFAULT '', owner varchar(64) NOT NULL"
+                  " DEFAULT '', lease_until datetime NULL, expires_at datetime NULL,"
+                  " attempts int NOT NULL DEFAULT 1, unique key uk (idem_key, biz_type))");
+  auto o = my::options();
+  o.table = t;
+  o.migrate = false;
+  MysqlStore seconds{o};
+  auto s = key("seconds");
+  (void)seconds.run_transactional(s, "", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [](Transaction&) { return std::string("r"); });
+  auto whole = seconds.lookup(s);
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(millis(t, "created_at", s), ms(whole->created_at));
+  EXPECT_EQ(0, ms(whole->created_at) % 1000);
+  EXPECT_EQ(millis(t, "expires_at", s), ms(whole->expires_at));
+  my::raw().query("DROP TABLE " + t);
+}
+
+// Session::query hands DATETIME and TIMESTAMP values over as the server prints them (here:
+// compared with the text protocol's answer), whatever their fractional digits, zero dates too.
+TEST_F(MysqlStoreTest, DatetimeColumnsReadAsTheServerPrintsThem) {
+  const std::string t = idem::test::unique_name("times");
+  my::raw().query("CREATE TABLE " + t +
+                  " (n int PRIMARY KEY, d0 datetime NULL, d1 datetime(1) NULL,"
+                  " d3 datetime(3) NULL, d6 datetime(6) NULL, ts2 timestamp(2) NULL)");
+  my::raw().query("SET SESSION sql_mode = ''");  // a zero date is accepted
+  my::raw().query("INSERT INTO " + t +
+                  " VALUES (1, '2026-12-02 03:04:05', '2026-12-02 03:04:05.9',"
+                  " '1999-01-31 23:59:59.007', '2026-02-28 00:00:00.000042',"
+                  " '2026-12-02 03:04:05.12'),"
+                  " (2, '0000-00-00 00:00:00', NULL, '1000-01-01 00:00:00.000',"
+                  " '9999-12-31 23:59:59.999999', NULL)");
+  my::raw().query("SET SESSION sql_mode = DEFAULT");
+  const std::string select = "SELECT d0, d1, d3, d6, ts2 FROM " + t + " ORDER BY n";
+  auto text = my::raw().query(select);
+  MysqlStore store{my::options()};
+  auto bound = store.with_session([&](idem::mysql::Session& s) { return s.query(select); });
+  ASSERT_EQ(2u, text.size());
+  ASSERT_EQ(2u, bound.size());
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t c = 0; c < 5; ++c) {
+      EXPECT_EQ(text[r][c].has_value(), !bound[r][c].is_null()) << r << "," << c;
+      EXPECT_EQ(text[r][c].value_or(""), bound[r][c].bytes()) << r << "," << c;
+    }
+  }
+  EXPECT_EQ("1999-01-31 23:59:59.007", bound[0][2].bytes());
+  EXPECT_EQ("0000-00-00 00:00:00", bound[1][0].bytes());
+  my::raw().query("DROP TABLE " + t);
 }
 
 // Bytes in, same bytes out: any byte value, invalid UTF-8, 4-byte characters — checked in the
