@@ -8,8 +8,9 @@
 #
 #   scripts/test.sh                 everything
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
-#   scripts/test.sh --sanitize      also ASan+UBSan and TSan builds: unit tests and the
-#                                   many-thread integration tests (tests/sanitizers/tsan.supp)
+#   scripts/test.sh --sanitize      also ASan+UBSan and TSan builds: unit tests, the
+#                                   many-thread integration tests and the asynchronous Redis
+#                                   store's tests (tests/sanitizers/tsan.supp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -87,8 +88,11 @@ if [ "$sanitize" -eq 1 ]; then
     cmake --build "$dir" -j "$JOBS"
     # tests/sanitizers/tsan.supp: races TSan reports inside Debian's prebuilt (uninstrumented)
     # libcpp-httplib, documented there. Nothing of idem's own code is suppressed.
-    # Unit tests, then the many-thread tests against the real servers (still up here).
-    for sel in "-L unit" "-L integration -R Storm|Concurrent|ThirtyTwoThreads|Race|OrderHttp|Overlapping|Batch|ChunkStore"; do
+    # Unit tests, then the many-thread tests against the real servers (still up here), then
+    # idem_async_redis_tests (the hiredis adapter's callbacks, stores destroyed from another
+    # thread, the guard's suite on one loop; not its SERIAL fault tests, AsyncRedisFault.*).
+    for sel in "-L unit" "-L integration -R Storm|Concurrent|ThirtyTwoThreads|Race|OrderHttp|Overlapping|Batch|ChunkStore" \
+               "-L async -R ^(AsyncRedis/|AsyncRedisStoreTest\\.|Redis\\..+RedisSqlite)"; do
       # shellcheck disable=SC2086
       (cd "$dir" &&
         ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \

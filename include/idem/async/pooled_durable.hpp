@@ -8,7 +8,10 @@
 // runs on the loop: each operation is one job on the pool, and its answer is posted back to
 // the call's executor. The store's own rules, retries and error mapping apply unchanged; the
 // pool bounds how many of its calls block at once (WorkerPoolOptions::threads) and refuses,
-// typed, what would queue beyond `max_queued`.
+// typed, what would start new work beyond `max_queued` (begin, run_transactional, lookup).
+// Completions, failures and releases end work already admitted: they are never refused
+// (WorkerPool::submit_follow_up), so an overload cannot leave a key in progress until its
+// lease, nor a handler's response unrecorded.
 //
 // @code
 //   idem::sqlite::SqliteStore sqlite{"payments.db"};
@@ -69,10 +72,10 @@ class PooledDurable {
         settle(std::move(done)));
   }
 
-  /// Store::complete on a worker.
+  /// Store::complete on a worker (never refused by the pool's bound).
   void async_complete(const Key& key, const OwnerToken& owner, std::string_view response,
                       std::chrono::seconds retention, const Executor& ex, Completion<bool> done) {
-    pool_->submit(
+    pool_->submit_follow_up(
         ex,
         [store = store_, key = Key(key), owner = OwnerToken(owner),
          response = std::string(response),
@@ -80,20 +83,20 @@ class PooledDurable {
         settle(std::move(done)));
   }
 
-  /// Store::fail on a worker (a dead-lettered message's record).
+  /// Store::fail on a worker (a dead-lettered message's record; never refused).
   void async_fail(const Key& key, const OwnerToken& owner, std::string_view reason,
                   std::chrono::seconds retention, const Executor& ex, Completion<bool> done) {
-    pool_->submit(
+    pool_->submit_follow_up(
         ex,
         [store = store_, key = Key(key), owner = OwnerToken(owner), reason = std::string(reason),
          retention] { return store->fail(key, owner, reason, retention); },
         settle(std::move(done)));
   }
 
-  /// Store::release on a worker.
+  /// Store::release on a worker (never refused by the pool's bound).
   void async_release(const Key& key, const OwnerToken& owner, const Executor& ex,
                      Completion<bool> done) {
-    pool_->submit(
+    pool_->submit_follow_up(
         ex,
         [store = store_, key = Key(key), owner = OwnerToken(owner)] {
           return store->release(key, owner);

@@ -14,6 +14,11 @@
 //     once with idem::StorageUnavailable ("worker pool full"), so an overload is answered
 //     (HTTP 503, retryable) instead of queueing without limit.
 //
+// The bound refuses new work only. The steps that end work already admitted (a durable
+// completion, a release: `submit_follow_up`) are never refused, and run before the jobs that
+// start new work: refusing them would leave a key in progress until its lease, or a response
+// computed but never recorded.
+//
 // While a job runs or waits, the caller's executor counts as having outstanding work, so an
 // `io_context::run()` does not return under it.
 //
@@ -97,10 +102,35 @@ class WorkerPool {
   /// idem::StorageUnavailable (posted, never inline). `executor` is any Asio executor.
   template <class Ex, class Work, class Done>
   void submit(const Ex& executor, Work work, Done done) {
+    submit_job(executor, std::move(work), std::move(done), false);
+  }
+
+  /// As submit(), for a step that ends work already admitted (a durable completion or
+  /// release): never refused, and run before the jobs waiting in the bounded queue.
+  template <class Ex, class Work, class Done>
+  void submit_follow_up(const Ex& executor, Work work, Done done) {
+    submit_job(executor, std::move(work), std::move(done), true);
+  }
+
+  /// The options in force (zeros replaced).
+  const WorkerPoolOptions& options() const noexcept { return options_; }
+
+  /// A snapshot of the counters.
+  WorkerPoolStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    WorkerPoolStats s = stats_;
+    s.queued = queue_.size() + follow_ups_.size();
+    s.running = running_;
+    return s;
+  }
+
+ private:
+  template <class Ex, class Work, class Done>
+  void submit_job(const Ex& executor, Work work, Done done, bool follow_up) {
     using R = std::invoke_result_t<Work&>;
     // Outstanding work on the caller's executor until `done` has run there.
     auto tracked = net::prefer(executor, net::execution::outstanding_work.tracked);
-    if (!admit()) {
+    if (!follow_up && !admit()) {
       std::exception_ptr full = std::make_exception_ptr(StorageUnavailable(
           "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
           " jobs waiting for " + std::to_string(options_.threads) + " threads)"));
@@ -113,7 +143,7 @@ class WorkerPool {
       });
       return;
     }
-    enqueue([tracked, work = std::move(work), done = std::move(done)]() mutable {
+    Function<void()> job = [tracked, work = std::move(work), done = std::move(done)]() mutable {
       std::exception_ptr error;
       if constexpr (std::is_void_v<R>) {
         try {
@@ -133,22 +163,14 @@ class WorkerPool {
           done(error, std::move(value));
         });
       }
-    });
+    };
+    if (follow_up) {
+      enqueue_follow_up(std::move(job));
+    } else {
+      enqueue(std::move(job));
+    }
   }
 
-  /// The options in force (zeros replaced).
-  const WorkerPoolOptions& options() const noexcept { return options_; }
-
-  /// A snapshot of the counters.
-  WorkerPoolStats stats() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    WorkerPoolStats s = stats_;
-    s.queued = queue_.size();
-    s.running = running_;
-    return s;
-  }
-
- private:
   static WorkerPoolOptions normalise(WorkerPoolOptions o) noexcept {
     if (o.threads == 0) o.threads = 4;
     if (o.max_queued == 0) o.max_queued = 1024;
@@ -178,15 +200,26 @@ class WorkerPool {
     wake_.notify_one();
   }
 
+  // Queues a follow-up (never refused; taken before queue_).
+  void enqueue_follow_up(Function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      follow_ups_.push_back(std::move(job));
+      ++stats_.submitted;
+    }
+    wake_.notify_one();
+  }
+
   void loop() {
     for (;;) {
       Function<void()> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and nothing left
-        job = std::move(queue_.front());
-        queue_.pop_front();
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !follow_ups_.empty(); });
+        std::deque<Function<void()>>& from = !follow_ups_.empty() ? follow_ups_ : queue_;
+        if (from.empty()) return;  // stopping, and nothing left
+        job = std::move(from.front());
+        from.pop_front();
         ++running_;
       }
       job();  // never throws: the submitted wrappers catch
@@ -200,6 +233,7 @@ class WorkerPool {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Function<void()>> queue_;
+  std::deque<Function<void()>> follow_ups_;  // never refused, taken first
   std::size_t running_ = 0;
   std::size_t reserved_ = 0;
   bool stopping_ = false;

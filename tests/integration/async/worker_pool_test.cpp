@@ -9,7 +9,9 @@
 #include <chrono>
 #include <future>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -106,6 +108,42 @@ TEST(WorkerPoolTest, AFullQueueRefusesWithATypedRetryableError) {
   EXPECT_EQ(3, ok);
   EXPECT_EQ(1u, pool.stats().rejected);
   EXPECT_EQ(2u, pool.stats().max_queued_seen);
+}
+
+// The bound refuses new work, never the steps that end admitted work: a follow-up submitted to
+// a full pool is queued, and runs before the jobs that waited longer in the bounded queue.
+TEST(WorkerPoolTest, FollowUpsAreNeverRefusedAndRunFirst) {
+  WorkerPool pool(sized(1, 1));
+  net::io_context io;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> started{false};
+  std::vector<std::string> order;  // appended on the one worker thread
+  int refused = 0, ok = 0;
+  auto done = [&](std::exception_ptr e) { e ? ++refused : ++ok; };
+  pool.submit(
+      io.get_executor(),
+      [&] {
+        started = true;
+        gate.wait();
+      },
+      done);  // running
+  while (!started) std::this_thread::sleep_for(1ms);
+  pool.submit(
+      io.get_executor(), [&] { order.push_back("new"); }, done);  // queued: the bound is reached
+  pool.submit(
+      io.get_executor(), [&] { order.push_back("refused"); }, done);
+  for (int i = 0; i < 3; ++i) {
+    pool.submit_follow_up(
+        io.get_executor(), [&, i] { order.push_back("follow_up" + std::to_string(i)); }, done);
+  }
+  EXPECT_EQ(4u, pool.stats().queued);
+  release.set_value();
+  io.run();
+  EXPECT_EQ(1, refused);
+  EXPECT_EQ(5, ok);
+  EXPECT_EQ((std::vector<std::string>{"follow_up0", "follow_up1", "follow_up2", "new"}), order);
+  EXPECT_EQ(1u, pool.stats().rejected);
 }
 
 TEST(WorkerPoolTest, ExceptionsOfTheWorkReachTheCompletionUnchanged) {

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: MIT
+// examples/async_http: `POST /orders` with Idempotency-Key on ONE loop thread (Boost.Beast +
+// idem::async::AsyncGuard); the orders and idem's records in SQLite on a worker pool, Redis
+// (AsyncRedisStore, on the loop) or an in-process MemoryStore in front.
+//
+//   async_http [--port 8080] [--db orders.db] [--redis redis://127.0.0.1:6379]
+//
+//   curl -i -X POST localhost:8080/orders -H 'Idempotency-Key: "k1"' -d '{"sku":"A1","qty":2}'
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "idem/async/pooled_durable.hpp"
+#include "idem/async/redis_store.hpp"
+#include "idem/memory_store.hpp"
+#include "order_server.hpp"
+#include "orders.hpp"
+
+int main(int argc, char** argv) {
+  unsigned short port = 8080;
+  std::string db = "orders.db", redis;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--port") {
+      port = static_cast<unsigned short>(std::atoi(argv[i + 1]));
+    } else if (k == "--db") {
+      db = argv[i + 1];
+    } else if (k == "--redis") {
+      redis = argv[i + 1];
+    } else {
+      std::fprintf(stderr, "usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      return 2;
+    }
+  }
+  namespace net = async_http::net;
+  net::io_context io(1);  // ONE loop thread serves every connection
+  idem::sqlite::SqliteStore sqlite(db);
+  async_http::create_orders_table(sqlite);
+  idem::async::WorkerPool workers;  // the transactions: 4 threads
+  idem::async::PooledDurable<idem::sqlite::SqliteStore> durable(sqlite, workers);
+  idem::MemoryStore memory;
+  std::unique_ptr<idem::async::AsyncFastStore> fast;
+  if (redis.empty()) {
+    fast = std::make_unique<idem::async::InlineFastStore>(memory);
+  } else {
+    fast = std::make_unique<idem::async::AsyncRedisStore>(io.get_executor(), redis);
+  }
+  idem::async::AsyncGuardOptions o;
+  o.pool = &workers;
+  idem::async::AsyncGuard guard(io.get_executor(), *fast, durable, o);
+  async_http::OrderServer<idem::async::PooledDurable<idem::sqlite::SqliteStore>> server(
+      io, guard, async_http::create_order,
+      async_http::tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  server.start();
+  net::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const auto&, int) {
+    server.stop();
+    io.stop();
+  });
+  std::printf("async_http: POST http://127.0.0.1:%u/orders (fast store: %s)\n", server.port(),
+              redis.empty() ? "memory" : redis.c_str());
+  std::fflush(stdout);
+  io.run();
+  return 0;
+}
