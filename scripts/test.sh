@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs what is missing, builds in build/, starts throwaway redis-server, PostgreSQL, a Redis
-# Cluster, MariaDB, a Redis Sentinel setup and the TLS servers on loopback (during the build),
+# Cluster, MariaDB, a Redis Sentinel setup, the TLS servers and the reliability smoke's own
+# Redis, PostgreSQL and MariaDB on loopback (during the build),
 # runs every test (ctest), checks the package as users meet it (tests/package/check.sh:
 # components alone, pkg-config, the API reference, a shared build, the .deb, C++20), and stops
 # the servers. Exits non-zero on any failure.
@@ -29,15 +30,24 @@ JOBS="${IDEM_JOBS:-$(nproc)}"
 BUILD="${IDEM_BUILD_DIR:-build}"
 
 export IDEM_SERVERS_DIR="${IDEM_SERVERS_DIR:-$(mktemp -d /tmp/idem-test.XXXXXX)}"
+# The reliability smoke's own servers (tests/reliability/smoke.sh): it kills and restarts them,
+# so they are not the ones the other tests share.
+rel_servers() {
+  IDEM_SERVERS_DIR="$IDEM_SERVERS_DIR/reliability" IDEM_REDIS_PORT=16479 IDEM_PG_PORT=15532 \
+    IDEM_MYSQL_PORT=13406 "$ROOT/scripts/servers.sh" "$@"
+}
 cleanup() {
   # A server still starting (the build failed early) would come up after the stop: wait first.
   if [ -n "${rabbitmq_pid:-}" ]; then wait "$rabbitmq_pid" 2>/dev/null || true; fi
+  if [ -n "${rel_pid:-}" ]; then wait "$rel_pid" 2>/dev/null || true; fi
+  rel_servers stop || true
   "$ROOT/scripts/servers.sh" stop || true
 }
 trap cleanup EXIT
 # The servers (one Redis, PostgreSQL, a 3+3 Redis Cluster, MariaDB, a Sentinel setup) start while the
 # build runs; their variables are read once both are done.
 mkdir -p "$IDEM_SERVERS_DIR"
+chmod 0755 "$IDEM_SERVERS_DIR"  # PostgreSQL (user postgres) reaches its data dirs below it
 servers_env="$IDEM_SERVERS_DIR/test-env.sh"
 (./scripts/servers.sh start >/dev/null && ./scripts/servers.sh cluster >/dev/null &&
    ./scripts/servers.sh mysql >/dev/null &&
@@ -52,6 +62,12 @@ rabbitmq_env="$IDEM_SERVERS_DIR/test-env-rabbitmq.sh"
    echo "test.sh: RabbitMQ node up in $((t / 1000)).$((t % 1000 / 100)) s") \
   >"$IDEM_SERVERS_DIR/rabbitmq-start.log" 2>&1 &
 rabbitmq_pid=$!
+
+export IDEM_REL_SERVERS_ENV="$IDEM_SERVERS_DIR/test-env-reliability.sh"
+(rel_servers start >"$IDEM_REL_SERVERS_ENV.part" && rel_servers mysql >>"$IDEM_REL_SERVERS_ENV.part" &&
+   mv "$IDEM_REL_SERVERS_ENV.part" "$IDEM_REL_SERVERS_ENV") \
+  >"$IDEM_SERVERS_DIR/reliability-start.log" 2>&1 &
+rel_pid=$!
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
@@ -69,6 +85,11 @@ if ! wait "$rabbitmq_pid"; then
 fi
 cat "$IDEM_SERVERS_DIR/rabbitmq-start.log"
 eval "$(cat "$rabbitmq_env")"
+if ! wait "$rel_pid"; then
+  cat "$IDEM_SERVERS_DIR/reliability-start.log" >&2
+  echo "test.sh: the reliability servers did not start" >&2
+  exit 1
+fi
 export IDEM_REQUIRE_SERVERS=1
 
 status=0
