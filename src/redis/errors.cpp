@@ -71,6 +71,14 @@ void throw_error(const Failure& f) {
         }
         throw StorageTimeout(compose(f, "timed out"));
       }
+      // The connection broke after the write went out whole: the server may have applied it
+      // before the connection was lost (the reply is what was lost).
+      if (f.write_may_apply && f.sent &&
+          (f.hiredis_err == REDIS_ERR_EOF || f.hiredis_err == REDIS_ERR_IO)) {
+        throw OutcomeUnknown(
+            compose(f, "connection lost after the write was sent; the write may have been "
+                       "applied"));
+      }
       switch (f.hiredis_err) {
         case REDIS_ERR_EOF:
           throw StorageUnavailable(compose(f, "connection closed by the server"));

@@ -26,6 +26,9 @@ struct Failure {
   int hiredis_err = 0;           ///< redisContext::err for kContext
   int sys_errno = 0;             ///< errno right after the failing hiredis call
   bool write_may_apply = false;  ///< a timeout could leave this write applied (OutcomeUnknown)
+  /// The command was written whole before the connection failed (closed, reset, an I/O
+  /// error while reading its reply): with write_may_apply, the server may have applied it.
+  bool sent = false;
 };
 
 /// True when a kContext failure means the server went away (refused, reset, EOF): connections

@@ -274,6 +274,7 @@ struct Pipeline::Waiter {
   errc code = errc::kStorageError;
   std::string message;
   bool failed = false;  // the connection failed: err, sys_errno, errstr
+  bool lost_after_send = false;  // ...after (part of) its batch went out: it may have applied
   int err = 0;
   int sys_errno = 0;
   std::string errstr;
@@ -351,7 +352,7 @@ ReplyUPtr Pipeline::call(std::string_view formatted, const char* op, std::string
     what.push_back(' ');
     what.append(key);
     throw_error(Failure{Failure::Kind::kContext, what, self.errstr, self.err, self.sys_errno,
-                        write_may_apply});
+                        write_may_apply, self.lost_after_send});
   }
   return std::move(self.reply);
 }
@@ -396,8 +397,9 @@ bool Pipeline::open(std::unique_lock<std::mutex>& lock, const char* op,
   }
 }
 
-int Pipeline::send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op) {
-  std::size_t written = 0;
+int Pipeline::send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op,
+                      std::size_t& written) {
+  written = 0;
   const int err = send_all(lease->get()->fd, bytes, written);
   if (err == 0 || written != 0 || (err != EPIPE && err != ECONNRESET)) return err;
   // The server closed this idle connection (CLIENT KILL, timeout, restart): nothing reached
@@ -412,9 +414,10 @@ ReplyUPtr Pipeline::call_alone(std::string_view formatted, const char* op, std::
                                bool write_may_apply) {
   std::optional<Pool::Lease> lease;
   int sys_errno = 0;
+  std::size_t written = 0;
   try {
     lease.emplace(pool_.acquire(op));
-    sys_errno = send_on(lease, formatted, op);
+    sys_errno = send_on(lease, formatted, op, written);
   } catch (...) {
     std::unique_lock<std::mutex> lock(mutex_);
     hand_off(lock, std::nullopt);
@@ -425,6 +428,7 @@ ReplyUPtr Pipeline::call_alone(std::string_view formatted, const char* op, std::
   redisContext* c = lease->get();
   int err = REDIS_ERR_IO;
   std::string errstr;
+  const bool sent = sys_errno == 0;  // whole: the reply was being read when the failure came
   if (sys_errno == 0) {
     errno = 0;
     void* raw = nullptr;
@@ -449,7 +453,8 @@ ReplyUPtr Pipeline::call_alone(std::string_view formatted, const char* op, std::
   std::string what = op;
   what.push_back(' ');
   what.append(key);
-  throw_error(Failure{Failure::Kind::kContext, what, errstr, err, sys_errno, write_may_apply});
+  throw_error(
+      Failure{Failure::Kind::kContext, what, errstr, err, sys_errno, write_may_apply, sent});
 }
 
 void Pipeline::hand_off(std::unique_lock<std::mutex>& lock, std::optional<Pool::Lease> lease) {
@@ -513,14 +518,18 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
     int saved_errno = 0;
     int err = 0;
     std::string errstr;
+    std::size_t written = 0;
     try {
-      saved_errno = send_on(conn_, out_, self.op);
+      saved_errno = send_on(conn_, out_, self.op, written);
     } catch (...) {
       // No new connection: every caller of the batch gets its error (`self` too).
       refuse_all(lock, inflight_);
       continue;
     }
     redisContext* c = conn_->get();
+    // A batch cut while being written may have reached the server in part: the commands
+    // before the cut may have been applied (each caller is then told its write may have).
+    const bool lost_after_send = saved_errno == 0 || written > 0;
     if (saved_errno != 0) {
       err = REDIS_ERR_IO;
       errstr = send_error_text(saved_errno);
@@ -581,6 +590,7 @@ void Pipeline::flush(std::unique_lock<std::mutex>& lock, Waiter& self) {
         Waiter* w = i == mine ? &self : inflight_[i];
         if (w == nullptr) continue;
         w->failed = true;
+        w->lost_after_send = lost_after_send;
         w->err = err;
         w->sys_errno = saved_errno;
         w->errstr = errstr;

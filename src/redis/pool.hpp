@@ -203,9 +203,11 @@ class Pipeline {
   static void refuse_all(std::unique_lock<std::mutex>& lock, std::vector<Waiter*>& callers);
   // Sends `bytes` on `lease` (send_all). A connection the server closed while it was idle
   // (EPIPE / ECONNRESET with nothing written) is replaced once by a new one from the pool and
-  // the bytes go again. Returns 0 or the errno of the failure.
+  // the bytes go again. Returns 0 or the errno of the failure; `written`: the bytes that went
+  // out on the last connection tried.
   // @throws as Pool::acquire (the lease is then empty).
-  int send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op);
+  int send_on(std::optional<Pool::Lease>& lease, std::string_view bytes, const char* op,
+              std::size_t& written);
 
   Pool& pool_;
   std::mutex mutex_;

@@ -264,20 +264,24 @@ class IDEM_LOCAL RedisStore::Impl {
   ReplyUPtr exec(detail::Pool::Lease& conn, int argc, const char** argv, const std::size_t* lens,
                  Op op, std::string_view key) {
     errno = 0;
-    if (append_command(conn.get(), argc, argv, lens) != REDIS_OK) context_failure(conn, op, key);
+    if (append_command(conn.get(), argc, argv, lens) != REDIS_OK) {
+      context_failure(conn, op, key, false);
+    }
     return read_reply(conn, op, key);
   }
 
   // A connection-level failure (c->err set): drops the connection and throws the typed error.
-  [[noreturn]] static void context_failure(detail::Pool::Lease& conn, Op op, std::string_view key) {
+  // `sent`: the command had gone out whole (the reply was being read).
+  [[noreturn]] static void context_failure(detail::Pool::Lease& conn, Op op, std::string_view key,
+                                           bool sent) {
     redisContext* c = conn.get();
     const int saved_errno = errno;
     const int err = c->err;
     const std::string errstr = c->errstr;
     conn.discard(detail::server_gone(err, saved_errno));
     const std::string what = describe(op, key);
-    detail::throw_error(
-        Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write_may_apply(op)});
+    detail::throw_error(Failure{Failure::Kind::kContext, what, errstr, err, saved_errno,
+                                write_may_apply(op), sent});
   }
 
   // One command on `pool`: queued on its auto-pipeline when it has one, else on a lent
@@ -556,10 +560,10 @@ class IDEM_LOCAL RedisStore::Impl {
     errno = 0;
     void* raw = nullptr;
     if (sdslen(conn.get()->obuf) > 0 && detail::write_buffered(conn.get()) != REDIS_OK) {
-      context_failure(conn, op, key);
+      context_failure(conn, op, key, false);
     }
     if (redisGetReply(conn.get(), &raw) != REDIS_OK || raw == nullptr) {
-      context_failure(conn, op, key);
+      context_failure(conn, op, key, true);
     }
     return ReplyUPtr(static_cast<redisReply*>(raw));
   }

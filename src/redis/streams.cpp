@@ -117,12 +117,12 @@ class IDEM_LOCAL RedisStreams::Impl {
     errno = 0;
     if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
         REDIS_OK) {
-      fail(conn, args[0], false);
+      fail(conn, args[0], false, false);
     }
     std::size_t sent = 0;
-    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, args[0], write && sent > 0);
+    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, args[0], write && sent > 0, sent > 0);
     void* got = nullptr;
-    if (redisGetReply(c, &got) != REDIS_OK || got == nullptr) fail(conn, args[0], write);
+    if (redisGetReply(c, &got) != REDIS_OK || got == nullptr) fail(conn, args[0], write, true);
     auto* raw = static_cast<redisReply*>(got);
     if (extra_timeout.count() > 0) redisSetTimeout(c, to_timeval(command_timeout_));
     ReplyPtr reply(raw);
@@ -143,18 +143,18 @@ class IDEM_LOCAL RedisStreams::Impl {
       fill(args, argv, lens);
       if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
           REDIS_OK) {
-        fail(conn, what, false);
+        fail(conn, what, false, false);
       }
     }
     errno = 0;
     std::size_t sent = 0;
-    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, what, write && sent > 0);
+    if (write_buffered(c, &sent) != REDIS_OK) fail(conn, what, write && sent > 0, sent > 0);
     std::vector<ReplyPtr> replies;
     replies.reserve(commands.size());
     for (std::size_t i = 0; i < commands.size(); ++i) {
       void* raw = nullptr;
       errno = 0;
-      if (redisGetReply(c, &raw) != REDIS_OK) fail(conn, what, write);
+      if (redisGetReply(c, &raw) != REDIS_OK) fail(conn, what, write, true);
       replies.emplace_back(static_cast<redisReply*>(raw));
     }
     return replies;
@@ -178,7 +178,9 @@ class IDEM_LOCAL RedisStreams::Impl {
   }
 
   // The connection's state is unknown after a failure: drop it, then throw the mapped error.
-  [[noreturn]] static void fail(Pool::Lease& conn, std::string_view cmd, bool write) {
+  // `write`: a write that may have been applied (OutcomeUnknown on a timeout, or on a lost
+  // connection once `sent`: written, whole or, for a pipeline, in part).
+  [[noreturn]] static void fail(Pool::Lease& conn, std::string_view cmd, bool write, bool sent) {
     const int saved_errno = errno;
     redisContext* c = conn.get();
     const int err = c->err;
@@ -186,7 +188,7 @@ class IDEM_LOCAL RedisStreams::Impl {
     conn.discard(idem::redis::detail::server_gone(err, saved_errno));
     const std::string what = "redis " + std::string(cmd);
     idem::redis::detail::throw_error(
-        Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write});
+        Failure{Failure::Kind::kContext, what, errstr, err, saved_errno, write, sent});
   }
 
   std::chrono::milliseconds command_timeout_;

@@ -19,8 +19,9 @@
 //   scripts (EVALSHA; on NOSCRIPT, one EVAL, which reloads them) that act only while the owner
 //   token matches (false: the lease was lost). fill is one SET; lookup one script.
 // * Failures are idem exceptions: refused, reset, EOF and pool exhaustion are
-//   StorageUnavailable; a timeout is StorageTimeout (OutcomeUnknown for complete, release and
-//   fill, whose write may have applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are
+//   StorageUnavailable; a timeout is StorageTimeout; a timeout or a lost connection after a
+//   complete, fail, release, extend or fill went out is OutcomeUnknown (the write may have
+//   applied); -LOADING, -BUSY, -MASTERDOWN, -READONLY are
 //   StorageUnavailable; -OOM is StorageError; a value under an idem key that idem did not write is
 //   CorruptRecord.
 // * `rediss://`: TLS (certificate chain and host name verified, SNI, CA file, client
@@ -268,7 +269,8 @@ class IDEM_EXPORT RedisStore final : public FastStore {
 
   /// Completes `owner`'s in-progress record with `response`, kept for `retention`.
   /// @return false when the lease was lost. @throws as claim; idem::OutcomeUnknown when the
-  ///         reply timed out (the write may have applied).
+  ///         reply timed out or the connection was lost after the command went out (the
+  ///         write may have applied).
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention) override;
 

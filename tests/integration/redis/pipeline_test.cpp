@@ -568,6 +568,62 @@ TEST_F(RedisPipeline, AKilledIdlePooledConnectionFailsTypedWithoutSigpipe) {
   EXPECT_TRUE(completed);
 }
 
+// redis-server killed while a complete waits for its reply (queued behind a script that keeps
+// the server busy): a write that went out whole ends OutcomeUnknown (the server may have
+// applied it before it died), pooled or auto-pipelined; a call made after the kill, which
+// sends nothing, ends StorageUnavailable.
+TEST_F(RedisPipeline, AWriteWhoseReplyIsLostWithTheServerIsOutcomeUnknown) {
+  for (const bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "auto_pipeline" : "pooled");
+    PrivateRedis server;
+    RedisStoreOptions o{server.uri()};
+    o.auto_pipeline = pipelined;
+    o.command_timeout = 10'000ms;
+    o.reconnect_backoff = 5ms;
+    RedisStore store(o);
+    const Key k = key(pipelined ? "lost_reply_p" : "lost_reply");
+    const OwnerToken owner = OwnerToken::generate();
+    const idem::ClaimResult claimed = store.claim(k, "fp", owner, 60'000ms);
+    ASSERT_EQ(ClaimStatus::kClaimed, claimed.status);
+    // The complete script is loaded before the server stalls (EVALSHA must not need EVAL).
+    const Key warm = key(pipelined ? "lost_warm_p" : "lost_warm");
+    ASSERT_EQ(ClaimStatus::kClaimed, store.claim(warm, "fp", owner, 60'000ms).status);
+    ASSERT_TRUE(store.complete(warm, owner, "r", 60s));
+    idem::test::RawRedis blocker(server.raw_uri());
+    blocker.cmd({"AUTH", "pw"});
+    blocker.send({"EVAL",
+                  "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] while true do "
+                  "local n = redis.call('TIME') if n[1] * 1000000 + n[2] - s > 3000000 then "
+                  "break end end return 1",
+                  "0"});
+    std::this_thread::sleep_for(100ms);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(400ms);  // the writes below are on the wire by then
+      server.kill9();
+    });
+    std::exception_ptr complete_error;
+    try {
+      (void)store.complete_claimed(k, owner, claimed.ticket, "r", 60s);
+    } catch (...) {
+      complete_error = std::current_exception();
+    }
+    killer.join();
+    auto code = [](const std::exception_ptr& e) {
+      try {
+        if (e) std::rethrow_exception(e);
+      } catch (const idem::Error& x) {
+        return x.code();
+      } catch (...) {
+      }
+      return idem::errc::kStorageError;
+    };
+    ASSERT_TRUE(complete_error) << "the complete was answered after the server died";
+    EXPECT_EQ(idem::errc::kOutcomeUnknown, code(complete_error));
+    EXPECT_THROW((void)store.claim(key("after_kill"), "fp", OwnerToken::generate(), 1000ms),
+                 idem::StorageUnavailable);
+  }
+}
+
 // A lone caller sends at once (one batch per call, nothing waits for company); with the option
 // off (the default) no call goes through a pipeline.
 TEST_F(RedisPipeline, ALoneCallerFlushesAtOnceAndTheOptionTurnsItOff) {

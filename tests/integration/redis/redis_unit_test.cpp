@@ -192,6 +192,20 @@ TEST(RedisErrorMapping, ConnectionFailuresBecomeTypedErrors) {
   expect_thrown<idem::OutcomeUnknown>(
       ctx(REDIS_ERR_IO, EAGAIN, "Resource temporarily unavailable", true),
       idem::errc::kOutcomeUnknown, "may have been applied");
+  // The connection lost after a write went out whole: the server may have applied it. Not
+  // sent (refused at the write), or not a write that matters (a claim, a read): unavailable.
+  auto sent = [](int err, int sys, const char* msg, bool write) {
+    return Failure{K::kContext, "complete idem:{a|b}", msg, err, sys, write, true};
+  };
+  expect_thrown<idem::OutcomeUnknown>(sent(REDIS_ERR_EOF, 0, "Server closed the connection", true),
+                                      idem::errc::kOutcomeUnknown, "may have been applied");
+  expect_thrown<idem::OutcomeUnknown>(sent(REDIS_ERR_IO, ECONNRESET, "Connection reset", true),
+                                      idem::errc::kOutcomeUnknown, "may have been applied");
+  expect_thrown<idem::StorageUnavailable>(
+      sent(REDIS_ERR_EOF, 0, "Server closed the connection", false), idem::errc::kStoreUnavailable,
+      "closed");
+  expect_thrown<idem::StorageUnavailable>(ctx(REDIS_ERR_IO, EPIPE, "Broken pipe", true),
+                                          idem::errc::kStoreUnavailable, "I/O error");
   expect_thrown<idem::StorageError>(ctx(REDIS_ERR_PROTOCOL, 0, "Protocol error"),
                                     idem::errc::kStorageError, "protocol");
   expect_thrown<idem::StorageUnavailable>(
