@@ -119,7 +119,12 @@ class Key {
   /// Business id, e.g. "order_20001".
   const std::string& id() const noexcept { return id_; }
   /// Unambiguous composition `<scope>|<id>`.
-  std::string str() const { return scope_ + kKeySeparator + id_; }
+  std::string str() const {
+    std::string out;
+    out.reserve(scope_.size() + 1 + id_.size());  // one allocation
+    out.append(scope_).append(1, kKeySeparator).append(id_);
+    return out;
+  }
 
   /// Same scope and id.
   friend bool operator==(const Key& a, const Key& b) noexcept {
