@@ -15,9 +15,11 @@
 //   idem_grpc_bench [rounds] [calls per phase]
 //   IDEM_GRPC_BENCH_PLAIN_SPIN_US=N   the plain handlers busy-wait N us first (to show what a
 //                                     few microseconds of handler work cost the sync server)
-//   IDEM_GRPC_BENCH_PROFILE=1         no timing: the sync server answers [calls] replayed calls,
-//                                     then [calls] plain ones, for an instruction count, e.g.
-//     valgrind --tool=callgrind --toggle-collect='*BenchCharge::charge*' idem_grpc_bench 1 2000
+//   IDEM_GRPC_BENCH_PROFILE=1         no timing: the sync server answers 2 x [calls] replayed
+//                                     calls (the first one executes), nothing else; for an
+//                                     instruction count per call, the difference of two runs:
+//     valgrind --tool=callgrind --toggle-collect='(anonymous namespace)::BenchCharge::charge(*'
+//       idem_grpc_bench 1 N      (and 2N; the pattern must not match the lambdas' names)
 //
 // Prints calls/s per round and `ratio <name> = <ours / baseline>` (higher is better).
 #include <grpcpp/grpcpp.h>
@@ -177,12 +179,12 @@ Medians compare(const char* api, grpc::Service& service, int rounds, int calls) 
   };
 
   run("guarded", 1);  // warm up, and complete the fixed key
-  run("plain", 0);
   if (std::getenv("IDEM_GRPC_BENCH_PROFILE") != nullptr) {
     run("guarded", 1);
     server->Shutdown();
     return Medians{};
   }
+  run("plain", 0);
   run("plain-insert", 0);
   // ABBA inside a round cancels a load drift; the ratio is the median of per-round ratios.
   std::vector<double> replay, plain, first, plain_insert, replay_ratio, first_ratio;
