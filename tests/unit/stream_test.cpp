@@ -459,6 +459,40 @@ TEST_F(ChunkStoreTest, VersionOneTablesAreUsedAsTheyAre) {
   EXPECT_EQ(1, again.schema_version());
 }
 
+// docs/versioning.md's steps for moving a version-1 chunk table to version 2.
+TEST_F(ChunkStoreTest, VersionOneTableMovedToVersionTwoKeepsItsChunks) {
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE ai_stream_chunk (request_id VARCHAR(128) NOT NULL,"
+        " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0), body BLOB NOT NULL,"
+        " created_at BIGINT NOT NULL, UNIQUE (request_id, chunk_offset))");
+  });
+  {
+    idem::sqlite::ChunkStore chunks{db_};
+    ASSERT_EQ(1, chunks.schema_version());
+    chunks.append("chat_m", 0, "Hello, ");
+    chunks.append("chat_m", 7, "world");
+  }
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE ai_stream_chunk_v2 (request_id VARCHAR(128) NOT NULL,"
+        "  chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0), body BLOB NOT NULL,"
+        "  created_at BIGINT NOT NULL,"
+        "  PRIMARY KEY (request_id, chunk_offset)) WITHOUT ROWID;"
+        "INSERT INTO ai_stream_chunk_v2"
+        "  SELECT request_id, chunk_offset, body, created_at FROM ai_stream_chunk;"
+        "DROP TABLE ai_stream_chunk;"
+        "ALTER TABLE ai_stream_chunk_v2 RENAME TO ai_stream_chunk;"
+        "UPDATE idem_schema_version SET version = 2 WHERE name = 'ai_stream_chunk';");
+  });
+  idem::sqlite::ChunkStore chunks{db_};
+  EXPECT_EQ(2, chunks.schema_version());
+  EXPECT_NE(std::string::npos, table_sql(*db_, "ai_stream_chunk").find("WITHOUT ROWID"));
+  EXPECT_FALSE(chunks.append("chat_m", 7, "world"));
+  EXPECT_TRUE(chunks.append("chat_m", 12, "!"));
+  EXPECT_EQ("Hello, world!", chunks.resume("chat_m").text);
+}
+
 TEST_F(ChunkStoreTest, ANewerRecordedVersionIsRefused) {
   { idem::sqlite::ChunkStore chunks{db_}; }
   db_->write([](idem::sqlite::Transaction& tx) {
