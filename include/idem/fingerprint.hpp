@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -56,7 +57,16 @@ inline constexpr std::size_t kSha256HexSize = 2 * kSha256Size;
 /// returns, for callers that keep it in a buffer of their own.
 /// @throws idem::UsageError only if libcrypto itself fails (it does not for SHA-256).
 inline void sha256_hex(std::string_view payload, char (&out)[kSha256HexSize]) {
-  static constexpr char kDigits[] = "0123456789abcdef";
+  // Both hex digits of every byte value: one lookup per byte.
+  static constexpr auto kPairs = [] {
+    constexpr char kDigits[] = "0123456789abcdef";
+    std::array<char, 512> pairs{};
+    for (std::size_t b = 0; b < 256; ++b) {
+      pairs[2 * b] = kDigits[b >> 4];
+      pairs[2 * b + 1] = kDigits[b & 0x0F];
+    }
+    return pairs;
+  }();
   std::array<unsigned char, kSha256Size> md{};
   unsigned int len = 0;
   thread_local DigestContext digest;
@@ -67,8 +77,7 @@ inline void sha256_hex(std::string_view payload, char (&out)[kSha256HexSize]) {
     throw UsageError("idem::fingerprint: SHA-256 failed");
   }
   for (std::size_t i = 0; i < kSha256Size; ++i) {
-    out[2 * i] = kDigits[md[i] >> 4];
-    out[2 * i + 1] = kDigits[md[i] & 0x0F];
+    std::memcpy(out + 2 * i, kPairs.data() + 2 * md[i], 2);
   }
 }
 }  // namespace detail

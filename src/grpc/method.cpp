@@ -60,13 +60,13 @@ void check_method(const std::string& method) {
 void append_size_prefix(std::string& out, std::size_t size) {
   char digits[24];
   char* end = digits + sizeof digits;
-  char* p = end;
+  char* p = end - 1;
+  *p = ':';
   do {
     *--p = static_cast<char>('0' + size % 10);
     size /= 10;
   } while (size != 0);
   out.append(p, static_cast<std::size_t>(end - p));
-  out += ':';
 }
 
 void append_prefixed(std::string& out, std::string_view part) {
