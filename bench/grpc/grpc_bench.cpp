@@ -15,6 +15,11 @@
 //   idem_grpc_bench [rounds] [calls per phase]
 //   IDEM_GRPC_BENCH_PLAIN_SPIN_US=N   the plain handlers busy-wait N us first (to show what a
 //                                     few microseconds of handler work cost the sync server)
+//   IDEM_GRPC_BENCH_PROFILE=1         no timing: the sync server answers 2 x [calls] replayed
+//                                     calls (the first one executes), nothing else; for an
+//                                     instruction count per call, the difference of two runs:
+//     valgrind --tool=callgrind --toggle-collect='(anonymous namespace)::BenchCharge::charge(*'
+//       idem_grpc_bench 1 N      (and 2N; the pattern must not match the lambdas' names)
 //
 // Prints calls/s per round and `ratio <name> = <ours / baseline>` (higher is better).
 #include <grpcpp/grpcpp.h>
@@ -174,6 +179,11 @@ Medians compare(const char* api, grpc::Service& service, int rounds, int calls) 
   };
 
   run("guarded", 1);  // warm up, and complete the fixed key
+  if (std::getenv("IDEM_GRPC_BENCH_PROFILE") != nullptr) {
+    run("guarded", 1);
+    server->Shutdown();
+    return Medians{};
+  }
   run("plain", 0);
   run("plain-insert", 0);
   // ABBA inside a round cancels a load drift; the ratio is the median of per-round ratios.
@@ -230,11 +240,13 @@ int main(int argc, char** argv) {
         rounds, calls,
         std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
     Medians s = compare("sync", sync, rounds, calls);
-    Medians c = compare("callback", callback, rounds, calls);
-    std::printf("ratio grpc_replay_vs_plain_unary = %.3f\n", s.replay_ratio);
-    std::printf("ratio grpc_first_call_vs_plain_insert = %.3f\n", s.first_ratio);
-    std::printf("ratio grpc_replay_vs_plain_unary_callback_api = %.3f\n", c.replay_ratio);
-    std::printf("ratio grpc_first_call_vs_plain_insert_callback_api = %.3f\n", c.first_ratio);
+    if (std::getenv("IDEM_GRPC_BENCH_PROFILE") == nullptr) {
+      Medians c = compare("callback", callback, rounds, calls);
+      std::printf("ratio grpc_replay_vs_plain_unary = %.3f\n", s.replay_ratio);
+      std::printf("ratio grpc_first_call_vs_plain_insert = %.3f\n", s.first_ratio);
+      std::printf("ratio grpc_replay_vs_plain_unary_callback_api = %.3f\n", c.replay_ratio);
+      std::printf("ratio grpc_first_call_vs_plain_insert_callback_api = %.3f\n", c.first_ratio);
+    }
   }
   std::remove(path.c_str());
   std::remove((path + "-wal").c_str());

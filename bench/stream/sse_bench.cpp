@@ -4,10 +4,13 @@
 // GET /chats/{id}/events served from the table) against the same endpoint shape streaming
 // straight from the generator (same pieces, same event format, one write per event, same
 // cpp-httplib server options). Events/s as a client reading the stream sees them; interleaved
-// rounds, medians.
+// rounds, medians. Also printed: the process's CPU time per event on each side (every thread,
+// user + system, from getrusage), which the load of other processes moves far less than
+// events/s.
 //
 //   idem_bench_sse [rounds] [answer_bytes]
 #include <httplib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +29,14 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// CPU time of the whole process (every thread, user + system), in seconds.
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -127,11 +138,12 @@ int main(int argc, char** argv) {
     httplib::Client plain_client("127.0.0.1", plain.port());
     ours_client.set_read_timeout(60, 0);
     plain_client.set_read_timeout(60, 0);
-    std::vector<double> ours_rate, plain_rate;
+    std::vector<double> ours_rate, plain_rate, ours_cpu, plain_cpu;  // events/s, us per event
     std::size_t ours_events = 0, plain_events = 0;
     int n = 0;
     for (int round = 0; round < rounds + 1; ++round) {  // round 0 warms up, not counted
       auto t0 = Clock::now();
+      double c0 = cpu_seconds();
       std::size_t events = 0;
       for (int i = 0; i < chats_per_round; ++i, ++n) {
         std::string body =
@@ -152,8 +164,10 @@ int main(int argc, char** argv) {
         events += got;
       }
       double ours_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      double ours_c = cpu_seconds() - c0;
 
       t0 = Clock::now();
+      c0 = cpu_seconds();
       std::size_t plain_got = 0;
       for (int i = 0; i < chats_per_round; ++i) {
         std::size_t got = read_stream(plain_client, "/plain/bench_" + std::to_string(n + i) +
@@ -165,7 +179,10 @@ int main(int argc, char** argv) {
         plain_got += got;
       }
       double plain_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      double plain_c = cpu_seconds() - c0;
       if (round == 0) continue;
+      ours_cpu.push_back(1e6 * ours_c / static_cast<double>(events));
+      plain_cpu.push_back(1e6 * plain_c / static_cast<double>(plain_got));
       ours_rate.push_back(static_cast<double>(events) / ours_s);
       plain_rate.push_back(static_cast<double>(plain_got) / plain_s);
       ours_events += events;
@@ -179,6 +196,10 @@ int main(int argc, char** argv) {
                 median(ours_rate));
     std::printf("sse straight from the generator:                      %.0f events/s (median)\n",
                 median(plain_rate));
+    std::printf(
+        "process CPU per event (all threads, user + system): %.2f us with the chunk table, "
+        "%.2f us straight (medians)\n",
+        median(ours_cpu), median(plain_cpu));
     std::printf("ratio sse_stream_dedup_vs_plain = %.2f\n", median(ours_rate) / median(plain_rate));
     ours.stop();
   }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -48,22 +49,48 @@ struct DigestContext {
 };
 }  // namespace detail
 
+namespace detail {
+/// Characters of a hex SHA-256 (fingerprint()'s length).
+inline constexpr std::size_t kSha256HexSize = 2 * kSha256Size;
+
+/// Writes the lower-case hex SHA-256 of `payload` to `out` (no allocation): what fingerprint()
+/// returns, for callers that keep it in a buffer of their own.
+/// @throws idem::UsageError only if libcrypto itself fails (it does not for SHA-256).
+inline void sha256_hex(std::string_view payload, char (&out)[kSha256HexSize]) {
+  // Both hex digits of every byte value: one lookup per byte.
+  static constexpr auto kPairs = [] {
+    constexpr char kDigits[] = "0123456789abcdef";
+    std::array<char, 512> pairs{};
+    for (std::size_t b = 0; b < 256; ++b) {
+      pairs[2 * b] = kDigits[b >> 4];
+      pairs[2 * b + 1] = kDigits[b & 0x0F];
+    }
+    return pairs;
+  }();
+  std::array<unsigned char, kSha256Size> md{};
+  unsigned int len = 0;
+  thread_local DigestContext digest;
+  if (digest.ctx == nullptr || sha256() == nullptr ||
+      EVP_DigestInit_ex(digest.ctx, sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(digest.ctx, payload.data(), payload.size()) != 1 ||
+      EVP_DigestFinal_ex(digest.ctx, md.data(), &len) != 1 || len != kSha256Size) {
+    throw UsageError("idem::fingerprint: SHA-256 failed");
+  }
+  for (std::size_t i = 0; i < kSha256Size; ++i) {
+    std::memcpy(out + 2 * i, kPairs.data() + 2 * md[i], 2);
+  }
+}
+}  // namespace detail
+
 /// Lower-case hex SHA-256 of `payload` (64 characters).
 /// @code
 ///   auto fp = idem::fingerprint(request.body);
 /// @endcode
 /// @throws idem::UsageError only if libcrypto itself fails (it does not for SHA-256).
 inline std::string fingerprint(std::string_view payload) {
-  std::array<unsigned char, detail::kSha256Size> md{};
-  unsigned int len = 0;
-  thread_local detail::DigestContext digest;
-  if (digest.ctx == nullptr || detail::sha256() == nullptr ||
-      EVP_DigestInit_ex(digest.ctx, detail::sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(digest.ctx, payload.data(), payload.size()) != 1 ||
-      EVP_DigestFinal_ex(digest.ctx, md.data(), &len) != 1) {
-    throw UsageError("idem::fingerprint: SHA-256 failed");
-  }
-  return detail::to_hex(md.data(), len);
+  char hex[detail::kSha256HexSize];
+  detail::sha256_hex(payload, hex);
+  return std::string(hex, sizeof hex);
 }
 
 }  // namespace idem

@@ -15,6 +15,7 @@
 // scope "a" + id "b:c" ("a|b:c"). Relational stores keep scope and id in separate columns.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -33,10 +34,17 @@ inline constexpr std::size_t kMaxIdLength = 128;
 inline constexpr char kKeySeparator = '|';
 
 namespace detail {
-inline bool is_scope_char(unsigned char c) noexcept {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == ':' || c == '-';
-}
+// The scope characters as a table (a key is validated on every call that makes one).
+inline constexpr auto kScopeChars = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    t[static_cast<std::size_t>(c)] = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                                     (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                                     c == ':' || c == '-';
+  }
+  return t;
+}();
+inline bool is_scope_char(unsigned char c) noexcept { return kScopeChars[c]; }
 inline bool is_id_char(unsigned char c) noexcept { return c >= 0x21 && c <= 0x7E; }
 
 /// Printable description of a byte for error messages (never echoes control bytes raw).
@@ -119,7 +127,12 @@ class Key {
   /// Business id, e.g. "order_20001".
   const std::string& id() const noexcept { return id_; }
   /// Unambiguous composition `<scope>|<id>`.
-  std::string str() const { return scope_ + kKeySeparator + id_; }
+  std::string str() const {
+    std::string out;
+    out.reserve(scope_.size() + 1 + id_.size());  // one allocation
+    out.append(scope_).append(1, kKeySeparator).append(id_);
+    return out;
+  }
 
   /// Same scope and id.
   friend bool operator==(const Key& a, const Key& b) noexcept {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 
@@ -18,8 +19,6 @@
 namespace idem::grpc {
 
 namespace {
-
-using ::idem::http::detail::append_length_prefixed;
 
 // First bytes of every stored reply (format name and version).
 constexpr std::string_view kReplyMagic = "idem.grpc.reply/1\n";
@@ -55,6 +54,68 @@ void check_method(const std::string& method) {
     throw UsageError("idem::grpc::MethodOptions::method: '" + method +
                      "' is not a full method name \"/<package>.<Service>/<Method>\"");
   }
+}
+
+// "<decimal size>:" (append_length_prefixed's prefix, without a temporary string).
+void append_size_prefix(std::string& out, std::size_t size) {
+  char digits[24];
+  char* end = digits + sizeof digits;
+  char* p = end - 1;
+  *p = ':';
+  do {
+    *--p = static_cast<char>('0' + size % 10);
+    size /= 10;
+  } while (size != 0);
+  out.append(p, static_cast<std::size_t>(end - p));
+}
+
+void append_prefixed(std::string& out, std::string_view part) {
+  append_size_prefix(out, part.size());
+  out.append(part.data(), part.size());
+}
+
+// Appends `message`'s deterministic serialization (deterministic_bytes) to `out`, after
+// `prefix` (called with its size), serialized in place.
+template <class Prefix>
+void append_deterministic(std::string& out, const google::protobuf::MessageLite& message,
+                          Prefix&& prefix) {
+  const std::size_t size = message.ByteSizeLong();
+  if (size > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw UsageError("idem::grpc: the message exceeds 2 GiB");
+  }
+  prefix(size);
+  const std::size_t at = out.size();
+  out.resize(at + size);
+  bool ok = false;
+  {
+    google::protobuf::io::ArrayOutputStream array(out.data() + at, static_cast<int>(size));
+    google::protobuf::io::CodedOutputStream coded(&array);
+    coded.SetSerializationDeterministic(true);
+    // Partial: a proto2 request missing a required field still has a fingerprint.
+    ok = message.SerializePartialToCodedStream(&coded) && !coded.HadError() &&
+         static_cast<std::size_t>(coded.ByteCount()) == size;
+  }
+  if (!ok) throw UsageError("idem::grpc: the message could not be serialized");
+}
+
+// prepare's buffers, one pair per thread: no allocation per call once they have grown.
+struct Scratch {
+  std::string key;
+  std::string fingerprint;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// Trailing metadata names as grpc++ takes them (const std::string&), built once.
+const std::string& replayed_name() {
+  static const std::string name(kReplayedMetadata);
+  return name;
+}
+const std::string& replayed_value() {
+  static const std::string value("true");
+  return value;
 }
 
 std::string derived_scope(const std::string& method) {
@@ -99,15 +160,7 @@ std::string peer_principal(const ::grpc::ServerContextBase& context) {
 
 std::string deterministic_bytes(const google::protobuf::MessageLite& message) {
   std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    // Partial: a proto2 request missing a required field still has a fingerprint.
-    if (!message.SerializePartialToCodedStream(&coded)) {
-      throw UsageError("idem::grpc: the request message could not be serialized");
-    }
-  }
+  append_deterministic(out, message, [](std::size_t) {});
   return out;
 }
 
@@ -156,10 +209,10 @@ Prepared MethodCore::prepare(::grpc::ServerContextBase& context,
   Prepared p;
   const auto& metadata = context.client_metadata();
   auto range = metadata.equal_range(::grpc::string_ref(options_.key_metadata));
-  std::string client_key;
+  std::string_view client_key;  // into the call's metadata, alive for the whole call
   std::size_t count = 0;
   for (auto it = range.first; it != range.second; ++it) {
-    if (++count == 1) client_key.assign(it->second.data(), it->second.size());
+    if (++count == 1) client_key = view(it->second);
   }
   if (count > 1) {
     p.refusal = refuse(context, errc::kInvalidKey,
@@ -167,6 +220,7 @@ Prepared MethodCore::prepare(::grpc::ServerContextBase& context,
                            " metadata entries; send exactly one");
     return p;
   }
+  std::string generated;
   if (count == 0) {
     if (options_.missing_key == MissingKey::kReject) {
       p.refusal = refuse(context, errc::kMissingKey,
@@ -174,7 +228,8 @@ Prepared MethodCore::prepare(::grpc::ServerContextBase& context,
                              options_.key_metadata + ": 8e03978e-40d5-43e8-bc93-6894a57f9324");
       return p;
     }
-    client_key = OwnerToken::generate().str();
+    generated = OwnerToken::generate().str();
+    client_key = generated;
   } else if (std::string why = ::idem::http::client_key_problem(client_key); !why.empty()) {
     p.refusal = refuse(context, errc::kInvalidKey,
                        "the " + options_.key_metadata +
@@ -182,27 +237,41 @@ Prepared MethodCore::prepare(::grpc::ServerContextBase& context,
     return p;
   }
 
-  std::string principal =
+  // The hooks run first, so that nothing they do can reach this thread's buffers half-filled.
+  const std::string principal =
       options_.principal ? options_.principal(context) : peer_principal(context);
-  std::string material = "idem.grpc.v1";
-  append_length_prefixed(material, principal);
-  append_length_prefixed(material, options_.method);
-  append_length_prefixed(material, client_key);
-  p.key = Key::make(options_.scope, fingerprint(material));
+  std::string hooked;  // MethodOptions::fingerprint's bytes, when set
+  if (options_.fingerprint) hooked = options_.fingerprint(context, request);
 
-  std::string fp = "idem.grpc.fp.v1";
-  append_length_prefixed(fp, options_.method);
+  // The key: SHA-256 of (principal, method, client key), length-prefixed.
+  Scratch& buf = scratch();
+  std::string& material = buf.key;
+  material.assign("idem.grpc.v1");
+  append_prefixed(material, principal);
+  append_prefixed(material, options_.method);
+  append_prefixed(material, client_key);
+  char id[::idem::detail::kSha256HexSize];
+  ::idem::detail::sha256_hex(material, id);
+  p.key = Key::make(options_.scope, std::string_view(id, sizeof id));
+
+  // The fingerprint: SHA-256 of (method, the fingerprint metadata, the request bytes).
+  std::string& fp = buf.fingerprint;
+  fp.assign("idem.grpc.fp.v1");
+  append_prefixed(fp, options_.method);
   for (const auto& name : options_.fingerprint_metadata) {
     fp += '|';
     auto values = metadata.equal_range(::grpc::string_ref(name));
     for (auto it = values.first; it != values.second; ++it) {
-      append_length_prefixed(fp, view(it->second));
+      append_prefixed(fp, view(it->second));
     }
   }
   fp += '|';
-  append_length_prefixed(fp, options_.fingerprint ? options_.fingerprint(context, request)
-                                                  : deterministic_bytes(request));
-  p.fingerprint = fingerprint(fp);
+  if (options_.fingerprint) {
+    append_prefixed(fp, hooked);
+  } else {
+    append_deterministic(fp, request, [&](std::size_t size) { append_size_prefix(fp, size); });
+  }
+  ::idem::detail::sha256_hex(fp, p.fingerprint_hex);
   return p;
 }
 
@@ -235,7 +304,12 @@ std::string MethodCore::encode(const Reply& reply,
     }
   }
   // A non-OK status carries no response message on the wire: none is stored.
-  put_bytes(out, reply.status.ok() ? deterministic_bytes(response) : std::string());
+  if (reply.status.ok()) {
+    append_deterministic(out, response,
+                         [&](std::size_t size) { put_u32(out, static_cast<std::uint32_t>(size)); });
+  } else {
+    put_u32(out, 0);
+  }
   return out;
 }
 
@@ -246,9 +320,11 @@ std::string MethodCore::encode(const Reply& reply,
 
 ::grpc::Status MethodCore::replay(::grpc::ServerContextBase& context, std::string_view stored,
                                   google::protobuf::MessageLite* response) const {
+  // Decoded in place (views into `stored`); nothing reaches the context before the whole record
+  // was read and the response parsed.
   int code = 0;
-  std::string message, details, body;
-  std::vector<Metadata> trailers;
+  std::string_view message, details, trailers;
+  std::uint32_t trailer_count = 0;
   try {
     ::idem::http::detail::Reader in(stored);
     if (in.raw(kReplyMagic.size()) != kReplyMagic) {
@@ -257,28 +333,32 @@ std::string MethodCore::encode(const Reply& reply,
     std::uint32_t c = in.u32();
     if (c > 16) throw std::runtime_error("bad gRPC status code in record");
     code = static_cast<int>(c);
-    message = in.bytes();
-    details = in.bytes();
-    std::uint32_t n = in.u32();
-    if (n > 10'000) throw std::runtime_error("too many trailers in record");
-    trailers.reserve(n);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      std::string name = in.bytes();
-      trailers.emplace_back(std::move(name), in.bytes());
-    }
-    body = in.bytes();
+    message = in.raw(in.u32());
+    details = in.raw(in.u32());
+    trailer_count = in.u32();
+    if (trailer_count > 10'000) throw std::runtime_error("too many trailers in record");
+    const std::size_t trailers_at = in.position();
+    for (std::uint32_t i = 0; i < 2 * trailer_count; ++i) in.raw(in.u32());
+    trailers = stored.substr(trailers_at, in.position() - trailers_at);
+    std::string_view body = in.raw(in.u32());
     if (!in.done()) throw std::runtime_error("trailing bytes after gRPC reply record");
-    if (code == 0 && !response->ParseFromString(body)) {
+    if (body.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+        (code == 0 && !response->ParseFromArray(body.data(), static_cast<int>(body.size())))) {
       throw std::runtime_error("the stored response does not parse as " + response->GetTypeName());
     }
   } catch (const std::exception& e) {
     throw CorruptRecord(std::string("idem::grpc: the stored reply of ") + options_.method +
                         " cannot be decoded: " + e.what());
   }
-  for (const auto& [name, value] : trailers) context.AddTrailingMetadata(name, value);
-  context.AddTrailingMetadata(std::string(kReplayedMetadata), "true");
-  return ::grpc::Status(static_cast<::grpc::StatusCode>(code), std::move(message),
-                        std::move(details));
+  ::idem::http::detail::Reader in(trailers);  // read once above: cannot fail
+  for (std::uint32_t i = 0; i < trailer_count; ++i) {
+    std::string_view name = in.raw(in.u32());
+    std::string_view value = in.raw(in.u32());
+    context.AddTrailingMetadata(std::string(name), std::string(value));
+  }
+  context.AddTrailingMetadata(replayed_name(), replayed_value());
+  return ::grpc::Status(static_cast<::grpc::StatusCode>(code), std::string(message),
+                        std::string(details));
 }
 
 ::grpc::Status MethodCore::refuse(::grpc::ServerContextBase& context, errc code) const {

@@ -9,7 +9,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -72,12 +75,40 @@ class WriterLock {
 
 // One sqlite3 handle and its prepared-statement cache. Used by one thread at a time.
 struct Connection {
+  // A cached statement and its SQL text, which the cache's key views (a node-stable heap
+  // string): a lookup hashes the caller's text without copying it.
+  struct Cached {
+    std::unique_ptr<const std::string> sql;
+    sqlite3_stmt* stmt = nullptr;
+  };
   sqlite3* db = nullptr;
-  std::unordered_map<std::string, sqlite3_stmt*> cache;
+  std::unordered_map<std::string_view, Cached> cache;
+  // BEGIN IMMEDIATE, COMMIT and ROLLBACK, prepared once (sqlite3_exec parses its SQL again on
+  // every call: ~9,000 instructions each, twice per transaction).
+  sqlite3_stmt* begin = nullptr;
+  sqlite3_stmt* commit = nullptr;
+  sqlite3_stmt* rollback = nullptr;
 
   ~Connection() {
-    for (auto& [sql, stmt] : cache) sqlite3_finalize(stmt);
+    for (auto& [sql, cached] : cache) sqlite3_finalize(cached.stmt);
+    for (sqlite3_stmt* stmt : {begin, commit, rollback}) sqlite3_finalize(stmt);
     if (db != nullptr) sqlite3_close_v2(db);
+  }
+
+  // Runs one of the transaction statements above (prepared on first use). @return the result
+  // code of the step, SQLITE_OK for success; the statement is reset either way.
+  int control(sqlite3_stmt*& stmt, const char* sql) noexcept {
+    if (stmt == nullptr) {
+      int rc = sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+      if (rc != SQLITE_OK) {
+        sqlite3_finalize(stmt);
+        stmt = nullptr;
+        return rc;
+      }
+    }
+    int rc = sqlite3_step(stmt);
+    sqlite3_reset(stmt);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
   }
 };
 
@@ -187,17 +218,18 @@ std::string Statement::column_bytes(int col) const {
 
 Statement Session::prepare(std::string_view sql) {
   auto* conn = static_cast<Connection*>(conn_);
-  std::string key(sql);
-  auto it = conn->cache.find(key);
-  if (it != conn->cache.end()) return Statement(conn->db, it->second, true);
+  auto it = conn->cache.find(sql);
+  if (it != conn->cache.end()) return Statement(conn->db, it->second.stmt, true);
+  auto text = std::make_unique<const std::string>(sql);
   sqlite3_stmt* stmt = nullptr;
-  int rc = sqlite3_prepare_v3(conn->db, key.c_str(), static_cast<int>(key.size()),
+  int rc = sqlite3_prepare_v3(conn->db, text->c_str(), static_cast<int>(text->size()),
                               SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
-  if (rc != SQLITE_OK) detail::throw_error(conn->db, rc, "prepare: " + key);
-  if (stmt == nullptr) throw UsageError("idem::sqlite: empty statement: '" + key + "'");
+  if (rc != SQLITE_OK) detail::throw_error(conn->db, rc, "prepare: " + *text);
+  if (stmt == nullptr) throw UsageError("idem::sqlite: empty statement: '" + *text + "'");
   // Bounded cache: user SQL built per call (it should not be) cannot grow it without limit.
   if (conn->cache.size() >= 256) return Statement(conn->db, stmt, false);
-  conn->cache.emplace(std::move(key), stmt);
+  const std::string_view key = *text;
+  conn->cache.emplace(key, Connection::Cached{std::move(text), stmt});
   return Statement(conn->db, stmt, true);
 }
 
@@ -239,7 +271,7 @@ Transaction::~Transaction() { rollback(); }
 void Transaction::commit() {
   if (!lease_ || !lease_->open) throw UsageError("idem::sqlite: commit without a transaction");
   auto* conn = lease_->conn;
-  int rc = sqlite3_exec(conn->db, "COMMIT", nullptr, nullptr, nullptr);
+  int rc = conn->control(conn->commit, "COMMIT");
   if (rc != SQLITE_OK) {
     rollback();
     detail::throw_error(conn->db, rc, "COMMIT");
@@ -251,8 +283,8 @@ void Transaction::commit() {
 void Transaction::rollback() noexcept {
   if (!lease_ || !lease_->open) return;
   // Reset cached statements first: an unfinished SELECT would keep ROLLBACK from completing.
-  for (auto& [sql, stmt] : lease_->conn->cache) sqlite3_reset(stmt);
-  sqlite3_exec(lease_->conn->db, "ROLLBACK", nullptr, nullptr, nullptr);
+  for (auto& [sql, cached] : lease_->conn->cache) sqlite3_reset(cached.stmt);
+  lease_->conn->control(lease_->conn->rollback, "ROLLBACK");
   lease_->open = false;
   lease_->unlock_writer();
 }
@@ -288,7 +320,7 @@ class IDEM_LOCAL Database::Impl {
     }
     lease->writer = &writer_mutex_;
     lease->conn = writer_.get();
-    int rc = sqlite3_exec(writer_->db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    int rc = writer_->control(writer_->begin, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) detail::throw_error(writer_->db, rc, "BEGIN IMMEDIATE");
     lease->open = true;
     return lease;
@@ -314,7 +346,7 @@ class IDEM_LOCAL Database::Impl {
   }
 
   void release_reader(Connection* c) noexcept {
-    for (auto& [sql, stmt] : c->cache) sqlite3_reset(stmt);
+    for (auto& [sql, cached] : c->cache) sqlite3_reset(cached.stmt);
     if (memory_) {
       writer_mutex_.unlock();
       return;

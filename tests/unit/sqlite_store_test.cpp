@@ -569,6 +569,59 @@ TEST(SqliteStore, InMemoryDatabaseWorksWithOneConnection) {
   (void)a;
 }
 
+// BEGIN IMMEDIATE, COMMIT and ROLLBACK run as statements prepared once per connection: a COMMIT
+// that fails (a deferred foreign key) rolls back and throws, and the connection's next
+// transactions, committed and rolled back, work as before.
+TEST(SqliteDatabase, FailedCommitRollsBackAndLaterTransactionsWork) {
+  idem::test::TempDir dir;
+  idem::sqlite::Database db(dir.file("tx.sqlite"));
+  db.write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE parent (id INTEGER PRIMARY KEY);"
+        "CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id INTEGER"
+        " REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);");
+  });
+  auto children = [&] {
+    return db.read([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM child").value_or(-1);
+    });
+  };
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_THROW(db.write([](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO child (parent_id) VALUES (42)");  // no parent 42: COMMIT fails
+    }),
+                 idem::StorageError);
+    EXPECT_EQ(round, children());
+    db.write([&](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO parent (id) VALUES (?)", 100 + round);
+      tx.exec("INSERT INTO child (parent_id) VALUES (?)", 100 + round);
+    });
+    EXPECT_EQ(round + 1, children());
+    {
+      auto tx = db.begin();  // rolled back when it goes out of scope
+      tx.exec("INSERT INTO parent (id) VALUES (?)", 200 + round);
+    }
+  }
+  EXPECT_EQ(3, db.read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM parent").value_or(-1);
+  }));
+}
+
+// The statement cache keeps its own copy of each statement's text: a caller's buffer that
+// changes after a prepare names another statement.
+TEST(SqliteDatabase, StatementCacheDoesNotDependOnTheCallersBuffer) {
+  idem::sqlite::Database db(":memory:");
+  std::string sql = "SELECT 1";
+  auto first = db.write([&](idem::sqlite::Transaction& tx) { return tx.query_int64(sql); });
+  sql[7] = '2';
+  auto second = db.write([&](idem::sqlite::Transaction& tx) { return tx.query_int64(sql); });
+  sql = std::string("SELECT ") + "1";  // another buffer, the first text: the cached statement
+  auto third = db.write([&](idem::sqlite::Transaction& tx) { return tx.query_int64(sql); });
+  EXPECT_EQ(1, first.value_or(0));
+  EXPECT_EQ(2, second.value_or(0));
+  EXPECT_EQ(1, third.value_or(0));
+}
+
 // Every SQLite wait is bounded by DatabaseOptions::busy_timeout and ends in a typed error:
 // another process holding the file's write lock (BEGIN IMMEDIATE waits in SQLite's busy
 // handler), this process's writer lock, and the one connection of a ":memory:" database.

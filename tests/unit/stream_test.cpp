@@ -389,6 +389,118 @@ TEST_F(ChunkStoreTest, AppendAllStoresMany64RowsPerStatementEachOnce) {
                idem::InvalidKey);
 }
 
+// The table's SQL as sqlite_master keeps it.
+std::string table_sql(idem::sqlite::Database& db, const std::string& table) {
+  return db.read([&](idem::sqlite::Session& s) {
+    return s.query_text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", table)
+        .value_or("");
+  });
+}
+std::int64_t recorded_version(idem::sqlite::Database& db, const std::string& table) {
+  return db.read([&](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", table)
+        .value_or(0);
+  });
+}
+
+TEST_F(ChunkStoreTest, NewTablesAreVersionTwoWithoutRowidKeyedByThePair) {
+  {
+    idem::sqlite::ChunkStore chunks{db_};
+    EXPECT_EQ(2, chunks.schema_version());
+    EXPECT_TRUE(chunks.append("chat_1", 0, "abc"));
+    EXPECT_FALSE(chunks.append("chat_1", 0, "abc"));
+  }
+  const std::string sql = table_sql(*db_, "ai_stream_chunk");
+  EXPECT_NE(std::string::npos, sql.find("PRIMARY KEY (request_id, chunk_offset)")) << sql;
+  EXPECT_NE(std::string::npos, sql.find("WITHOUT ROWID")) << sql;
+  EXPECT_EQ(2, recorded_version(*db_, "ai_stream_chunk"));
+  // The key is the pair itself: the same offset twice is refused by SQLite too.
+  EXPECT_THROW(db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec(
+        "INSERT INTO ai_stream_chunk (request_id, chunk_offset, body, created_at)"
+        " VALUES ('chat_1', 0, x'00', 0)");
+  }),
+               idem::StorageError);
+  idem::sqlite::ChunkStore again{db_};  // reopened: migrating again changes nothing
+  EXPECT_EQ(2, again.schema_version());
+  EXPECT_EQ("abc", again.resume("chat_1").text);
+}
+
+TEST_F(ChunkStoreTest, VersionOneTablesAreUsedAsTheyAre) {
+  // The layout every earlier idem created, with a row written the way it wrote them.
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE ai_stream_chunk (request_id VARCHAR(128) NOT NULL,"
+        " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0), body BLOB NOT NULL,"
+        " created_at BIGINT NOT NULL, UNIQUE (request_id, chunk_offset))");
+    tx.exec(
+        "INSERT INTO ai_stream_chunk (request_id, chunk_offset, body, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        "chat_old", 0, idem::sqlite::Blob{"Hello, "}, 1);
+  });
+  const std::string before = table_sql(*db_, "ai_stream_chunk");
+  idem::sqlite::ChunkStore chunks{db_};
+  EXPECT_EQ(1, chunks.schema_version());
+  EXPECT_EQ(1, recorded_version(*db_, "ai_stream_chunk"));
+  EXPECT_EQ(before, table_sql(*db_, "ai_stream_chunk"));  // not rebuilt
+  EXPECT_FALSE(chunks.append("chat_old", 0, "Hello, "));  // stored before
+  EXPECT_TRUE(chunks.append("chat_old", 7, "w"));
+  // 70 one-byte chunks from offset 7: one 64-row statement and single rows, the first stored.
+  const std::string rest = "world" + std::string(65, '!');
+  std::vector<idem::stream::Chunk> more;
+  for (std::size_t i = 0; i < rest.size(); ++i)
+    more.push_back({7 + i, std::string_view(rest).substr(i, 1)});
+  EXPECT_EQ(69u, db_->write([&](idem::sqlite::Transaction& tx) {
+    return chunks.append_all(tx, "chat_old", more);
+  }));
+  EXPECT_EQ("Hello, " + rest, chunks.resume("chat_old").text);
+  EXPECT_EQ(71u, chunks.count("chat_old"));
+  idem::sqlite::ChunkStore again{db_};  // the recorded version holds from now on
+  EXPECT_EQ(1, again.schema_version());
+}
+
+// docs/versioning.md's steps for moving a version-1 chunk table to version 2.
+TEST_F(ChunkStoreTest, VersionOneTableMovedToVersionTwoKeepsItsChunks) {
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE ai_stream_chunk (request_id VARCHAR(128) NOT NULL,"
+        " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0), body BLOB NOT NULL,"
+        " created_at BIGINT NOT NULL, UNIQUE (request_id, chunk_offset))");
+  });
+  {
+    idem::sqlite::ChunkStore chunks{db_};
+    ASSERT_EQ(1, chunks.schema_version());
+    chunks.append("chat_m", 0, "Hello, ");
+    chunks.append("chat_m", 7, "world");
+  }
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE ai_stream_chunk_v2 (request_id VARCHAR(128) NOT NULL,"
+        "  chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0), body BLOB NOT NULL,"
+        "  created_at BIGINT NOT NULL,"
+        "  PRIMARY KEY (request_id, chunk_offset)) WITHOUT ROWID;"
+        "INSERT INTO ai_stream_chunk_v2"
+        "  SELECT request_id, chunk_offset, body, created_at FROM ai_stream_chunk;"
+        "DROP TABLE ai_stream_chunk;"
+        "ALTER TABLE ai_stream_chunk_v2 RENAME TO ai_stream_chunk;"
+        "UPDATE idem_schema_version SET version = 2 WHERE name = 'ai_stream_chunk';");
+  });
+  idem::sqlite::ChunkStore chunks{db_};
+  EXPECT_EQ(2, chunks.schema_version());
+  EXPECT_NE(std::string::npos, table_sql(*db_, "ai_stream_chunk").find("WITHOUT ROWID"));
+  EXPECT_FALSE(chunks.append("chat_m", 7, "world"));
+  EXPECT_TRUE(chunks.append("chat_m", 12, "!"));
+  EXPECT_EQ("Hello, world!", chunks.resume("chat_m").text);
+}
+
+TEST_F(ChunkStoreTest, ANewerRecordedVersionIsRefused) {
+  { idem::sqlite::ChunkStore chunks{db_}; }
+  db_->write([](idem::sqlite::Transaction& tx) {
+    tx.exec("UPDATE idem_schema_version SET version = 3 WHERE name = 'ai_stream_chunk'");
+  });
+  EXPECT_THROW(idem::sqlite::ChunkStore{db_}, idem::StorageError);
+}
+
 TEST_F(ChunkStoreTest, RejectsABadTableName) {
   idem::sqlite::ChunkStoreOptions o;
   o.table = "x; DROP TABLE y";

@@ -75,6 +75,7 @@
 
 #include "idem/errors.hpp"
 #include "idem/export.hpp"
+#include "idem/fingerprint.hpp"
 #include "idem/guard.hpp"
 #include "idem/key.hpp"
 
@@ -171,8 +172,11 @@ namespace detail {
 /// A request read by MethodCore::prepare: the key and fingerprint, or the answer to give.
 struct Prepared {
   std::optional<Key> key;
-  std::string fingerprint;
-  ::grpc::Status refusal;  ///< when !key
+  char fingerprint_hex[::idem::detail::kSha256HexSize] = {};  ///< when key: SHA-256, hex
+  ::grpc::Status refusal;                                     ///< when !key
+  std::string_view fingerprint() const noexcept {
+    return {fingerprint_hex, sizeof fingerprint_hex};
+  }
 };
 
 // Thrown through the guard to keep a reply out of the store (rolled back, released).
@@ -245,12 +249,12 @@ class IDEM_EXPORT Method {
       using Tx = ::idem::detail::transaction_t<Durable>;
       GuardResult<std::string> r;
       if constexpr (::idem::detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
-        r = guard_.run(*prepared.key, prepared.fingerprint, [&](Tx& tx) {
+        r = guard_.run(*prepared.key, prepared.fingerprint(), [&](Tx& tx) {
           response->Clear();  // the store may run the transaction again
           return keep(Reply(handler(tx)));
         });
       } else {
-        r = guard_.run(*prepared.key, prepared.fingerprint, [&] {
+        r = guard_.run(*prepared.key, prepared.fingerprint(), [&] {
           response->Clear();
           return keep(Reply(handler()));
         });

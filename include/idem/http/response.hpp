@@ -109,6 +109,7 @@ class Reader {
     return s;
   }
   bool done() const noexcept { return pos_ == in_.size(); }
+  std::size_t position() const noexcept { return pos_; }
 
  private:
   void need(std::size_t n) const {

@@ -77,6 +77,14 @@ class IDEM_EXPORT Statement {
   }
   ///@}
 
+  /// Binds the text and blobs of the following bind calls without SQLite copying them
+  /// (SQLITE_STATIC): each must stay valid and unchanged until the statement is released (a
+  /// cached statement's bindings are cleared then). For many values, or large ones, that the
+  /// caller holds for the statement's whole use.
+  Statement& borrow_values() noexcept {
+    borrow_ = true;
+    return *this;
+  }
   /// Binds all arguments to ?1, ?2, ...
   template <class... Args>
   Statement& bind_all(const Args&... args) {

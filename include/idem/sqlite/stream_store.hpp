@@ -6,13 +6,17 @@
 // The durable half of stream de-duplication (see idem/stream.hpp). The table
 //
 //   ai_stream_chunk (request_id VARCHAR(128), chunk_offset BIGINT, body BLOB,
-//                    created_at BIGINT, UNIQUE (request_id, chunk_offset))
+//                    created_at BIGINT, PRIMARY KEY (request_id, chunk_offset)) WITHOUT ROWID
 //
-// is written with `INSERT ... ON CONFLICT (request_id, chunk_offset) DO NOTHING`, so a server
-// that writes a chunk twice (a retried request, two replicas racing) stores it once and learns
-// which write was first (`append` answers true once). `resume` reads the stored chunks in
-// offset order and returns the text up to the first hole and the offset to continue from:
-// a restarted producer feeds it to ProducerDedup, a reconnecting client to Reassembler.
+// (schema version 2, recorded in idem_schema_version as the record tables are: one b-tree keyed
+// by the pair, so a row is one insert where a rowid table with a unique index takes two; a
+// table of version 1, `UNIQUE (request_id, chunk_offset)` on a rowid table, created before or
+// adopted by name, is used as it is) is written with `INSERT ... ON CONFLICT (request_id,
+// chunk_offset) DO NOTHING`, so a server that writes a chunk twice (a retried request, two replicas
+// racing) stores it once and learns which write was first (`append` answers true once). `resume`
+// reads the stored chunks in offset order and returns the text up to the first hole and the offset
+// to continue from: a restarted producer feeds it to ProducerDedup, a reconnecting client to
+// Reassembler.
 //
 // The statements are plain SQL shared with PostgreSQL: only the placeholders (`?` here, `$n`
 // there) and the body type (BLOB here, BYTEA there) differ, so the PostgreSQL version is the
@@ -59,8 +63,9 @@ using StreamResume = stream::StreamResume;
 /// Stores each (request_id, chunk_offset) once. Thread-safe (Database serialises writers).
 class ChunkStore {
  public:
-  /// Creates the table and its unique key if missing.
-  /// @throws idem::UsageError for a bad table name, idem::StorageError when SQLite fails.
+  /// Creates the table if missing (schema version 2), or adopts the existing one as it is.
+  /// @throws idem::UsageError for a bad table name, idem::StorageError when SQLite fails or the
+  ///         table's recorded schema version is newer than this idem's.
   explicit ChunkStore(std::shared_ptr<Database> database, ChunkStoreOptions options = {})
       : database_(std::move(database)), options_(std::move(options)) {
     if (!database_) throw UsageError("idem::sqlite::ChunkStore: null database");
@@ -69,21 +74,18 @@ class ChunkStore {
     insert_ = "INSERT INTO " + t +
               " (request_id, chunk_offset, body, created_at) VALUES (?, ?, ?, ?)"
               " ON CONFLICT (request_id, chunk_offset) DO NOTHING";
+    // ?1 the request id and ?2 created_at, bound once; then offset and body of each row.
     insert_many_ = "INSERT INTO " + t + " (request_id, chunk_offset, body, created_at) VALUES ";
-    for (std::size_t i = 0; i < kRowsPerInsert; ++i)
-      insert_many_ += i ? ", (?, ?, ?, ?)" : "(?, ?, ?, ?)";
+    for (std::size_t i = 0; i < kRowsPerInsert; ++i) {
+      if (i != 0) insert_many_ += ',';
+      insert_many_ +=
+          "(?1,?" + std::to_string(3 + 2 * i) + ",?" + std::to_string(4 + 2 * i) + ",?2)";
+    }
     insert_many_ += " ON CONFLICT (request_id, chunk_offset) DO NOTHING";
     select_ = "SELECT chunk_offset, body FROM " + t + " WHERE request_id = ? ORDER BY chunk_offset";
     count_ = "SELECT count(*) FROM " + t + " WHERE request_id = ?";
     erase_ = "DELETE FROM " + t + " WHERE request_id = ?";
-    database_->write([&](Transaction& tx) {
-      tx.exec_script("CREATE TABLE IF NOT EXISTS " + t +
-                     " (request_id VARCHAR(128) NOT NULL,"
-                     " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0),"
-                     " body BLOB NOT NULL,"
-                     " created_at BIGINT NOT NULL,"
-                     " UNIQUE (request_id, chunk_offset))");
-    });
+    migrate();
   }
 
   /// Stores a chunk inside the caller's transaction (with other writes of the same commit).
@@ -122,11 +124,12 @@ class ChunkStore {
     const auto last = std::end(chunks);
     while (static_cast<std::size_t>(std::distance(it, last)) >= kRowsPerInsert) {
       Statement st = tx.prepare(insert_many_);
-      for (int b = 1; b < 4 * static_cast<int>(kRowsPerInsert); b += 4, ++it) {
-        st.bind(b, request_id);
-        st.bind(b + 1, static_cast<std::int64_t>(it->offset));
-        st.bind(b + 2, Blob{std::string_view(it->body)});
-        st.bind(b + 3, now);
+      st.borrow_values();  // the request id and the bodies outlive the statement's use
+      st.bind(1, request_id);
+      st.bind(2, now);
+      for (int b = 3; b < 3 + 2 * static_cast<int>(kRowsPerInsert); b += 2, ++it) {
+        st.bind(b, static_cast<std::int64_t>(it->offset));
+        st.bind(b + 1, Blob{std::string_view(it->body)});
       }
       while (st.step()) {
       }
@@ -172,7 +175,56 @@ class ChunkStore {
   /// The table name in use.
   const std::string& table() const noexcept { return options_.table; }
 
+  /// The table's schema version: 2 (created by this idem: WITHOUT ROWID, keyed by
+  /// (request_id, chunk_offset)) or 1 (a rowid table with a unique key on the pair, created
+  /// before version 2 or adopted by name). Both are read and written the same way.
+  int schema_version() const noexcept { return version_; }
+
+  /// The schema version this idem creates.
+  static constexpr int kSchemaVersion = 2;
+
  private:
+  // Versioned and idempotent, as SqliteStore's migration: a table this idem has not recorded
+  // in idem_schema_version is version 1 when it exists already (kept as it is), else it is
+  // created as version 2.
+  void migrate() {
+    const auto& t = options_.table;
+    database_->write([&](Transaction& tx) {
+      tx.exec_script(
+          "CREATE TABLE IF NOT EXISTS idem_schema_version ("
+          " name TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at INTEGER NOT NULL)");
+      auto version =
+          tx.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", t).value_or(0);
+      if (version > kSchemaVersion) {
+        throw StorageError("sqlite: chunk table '" + t + "' has schema version " +
+                           std::to_string(version) + ", newer than this idem (" +
+                           std::to_string(kSchemaVersion) + ")");
+      }
+      if (version == 0) {
+        const bool exists =
+            tx.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                           t)
+                .value_or(0) > 0;
+        if (exists) {
+          version = 1;
+        } else {
+          tx.exec_script("CREATE TABLE " + t +
+                         " (request_id VARCHAR(128) NOT NULL,"
+                         " chunk_offset BIGINT NOT NULL CHECK (chunk_offset >= 0),"
+                         " body BLOB NOT NULL,"
+                         " created_at BIGINT NOT NULL,"
+                         " PRIMARY KEY (request_id, chunk_offset)) WITHOUT ROWID");
+          version = 2;
+        }
+        tx.exec(
+            "INSERT OR REPLACE INTO idem_schema_version (name, version, applied_at)"
+            " VALUES (?, ?, ?)",
+            t, version, to_millis(options_.clock()));
+      }
+      version_ = static_cast<int>(version);
+    });
+  }
+
   static void check_offset(std::uint64_t offset) {
     if (offset > static_cast<std::uint64_t>(INT64_MAX)) {
       throw UsageError("idem::sqlite::ChunkStore: offset " + std::to_string(offset) +
@@ -185,6 +237,7 @@ class ChunkStore {
   std::shared_ptr<Database> database_;
   ChunkStoreOptions options_;
   std::string insert_, insert_many_, select_, count_, erase_;
+  int version_ = kSchemaVersion;
 };
 
 }  // namespace idem::sqlite

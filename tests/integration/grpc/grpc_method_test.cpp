@@ -120,6 +120,45 @@ TEST(GrpcMethod, ExecutedThenReplayedByteForByte) {
   EXPECT_EQ(1, log.count("outcome=replayed"));
 }
 
+// The key id and the fingerprint as docs/grpc.md defines them (version 1), built here from the
+// documented layout: records stored by an earlier idem must stay found after an upgrade (a key
+// derived otherwise would run a retried request again).
+std::string length_prefixed(std::string_view s) {
+  return std::to_string(s.size()) + ":" + std::string(s);
+}
+std::string v1_key_id(std::string_view principal, std::string_view method, std::string_view k) {
+  return idem::fingerprint("idem.grpc.v1" + length_prefixed(principal) + length_prefixed(method) +
+                           length_prefixed(k));
+}
+std::string v1_fingerprint(std::string_view method, const std::string& request_bytes) {
+  return idem::fingerprint("idem.grpc.fp.v1" + length_prefixed(method) + "|" +
+                           length_prefixed(request_bytes));
+}
+
+TEST(GrpcMethod, KeyAndFingerprintAreTheDocumentedVersion1Derivation) {
+  Bank bank;
+  auto channel = grpc_payment::make_channel(bank.address(), "");
+  auto req = charge_request("acct-0002", 4'321, "ORD-77");  // no map: plain bytes are deterministic
+  RawAnswer a = raw_call(channel, grpc_payment::kChargeMethod, req, key("derive-1"));
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+
+  idem::sqlite::Database db(bank.path());
+  auto row = db.read([](idem::sqlite::Session& s) {
+    auto st = s.prepare("SELECT idem_key, lower(hex(fingerprint)), biz_type FROM api_idempotency");
+    EXPECT_TRUE(st.step());
+    std::vector<std::string> r{st.column_bytes(0), st.column_bytes(1), st.column_bytes(2)};
+    EXPECT_FALSE(st.step());
+    return r;
+  });
+  const std::string method = grpc_payment::kChargeMethod;
+  EXPECT_EQ(v1_key_id("", method, "derive-1"), row[0]);  // insecure: the principal is ""
+  EXPECT_EQ(v1_fingerprint(method, req.SerializeAsString()), row[1]);
+  EXPECT_EQ("idem.examples.payments.v1.Payments.Charge", row[2]);
+  // One fixed value, so that the layout above cannot drift together with the code.
+  EXPECT_EQ("097663e18e22ee9b08421459149260e1c1c84c9445e44257cb0d0f940a50fe1b",
+            v1_key_id("", "/a.B/C", "k"));
+}
+
 TEST(GrpcMethod, MapEntriesReplayWithTheSameContent) {
   Bank bank;
   auto channel = grpc_payment::make_channel(bank.address(), "");
@@ -299,6 +338,59 @@ TEST_F(Scripted, TransientStatusIsNotStoredAndRollsBack) {
   EXPECT_EQ("PAY-2", third.reply.payment_no());
   EXPECT_EQ(1, effects());
   EXPECT_EQ(2, service_->runs());
+}
+
+TEST_F(Scripted, DamagedStoredReplyIsInternalAndSendsNoneOfItsTrailers) {
+  idem::grpc::MethodOptions o;
+  o.method = grpc_payment::kChargeMethod;
+  o.replay_trailers = {"x-stored"};
+  start(o, [](Tx*, int, const pb::ChargeRequest&, pb::ChargeReply* reply) -> idem::grpc::Reply {
+    reply->set_payment_no("PAY-1");
+    return {grpc::Status::OK, {{"x-stored", "v"}}};
+  });
+  // A record under the call's key and fingerprint: its trailers decode, its body does not parse.
+  const std::string method = grpc_payment::kChargeMethod;
+  auto k =
+      idem::Key::make("idem.examples.payments.v1.Payments.Charge", v1_key_id("", method, "broken"));
+  const std::string fp =
+      v1_fingerprint(method, charge_request("acct-0001", 10).SerializeAsString());
+  auto record = [](std::string_view body, std::string_view tail) {
+    std::string r = "idem.grpc.reply/1\n";
+    auto u32 = [&](std::uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) r += static_cast<char>((v >> shift) & 0xFF);
+    };
+    auto bytes = [&](std::string_view b) {
+      u32(static_cast<std::uint32_t>(b.size()));
+      r.append(b);
+    };
+    u32(0);     // OK
+    bytes("");  // message
+    bytes("");  // details
+    u32(1);     // one trailer
+    bytes("x-stored");
+    bytes("v");
+    bytes(body);
+    r.append(tail);
+    return r;
+  };
+  for (const std::string& damaged :
+       {record("\x0a\xff\xff", ""),       // a length past the end: does not parse
+        record("", "!"),                  // trailing bytes
+        record("", "").substr(0, 40)}) {  // truncated inside the trailer's name
+    fast_.fill(k, fp, damaged, std::chrono::seconds(60));
+    auto a = call("broken");
+    EXPECT_EQ(grpc::StatusCode::INTERNAL, a.status.error_code());
+    EXPECT_EQ("corrupt_record", a.trailer("idempotency-error"));
+    EXPECT_EQ("", a.trailer("x-stored"));  // nothing of the record reached the answer
+    EXPECT_EQ("", a.trailer("idempotent-replayed"));
+  }
+  // The same record intact replays with its trailer (the test's encoding is the stored one).
+  fast_.fill(k, fp, record("", ""), std::chrono::seconds(60));
+  auto ok = call("broken");
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ("v", ok.trailer("x-stored"));
+  EXPECT_EQ("true", ok.trailer("idempotent-replayed"));
+  EXPECT_EQ(0, service_->runs());
 }
 
 TEST_F(Scripted, StorePolicyCanKeepTransientStatuses) {
