@@ -20,7 +20,9 @@
 //              --redis URL (RedisStore in front instead of the in-process MemoryStore).
 // Service flags: --accounts N --balance CENTS (opened when missing), --slow-ms N (the handler
 //              sleeps first), --gateway-ms N (two-phase: a card gateway call of N ms),
-//              --lease-ms N (the guard's lease), --log (duplicates etc. on stderr).
+//              --lease-ms N (the guard's lease), --pushback-ms N (grpc-retry-pushback-ms of "in
+//              progress" answers: the client's retry policy waits that long, up to 4 times),
+//              --log (duplicates etc. on stderr).
 //
 // Exit status: 0 ok / PASS, 1 a failed call or check, 2 bad flags, 3 an error.
 #include <grpcpp/grpcpp.h>
@@ -86,7 +88,7 @@ void usage(std::ostream& out) {
          "         [--amount N] [--principal P] | --demo [--charges N] [--copies K] [--threads T]\n"
          "       store: [--db PATH | --postgres DSN [--schema S]] [--redis URL]\n"
          "       service: [--accounts N] [--balance CENTS] [--slow-ms N] [--gateway-ms N]\n"
-         "                [--lease-ms N] [--log] [--callback]\n";
+         "                [--lease-ms N] [--pushback-ms N] [--log] [--callback]\n";
 }
 
 long long number(const std::string& flag, const char* text, long long min) {
@@ -141,6 +143,8 @@ Config parse(int argc, char** argv) {
       c.service.gateway = std::chrono::milliseconds(number(flag, v, 0));
     else if (flag == "--lease-ms")
       c.lease = std::chrono::milliseconds(number(flag, v, 1));
+    else if (flag == "--pushback-ms")
+      c.service.retry_pushback = std::chrono::milliseconds(number(flag, v, 0));
     else if (flag == "--key")
       c.key = v;
     else if (flag == "--account")
