@@ -109,8 +109,9 @@ idem_component(mysql OPTION IDEM_WITH_MYSQL TARGETS idem_mysql COMPONENTS core
 # idem::async: Boost.Asio by default (header-only: Debian libboost-dev, whose BoostConfig.cmake
 # gives Boost::headers), or standalone Asio with IDEM_ASIO_STANDALONE (libasio-dev: headers
 # only, no package file; idem::async then names its include directory itself).
-# idem::async_postgres (libpq's asynchronous API on the loop) is built and tested but not a
-# component: its durable store does not exist yet (docs/async.md).
+# idem::async_postgres drives libpq itself (its asynchronous API and pipeline mode: libpqxx has
+# neither), linked PRIVATE; CMake's FindPostgreSQL gives PostgreSQL::PostgreSQL, pkg-config
+# libpq is the fallback.
 idem_dependency(boost FIND "CONFIG Boost Boost::headers" DEB libboost-dev)
 if(IDEM_ASIO_STANDALONE)
   set(_idem_asio_dependency "")
@@ -127,3 +128,9 @@ idem_component(async_redis OPTION IDEM_WITH_ASYNC TARGETS idem_async_redis
                COMPONENTS async redis PRIVATE_DEPENDS hiredis
                HEADERS idem/async/redis_store.hpp
                SUMMARY "Redis fast store on hiredis's asynchronous API, driven by Asio")
+idem_dependency(libpq FIND "MODULE PostgreSQL PostgreSQL::PostgreSQL" "PKG_CONFIG libpq"
+                PKG_CONFIG libpq DEB libpq-dev)
+idem_component(async_postgres OPTION IDEM_WITH_ASYNC TARGETS idem_async_postgres
+               COMPONENTS async postgres PRIVATE_DEPENDS libpq
+               HEADERS idem/async/postgres_store.hpp
+               SUMMARY "PostgreSQL durable store on libpq's pipeline, driven by Asio")

@@ -11,7 +11,7 @@
 #   scripts/test.sh -L unit         only tests with a ctest label (passed to ctest)
 #   scripts/test.sh --sanitize      also ASan+UBSan and TSan builds: unit tests, the
 #                                   many-thread integration tests and the asynchronous Redis
-#                                   store's tests (tests/sanitizers/tsan.supp)
+#                                   and PostgreSQL stores' tests (tests/sanitizers/tsan.supp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -111,9 +111,12 @@ if [ "$sanitize" -eq 1 ]; then
     # libcpp-httplib, documented there. Nothing of idem's own code is suppressed.
     # Unit tests, then the many-thread tests against the real servers (still up here), then
     # idem_async_redis_tests (the hiredis adapter's callbacks, stores destroyed from another
-    # thread, the guard's suite on one loop; not its SERIAL fault tests, AsyncRedisFault.*).
+    # thread, the guard's suite on one loop; not its SERIAL fault tests, AsyncRedisFault.*), then
+    # AsyncPostgresStore's and the libpq pipeline's (idem_async_pg_store_tests, its conformance and
+    # guard suites, idem_async_pg_connection_tests; not AsyncPgStoreFault.*).
     for sel in "-L unit" "-L integration -R Storm|Concurrent|ThirtyTwoThreads|Race|OrderHttp|Overlapping|Batch|ChunkStore" \
-               "-L async -R ^(AsyncRedis/|AsyncRedisStoreTest\\.|Redis\\..+RedisSqlite)"; do
+               "-L async -R ^(AsyncRedis/|AsyncRedisStoreTest\\.|Redis\\..+RedisSqlite)" \
+               "-L async -R ^(AsyncPostgres\\.|AsyncPostgresStoreTest\\.|PgConnectionTest\\.)"; do
       # shellcheck disable=SC2086
       (cd "$dir" &&
         ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \

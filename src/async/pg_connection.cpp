@@ -347,6 +347,12 @@ class PgSession : public std::enable_shared_from_this<PgSession> {
         Pending done = std::move(pending_.front());
         pending_.pop_front();
         if (!pending_.empty()) {
+          // The server answers a connection's batches in order: the next one's time starts
+          // now, not when it was sent behind the others (a long pipeline is not a slow server).
+          if (settings_.batch_timeout.count() > 0) {
+            const auto from_now = Clock::now() + settings_.batch_timeout;
+            if (pending_.front().deadline < from_now) pending_.front().deadline = from_now;
+          }
           arm_timer(next_deadline());
         } else {
           timer_.cancel();

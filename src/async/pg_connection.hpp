@@ -10,9 +10,11 @@
 //                PQflush until sent (waiting for writability when the socket buffer is full)
 //   results      PQconsumeInput on readability; per statement its result then a NULL; a failed
 //                statement aborts the rest of its batch (PGRES_PIPELINE_ABORTED) up to the Sync
-//   deadlines    a batch not answered in time, or a connect not done in time, closes the
-//                connection (its transaction is rolled back by the server); every batch then
-//                in flight fails: timed out, and "may have applied" if it wrote
+//   deadlines    a batch not answered in time (counted from when it was sent, or from the
+//                answer of the batch before it, whichever is later), or a connect not done in
+//                time, closes the connection (its transaction is rolled back by the server);
+//                every batch then in flight fails: timed out, and "may have applied" if it
+//                wrote (the server may still run what it had received)
 //
 // libpq resolves host names with a blocking getaddrinfo during PQconnectStart: give `hostaddr`
 // (or a numeric host) to keep the loop free while connecting.
@@ -78,7 +80,9 @@ struct PgSettings {
   /// Prepared statements (name, SQL) made on every connection.
   std::vector<std::pair<std::string, std::string>> prepared;
   std::chrono::milliseconds connect_timeout{5000};
-  /// Longest wait for a batch's results, from when it was sent. 0 means none.
+  /// Longest wait for a batch's results, from when it was sent or, when batches sent before it
+  /// were still unanswered, from when the one before it was answered (the server answers in
+  /// order: each batch has the whole time to itself). 0 means none.
   std::chrono::milliseconds batch_timeout{5000};
   /// After a failed connect, batches fail at once for this long. 0 means retry every time.
   std::chrono::milliseconds reconnect_backoff{100};

@@ -6,17 +6,14 @@
 #include <string>
 #include <string_view>
 
+#include "error_rules.hpp"
+
 namespace idem::postgres::detail {
 
 /// Rethrows the exception in flight as an idem exception (idem exceptions pass unchanged),
 /// with the libpqxx exception nested as its cause (std::nested_exception). Call only from
 /// inside a catch block. `context` names the operation ("claim", "commit").
 [[noreturn]] void rethrow_translated(std::string_view context);
-
-/// True when a failed connection's message says it can never succeed as configured: unknown
-/// database or role, a refused password or pg_hba.conf rule, a malformed conninfo string or
-/// URI (libpq reports these by text only).
-bool is_configuration_error(std::string_view message) noexcept;
 
 /// The SQLSTATE of a libpqxx sql_error, or "" for anything else.
 std::string sqlstate_of(const std::exception& e);

@@ -12,6 +12,7 @@
 
 #include "deadline.hpp"
 #include "errors.hpp"
+#include "statements.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 #include "idem/postgres/detail/pqxx_compat.hpp"
@@ -26,33 +27,9 @@ namespace {
 constexpr int kSchemaVersion = 2;
 // pg_advisory_xact_lock key of idem's migrations ("idem" + "mig" in ASCII).
 constexpr const char* kMigrationLockKey = "7306086965236950125";
-// A claim that finds the row deleted under it (released, purged) tries again this many times
-// before answering kBusy.
-constexpr int kClaimRounds = 4;
-
-// Prepared statement names (per connection).
-constexpr const char* kClaim = "idem_claim";
-constexpr const char* kRead = "idem_read";
-constexpr const char* kTakeover = "idem_takeover";
-constexpr const char* kRemoveExpired = "idem_remove_expired";
-constexpr const char* kComplete = "idem_complete";
-constexpr const char* kFail = "idem_fail";
-constexpr const char* kRelease = "idem_release";
-constexpr const char* kExtend = "idem_extend";
-constexpr const char* kPurge = "idem_purge";
-constexpr const char* kResolve = "idem_resolve";
-constexpr const char* kInsertCompletedBatch = "idem_insert_completed_batch";
-constexpr const char* kInsertNewCompletedBatch = "idem_insert_new_completed_batch";
-
-// Columns every record read returns, in this order (see parse_found).
-constexpr const char* kRecordColumns =
-    "status, fingerprint, owner, response_body,"
-    " (extract(epoch FROM lease_until) * 1000)::bigint,"
-    " (extract(epoch FROM created_at) * 1000)::bigint,"
-    " (extract(epoch FROM updated_at) * 1000)::bigint,"
-    " (extract(epoch FROM expires_at) * 1000)::bigint,"
-    " lease_until > clock_timestamp(),"
-    " status <> 'in_progress' AND expires_at <= clock_timestamp()";
+// The statements, their names, kRecordColumns and kClaimRounds (statements.hpp, shared with the
+// asynchronous store).
+using namespace idem::postgres::detail;  // NOLINT(google-build-using-namespace)
 
 struct Found {
   Record record;
@@ -213,89 +190,6 @@ struct IDEM_LOCAL PostgresStore::Impl {
     throw StorageError(std::string("postgres: internal error: no statement ") + name);
   }
 
-  // The statements, built once from validated identifiers; every value is a bound parameter.
-  static std::vector<std::pair<std::string, std::string>> statements(const std::string& t,
-                                                                     const std::string& k,
-                                                                     const std::string& s) {
-    const std::string where = " WHERE " + k + " = $1 AND " + s + " = $2";
-    std::vector<std::pair<std::string, std::string>> v;
-    // INSERT ... ON CONFLICT DO NOTHING never raises a unique violation, so it never aborts the
-    // caller's transaction; it waits for a concurrent transaction holding the same key at most
-    // lock_timeout (set on every pooled connection). When it inserted nothing, kRead (a new
-    // statement, so a row committed while we waited is visible) tells what is there. A single
-    // statement returning the existing row too (WITH ins AS (INSERT ...) ... UNION ALL SELECT)
-    // saves that round trip for duplicates but measured ~10-20% slower for first executions.
-    v.emplace_back(kClaim, "INSERT INTO " + t + " (" + k + ", " + s +
-                               ", status, fingerprint, owner, lease_until)"
-                               " VALUES ($1, $2, 'in_progress', $3, $4,"
-                               " clock_timestamp() + $5::bigint * interval '1 millisecond')"
-                               " ON CONFLICT (" +
-                               k + ", " + s + ") DO NOTHING RETURNING true");
-    v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
-    // Records written already completed, many in one statement (insert_completed_batch_in):
-    // $1..$4 are text[] of ids, scopes, fingerprints and owners. Rows go in key order, so two
-    // batches waiting on each other's uncommitted keys always wait in the same direction (no
-    // deadlock between batch inserts).
-    const std::string insert_batch =
-        "INSERT INTO " + t + " (" + k + ", " + s +
-        ", status, fingerprint, owner, response_body, lease_until, expires_at)"
-        " SELECT u.k, u.s, 'completed', u.f, u.o, $5, now(),"
-        " now() + $6::bigint * interval '1 second'"
-        " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
-        " AS u(k, s, f, o) ORDER BY u.s, u.k";
-    v.emplace_back(kInsertCompletedBatch, insert_batch + " ON CONFLICT (" + k + ", " + s +
-                                              ") DO NOTHING RETURNING " + k + ", " + s);
-    // The same without ON CONFLICT (insert_new_completed_batch_in): a plain insert skips the
-    // speculative-insertion protocol and returns no rows, ~1/3 cheaper per record; an existing
-    // key raises 23505 and aborts the transaction.
-    v.emplace_back(kInsertNewCompletedBatch, insert_batch);
-    // Conditional takeover of an expired lease: of two concurrent takers the second re-checks
-    // the row after the first commits and updates nothing.
-    v.emplace_back(kTakeover,
-                   "UPDATE " + t +
-                       " SET owner = $3,"
-                       " lease_until = clock_timestamp() + $4::bigint * interval '1 millisecond',"
-                       " attempts = attempts + 1, updated_at = now()" +
-                       where +
-                       " AND status = 'in_progress' AND owner = $5"
-                       " AND lease_until <= clock_timestamp() RETURNING true");
-    v.emplace_back(kRemoveExpired, "DELETE FROM " + t + where +
-                                       " AND status <> 'in_progress'"
-                                       " AND expires_at <= clock_timestamp()");
-    // txid_current() identifies the transaction, so a COMMIT lost with its connection can be
-    // resolved with txid_status() on another connection.
-    v.emplace_back(kComplete, "UPDATE " + t +
-                                  " SET status = 'completed', response_body = $4,"
-                                  " expires_at = now() + $5::bigint * interval '1 second',"
-                                  " updated_at = now()" +
-                                  where +
-                                  " AND owner = $3 AND status = 'in_progress'"
-                                  " RETURNING txid_current()");
-    v.emplace_back(kFail, "UPDATE " + t +
-                              " SET status = 'failed', response_body = $4,"
-                              " expires_at = now() + $5::bigint * interval '1 second',"
-                              " updated_at = now()" +
-                              where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
-    v.emplace_back(kRelease, "DELETE FROM " + t + where +
-                                 " AND owner = $3 AND status = 'in_progress' RETURNING true");
-    v.emplace_back(kExtend, "UPDATE " + t +
-                                " SET lease_until = clock_timestamp() + $4::bigint * interval"
-                                " '1 millisecond', updated_at = now()" +
-                                where +
-                                " AND owner = $3 AND status = 'in_progress' RETURNING true");
-    // Short batches; SKIP LOCKED never waits on a row a claim or completion is touching.
-    // Rows by their key (tables of either schema version; unique across partitions too).
-    v.emplace_back(kPurge, "DELETE FROM " + t + " WHERE (" + k + ", " + s + ") IN (SELECT " + k +
-                               ", " + s + " FROM " + t +
-                               " WHERE status <> 'in_progress'"
-                               " AND expires_at <= clock_timestamp()"
-                               " LIMIT $1 FOR UPDATE SKIP LOCKED)");
-    v.emplace_back(kResolve,
-                   "SELECT txid_status($1::bigint), (SELECT status = 'completed'"
-                   " AND owner = $4 FROM " +
-                       t + " WHERE " + k + " = $2 AND " + s + " = $3)");
-    return v;
-  }
 
   // Claims or finds the record inside `t` (a transaction, a subtransaction or autocommit).
   // Throws the libpqxx error of a lock timeout (55P03); callers turn it into kBusy.
@@ -422,7 +316,7 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
     impl_->watch = std::make_unique<detail::DeadlineWatch>(options_.client_timeout, connect_info_);
   }
   impl_->lock_timeout = millis_setting(options_.lock_timeout);
-  auto statements = Impl::statements(qualified_table_, k, s);
+  auto statements = detail::statements(qualified_table_, k, s);
   impl_->sql = statements;
   // Session settings of every pooled connection, sent once when it opens: lock_timeout bounds
   // a claim's wait on a concurrent holder of the same key (and the handler's lock waits).

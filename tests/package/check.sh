@@ -68,7 +68,7 @@ step_shared() {
     -DIDEM_BUILD_TESTS=ON -DIDEM_BUILD_TOOLS=ON -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF \
     >"$work/shared.log" 2>&1 ||
     { cat "$work/shared.log" >&2; return 1; }
-  cmake --build "$dir" -j "$JOBS" --target idem_sqlite idem_redis idem_postgres idem_async_redis \
+  cmake --build "$dir" -j "$JOBS" --target idem_sqlite idem_redis idem_postgres idem_async_redis idem_async_postgres \
     idem_prometheus idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
     { tail -50 "$work/shared.log" >&2; return 1; }
   "$ROOT/tests/package/check_symbols.sh" "$dir" || return 1

@@ -9,6 +9,7 @@
 //   using Durable = ...;                                  // AsyncGuard's durable store type
 //   static const char* env_var();                         // null: no server needed
 //   explicit Env(const std::string& env_value);           // stores, pool, loop thread
+//     (or Env(const std::string&, anet::io_context& loop): stores on the suite's loop)
 //   idem::async::AsyncFastStore* fast();                  // null: durable only
 //   Durable& durable();
 //   idem::async::WorkerPool& pool();
@@ -33,6 +34,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "idem/async/guard.hpp"
@@ -200,7 +202,11 @@ class AsyncGuardSuite : public ::testing::Test {
   void SetUp() override {
     std::string value;
     if (Env::env_var() != nullptr) IDEM_REQUIRE_ENV(value, Env::env_var());
-    env_ = std::make_unique<Env>(value);
+    if constexpr (std::is_constructible_v<Env, const std::string&, anet::io_context&>) {
+      env_ = std::make_unique<Env>(value, loop_.io());  // its stores run on the loop
+    } else {
+      env_ = std::make_unique<Env>(value);
+    }
   }
   void TearDown() override { env_.reset(); }
 

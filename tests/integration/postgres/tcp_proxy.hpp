@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // A loopback TCP proxy in front of PostgreSQL that can lose the connection right after
-// forwarding a COMMIT: the server commits, the client never hears back (a network failure at
+// forwarding a COMMIT (or another statement): the server commits, the client never hears back (a network failure at
 // the worst moment, without a mock of PostgreSQL). It can also stall: stop forwarding in both
 // directions without closing anything, as a hung middlebox or a partition behind a live TCP
 // peer does (the client's kernel still sees its bytes acknowledged).
@@ -53,8 +53,11 @@ class CommitDroppingProxy {
   CommitDroppingProxy& operator=(const CommitDroppingProxy&) = delete;
 
   int port() const noexcept { return port_; }
-  /// The next client chunk containing "COMMIT" is forwarded, then both sides are closed.
+  /// The next client chunk containing `drop_pattern` is forwarded, then both sides are closed.
   std::atomic<bool> drop_next_commit{false};
+  /// What drop_next_commit looks for (set it before setting drop_next_commit): "COMMIT", or
+  /// e.g. the name of a prepared statement its Bind message carries.
+  std::string drop_pattern = "COMMIT";
   /// Connections dropped that way.
   std::atomic<int> dropped{0};
   /// While true nothing is forwarded, on open connections and new ones; nothing is closed.
@@ -95,7 +98,7 @@ class CommitDroppingProxy {
         ssize_t n = ::recv(client, buf, sizeof buf, 0);
         if (n <= 0 || !send_all(server, buf, n)) break;
         if (drop_next_commit.load() &&
-            std::string(buf, static_cast<std::size_t>(n)).find("COMMIT") != std::string::npos) {
+            std::string(buf, static_cast<std::size_t>(n)).find(drop_pattern) != std::string::npos) {
           drop_next_commit = false;
           ++dropped;
           break;  // the server got COMMIT; the client never gets the answer
