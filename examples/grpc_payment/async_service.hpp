@@ -82,14 +82,14 @@ class AsyncPaymentService final : public pb::Payments::CallbackService {
       finish(*call, std::move(e), std::move(r));
     };
     if (options_.gateway.count() >= 0) {
-      guard_.async_run(*prepared.key, prepared.fingerprint, co,
+      guard_.async_run(*prepared.key, prepared.fingerprint(), co,
                        idem::async::with_reply<std::string>(
                            [this, call](idem::async::Reply<std::string> reply) {
                              gateway(call, std::move(reply));
                            }),
                        std::move(done));
     } else {
-      guard_.async_run(*prepared.key, prepared.fingerprint, co,
+      guard_.async_run(*prepared.key, prepared.fingerprint(), co,
                        [this, call](typename Ledger::Tx& tx) {
                          pause(options_.slow);
                          call->reply.Clear();  // the store may run the transaction again
