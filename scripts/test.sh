@@ -40,6 +40,8 @@ cleanup() {
   # A server still starting (the build failed early) would come up after the stop: wait first.
   if [ -n "${rabbitmq_pid:-}" ]; then wait "$rabbitmq_pid" 2>/dev/null || true; fi
   if [ -n "${rel_pid:-}" ]; then wait "$rel_pid" 2>/dev/null || true; fi
+  # The package check (beside ctest) uses the servers and removes the .deb it installed.
+  if [ -n "${package_pid:-}" ]; then wait "$package_pid" 2>/dev/null || true; fi
   rel_servers stop || true
   "$ROOT/scripts/servers.sh" stop || true
 }
@@ -93,12 +95,21 @@ fi
 export IDEM_REQUIRE_SERVERS=1
 
 status=0
-(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
-
 # The package as users meet it (each step prints its time): components, pkg-config, docs,
-# shared libraries, the .deb, C++20.
+# shared libraries, the .deb, C++20. It runs beside ctest: its builds use the CPU that tests
+# waiting on servers, leases and restarts leave idle. Its output is printed after ctest's.
+package_log="$IDEM_SERVERS_DIR/package-check.log"
 if [ "${#ctest_args[@]}" -eq 0 ]; then
-  ./tests/package/check.sh "$BUILD" || status=1
+  ./tests/package/check.sh "$BUILD" >"$package_log" 2>&1 &
+  package_pid=$!
+fi
+(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+if [ -n "${package_pid:-}" ]; then
+  package_status=0
+  wait "$package_pid" || package_status=$?
+  package_pid=""
+  cat "$package_log"
+  [ "$package_status" -eq 0 ] || { echo "test.sh: the package check failed" >&2; status=1; }
 fi
 
 if [ "$sanitize" -eq 1 ]; then

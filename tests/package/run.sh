@@ -94,7 +94,7 @@ case "$mode" in
     ;;
   pkg-config)
     export PKG_CONFIG_PATH="$(dirname "$(find "$prefix" -name idem-core.pc -print -quit)")"
-    make -s -f "$HERE/Makefile" OUT="$work" COMPONENTS="${components[*]}" >"$work/make.log" 2>&1 ||
+    make -s -j "$JOBS" -f "$HERE/Makefile" OUT="$work" COMPONENTS="${components[*]}" >"$work/make.log" 2>&1 ||
       { cat "$work/make.log" >&2; echo "package: pkg-config consumers FAILED" >&2; exit 1; }
     echo "package: pkg-config + make: ${components[*]}: built and ran"
     ;;
