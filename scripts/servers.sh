@@ -376,7 +376,13 @@ mysql_port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$MYSQL_PORT") 2>/dev/null; }
 
 mysql_start() {
   ensure_dir
-  if mysql_alive; then return 0; fi
+  if mysql_alive; then
+    # Ours (started from this directory) is reused; another server on the port is not: its
+    # tables and faults would be some other run's.
+    [ -s "$DIR/mysql/mariadb.pid" ] && return 0
+    log "port $MYSQL_PORT answers, but not a MariaDB this script started in $DIR (set IDEM_MYSQL_PORT)"
+    return 1
+  fi
   local d="$DIR/mysql"
   mkdir -p "$d"
   if [ ! -d "$d/data/mysql" ]; then
