@@ -41,7 +41,10 @@ cleanup() {
   if [ -n "${rabbitmq_pid:-}" ]; then wait "$rabbitmq_pid" 2>/dev/null || true; fi
   if [ -n "${rel_pid:-}" ]; then wait "$rel_pid" 2>/dev/null || true; fi
   # The package check (beside ctest) uses the servers and removes the .deb it installed.
-  if [ -n "${package_pid:-}" ]; then wait "$package_pid" 2>/dev/null || true; fi
+  if [ -n "${package_pid:-}" ]; then
+    touch "$IDEM_PACKAGE_SERVERS_FREE" 2>/dev/null || true
+    wait "$package_pid" 2>/dev/null || true
+  fi
   rel_servers stop || true
   "$ROOT/scripts/servers.sh" stop || true
 }
@@ -98,12 +101,17 @@ status=0
 # The package as users meet it (each step prints its time): components, pkg-config, docs,
 # shared libraries, the .deb, C++20. It runs beside ctest: its builds use the CPU that tests
 # waiting on servers, leases and restarts leave idle. Its output is printed after ctest's.
+# Its tests that use the servers wait for ctest's end (IDEM_PACKAGE_SERVERS_FREE): ctest's serial
+# tests kill, pause and restart them.
 package_log="$IDEM_SERVERS_DIR/package-check.log"
+export IDEM_PACKAGE_SERVERS_FREE="$IDEM_SERVERS_DIR/ctest-done"
+rm -f "$IDEM_PACKAGE_SERVERS_FREE"
 if [ "${#ctest_args[@]}" -eq 0 ]; then
   ./tests/package/check.sh "$BUILD" >"$package_log" 2>&1 &
   package_pid=$!
 fi
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+touch "$IDEM_PACKAGE_SERVERS_FREE"
 if [ -n "${package_pid:-}" ]; then
   package_status=0
   wait "$package_pid" || package_status=$?

@@ -8,17 +8,21 @@
 #                  every component's consumer alone with the dependencies
 #                  it does not need unfindable (run.sh isolated), and pkg-config + make
 #     docs         the Doxygen reference, no warning (when doxygen is installed)
-#     shared       BUILD_SHARED_LIBS=ON in <build>-shared: only the public API exported
-#                  (check_symbols.sh), tests over the shared libraries, the installed consumers
 #     deb          cpack -G DEB, apt-get install ./idem-*.deb, the consumers against /usr, removed
 #                  again (root or sudo)
 #     cxx20        -std=c++20 in <build>-cxx20: the libraries and every public header alone
+#     shared       BUILD_SHARED_LIBS=ON in <build>-shared: only the public API exported
+#                  (check_symbols.sh), tests over the shared libraries, the installed consumers
+#
+# IDEM_PACKAGE_SERVERS_FREE=<file>: the shared step's tests, the only part that talks to the
+# servers, wait until <file> exists (scripts/test.sh runs this check beside ctest, whose serial
+# tests kill, pause and restart those servers, and creates the file when ctest is done).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$(pwd)"
 BUILD="${1:?build directory}"; shift
 steps=("$@")
-[ "${#steps[@]}" -gt 0 ] || steps=(install docs shared deb cxx20)
+[ "${#steps[@]}" -gt 0 ] || steps=(install docs deb cxx20 shared)
 JOBS="${IDEM_JOBS:-$(nproc)}"
 RUN="$ROOT/tests/package/run.sh"
 status=0
@@ -80,8 +84,16 @@ step_shared() {
     idem_prometheus idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
     { tail -50 "$work/shared.log" >&2; return 1; }
   "$ROOT/tests/package/check_symbols.sh" "$dir" || return 1
-  # Each test binary built above, run whole against the shared libraries.
-  local t bin
+  # Each test binary built above, run whole against the shared libraries, once the servers are
+  # no longer someone else's to restart (at most an hour).
+  local t bin waited=0
+  if [ -n "${IDEM_PACKAGE_SERVERS_FREE:-}" ]; then
+    while [ ! -e "$IDEM_PACKAGE_SERVERS_FREE" ]; do
+      [ "$waited" -lt 3600 ] || { echo "shared: $IDEM_PACKAGE_SERVERS_FREE never appeared" >&2; return 1; }
+      sleep 1; waited=$((waited + 1))
+    done
+    echo "shared: waited ${waited} s for the servers"
+  fi
   for t in "${shared_tests[@]}"; do
     bin="$(find "$dir" -type f -name "$t" -perm -u+x | head -1)"
     [ -n "$bin" ] || { echo "shared: $t not built" >&2; return 1; }
