@@ -782,7 +782,14 @@ TYPED_TEST_P(AsyncGuardSuite, TheLoopNeverStallsWhileDurableWorkRuns) {
   auto g = this->guard();
   constexpr int kKeys = 700, kCalls = 1000, kPerTurn = 50;
   constexpr auto kSlow = 600ms;
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  // Under a sanitizer (several times slower, scripts/test.sh --sanitize) the margin is for
+  // scheduling, not for the 600 ms handler: that is the optimised builds' check; races and
+  // memory errors are the sanitizers'. A TSan run beside a busy machine read 303 ms.
+  constexpr auto kAllowed = 1500ms;
+#else
   constexpr auto kAllowed = 300ms;
+#endif
   std::vector<Key> keys;
   for (int i = 0; i < kKeys; ++i) keys.push_back(this->key("s" + std::to_string(i)));
   auto key_of = [&](int call) { return call < kKeys ? call : (call * 7) % kKeys; };
