@@ -447,6 +447,17 @@ int run_service(const Config& c, Ledger& ledger, Guard& guard, Service& service)
   return status;
 }
 
+#ifdef GRPC_PAYMENT_WITH_POSTGRES
+// The record store's options from the flags: both services (synchronous and callback) use it.
+idem::postgres::PostgresStoreOptions postgres_options(const Config& c, std::size_t pool_size) {
+  idem::postgres::PostgresStoreOptions po;
+  po.conninfo = c.postgres;
+  po.schema = c.schema;
+  po.pool_size = pool_size;
+  return po;
+}
+#endif
+
 idem::GuardOptions guard_options(const Config& c) {
   idem::GuardOptions o;
   o.lease = c.lease;
@@ -491,11 +502,7 @@ int serve_callback(const Config& c) {
   const idem::async::Executor ex = loop.io.get_executor();
 #ifdef GRPC_PAYMENT_WITH_ASYNC_POSTGRES
   if (!c.postgres.empty()) {
-    idem::postgres::PostgresStoreOptions po;
-    po.conninfo = c.postgres;
-    po.schema = c.schema;
-    po.pool_size = 16;
-    idem::postgres::PostgresStore sync{po};
+    idem::postgres::PostgresStore sync{postgres_options(c, 16)};
     grpc_payment::PostgresLedger ledger{sync, c.schema};
     idem::async::AsyncPostgresStore durable{ex, sync, pool};
     idem::MemoryStore memory;
@@ -529,11 +536,7 @@ int serve(const Config& c) {
   idem::GuardOptions options = guard_options(c);
 #ifdef GRPC_PAYMENT_WITH_POSTGRES
   if (!c.postgres.empty()) {
-    idem::postgres::PostgresStoreOptions po;
-    po.conninfo = c.postgres;
-    po.schema = c.schema;
-    po.pool_size = 32;
-    idem::postgres::PostgresStore durable{po};
+    idem::postgres::PostgresStore durable{postgres_options(c, 32)};
     grpc_payment::PostgresLedger ledger{durable, c.schema};
     std::unique_ptr<idem::FastStore> fast;
     if (c.redis.empty()) {
