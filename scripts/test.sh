@@ -12,15 +12,20 @@
 #   scripts/test.sh --sanitize      also ASan+UBSan and TSan builds: unit tests, the
 #                                   many-thread integration tests and the asynchronous Redis
 #                                   and PostgreSQL stores' tests (tests/sanitizers/tsan.supp)
+#   scripts/test.sh --sanitize-only only the sanitizer builds and their tests (the servers
+#                                   still start; the regular build, ctest and package check
+#                                   are skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 
 sanitize=0
+regular=1
 ctest_args=()
 for a in "$@"; do
   case "$a" in
     --sanitize) sanitize=1 ;;
+    --sanitize-only) sanitize=1; regular=0 ;;
     *) ctest_args+=("$a") ;;
   esac
 done
@@ -74,8 +79,10 @@ export IDEM_REL_SERVERS_ENV="$IDEM_SERVERS_DIR/test-env-reliability.sh"
   >"$IDEM_SERVERS_DIR/reliability-start.log" 2>&1 &
 rel_pid=$!
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null
-cmake --build "$BUILD" -j "$JOBS"
+if [ "$regular" -eq 1 ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WERROR=ON -DIDEM_HEADER_CHECK=ON >/dev/null
+  cmake --build "$BUILD" -j "$JOBS"
+fi
 
 if ! wait "$servers_pid"; then
   cat "$IDEM_SERVERS_DIR/servers-start.log" >&2
@@ -106,11 +113,13 @@ status=0
 package_log="$IDEM_SERVERS_DIR/package-check.log"
 export IDEM_PACKAGE_SERVERS_FREE="$IDEM_SERVERS_DIR/ctest-done"
 rm -f "$IDEM_PACKAGE_SERVERS_FREE"
-if [ "${#ctest_args[@]}" -eq 0 ]; then
+if [ "$regular" -eq 1 ] && [ "${#ctest_args[@]}" -eq 0 ]; then
   ./tests/package/check.sh "$BUILD" >"$package_log" 2>&1 &
   package_pid=$!
 fi
-(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+if [ "$regular" -eq 1 ]; then
+  (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+fi
 touch "$IDEM_PACKAGE_SERVERS_FREE"
 if [ -n "${package_pid:-}" ]; then
   package_status=0
