@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "idem/postgres/postgres_store.hpp"
@@ -17,13 +18,38 @@ namespace idem::test::pg {
 /// IDEM_TEST_POSTGRES_DSN or "".
 inline std::string dsn() { return server_env("IDEM_TEST_POSTGRES_DSN"); }
 
-/// Runs SQL on a fresh connection, outside idem (setup, counting, cleanup).
+/// This thread's connection for the helpers below, outside idem: opened on first use and
+/// again when `reopen` (a server restart broke it). One connection per helper call cost a
+/// PostgreSQL backend start each, and tests count hundreds of keys one by one.
+inline pqxx::connection& helper_connection(bool reopen = false) {
+  thread_local std::unique_ptr<pqxx::connection> c;
+  if (reopen || c == nullptr || !c->is_open()) c = std::make_unique<pqxx::connection>(dsn());
+  return *c;
+}
+
+/// Runs `fn(pqxx::work&)` on this thread's helper connection and commits. A connection found
+/// broken before the commit (the server was restarted since its last use) is reopened and
+/// `fn` runs once more: its first transaction never committed. A commit that fails is thrown.
+template <class Fn>
+auto with_helper_tx(Fn&& fn) {
+  for (int attempt = 0;; ++attempt) {
+    std::optional<pqxx::work> tx;
+    std::optional<decltype(fn(*tx))> r;
+    try {
+      tx.emplace(helper_connection(attempt > 0));
+      r.emplace(fn(*tx));
+    } catch (const pqxx::broken_connection&) {
+      if (attempt > 0) throw;
+      continue;
+    }
+    tx->commit();
+    return std::move(*r);
+  }
+}
+
+/// Runs SQL outside idem (setup, counting, cleanup), in a transaction of its own.
 inline pqxx::result exec(const std::string& sql) {
-  pqxx::connection c(dsn());
-  pqxx::work tx(c);
-  pqxx::result r = tx.exec(sql);
-  tx.commit();
-  return r;
+  return with_helper_tx([&](pqxx::work& tx) { return tx.exec(sql); });
 }
 
 /// First column of the first row as a number.
@@ -79,11 +105,11 @@ inline void insert_effect(pqxx::work& tx, const std::string& key_id) {
 
 /// Rows of `table` whose `column` equals `value` (bound).
 inline long count_where(const std::string& t, const std::string& column, const std::string& value) {
-  pqxx::connection c(dsn());
-  pqxx::work tx(c);
-  return tx
-      .exec_params("SELECT count(*) FROM " + table(t) + " WHERE " + column + " = $1", value)[0][0]
-      .as<long>();
+  return with_helper_tx([&](pqxx::work& tx) {
+    return tx
+        .exec_params("SELECT count(*) FROM " + table(t) + " WHERE " + column + " = $1", value)[0][0]
+        .as<long>();
+  });
 }
 
 /// The DSN with its port replaced (e.g. by a proxy's).
