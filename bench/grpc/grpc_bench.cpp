@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// idem::grpc over grpc++ against the same unary method without idempotency: one process,
-// synchronous client calls one after another on one channel, interleaved A/B rounds, medians.
+// idem::grpc over grpc++ against the same unary method without idempotency: synchronous client
+// calls one after another on one channel, interleaved A/B rounds, medians.
 //
 //   replay:  the same idempotency-key every call (answered by the fast store: the stored reply
 //            decoded and parsed) vs the method returning a constant reply
@@ -13,6 +13,10 @@
 // side is chosen by the client metadata `x-bench` (read on every path alike).
 //
 //   idem_grpc_bench [rounds] [calls per phase]
+//   IDEM_GRPC_BENCH_SPLIT=S,C         two processes: the servers pinned to CPU S, the client to
+//                                     CPU C (forked before gRPC starts; the client reaches the
+//                                     servers over loopback TCP, as it would another host).
+//                                     Without it, client and servers share one process.
 //   IDEM_GRPC_BENCH_PLAIN_SPIN_US=N   the plain handlers busy-wait N us first (to show what a
 //                                     few microseconds of handler work cost the sync server)
 //   IDEM_GRPC_BENCH_PROFILE=1         no timing: the sync server answers 2 x [calls] replayed
@@ -21,8 +25,11 @@
 //     valgrind --tool=callgrind --toggle-collect='(anonymous namespace)::BenchCharge::charge(*'
 //       idem_grpc_bench 1 N      (and 2N; the pattern must not match the lambdas' names)
 //
-// Prints calls/s per round and `ratio <name> = <ours / baseline>` (higher is better).
+// Prints calls/s per round and `ratio <name> = <ours / baseline>` (higher is better); the ratios
+// of a one-process run end in `_one_process`.
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,17 +148,20 @@ struct Medians {
   double replay, plain, first, plain_insert, replay_ratio, first_ratio;
 };
 
-// The interleaved rounds against one server, on one channel.
-Medians compare(const char* api, grpc::Service& service, int rounds, int calls) {
+std::unique_ptr<grpc::Server> serve(const char* api, grpc::Service& service, int* port) {
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
   if (server == nullptr) {
     std::fprintf(stderr, "cannot start the %s server\n", api);
     std::exit(1);
   }
+  return server;
+}
+
+// The interleaved rounds against the server on `port`, on one channel.
+Medians compare(const char* api, int port, int rounds, int calls, bool profile) {
   auto stub = pb::Payments::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   pb::ChargeRequest req;
@@ -179,9 +189,8 @@ Medians compare(const char* api, grpc::Service& service, int rounds, int calls) 
   };
 
   run("guarded", 1);  // warm up, and complete the fixed key
-  if (std::getenv("IDEM_GRPC_BENCH_PROFILE") != nullptr) {
+  if (profile) {
     run("guarded", 1);
-    server->Shutdown();
     return Medians{};
   }
   run("plain", 0);
@@ -204,7 +213,6 @@ Medians compare(const char* api, grpc::Service& service, int rounds, int calls) 
         "calls/s, plain insert %.0f calls/s\n",
         api, r + 1, replay.back(), plain.back(), first.back(), plain_insert.back());
   }
-  server->Shutdown();
   Medians m{median(replay),       median(plain),        median(first),
             median(plain_insert), median(replay_ratio), median(first_ratio)};
   std::printf(
@@ -216,12 +224,81 @@ Medians compare(const char* api, grpc::Service& service, int rounds, int calls) 
   return m;
 }
 
+void pin_to_cpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) {
+    std::perror("sched_setaffinity");
+    std::exit(1);
+  }
+}
+
+// `suffix`: "" for the two-process run, "_one_process" when client and servers share one.
+void print_ratios(const Medians& s, const Medians& c, const char* suffix) {
+  std::printf("ratio grpc_replay_vs_plain_unary%s = %.3f\n", suffix, s.replay_ratio);
+  std::printf("ratio grpc_first_call_vs_plain_insert%s = %.3f\n", suffix, s.first_ratio);
+  std::printf("ratio grpc_replay_vs_plain_unary_callback_api%s = %.3f\n", suffix, c.replay_ratio);
+  std::printf("ratio grpc_first_call_vs_plain_insert_callback_api%s = %.3f\n", suffix,
+              c.first_ratio);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? std::atoi(argv[1]) : 11;
   int calls = argc > 2 ? std::atoi(argv[2]) : 1000;
+  const bool profile = std::getenv("IDEM_GRPC_BENCH_PROFILE") != nullptr;
+  int server_cpu = -1, client_cpu = -1;
+  if (const char* split = std::getenv("IDEM_GRPC_BENCH_SPLIT")) {
+    if (std::sscanf(split, "%d,%d", &server_cpu, &client_cpu) != 2 || server_cpu < 0 ||
+        client_cpu < 0) {
+      std::fprintf(stderr, "IDEM_GRPC_BENCH_SPLIT must be <server cpu>,<client cpu>, e.g. 0,1\n");
+      return 2;
+    }
+  }
+  // Split: fork before anything of gRPC exists; the child serves, the parent drives. The
+  // ports travel on one pipe; the client closing the other tells the servers to stop.
+  int ports_pipe[2] = {-1, -1}, stop_pipe[2] = {-1, -1};
+  pid_t child = -1;
+  if (server_cpu >= 0) {
+    if (pipe(ports_pipe) != 0 || pipe(stop_pipe) != 0) {
+      std::perror("pipe");
+      return 1;
+    }
+    child = fork();
+    if (child < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    pin_to_cpu(child == 0 ? server_cpu : client_cpu);
+  }
+  const bool serves = child <= 0;  // one process, or the forked server
+  const bool drives = child != 0;  // one process, or the parent
   std::string path = "/tmp/idem_grpc_bench_" + std::to_string(::getpid()) + ".sqlite";
+  int ports[2] = {0, 0};  // sync, callback
+  if (drives && !serves) {
+    close(ports_pipe[1]);
+    close(stop_pipe[0]);
+    if (read(ports_pipe[0], ports, sizeof ports) != static_cast<ssize_t>(sizeof ports)) {
+      std::fprintf(stderr, "the server process did not start\n");
+      return 1;
+    }
+    std::printf(
+        "%d rounds x %d calls per phase, one channel per server API, SQLite "
+        "synchronous=NORMAL, MemoryStore in front; servers on CPU %d, client on CPU %d (two "
+        "processes)%s\n",
+        rounds, calls, server_cpu, client_cpu,
+        std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
+    std::fflush(stdout);
+    Medians s = compare("sync", ports[0], rounds, calls, profile);
+    Medians c = profile ? Medians{} : compare("callback", ports[1], rounds, calls, profile);
+    if (!profile) print_ratios(s, c, "");
+    close(stop_pipe[1]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
   {
     Durable durable{path};
     durable.database().write([](Tx& tx) {
@@ -234,19 +311,30 @@ int main(int argc, char** argv) {
     BenchCharge charge{guard, durable};
     SyncPayments sync{charge};
     CallbackPayments callback{charge};
-    std::printf(
-        "%d rounds x %d calls per phase, one channel per server API, SQLite "
-        "synchronous=NORMAL, MemoryStore in front%s\n",
-        rounds, calls,
-        std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
-    Medians s = compare("sync", sync, rounds, calls);
-    if (std::getenv("IDEM_GRPC_BENCH_PROFILE") == nullptr) {
-      Medians c = compare("callback", callback, rounds, calls);
-      std::printf("ratio grpc_replay_vs_plain_unary = %.3f\n", s.replay_ratio);
-      std::printf("ratio grpc_first_call_vs_plain_insert = %.3f\n", s.first_ratio);
-      std::printf("ratio grpc_replay_vs_plain_unary_callback_api = %.3f\n", c.replay_ratio);
-      std::printf("ratio grpc_first_call_vs_plain_insert_callback_api = %.3f\n", c.first_ratio);
+    auto sync_server = serve("sync", sync, &ports[0]);
+    auto callback_server = serve("callback", callback, &ports[1]);
+    if (!drives) {
+      close(ports_pipe[0]);
+      close(stop_pipe[1]);
+      if (write(ports_pipe[1], ports, sizeof ports) != static_cast<ssize_t>(sizeof ports)) {
+        std::perror("write");
+        return 1;
+      }
+      char byte;
+      while (read(stop_pipe[0], &byte, 1) > 0) {
+      }
+    } else {
+      std::printf(
+          "%d rounds x %d calls per phase, one channel per server API, SQLite "
+          "synchronous=NORMAL, MemoryStore in front; client and servers in one process%s\n",
+          rounds, calls,
+          std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
+      Medians s = compare("sync", ports[0], rounds, calls, profile);
+      Medians c = profile ? Medians{} : compare("callback", ports[1], rounds, calls, profile);
+      if (!profile) print_ratios(s, c, "_one_process");
     }
+    sync_server->Shutdown();
+    callback_server->Shutdown();
   }
   std::remove(path.c_str());
   std::remove((path + "-wal").c_str());
