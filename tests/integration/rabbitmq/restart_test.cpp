@@ -47,19 +47,23 @@ TEST_F(RabbitRestartTest, BrokerRestartedMidRunNothingLostNothingTwice) {
   const auto orders = idem::test::make_orders(q, 2000);
   const std::size_t half = orders.messages.size() / 2;
 
-  // The producer: the first half now; the second half in small batches while the broker
-  // restarts. A batch that fails (refused, lost, unconfirmed) is published again with the same
-  // ids: the consumers de-duplicate what had reached the queue.
+  // The producer: the first half now; the second half while the broker restarts, one message
+  // per `pause` until `slow_until` is set (so it is still publishing whenever the broker goes
+  // down: the restart's stop can take seconds to begin on a loaded machine), then the rest at
+  // once. A batch that fails (refused, lost, unconfirmed) is published again with the same ids:
+  // the consumers de-duplicate what had reached the queue.
   auto publish_range = [&](idem::rabbitmq::Publisher& p, std::size_t from, std::size_t to,
-                           std::size_t step, std::chrono::milliseconds pause, int& failures) {
+                           std::chrono::milliseconds pause, int& failures,
+                           const std::atomic<bool>* slow_until) {
     for (std::size_t at = from; at < to;) {
+      const bool slow = slow_until != nullptr && !slow_until->load();
       std::vector<idem::rabbitmq::OutgoingMessage> part(
           orders.messages.begin() + static_cast<long>(at),
-          orders.messages.begin() + static_cast<long>(std::min(to, at + step)));
+          orders.messages.begin() + static_cast<long>(std::min(to, at + (slow ? 1 : 500))));
       try {
         p.publish(part);
         at += part.size();
-        std::this_thread::sleep_for(pause);
+        if (slow) std::this_thread::sleep_for(pause);
       } catch (const idem::StorageError& e) {
         ASSERT_TRUE(e.retryable()) << e.what();
         ++failures;
@@ -68,7 +72,7 @@ TEST_F(RabbitRestartTest, BrokerRestartedMidRunNothingLostNothingTwice) {
     }
   };
   int failures = 0;
-  publish_range(*publisher_, 0, half, 500, 0ms, failures);
+  publish_range(*publisher_, 0, half, 0ms, failures, nullptr);
   ASSERT_EQ(0, failures);
 
   auto args = [&](const std::string& name) {
@@ -100,7 +104,7 @@ TEST_F(RabbitRestartTest, BrokerRestartedMidRunNothingLostNothingTwice) {
     po.confirm_timeout = 3s;
     po.max_attempts = 2;
     idem::rabbitmq::Publisher producer{po};
-    publish_range(producer, half, orders.messages.size(), 20, 100ms, failures);
+    publish_range(producer, half, orders.messages.size(), 100ms, failures, &restarted);
   }
   restart.join();
   ASSERT_EQ(0, restart_rc) << "servers.sh rabbitmq-restart failed";
