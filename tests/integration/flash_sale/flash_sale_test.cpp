@@ -88,7 +88,7 @@ TEST(FlashSale, ASecondSaleOnTheSameDatabaseStartsClean) {
   EXPECT_EQ(10, second.db.order_rows);
 }
 
-// The checks can fail: each violation of the list turns its check red.
+// The checks can fail: each violated invariant turns its check red.
 flash_sale::Report healthy_report() {
   flash_sale::Report r;
   r.config.users = 3;
