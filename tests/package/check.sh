@@ -3,9 +3,7 @@
 # What a user of the package meets, after scripts/test.sh built and tested <build> (the servers
 # still up, their variables exported). Each step prints its time; any failure fails the script.
 #
-#   tests/package/check.sh <build> [step...]     steps (default: all; cxx20 then shared, which
-#                                                work in build trees of their own, run beside
-#                                                install, docs, deb; each lane in this order):
+#   tests/package/check.sh <build> [step...]     steps (default: all, in this order):
 #     install      cmake --install (with the libraries deleted first: it builds them), then
 #                  every component's consumer alone with the dependencies
 #                  it does not need unfindable (run.sh isolated), and pkg-config + make
@@ -151,41 +149,13 @@ step_cxx20() {
 
 # A step runs as the condition of an `if`, where `set -e` does not apply: each command whose
 # failure fails the step says so (`|| return 1`).
-run_steps() {
-  local s t0 rc=0
-  for s in "$@"; do
-    t0=$SECONDS
-    if "step_$s"; then
-      echo "package: $s: ok ($((SECONDS - t0)) s)"
-    else
-      echo "package: $s: FAILED ($((SECONDS - t0)) s)" >&2
-      rc=1
-    fi
-  done
-  return "$rc"
-}
-# Two lanes: the steps with build trees of their own (cxx20, shared) beside the others, whose
-# consumer configures and single-file builds leave a CPU idle most of the time. The second
-# lane's output follows the first's.
-lane1=() lane2=()
 for s in "${steps[@]}"; do
-  case "$s" in
-    cxx20 | shared) lane2+=("$s") ;;
-    *) lane1+=("$s") ;;
-  esac
+  t0=$SECONDS
+  if "step_$s"; then
+    echo "package: $s: ok ($((SECONDS - t0)) s)"
+  else
+    echo "package: $s: FAILED ($((SECONDS - t0)) s)" >&2
+    status=1
+  fi
 done
-lane2_pid=""
-if [ "${#lane2[@]}" -gt 0 ] && [ "${#lane1[@]}" -gt 0 ]; then
-  run_steps "${lane2[@]}" >"$work/lane2.log" 2>&1 &
-  lane2_pid=$!
-elif [ "${#lane2[@]}" -gt 0 ]; then
-  run_steps "${lane2[@]}" || status=1
-fi
-if [ "${#lane1[@]}" -gt 0 ]; then
-  run_steps "${lane1[@]}" || status=1
-fi
-if [ -n "$lane2_pid" ]; then
-  wait "$lane2_pid" || status=1
-  cat "$work/lane2.log"
-fi
 exit "$status"
