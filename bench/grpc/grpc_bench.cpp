@@ -243,6 +243,21 @@ void print_ratios(const Medians& s, const Medians& c, const char* suffix) {
               c.first_ratio);
 }
 
+// Both server APIs, one after the other (the profile run: the sync server only).
+void drive(const int (&ports)[2], int rounds, int calls, bool profile,
+           const std::string& placement, const char* suffix) {
+  std::printf(
+      "%d rounds x %d calls per phase, one channel per server API, SQLite "
+      "synchronous=NORMAL, MemoryStore in front; %s%s\n",
+      rounds, calls, placement.c_str(),
+      std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
+  std::fflush(stdout);
+  Medians s = compare("sync", ports[0], rounds, calls, profile);
+  if (profile) return;
+  Medians c = compare("callback", ports[1], rounds, calls, profile);
+  print_ratios(s, c, suffix);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,16 +299,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "the server process did not start\n");
       return 1;
     }
-    std::printf(
-        "%d rounds x %d calls per phase, one channel per server API, SQLite "
-        "synchronous=NORMAL, MemoryStore in front; servers on CPU %d, client on CPU %d (two "
-        "processes)%s\n",
-        rounds, calls, server_cpu, client_cpu,
-        std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
-    std::fflush(stdout);
-    Medians s = compare("sync", ports[0], rounds, calls, profile);
-    Medians c = profile ? Medians{} : compare("callback", ports[1], rounds, calls, profile);
-    if (!profile) print_ratios(s, c, "");
+    drive(ports, rounds, calls, profile,
+          "servers on CPU " + std::to_string(server_cpu) + ", client on CPU " +
+              std::to_string(client_cpu) + " (two processes)",
+          "");
     close(stop_pipe[1]);
     int status = 0;
     waitpid(child, &status, 0);
@@ -324,14 +333,7 @@ int main(int argc, char** argv) {
       while (read(stop_pipe[0], &byte, 1) > 0) {
       }
     } else {
-      std::printf(
-          "%d rounds x %d calls per phase, one channel per server API, SQLite "
-          "synchronous=NORMAL, MemoryStore in front; client and servers in one process%s\n",
-          rounds, calls,
-          std::getenv("IDEM_GRPC_BENCH_PLAIN_SPIN_US") ? ", plain handlers spinning" : "");
-      Medians s = compare("sync", ports[0], rounds, calls, profile);
-      Medians c = profile ? Medians{} : compare("callback", ports[1], rounds, calls, profile);
-      if (!profile) print_ratios(s, c, "_one_process");
+      drive(ports, rounds, calls, profile, "client and servers in one process", "_one_process");
     }
     sync_server->Shutdown();
     callback_server->Shutdown();
