@@ -20,6 +20,8 @@
 //
 //   idem_bench_scale --backend sqlite|postgres [--phase sizes|purge|all] [--sizes 1e4,1e5,1e6]
 //                    [--calls 5000] [--purge 1e6] [--db PATH] [--dsn CONNINFO] [--schema NAME]
+//                    [--mmap-size BYTES] [--cache-kib KIB]   (SQLite DatabaseOptions; default: the
+//                                                             library's defaults)
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,9 +56,11 @@ struct Args {
   std::vector<long> sizes{10'000, 100'000, 1'000'000};
   int calls = 5000;
   long purge = 1'000'000;
-  std::string db;      // SQLite file (kept between the phases)
-  std::string dsn;     // PostgreSQL
-  std::string schema;  // PostgreSQL schema (kept between the phases)
+  std::string db;       // SQLite file (kept between the phases)
+  std::string dsn;      // PostgreSQL
+  std::string schema;   // PostgreSQL schema (kept between the phases)
+  long mmap_size = -1;  // SQLite DatabaseOptions::mmap_size (-1: the default)
+  long cache_kib = -1;  // SQLite DatabaseOptions::cache_size_kib (-1: the default)
 };
 
 long parse_count(const std::string& s) {
@@ -119,6 +123,11 @@ struct Backend<idem::sqlite::SqliteStore> {
 
   explicit Backend(const Args& a) : path(a.db) {
     idem::sqlite::DatabaseOptions o;
+    if (a.mmap_size >= 0) o.mmap_size = a.mmap_size;
+    if (a.cache_kib >= 0) o.cache_size_kib = a.cache_kib;
+    std::printf("sqlite: DatabaseOptions mmap_size %lld bytes, cache_size_kib %lld%s\n",
+                static_cast<long long>(o.mmap_size), static_cast<long long>(o.cache_size_kib),
+                o.cache_size_kib == 0 ? " (SQLite's default, 2,000)" : "");
     db = std::make_shared<idem::sqlite::Database>(path, o);
     store = std::make_unique<idem::sqlite::SqliteStore>(db);
     db->write([](Tx& tx) {
@@ -437,6 +446,8 @@ int main(int argc, char** argv) {
     if (k == "--db") a.db = v;
     if (k == "--dsn") a.dsn = v;
     if (k == "--schema") a.schema = v;
+    if (k == "--mmap-size") a.mmap_size = parse_count(v);
+    if (k == "--cache-kib") a.cache_kib = parse_count(v);
     if (k == "--sizes") {
       a.sizes.clear();
       std::size_t at = 0;

@@ -124,7 +124,11 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   sqlite3_extended_result_codes(conn->db, 1);
   sqlite3_busy_timeout(conn->db, static_cast<int>(o.busy_timeout.count()));
   std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
-                        "; PRAGMA foreign_keys=ON;";
+                        "; PRAGMA foreign_keys=ON; PRAGMA mmap_size=" +
+                        std::to_string(o.mmap_size) + ";";
+  if (o.cache_size_kib > 0) {
+    pragmas += " PRAGMA cache_size=-" + std::to_string(o.cache_size_kib) + ";";
+  }
   char* err = nullptr;
   rc = sqlite3_exec(conn->db, pragmas.c_str(), nullptr, nullptr, &err);
   if (rc != SQLITE_OK) {
@@ -200,6 +204,9 @@ bool Statement::column_is_null(int col) const noexcept {
 bool Statement::column_is_integer(int col) const noexcept {
   return sqlite3_column_type(stmt_, col) == SQLITE_INTEGER;
 }
+bool Statement::column_is_blob(int col) const noexcept {
+  return sqlite3_column_type(stmt_, col) == SQLITE_BLOB;
+}
 std::int64_t Statement::column_int64(int col) const noexcept {
   return sqlite3_column_int64(stmt_, col);
 }
@@ -211,6 +218,13 @@ std::string Statement::column_bytes(int col) const {
   int size = sqlite3_column_bytes(stmt_, col);
   if (data == nullptr || size <= 0) return {};
   return std::string(static_cast<const char*>(data), static_cast<std::size_t>(size));
+}
+
+std::string_view Statement::column_view(int col) const noexcept {
+  const void* data = sqlite3_column_blob(stmt_, col);
+  int size = sqlite3_column_bytes(stmt_, col);
+  if (data == nullptr || size <= 0) return {};
+  return std::string_view(static_cast<const char*>(data), static_cast<std::size_t>(size));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,6 +315,10 @@ class IDEM_LOCAL Database::Impl {
         options_.synchronous != "OFF" && options_.synchronous != "EXTRA") {
       throw UsageError("idem::sqlite: DatabaseOptions::synchronous must be OFF, NORMAL, FULL "
                        "or EXTRA");
+    }
+    if (options_.mmap_size < 0 || options_.cache_size_kib < 0) {
+      throw UsageError("idem::sqlite: DatabaseOptions::mmap_size and cache_size_kib must not "
+                       "be negative");
     }
     memory_ = path_ == ":memory:" || path_.empty();
     writer_ = detail::open_connection(path_, options_);
@@ -393,7 +411,7 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 
 // The store's statements, built once from the validated table and column names.
 struct IDEM_LOCAL SqliteStore::Sql {
-  std::string select, insert, insert_completed, insert_completed_if_absent, takeover,
+  std::string select, select_found, insert, insert_completed, insert_completed_if_absent, takeover,
       takeover_completed, remove_expired, complete, fail, release, extend, purge;
   // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
   // text; tables created before schema 2 and tables adopted by name) or 2 (WITHOUT ROWID keyed
@@ -424,9 +442,6 @@ TimePoint time_column(const Statement& st, int col, const char* name, const Key&
   return from_millis(st.column_int64(col));
 }
 
-// Column 8 of a layout-2 select: whether the fingerprint is stored packed (a BLOB).
-constexpr int kPackedColumn = 8;
-
 // Calls `fn` with the fingerprint as a table of `layout` stores it: in layout 2, 32 raw bytes (a
 // BLOB) when it packs (idem::fingerprint's form), else its text as given.
 template <class Fn>
@@ -438,16 +453,35 @@ decltype(auto) with_stored_fingerprint(int layout, std::string_view fp, Fn&& fn)
   return fn(fp);
 }
 
+// A fingerprint stored packed, spelled out again as its 64 hex characters.
+using HexFingerprint = std::array<char, 2 * idem::detail::kPackedFingerprintSize>;
+
+// Column `col` of the current row: the fingerprint as stored (layout 2: a BLOB when packed),
+// in its text form; a packed one is spelled out in `hex`.
+std::string_view fingerprint_column(const Statement& st, int col, const Key& key, int layout,
+                                    HexFingerprint& hex) {
+  const bool packed = layout == 2 && st.column_is_blob(col);
+  std::string_view fp = st.column_view(col);
+  if (!packed) return fp;
+  if (fp.size() != idem::detail::kPackedFingerprintSize) {
+    throw idem::detail::corrupt_record("sqlite", key.str(), "a packed fingerprint is not 32 bytes");
+  }
+  idem::detail::unpack_fingerprint(fp.data(), hex.data());
+  return std::string_view(hex.data(), hex.size());
+}
+
+Record::Status status_column(const Statement& st, int col, const Key& key) {
+  const std::string_view text = st.column_view(col);
+  if (auto s = idem::detail::parse_record_status(text)) return *s;
+  return idem::detail::record_status_or_throw(text, "sqlite", key.str());
+}
+
+// `Sql::select` (lookup): every column of the record.
 Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
-  r.status = idem::detail::record_status_or_throw(st.column_bytes(0), "sqlite", key.str());
-  r.fingerprint = st.column_bytes(1);
-  if (layout == 2 && st.column_int64(kPackedColumn) == 1) {
-    if (!idem::detail::unpack_hex_fingerprint(r.fingerprint)) {
-      throw idem::detail::corrupt_record("sqlite", key.str(),
-                                         "a packed fingerprint is not 32 bytes");
-    }
-  }
+  r.status = status_column(st, 0, key);
+  HexFingerprint hex;
+  r.fingerprint = fingerprint_column(st, 1, key, layout, hex);
   r.owner = st.column_bytes(2);
   r.response = st.column_bytes(3);
   r.lease_until = time_column(st, 4, "lease_until", key, false);
@@ -455,6 +489,25 @@ Record read_record(const Statement& st, const Key& key, int layout) {
   r.updated_at = time_column(st, 6, "updated_at", key, false);
   r.expires_at = time_column(st, 7, "expires_at", key, true);
   return r;
+}
+
+// `Sql::select_found` (every claim and replay): the record as the rulebook decides on it, read
+// in place. The views point into the statement's column buffers (and `hex`): valid until the
+// statement steps again or is reset. No allocation: a replay copies only what it answers with.
+idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int layout, TimePoint now,
+                                    HexFingerprint& hex) {
+  const Record::Status status = status_column(st, 0, key);
+  idem::detail::FoundRecord f;
+  f.status = status;
+  f.fingerprint = fingerprint_column(st, 1, key, layout, hex);
+  f.owner = st.column_view(2);
+  f.response = st.column_view(3);
+  const TimePoint lease_until = time_column(st, 4, "lease_until", key, false);
+  f.created_at = time_column(st, 5, "created_at", key, false);
+  const TimePoint expires_at = time_column(st, 6, "expires_at", key, true);
+  f.lease_live = status == Record::Status::kInProgress && lease_until > now;
+  f.retention_over = status != Record::Status::kInProgress && expires_at <= now;
+  return f;
 }
 }  // namespace
 
@@ -486,9 +539,9 @@ void SqliteStore::init() {
   migrate();
   std::string where = " WHERE " + k + " = ?1 AND " + s + " = ?2";
   sql_->select = "SELECT status, fingerprint, owner, response_body, lease_until, created_at, "
-                 "updated_at, expires_at" +
-                 std::string(sql_->layout == 2 ? ", typeof(fingerprint) = 'blob'" : "") +
-                 " FROM " + t + where;
+                 "updated_at, expires_at FROM " + t + where;
+  sql_->select_found = "SELECT status, fingerprint, owner, response_body, lease_until, "
+                       "created_at, expires_at FROM " + t + where;
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
                  "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
@@ -581,18 +634,17 @@ void SqliteStore::migrate() {
 std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_view fingerprint) {
   auto t = now();
   return database_->read([&](Session& session) -> std::optional<ClaimResult> {
-    Statement st = session.prepare(sql_->select);
+    Statement st = session.prepare(sql_->select_found);
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
-    Record r = read_record(st, key, sql_->layout);
+    HexFingerprint hex;
+    const idem::detail::FoundRecord found = found_row(st, key, sql_->layout, t, hex);
     // Only the answers that need no write lock: a replay or a mismatch.
-    idem::detail::ClaimDecision d =
-        idem::detail::decide_claim(idem::detail::found_at(r, t), fingerprint, {});
-    if (d.action == idem::detail::ClaimAction::kAnswer &&
-        (d.result.status == ClaimStatus::kDone || d.result.status == ClaimStatus::kMismatch)) {
-      return std::move(d.result);
+    if (found.retention_over ||
+        (found.fingerprint == fingerprint && found.status == Record::Status::kInProgress)) {
+      return std::nullopt;
     }
-    return std::nullopt;
+    return idem::detail::decide_claim(found, fingerprint, {}).result;
   });
 }
 
@@ -616,15 +668,15 @@ ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_v
 ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                                  const OwnerToken& owner) {
   auto t = now();
-  std::optional<Record> found;
+  idem::detail::ClaimDecision d;
   {
-    Statement st = tx.prepare(sql_->select);
+    Statement st = tx.prepare(sql_->select_found);
     st.bind_all(key.id(), key.scope());
-    if (st.step()) found = read_record(st, key, sql_->layout);
-  }
-  if (!found) return ClaimResult{};
-  idem::detail::ClaimDecision d =
-      idem::detail::decide_claim(idem::detail::found_at(*found, t), fingerprint, owner.str());
+    if (!st.step()) return ClaimResult{};
+    HexFingerprint hex;
+    d = idem::detail::decide_claim(found_row(st, key, sql_->layout, t, hex), fingerprint,
+                                   owner.str());
+  }  // the statement is reset: the views it lent are gone, only `d` is read below
   if (d.action == idem::detail::ClaimAction::kReplace) {
     tx.exec(sql_->remove_expired, key.id(), key.scope());
     return ClaimResult{};

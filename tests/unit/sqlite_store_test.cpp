@@ -470,7 +470,21 @@ TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
   store.database().write([](idem::sqlite::Transaction& tx) {
     tx.exec("UPDATE api_idempotency SET fingerprint = x'0102' WHERE idem_key = 'k3'");
   });
-  EXPECT_THROW(store.lookup(idem::Key::make("pay", "k3")), idem::CorruptRecord);
+  const auto k3 = idem::Key::make("pay", "k3");
+  EXPECT_THROW(store.lookup(k3), idem::CorruptRecord);
+  // The same through a claim's read (the precheck, and the write transaction when hinted).
+  EXPECT_THROW((void)store.begin(k3, hex, idem::OwnerToken::generate(), std::chrono::seconds(30)),
+               idem::CorruptRecord);
+  bool ran = false;
+  EXPECT_THROW((void)store.run_transactional(
+                   k3, hex, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                   [&](idem::sqlite::Transaction&) {
+                     ran = true;
+                     return std::string("x");
+                   },
+                   idem::DurableHint{true}),
+               idem::CorruptRecord);
+  EXPECT_FALSE(ran);
 }
 
 TEST(SqliteStore, RejectsBadIdentifiers) {
@@ -620,6 +634,47 @@ TEST(SqliteDatabase, StatementCacheDoesNotDependOnTheCallersBuffer) {
   EXPECT_EQ(1, first.value_or(0));
   EXPECT_EQ(2, second.value_or(0));
   EXPECT_EQ(1, third.value_or(0));
+}
+
+// DatabaseOptions::mmap_size and cache_size_kib reach every connection (the pool's readers and
+// the writer); 0 keeps SQLite's own page cache size; negative values are refused.
+TEST(SqliteDatabase, MmapAndCacheSizesApplyToEveryConnection) {
+  idem::test::TempDir dir;
+  auto pragma = [](idem::sqlite::Session& s, const char* name) {
+    return s.query_int64(std::string("PRAGMA ") + name).value_or(-1);
+  };
+  idem::sqlite::DatabaseOptions o;
+  o.pool_size = 2;
+  o.mmap_size = 64 << 20;
+  o.cache_size_kib = 8192;
+  idem::sqlite::Database db(dir.file("sizes.sqlite"), o);
+  EXPECT_EQ(64 << 20,
+            db.write([&](idem::sqlite::Transaction& tx) { return pragma(tx, "mmap_size"); }));
+  EXPECT_EQ(-8192,
+            db.write([&](idem::sqlite::Transaction& tx) { return pragma(tx, "cache_size"); }));
+  // Both readers, held at once: each is its own connection.
+  db.read([&](idem::sqlite::Session& outer) {
+    db.read([&](idem::sqlite::Session& inner) {
+      EXPECT_NE(outer.native_handle(), inner.native_handle());
+      for (auto* s : {&outer, &inner}) {
+        EXPECT_EQ(64 << 20, pragma(*s, "mmap_size"));
+        EXPECT_EQ(-8192, pragma(*s, "cache_size"));
+      }
+    });
+  });
+
+  idem::sqlite::DatabaseOptions off;
+  off.mmap_size = 0;
+  idem::sqlite::Database plain(dir.file("plain.sqlite"), off);
+  EXPECT_EQ(0, plain.read([&](idem::sqlite::Session& s) { return pragma(s, "mmap_size"); }));
+  EXPECT_EQ(-2000, plain.read([&](idem::sqlite::Session& s) { return pragma(s, "cache_size"); }));
+
+  for (auto bad : {std::make_pair(-1LL, 0LL), std::make_pair(0LL, -1LL)}) {
+    idem::sqlite::DatabaseOptions b;
+    b.mmap_size = bad.first;
+    b.cache_size_kib = bad.second;
+    EXPECT_THROW(idem::sqlite::Database(dir.file("bad.sqlite"), b), idem::UsageError);
+  }
 }
 
 // Every SQLite wait is bounded by DatabaseOptions::busy_timeout and ends in a typed error:

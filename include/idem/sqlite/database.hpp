@@ -102,12 +102,18 @@ class IDEM_EXPORT Statement {
   bool column_is_null(int col) const noexcept;
   /// True when column `col` holds an INTEGER (not NULL, text, real or blob).
   bool column_is_integer(int col) const noexcept;
+  /// True when column `col` holds a BLOB. Ask before reading the column as another type.
+  bool column_is_blob(int col) const noexcept;
   /// Column `col` as an integer (0 for NULL).
   std::int64_t column_int64(int col) const noexcept;
   /// Column `col` as a double (0 for NULL).
   double column_double(int col) const noexcept;
   /// TEXT or BLOB column as bytes (empty for NULL).
   std::string column_bytes(int col) const;
+  /// TEXT or BLOB column as a view of SQLite's own buffer, without a copy (empty for NULL).
+  /// Valid until the statement steps again, is reset or released, or the same column is read
+  /// as another type.
+  std::string_view column_view(int col) const noexcept;
 
  private:
   friend class Session;
@@ -203,6 +209,15 @@ struct DatabaseOptions {
   /// PRAGMA synchronous: "NORMAL" (WAL default: durable against a process crash, the last
   /// commits may be lost on power failure) or "FULL".
   std::string synchronous = "NORMAL";
+  /// PRAGMA mmap_size, in bytes: how much of the database file each connection reads through
+  /// a memory map of it instead of read() calls. A page read through the map costs no system
+  /// call and no copy, and the map is the OS page cache, shared by every connection (it adds
+  /// no memory per connection). 0 turns it off (every page read is a read() into the
+  /// connection's own cache). SQLite caps it at its compile-time maximum (2 GiB on Linux).
+  std::int64_t mmap_size = 0;
+  /// PRAGMA cache_size, in KiB: SQLite's own page cache, one per connection (the pool's readers
+  /// and the writer each have theirs). 0 keeps SQLite's default (2,000 KiB).
+  std::int64_t cache_size_kib = 0;
 };
 
 /// A SQLite database file with a connection pool and an in-process writer lock. Thread-safe.
