@@ -192,6 +192,15 @@ class LoopTicker {
   bool running_ = false;
 };
 
+template <class T>
+struct IsReplyHandler : std::false_type {};
+template <class R, class F>
+struct IsReplyHandler<idem::async::ReplyHandler<R, F>> : std::true_type {};
+template <class T>
+struct IsLoopHandler : std::false_type {};
+template <class F>
+struct IsLoopHandler<idem::async::LoopHandler<F>> : std::true_type {};
+
 template <class Env>
 class AsyncGuardSuite : public ::testing::Test {
  protected:
@@ -225,11 +234,39 @@ class AsyncGuardSuite : public ::testing::Test {
     return std::make_unique<Guard>(loop_.io().get_executor(), env_->durable(), std::move(o));
   }
 
-  // Starts a call from the loop thread (as a server would).
+  // Starts a call from the loop thread (as a server would). Each kind of handler reaches the
+  // guard as one std::function type (`R(Tx&)`, `R()`, with_reply's `void(Reply<R>)`, on_loop's
+  // `R()`), so the guard's call machinery is compiled once per kind and Env instead of once per
+  // lambda of the suite (it made these the slowest files of the build to compile); the guard
+  // runs a std::function exactly as the lambda inside it. Move-only handlers keep their type.
   template <class Fn, class R = std::string>
   void start(Guard& g, const Key& k, std::string fp, Fn fn, Answer<R>& a,
              idem::async::CallOptions co = {}) {
-    anet::post(loop_.io(), [&g, k, fp, fn = std::move(fn), &a, co]() mutable {
+    post_call(g, k, std::move(fp), erase<R>(std::move(fn)), a, co);
+  }
+
+  template <class R, class Fn>
+  static auto erase(Fn fn) {
+    if constexpr (!std::is_copy_constructible_v<Fn>) {
+      return fn;
+    } else if constexpr (IsReplyHandler<Fn>::value) {
+      return idem::async::with_reply<R>(
+          std::function<void(idem::async::Reply<R>)>(std::move(fn.fn)));
+    } else if constexpr (IsLoopHandler<Fn>::value) {
+      return idem::async::on_loop(std::function<R()>(std::move(fn.fn)));
+    } else if constexpr (std::is_invocable_r_v<R, Fn&, Tx&>) {
+      return std::function<R(Tx&)>(std::move(fn));
+    } else if constexpr (std::is_invocable_r_v<R, Fn&>) {
+      return std::function<R()>(std::move(fn));
+    } else {
+      return fn;
+    }
+  }
+
+  template <class Fn, class R>
+  void post_call(Guard& g, const Key& k, std::string fp, Fn fn, Answer<R>& a,
+                 idem::async::CallOptions co) {
+    anet::post(loop_.io(), [&g, k, fp = std::move(fp), fn = std::move(fn), &a, co]() mutable {
       g.async_run(k, fp, co, std::move(fn), a.callback());
     });
   }
