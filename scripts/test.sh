@@ -4,7 +4,7 @@
 # Cluster, MariaDB, a Redis Sentinel setup, the TLS servers and the reliability smoke's own
 # Redis, PostgreSQL and MariaDB on loopback (during the build),
 # runs every test (ctest), checks the package as users meet it (tests/package/check.sh:
-# components alone, pkg-config, the API reference, a shared build, the .deb, C++20), and stops
+# components alone, pkg-config, the API reference, a shared C++20 build, the .deb), and stops
 # the servers. Exits non-zero on any failure.
 #
 #   scripts/test.sh                 everything
@@ -109,8 +109,8 @@ export IDEM_REQUIRE_SERVERS=1
 
 status=0
 # The package as users meet it (each step prints its time): components, pkg-config, docs,
-# shared libraries, the .deb, C++20. It runs beside ctest: its builds use the CPU that tests
-# waiting on servers, leases and restarts leave idle. Its output is printed after ctest's.
+# shared libraries built as C++20, the .deb. It runs beside ctest: its builds use the CPU that
+# tests waiting on servers, leases and restarts leave idle. Its output is printed after ctest's.
 # Its tests that use the servers wait for ctest's end (IDEM_PACKAGE_SERVERS_FREE): ctest's serial
 # tests kill, pause and restart them.
 package_log="$IDEM_SERVERS_DIR/package-check.log"

@@ -10,9 +10,10 @@
 #     docs         the Doxygen reference, no warning (when doxygen is installed)
 #     deb          cpack -G DEB, apt-get install ./idem-*.deb, the consumers against /usr, removed
 #                  again (root or sudo)
-#     cxx20        -std=c++20 in <build>-cxx20: the libraries and every public header alone
-#     shared       BUILD_SHARED_LIBS=ON in <build>-shared: only the public API exported
-#                  (check_symbols.sh), tests over the shared libraries, the installed consumers
+#     shared       BUILD_SHARED_LIBS=ON and -std=c++20 in <build>-shared: every library and
+#                  every public header alone compile as C++20 (the main build is C++17), only
+#                  the public API exported (check_symbols.sh), tests over the shared
+#                  libraries, the installed consumers
 #
 # IDEM_PACKAGE_SERVERS_FREE=<file>: the shared step's tests, the only part that talks to the
 # servers, wait until <file> exists (scripts/test.sh runs this check beside ctest, whose serial
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/../.."
 ROOT="$(pwd)"
 BUILD="${1:?build directory}"; shift
 steps=("$@")
-[ "${#steps[@]}" -gt 0 ] || steps=(install docs deb cxx20 shared)
+[ "${#steps[@]}" -gt 0 ] || steps=(install docs deb shared)
 JOBS="${IDEM_JOBS:-$(nproc)}"
 RUN="$ROOT/tests/package/run.sh"
 status=0
@@ -74,14 +75,20 @@ shared_tests=(idem_core_tests idem_sqlite_tests idem_redis_tls_tests idemctl_tes
 step_shared() {
   local dir="$BUILD-shared"
   # -O1 without debug information: the libraries are checked for what they export and run
-  # under the tests below, never debugged (the main build keeps -O2 -g).
+  # under the tests below, never debugged (the main build keeps -O2 -g1). C++20: one build
+  # checks both the shared libraries and the second standard (the libraries, every public
+  # header alone and the tests below compile as C++20; the main build covers C++17).
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
-    -DIDEM_WERROR=ON -DBUILD_SHARED_LIBS=ON \
+    -DIDEM_WERROR=ON -DBUILD_SHARED_LIBS=ON -DCMAKE_CXX_STANDARD=20 -DCMAKE_CXX_EXTENSIONS=OFF \
+    -DIDEM_HEADER_CHECK=ON -DIDEM_HEADER_CHECK_STANDARD=20 \
     -DIDEM_BUILD_TESTS=ON -DIDEM_BUILD_TOOLS=ON -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF \
     >"$work/shared.log" 2>&1 ||
     { cat "$work/shared.log" >&2; return 1; }
-  cmake --build "$dir" -j "$JOBS" --target idem_sqlite idem_redis idem_postgres idem_async_redis idem_async_postgres \
-    idem_prometheus idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
+  grep -h "header check" "$work/shared.log" | sed 's/^-- /shared: /'
+  # Every library (the install below would build the missing ones anyway), the header check
+  # and the tests.
+  cmake --build "$dir" -j "$JOBS" --target idem_libraries idem_header_check idem_libcrypto_check \
+    idem_libcrypto_check_openssl_first idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
     { tail -50 "$work/shared.log" >&2; return 1; }
   "$ROOT/tests/package/check_symbols.sh" "$dir" || return 1
   # Each test binary built above, run whole against the shared libraries, once the servers are
@@ -132,19 +139,6 @@ step_deb() {
   as_root dpkg --purge "${names[@]}" >/dev/null || return 1
   cleanup_debs=()
   [ ! -e /usr/lib/cmake/idem/idemConfig.cmake ] || { echo "deb: files left after removal" >&2; return 1; }
-}
-
-step_cxx20() {
-  local dir="$BUILD-cxx20"
-  # Compiled, never run: -O0 without debug information (warnings that need the optimiser are
-  # the main build's to find, at -O2).
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -DNDEBUG" \
-    -DIDEM_WERROR=ON -DCMAKE_CXX_STANDARD=20 \
-    -DCMAKE_CXX_EXTENSIONS=OFF -DIDEM_HEADER_CHECK=ON -DIDEM_HEADER_CHECK_STANDARD=20 \
-    -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_TOOLS=OFF \
-    -DIDEM_INSTALL=OFF >"$work/cxx20.log" 2>&1 || { cat "$work/cxx20.log" >&2; return 1; }
-  cmake --build "$dir" -j "$JOBS" >>"$work/cxx20.log" 2>&1 || { tail -50 "$work/cxx20.log" >&2; return 1; }
-  grep -h "header check" "$work/cxx20.log" | sed 's/^-- //'
 }
 
 # A step runs as the condition of an `if`, where `set -e` does not apply: each command whose
