@@ -193,14 +193,19 @@ class IdempotentConsumer {
       }
       return std::string(detail::kConsumedMarker);
     };
+    // A first delivery is very likely a new message: the durable store claims at once instead
+    // of reading for a completed duplicate first (a producer's retry is still found, by the
+    // claim). A redelivery reads first.
+    CallOptions call;
+    call.likely_new = delivery.delivery_count <= 1;
     GuardResult<std::string> r;
     try {
       if constexpr (detail::kTakesTransaction<std::decay_t<Fn>,
                                               detail::transaction_t<Durable>>) {
-        r = guard_->run(key, fingerprint,
+        r = guard_->run(key, fingerprint, call,
                         [&](detail::transaction_t<Durable>& tx) { return run(tx); });
       } else {
-        r = guard_->run(key, fingerprint, [&]() { return run(); });
+        r = guard_->run(key, fingerprint, call, [&]() { return run(); });
       }
     } catch (const Error& e) {
       // A store failed, or the handler hit a retryable idem failure (its own database timed

@@ -102,6 +102,13 @@ struct DurableHint {
   /// the record is very likely absent, so a read-only precheck for a completed duplicate
   /// would almost always be wasted.
   bool fast_claimed = false;
+  /// The caller said the key is very likely new (CallOptions::likely_new: a message's first
+  /// delivery): as with a granted fast claim, a read-only precheck would almost always be
+  /// wasted.
+  bool likely_new = false;
+  /// Whether the record is expected to be absent (either of the above): a store may skip its
+  /// read-only precheck for a completed duplicate and claim at once.
+  constexpr bool expects_absent() const noexcept { return fast_claimed || likely_new; }
 };
 
 /// What a transactional run did.

@@ -119,6 +119,12 @@ struct CallOptions {
   std::optional<std::chrono::milliseconds> wait_for_result;
   /// GuardOptions::heartbeat for this call (a handler that may outlive its lease).
   std::optional<bool> heartbeat;
+  /// The key is very likely new (a message's first delivery, a request id the caller just
+  /// made): the durable store claims at once instead of first reading for a completed duplicate
+  /// (PostgreSQL, MySQL and SQLite read first when no fast store granted the claim). Never
+  /// changes an answer: a duplicate is still found by the claim, in a few more statements.
+  /// IdempotentConsumer::consume sets it for a first delivery (delivery_count 1).
+  bool likely_new = false;
 };
 
 }  // namespace idem

@@ -737,7 +737,7 @@ ClaimResult SqliteStore::begin(const Key& key, std::string_view fingerprint,
                                const OwnerToken& owner, std::chrono::milliseconds lease,
                                DurableHint hint) {
   if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
-  if (!hint.fast_claimed) {
+  if (!hint.expects_absent()) {
     if (auto early = precheck(key, fingerprint)) return std::move(*early);
   }
   return database_->write(

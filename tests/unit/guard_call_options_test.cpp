@@ -310,6 +310,7 @@ class FlakyDurable {
   explicit FlakyDurable(idem::sqlite::SqliteStore& inner) : inner_(inner) {}
   int fail_begin = 0, fail_complete = 0, fail_transactional = 0;
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
+  idem::DurableHint last_hint;     // what the guard passed last
 
   template <class Handler>
   idem::TransactionalResult run_transactional(const Key& k, std::string_view fp,
@@ -324,10 +325,12 @@ class FlakyDurable {
       }
       throw idem::StorageUnavailable("test: connection refused");
     }
+    last_hint = hint;
     return inner_.run_transactional(k, fp, o, retention, std::forward<Handler>(h), hint);
   }
   idem::ClaimResult begin(const Key& k, std::string_view fp, const idem::OwnerToken& o,
                           std::chrono::milliseconds lease, idem::DurableHint hint) {
+    last_hint = hint;
     if (fail_begin > 0) {
       --fail_begin;
       throw idem::StorageTimeout("test: no answer in time");
@@ -377,6 +380,48 @@ class StoreRetryTest : public ::testing::Test {
   idem::sqlite::SqliteStore sqlite_;
   FlakyDurable flaky_;
 };
+
+// CallOptions::likely_new reaches the durable store as DurableHint::likely_new (SQLite then
+// skips its read-only precheck) and changes no answer: a completed key still replays without
+// running the handler, another payload is still a mismatch, in both modes.
+TEST_F(StoreRetryTest, LikelyNewReachesTheDurableStoreAndChangesNoAnswer) {
+  idem::IdempotencyGuard<FlakyDurable> guard{flaky_};
+  idem::CallOptions likely_new;
+  likely_new.likely_new = true;
+  int runs = 0;
+  auto pay = [&](idem::sqlite::Transaction& tx) {
+    ++runs;
+    tx.exec("INSERT INTO payment (order_no) VALUES ('o1')");
+    return std::string("pay_o1");
+  };
+  const auto key = Key::make("payment", "o1");
+  auto first = guard.run(key, "fp", pay);
+  EXPECT_EQ(idem::Outcome::kExecuted, first.outcome);
+  EXPECT_FALSE(flaky_.last_hint.likely_new);
+  EXPECT_FALSE(flaky_.last_hint.expects_absent());
+  auto again = guard.run(key, "fp", likely_new, pay);
+  EXPECT_TRUE(flaky_.last_hint.likely_new);
+  EXPECT_TRUE(flaky_.last_hint.expects_absent());
+  EXPECT_EQ(idem::Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("pay_o1", again.value.value_or(""));
+  EXPECT_EQ(idem::Outcome::kFingerprintMismatch, guard.run(key, "other", likely_new, pay).outcome);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, payments());
+
+  const auto two_phase = Key::make("payment", "o2");
+  auto call = [&] {
+    ++runs;
+    return std::string("sent");
+  };
+  EXPECT_EQ(idem::Outcome::kExecuted, guard.run(two_phase, "fp", likely_new, call).outcome);
+  EXPECT_TRUE(flaky_.last_hint.likely_new);
+  auto replay = guard.run(two_phase, "fp", likely_new, call);
+  EXPECT_EQ(idem::Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ("sent", replay.value.value_or(""));
+  EXPECT_EQ(idem::Outcome::kFingerprintMismatch,
+            guard.run(two_phase, "other", likely_new, call).outcome);
+  EXPECT_EQ(2, runs);
+}
 
 TEST_F(StoreRetryTest, TwoPhaseBeginAndCompleteAreRetriedAndTheHandlerRunsOnce) {
   idem::IdempotencyGuard guard{flaky_, retrying(3)};

@@ -63,6 +63,7 @@ struct CallTerms {
   std::chrono::milliseconds lease = kDefaultLease;
   std::chrono::seconds retention = kDefaultRetention;
   bool heartbeat = false;
+  bool likely_new = false;  // CallOptions::likely_new
 };
 
 /// The state of one guarded call, passed to every GuardCore step.
@@ -122,6 +123,7 @@ class CallState {
   DurableHint hint() const noexcept {
     DurableHint h;
     h.fast_claimed = fast_claimed;
+    h.likely_new = options.likely_new;
     return h;
   }
 

@@ -109,7 +109,8 @@ struct MysqlStoreOptions {
   std::function<void(const Key&, unsigned)> on_retry;
   /// Transactional mode: read the record with one autocommit SELECT before opening the
   /// transaction, so a completed duplicate is replayed in one round trip. true: always;
-  /// false: only when the guard's DurableHint says its fast store did not grant the claim.
+  /// false: only when the guard's DurableHint does not expect the record absent (no fast store
+  /// granted the claim, and the call did not set CallOptions::likely_new).
   bool read_first = false;
   /// Run the migration on construction. false: the table must exist.
   bool migrate = true;
@@ -186,7 +187,7 @@ class IDEM_EXPORT MysqlStore {
     };
     return run_transactional_impl(key, fingerprint, owner, retention,
                                   HandlerRef{call, static_cast<void*>(std::addressof(handler))},
-                                  !hint.fast_claimed);
+                                  !hint.expects_absent());
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).

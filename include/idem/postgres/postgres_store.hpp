@@ -128,9 +128,9 @@ struct PostgresStoreOptions {
   /// Transactional mode: read the record with one autocommit SELECT before opening the
   /// transaction, so a completed duplicate is replayed in 1 round trip instead of 4 (BEGIN,
   /// claim, read, ROLLBACK); a first execution pays 1 more. true: always. false: only when the
-  /// guard's DurableHint says its fast store did not grant the claim (no fast store, or it is
-  /// down), which is when duplicates reach PostgreSQL; a granted fast claim claims first
-  /// (fewest round trips for first executions).
+  /// guard's DurableHint does not expect the record absent (no fast store granted the claim,
+  /// and the call did not set CallOptions::likely_new), which is when duplicates reach
+  /// PostgreSQL; otherwise it claims first (fewest round trips for first executions).
   bool read_first = false;
   /// Run the migration on construction (create schema, table, index). false: the table must
   /// exist (e.g. applied from schema.sql by a DBA).
@@ -191,8 +191,8 @@ class IDEM_EXPORT PostgresStore {
   PostgresStore& operator=(const PostgresStore&) = delete;
 
   /// Transactional mode (the durable store contract, idem/durable_store.hpp, and the file
-  /// comment). Without a granted fast claim (`hint.fast_claimed` false: no fast store, or it
-  /// is down) the record is read first, so a duplicate is answered in one round trip (see
+  /// comment). Unless the hint expects the record absent (a granted fast claim, or
+  /// CallOptions::likely_new) the record is read first, so a duplicate is answered in one round trip (see
   /// PostgresStoreOptions::read_first). A hint never changes an answer.
   /// @param hint what the guard knows (DurableHint); never changes the answer
   /// @param key the operation's key; @param fingerprint the payload's fingerprint;
@@ -216,7 +216,7 @@ class IDEM_EXPORT PostgresStore {
     };
     return run_transactional_impl(key, fingerprint, owner, retention,
                                   HandlerRef{call, static_cast<void*>(std::addressof(handler))},
-                                  !hint.fast_claimed);
+                                  !hint.expects_absent());
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).

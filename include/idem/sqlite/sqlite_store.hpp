@@ -98,7 +98,7 @@ class IDEM_EXPORT SqliteStore {
   /// Transactional mode (the durable store contract, idem/durable_store.hpp). In the write
   /// transaction the record is looked up first; when absent (or an expired in-progress record
   /// of a crashed two-phase attempt), the handler runs and the record is then written once,
-  /// already completed (no in-progress row, no second write). Unless `hint.fast_claimed`, a
+  /// already completed (no in-progress row, no second write). Unless `hint.expects_absent()`, a
   /// completed duplicate or a mismatch is answered from a read snapshot without the write lock.
   template <class Handler>
   TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
@@ -107,7 +107,7 @@ class IDEM_EXPORT SqliteStore {
     // A completed duplicate or a mismatch needs no write lock: answer it from a read snapshot
     // (skipped when the fast store just granted the claim: the record is then almost surely
     // absent; the write transaction checks anyway).
-    if (!hint.fast_claimed) {
+    if (!hint.expects_absent()) {
       if (auto early = precheck(key, fingerprint)) {
         return TransactionalResult::found(std::move(*early));
       }
@@ -123,7 +123,7 @@ class IDEM_EXPORT SqliteStore {
     return TransactionalResult::committed(std::move(response), claim.took_over);
   }
 
-  /// Two-phase begin: claims in its own committed transaction. Unless `hint.fast_claimed`, a
+  /// Two-phase begin: claims in its own committed transaction. Unless `hint.expects_absent()`, a
   /// completed duplicate or a mismatch is answered from a read snapshot first.
   ClaimResult begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
                     std::chrono::milliseconds lease, DurableHint hint = {});
