@@ -65,6 +65,39 @@ Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key)
   return f;
 }
 
+// A row of kFoundColumns as the record rulebook reads it: views of the row's fields (valid while
+// `row`'s result lives) and of `response` (the decoded bytea). Values idem did not write are
+// CorruptRecord, as in parse_found.
+idem::detail::FoundRecord found_row(const pqxx::row& row, const Key& key, std::string& response) {
+  auto text = [&](const pqxx::field& f, const char* what) {
+    if (f.is_null()) {
+      throw idem::detail::corrupt_record("postgres", key.str(), std::string(what) + " is NULL");
+    }
+    return std::string_view(f.c_str(), f.size());
+  };
+  idem::detail::FoundRecord found;
+  const std::string_view status = text(row[0], "status");
+  if (auto s = idem::detail::parse_record_status(status)) {
+    found.status = *s;
+  } else {
+    found.status = idem::detail::record_status_or_throw(status, "postgres", key.str());
+  }
+  try {
+    found.fingerprint = text(row[1], "fingerprint");
+    found.owner = text(row[2], "owner");
+    response = detail::read_bytea(row[3]);
+    found.response = response;
+    found.created_at = millis_field(row[4]);
+    found.lease_live = row[5].as<bool>();
+    found.retention_over = row[6].as<bool>();
+  } catch (const idem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw idem::detail::corrupt_record("postgres", key.str(), e.what());
+  }
+  return found;
+}
+
 bool is_retryable_rollback(const std::string& state) {
   return state == "40001" || state == "40P01";
 }
@@ -490,16 +523,14 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         std::optional<ClaimResult> early = impl_->bounded(conn->get(), "read", [&] {
           std::optional<ClaimResult> found;
           pqxx::nontransaction nt(conn->get());
-          pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
+          pqxx::result r = detail::exec_prepared(nt, kReadFound, key.id(), key.scope());
           if (!r.empty()) {
-            Found f = parse_found(r[0], 0, key);
-            idem::detail::ClaimDecision d = idem::detail::decide_claim(
-                idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
-                owner.str());
-            if (d.action == idem::detail::ClaimAction::kAnswer &&
-                (d.result.status == ClaimStatus::kDone ||
-                 d.result.status == ClaimStatus::kMismatch)) {
-              found = std::move(d.result);
+            std::string response;
+            const idem::detail::FoundRecord f = found_row(r[0], key, response);
+            // Only the answers that need no transaction: a replay or a mismatch.
+            if (!f.retention_over &&
+                (f.fingerprint != fingerprint || f.status != Record::Status::kInProgress)) {
+              found = idem::detail::decide_claim(f, fingerprint, owner.str()).result;
             }
           }
           return found;
