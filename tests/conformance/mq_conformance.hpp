@@ -289,6 +289,7 @@ TYPED_TEST_P(MqConformance, EightThreadsOfOverlappingBatchesApplyEachIdOnce) {
     std::vector<std::string> ids;
     for (int i = 0; i < 40; ++i) ids.push_back(unique_name("o") + ":paid:v1");
     std::atomic<int> acked{0};
+    std::atomic<int> redelivered_after_error{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&, t] {
@@ -301,6 +302,15 @@ TYPED_TEST_P(MqConformance, EightThreadsOfOverlappingBatchesApplyEachIdOnce) {
             std::vector<Verdict> verdicts;
             try {
               verdicts = this->batch(consumer, pending);
+            } catch (const idem::Error& e) {
+              // A retryable store failure (MySQL: deadlocks past max_retries re-runs between
+              // the overlapping batches) is the consumer's "do not ack": the broker redelivers
+              // the whole batch. Anything else fails the test.
+              if (!e.retryable() || ++redelivered_after_error > 20) {
+                ADD_FAILURE() << e.what();
+                return;
+              }
+              continue;
             } catch (const std::exception& e) {
               ADD_FAILURE() << e.what();
               return;
