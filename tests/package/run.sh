@@ -62,15 +62,18 @@ case "$mode" in
                                             -DSHARED="$shared" -P "$HERE/unneeded.cmake" 2>&1)
       args=()
       for p in $off; do args+=("-DCMAKE_DISABLE_FIND_PACKAGE_$p=ON"); done
-      # pkg-config sees every module of the default search path but the hidden ones.
+      # pkg-config sees every module of the default search path but the hidden ones (one ln
+      # for all: a process per module was ~600 forks and 3.6 s per component).
       pcdir="$work/$c-pkgconfig"; mkdir -p "$pcdir"
+      links=()
       for d in ${pc_default//:/ }; do
         for f in "$d"/*.pc; do
           [ -e "$f" ] || continue
-          m="$(basename "$f" .pc)"
-          [[ " $hidden " == *" $m "* ]] || ln -sf "$f" "$pcdir/$m.pc"
+          m="${f##*/}"; m="${m%.pc}"
+          [[ " $hidden " == *" $m "* ]] || links+=("$f")
         done
       done
+      [ "${#links[@]}" -eq 0 ] || ln -sf "${links[@]}" "$pcdir/"
       PKG_CONFIG_LIBDIR="$pcdir" PKG_CONFIG_PATH="" consumer "$c" "$c" "${args[@]}"
       echo "package: COMPONENTS $c: built and ran; unfindable: ${off:-} (pkg-config: ${hidden:-})"
     done
