@@ -193,10 +193,12 @@ TYPED_TEST_P(DurableStoreConformance, TwoPhaseLeaseExpiryFencesTheStaleOwner) {
   auto k = this->key();
   auto stale = OwnerToken::generate();
   auto fresh = OwnerToken::generate();
+  // A lease of 1 s: the busy check right after the claim must come before it ends (a 200 ms
+  // lease was outlived between two calls once, on a loaded CI machine).
   ASSERT_EQ(ClaimStatus::kClaimed,
-            store.begin(k, "fp", stale, std::chrono::milliseconds(200)).status);
+            store.begin(k, "fp", stale, std::chrono::milliseconds(1000)).status);
   EXPECT_EQ(ClaimStatus::kBusy, store.begin(k, "fp", fresh, this->lease_).status);
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
   auto takeover = store.begin(k, "fp", fresh, this->lease_);
   EXPECT_EQ(ClaimStatus::kClaimed, takeover.status);
   EXPECT_TRUE(takeover.took_over);
