@@ -109,7 +109,7 @@ Found parse_found(Row& row, const Key& key) {
   if (row.size() < kProbeColumns || row[0].is_null()) {
     throw idem::detail::corrupt_record("mysql", key.str(), "no status");
   }
-  f.record.status = idem::detail::record_status_or_throw(row[0].bytes(), "mysql", key.str());
+  f.record.status = idem::detail::record_status_or_throw(row[0].bytes(), "mysql", key);
   try {
     f.record.fingerprint = row[1].take();
     f.record.owner = row[2].take();
@@ -567,14 +567,8 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
         impl_->exec(c, impl_->probe, "read", &rows, key.id(), key.scope());
         if (!rows.empty()) {
           Found f = parse_found(rows[0], key);
-          idem::detail::ClaimDecision d = idem::detail::decide_claim(
-              idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint,
-              owner.str());
-          if (d.action == idem::detail::ClaimAction::kAnswer &&
-              (d.result.status == ClaimStatus::kDone ||
-               d.result.status == ClaimStatus::kMismatch)) {
-            out = std::move(d.result);
-          }
+          out = idem::detail::decide_without_claim(
+              idem::detail::found_by_store_clock(f.record, f.live, f.expired), fingerprint);
         }
         return out;
       });

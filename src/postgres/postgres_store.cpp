@@ -46,7 +46,7 @@ TimePoint millis_field(const pqxx::field& f) {
 // idem did not write is CorruptRecord.
 Found parse_found(const pqxx::row& row, pqxx::row::size_type at, const Key& key) {
   Found f;
-  f.record.status = idem::detail::record_status_or_throw(row[at].c_str(), "postgres", key.str());
+  f.record.status = idem::detail::record_status_or_throw(row[at].c_str(), "postgres", key);
   try {
     f.record.fingerprint = row[at + 1].as<std::string>();
     f.record.owner = row[at + 2].as<std::string>();
@@ -76,12 +76,7 @@ idem::detail::FoundRecord found_row(const pqxx::row& row, const Key& key, std::s
     return std::string_view(f.c_str(), f.size());
   };
   idem::detail::FoundRecord found;
-  const std::string_view status = text(row[0], "status");
-  if (auto s = idem::detail::parse_record_status(status)) {
-    found.status = *s;
-  } else {
-    found.status = idem::detail::record_status_or_throw(status, "postgres", key.str());
-  }
+  found.status = idem::detail::record_status_or_throw(text(row[0], "status"), "postgres", key);
   try {
     found.fingerprint = text(row[1], "fingerprint");
     found.owner = text(row[2], "owner");
@@ -526,12 +521,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
           pqxx::result r = detail::exec_prepared(nt, kReadFound, key.id(), key.scope());
           if (!r.empty()) {
             std::string response;
-            const idem::detail::FoundRecord f = found_row(r[0], key, response);
-            // Only the answers that need no transaction: a replay or a mismatch.
-            if (!f.retention_over &&
-                (f.fingerprint != fingerprint || f.status != Record::Status::kInProgress)) {
-              found = idem::detail::decide_claim(f, fingerprint, owner.str()).result;
-            }
+            found = idem::detail::decide_without_claim(found_row(r[0], key, response), fingerprint);
           }
           return found;
         });

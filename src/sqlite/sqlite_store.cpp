@@ -470,16 +470,10 @@ std::string_view fingerprint_column(const Statement& st, int col, const Key& key
   return std::string_view(hex.data(), hex.size());
 }
 
-Record::Status status_column(const Statement& st, int col, const Key& key) {
-  const std::string_view text = st.column_view(col);
-  if (auto s = idem::detail::parse_record_status(text)) return *s;
-  return idem::detail::record_status_or_throw(text, "sqlite", key.str());
-}
-
 // `Sql::select` (lookup): every column of the record.
 Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
-  r.status = status_column(st, 0, key);
+  r.status = idem::detail::record_status_or_throw(st.column_view(0), "sqlite", key);
   HexFingerprint hex;
   r.fingerprint = fingerprint_column(st, 1, key, layout, hex);
   r.owner = st.column_bytes(2);
@@ -496,7 +490,8 @@ Record read_record(const Statement& st, const Key& key, int layout) {
 // statement steps again or is reset. No allocation: a replay copies only what it answers with.
 idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int layout, TimePoint now,
                                     HexFingerprint& hex) {
-  const Record::Status status = status_column(st, 0, key);
+  const Record::Status status =
+      idem::detail::record_status_or_throw(st.column_view(0), "sqlite", key);
   idem::detail::FoundRecord f;
   f.status = status;
   f.fingerprint = fingerprint_column(st, 1, key, layout, hex);
@@ -638,13 +633,9 @@ std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_vie
     st.bind_all(key.id(), key.scope());
     if (!st.step()) return std::nullopt;
     HexFingerprint hex;
-    const idem::detail::FoundRecord found = found_row(st, key, sql_->layout, t, hex);
     // Only the answers that need no write lock: a replay or a mismatch.
-    if (found.retention_over ||
-        (found.fingerprint == fingerprint && found.status == Record::Status::kInProgress)) {
-      return std::nullopt;
-    }
-    return idem::detail::decide_claim(found, fingerprint, {}).result;
+    return idem::detail::decide_without_claim(found_row(st, key, sql_->layout, t, hex),
+                                              fingerprint);
   });
 }
 

@@ -144,6 +144,18 @@ inline ClaimDecision decide_claim(const FoundRecord& found, std::string_view fin
   return d;
 }
 
+/// What a read-only check before any claim (a store's precheck) answers from `found`: a
+/// replay (kDone) or a mismatch, which need no write; nullopt when only a claim can decide (the
+/// retention ended, or the key is in progress with this payload).
+inline std::optional<ClaimResult> decide_without_claim(const FoundRecord& found,
+                                                       std::string_view fingerprint) {
+  if (found.retention_over) return std::nullopt;
+  if (found.fingerprint == fingerprint && found.status == Record::Status::kInProgress) {
+    return std::nullopt;
+  }
+  return decide_claim(found, fingerprint, {}).result;
+}
+
 /// Whether complete / release / fail by `owner` may act on a record with `status` held by
 /// `stored_owner`: in progress and still this attempt's.
 constexpr bool may_finish(Record::Status status, std::string_view stored_owner,
@@ -204,6 +216,13 @@ inline Record::Status record_status_or_throw(std::string_view text, std::string_
   std::string what = "unknown status '";
   what.append(text.substr(0, 32)).append("'");
   throw corrupt_record(store, key, what);
+}
+
+/// The same, naming `key`: its text is composed only for an unknown status (not on every read).
+inline Record::Status record_status_or_throw(std::string_view text, std::string_view store,
+                                             const Key& key) {
+  if (auto s = parse_record_status(text)) return *s;
+  return record_status_or_throw(text, store, key.str());
 }
 
 }  // namespace idem::detail

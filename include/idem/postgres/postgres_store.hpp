@@ -192,8 +192,8 @@ class IDEM_EXPORT PostgresStore {
 
   /// Transactional mode (the durable store contract, idem/durable_store.hpp, and the file
   /// comment). Unless the hint expects the record absent (a granted fast claim, or
-  /// CallOptions::likely_new) the record is read first, so a duplicate is answered in one round trip (see
-  /// PostgresStoreOptions::read_first). A hint never changes an answer.
+  /// CallOptions::likely_new) the record is read first, so a duplicate is answered in one
+  /// round trip (see PostgresStoreOptions::read_first). A hint never changes an answer.
   /// @param hint what the guard knows (DurableHint); never changes the answer
   /// @param key the operation's key; @param fingerprint the payload's fingerprint;
   /// @param owner this attempt's token; @param retention how long the completed record is kept
