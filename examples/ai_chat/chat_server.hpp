@@ -100,6 +100,8 @@ struct ChatCounters {
   std::uint64_t replayed = 0;                // chunk events resent that the client had (fault)
   std::uint64_t reordered = 0;               // event pairs swapped (fault)
   std::uint64_t dropped = 0;                 // streams ended early (fault)
+  std::uint64_t broken = 0;                  // streams ended early otherwise (a write failed,
+                                             // the client left, the server stopping)
   std::uint64_t live_remote = 0;             // fresh events sent while another process generated
   std::uint64_t generations = 0;             // generations run here
   std::uint64_t generator_retries = 0;       // times the generator went back
@@ -107,12 +109,24 @@ struct ChatCounters {
   std::uint64_t producer_trimmed = 0;        // pieces cut to their unseen suffix
   std::uint64_t split_characters = 0;        // chunks ending inside a multi-byte character
 
+  /// Adds what one event stream counted.
+  void add(const ChatCounters& o) {
+    connections += o.connections;
+    fresh_events += o.fresh_events;
+    replayed += o.replayed;
+    reordered += o.reordered;
+    dropped += o.dropped;
+    broken += o.broken;
+    live_remote += o.live_remote;
+  }
+
   nlohmann::json to_json() const {
     return {{"connections", connections},
             {"fresh_events", fresh_events},
             {"replayed", replayed},
             {"reordered", reordered},
             {"dropped", dropped},
+            {"broken", broken},
             {"live_remote", live_remote},
             {"generations", generations},
             {"generator_retries", generator_retries},
@@ -524,59 +538,78 @@ class ChatServer {
         });
   }
 
+  // Every stream that ends before its done event is counted: `dropped` when the fault asked
+  // for it, `broken` otherwise, so that each of a client's reconnects is explained by one. The
+  // events are counted as each is written, so a broken stream's counts hold too.
   bool stream(const std::string& request_id, std::optional<std::uint64_t> after,
               const Faults& faults, httplib::DataSink& sink) {
+    ChatCounters delta;  // this stream's counts not yet added to the chat's
+    auto flush = [&] {
+      count(request_id, [&](ChatCounters& k) { k.add(delta); });
+      delta = ChatCounters{};
+    };
+    bool ended = false;  // the done event was written, or the drop counted
+    const bool complete = stream(request_id, after, faults, sink, delta, flush, ended);
+    if (!ended) ++delta.broken;
+    flush();
+    return complete;
+  }
+
+  template <typename Flush>
+  bool stream(const std::string& request_id, std::optional<std::uint64_t> after,
+              const Faults& faults, httplib::DataSink& sink, ChatCounters& delta, Flush& flush,
+              bool& ended) {
     std::string out;
     std::uint64_t fresh = 0;          // fresh events on this connection
     std::optional<StoredChunk> held;  // an event sent after the next one (reorder)
-    auto send = [&](const StoredChunk& c) {
+    bool remote_generating = false;
+    auto last_write = std::chrono::steady_clock::now();
+    auto write = [&](const StoredChunk& c) {
       out.clear();
       append_chunk_event(out, request_id, c.offset, c.body);
-      return sink.write(out.data(), out.size());
+      if (!sink.write(out.data(), out.size())) return false;
+      last_write = std::chrono::steady_clock::now();
+      return true;
+    };
+    auto send = [&](const StoredChunk& c) {
+      if (!write(c)) return false;
+      ++delta.fresh_events;
+      if (remote_generating) ++delta.live_remote;
+      return true;
     };
     if (after && faults.replay > 0) {
-      auto old = chats_.last_until(request_id, *after, faults.replay);
-      for (const auto& c : old) {
-        if (!send(c)) return false;
+      for (const auto& c : chats_.last_until(request_id, *after, faults.replay)) {
+        if (!write(c)) return false;
+        ++delta.replayed;
       }
-      count(request_id, [&](ChatCounters& k) { k.replayed += old.size(); });
     }
-    bool remote_generating = false;
     std::shared_ptr<LiveTail> tail;
-    auto last_write = std::chrono::steady_clock::now();
     while (!stopping_) {
       const std::uint64_t seen = version();
       if (!tail) tail = find_tail(request_id);
       std::optional<std::vector<StoredChunk>> local;
       if (tail) local = tail_after(*tail, after, 256);
       auto rows = local ? std::move(*local) : chats_.after(request_id, after, 256);
-      std::uint64_t sent = 0, swapped = 0;
       for (auto& c : rows) {
         after = c.offset;
         ++fresh;
         if (held) {  // the pair's second event goes first
-          if (!send(c) || !send(*held)) return false;
+          if (!send(c)) return false;
+          ++delta.reordered;
+          if (!send(*held)) return false;
           held.reset();
-          ++swapped;
         } else if (faults.reorder > 0 && fresh % faults.reorder == 0) {
           held = std::move(c);
         } else if (!send(c)) {
           return false;
         }
-        ++sent;
         if (faults.drop_every > 0 && fresh >= faults.drop_every && !held) break;
       }
-      if (sent > 0) {
-        last_write = std::chrono::steady_clock::now();
-        count(request_id, [&](ChatCounters& k) {
-          k.fresh_events += sent;
-          k.reordered += swapped;
-          if (remote_generating) k.live_remote += sent;
-        });
-      }
       if (faults.drop_every > 0 && fresh >= faults.drop_every && !held) {
-        count(request_id, [](ChatCounters& k) { ++k.dropped; });
+        ++delta.dropped;
+        ended = true;
         if (faults.abort) return false;  // cpp-httplib closes without ending the chunked body
+        flush();                         // counted before the client can see the end
         sink.done();                     // the stream ends early, every event delivered
         return true;
       }
@@ -587,7 +620,12 @@ class ChatServer {
         if (held && !send(*held)) return false;
         out.clear();
         append_done_event(out, chat->answer_length);
-        if (!sink.write(out.data(), out.size())) return false;
+        ended = true;
+        flush();  // counted before the client can see the done event
+        if (!sink.write(out.data(), out.size())) {
+          ended = false;
+          return false;
+        }
         sink.done();
         return true;
       }
