@@ -11,7 +11,8 @@
 #     deb          cpack -G DEB, apt-get install ./idem-*.deb, the consumers against /usr, removed
 #                  again (root or sudo)
 #     shared       BUILD_SHARED_LIBS=ON and -std=c++20 in <build>-shared: every library and
-#                  every public header alone compile as C++20 (the main build is C++17), only
+#                  every public header compile as C++20 (the headers one source per component;
+#                  the main build compiles each alone, as C++17), only
 #                  the public API exported (check_symbols.sh), tests over the shared
 #                  libraries, the installed consumers
 #
@@ -77,10 +78,11 @@ step_shared() {
   # -O1 without debug information: the libraries are checked for what they export and run
   # under the tests below, never debugged (the main build keeps -O2 -g1). C++20: one build
   # checks both the shared libraries and the second standard (the libraries, every public
-  # header alone and the tests below compile as C++20; the main build covers C++17).
+  # header and the tests below compile as C++20; the main build covers C++17, and each header
+  # alone there: here one source per component holds all of its headers, a third of the CPU).
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" \
     -DIDEM_WERROR=ON -DBUILD_SHARED_LIBS=ON -DCMAKE_CXX_STANDARD=20 -DCMAKE_CXX_EXTENSIONS=OFF \
-    -DIDEM_HEADER_CHECK=ON -DIDEM_HEADER_CHECK_STANDARD=20 \
+    -DIDEM_HEADER_CHECK=ON -DIDEM_HEADER_CHECK_STANDARD=20 -DIDEM_HEADER_CHECK_MODE=component \
     -DIDEM_BUILD_TESTS=ON -DIDEM_BUILD_TOOLS=ON -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_BENCH=OFF \
     >"$work/shared.log" 2>&1 ||
     { cat "$work/shared.log" >&2; return 1; }
