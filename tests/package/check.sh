@@ -93,26 +93,53 @@ step_shared() {
     idem_libcrypto_check_openssl_first idemctl "${shared_tests[@]}" >>"$work/shared.log" 2>&1 ||
     { tail -50 "$work/shared.log" >&2; return 1; }
   "$ROOT/tests/package/check_symbols.sh" "$dir" || return 1
+  # The installed consumers need no server: they build and run (in the background) while the
+  # tests below wait for the servers.
+  (cmake --install "$dir" --prefix "$work/shared-prefix" >/dev/null &&
+     "$RUN" together "$work/shared-prefix" "$work/shared-consumers" &&
+     IDEM_PACKAGE_COMPONENTS="redis mq" "$RUN" isolated "$work/shared-prefix" \
+       "$work/shared-isolated") >"$work/shared-consumers.log" 2>&1 &
+  local consumers_pid=$!
   # Each test binary built above, run whole against the shared libraries, once the servers are
-  # no longer someone else's to restart (at most an hour).
-  local t bin waited=0
+  # no longer someone else's to restart (at most an hour), two at a time: after ctest this is
+  # what is left of scripts/test.sh, and one binary at a time left a core idle.
+  local t bin waited=0 failed=0 lane
   if [ -n "${IDEM_PACKAGE_SERVERS_FREE:-}" ]; then
     while [ ! -e "$IDEM_PACKAGE_SERVERS_FREE" ]; do
-      [ "$waited" -lt 3600 ] || { echo "shared: $IDEM_PACKAGE_SERVERS_FREE never appeared" >&2; return 1; }
+      [ "$waited" -lt 3600 ] || { echo "shared: $IDEM_PACKAGE_SERVERS_FREE never appeared" >&2; wait "$consumers_pid"; return 1; }
       sleep 1; waited=$((waited + 1))
     done
     echo "shared: waited ${waited} s for the servers"
   fi
   for t in "${shared_tests[@]}"; do
-    bin="$(find "$dir" -type f -name "$t" -perm -u+x | head -1)"
-    [ -n "$bin" ] || { echo "shared: $t not built" >&2; return 1; }
-    "$bin" --gtest_brief=1 >"$work/shared-$t.log" 2>&1 || { cat "$work/shared-$t.log" >&2; return 1; }
-    echo "shared: $t: $(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$work/shared-$t.log" || echo ran), passed"
+    [ -n "$(find "$dir" -type f -name "$t" -perm -u+x | head -1)" ] ||
+      { echo "shared: $t not built" >&2; wait "$consumers_pid"; return 1; }
   done
-  cmake --install "$dir" --prefix "$work/shared-prefix" >/dev/null || return 1
-  "$RUN" together "$work/shared-prefix" "$work/shared-consumers" || return 1
-  IDEM_PACKAGE_COMPONENTS="redis mq" "$RUN" isolated "$work/shared-prefix" \
-    "$work/shared-isolated" || return 1
+  local lane_pids=()
+  for lane in 0 1; do
+    (i=0
+     for t in "${shared_tests[@]}"; do
+       if [ $((i % 2)) -eq "$lane" ]; then
+         bin="$(find "$dir" -type f -name "$t" -perm -u+x | head -1)"
+         "$bin" --gtest_brief=1 >"$work/shared-$t.log" 2>&1 || echo failed >"$work/shared-$t.failed"
+       fi
+       i=$((i + 1))
+     done) &
+    lane_pids+=($!)
+  done
+  wait "${lane_pids[@]}"
+  for t in "${shared_tests[@]}"; do
+    if [ -e "$work/shared-$t.failed" ]; then
+      cat "$work/shared-$t.log" >&2; echo "shared: $t FAILED" >&2; failed=1
+    else
+      echo "shared: $t: $(grep -m1 -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$work/shared-$t.log" || echo ran), passed"
+    fi
+  done
+  if ! wait "$consumers_pid"; then
+    cat "$work/shared-consumers.log" >&2; echo "shared: the installed consumers FAILED" >&2; return 1
+  fi
+  cat "$work/shared-consumers.log"
+  [ "$failed" -eq 0 ]
 }
 
 step_deb() {
