@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "connection.hpp"
 #include "errors.hpp"
 #include "idem/detail/record_rules.hpp"
+#include "idem/detail/rerun_pause.hpp"
 #include "idem/sql.hpp"
 #include "pool.hpp"
 
@@ -508,18 +508,6 @@ std::uint64_t MysqlStore::max_response_bytes() {
   return impl_->column_max;
 }
 
-namespace {
-// Before re-running a transaction that a deadlock or lock wait timeout rolled back: a random
-// pause of up to 1, 2, 4, ... ms (doubling with each re-run), so transactions that deadlocked
-// on the same keys do not meet again in lockstep (eight consumers of overlapping batches did,
-// three times in a row, without it).
-void pause_before_rerun(unsigned rerun) {
-  thread_local std::minstd_rand rng{std::random_device{}()};
-  std::uniform_int_distribution<unsigned> micros(0, 1000u << std::min(rerun, 6u));
-  std::this_thread::sleep_for(std::chrono::microseconds(micros(rng)));
-}
-}  // namespace
-
 void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn) {
   for (unsigned retries = 0;; ++retries) {
     auto lease = impl_->pool->acquire(false);
@@ -535,7 +523,7 @@ void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn)
       // InnoDB asks ("try restarting transaction").
       if (!detail::is_lock_conflict(e.error_number()) || retries >= options_.max_retries) throw;
       impl_->retries.fetch_add(1, std::memory_order_relaxed);
-      pause_before_rerun(retries);
+      idem::detail::pause_before_rerun(retries);
     } catch (...) {
       lease->rollback();
       throw;
@@ -624,7 +612,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       // Deadlocks and lock wait timeouts re-run the transaction, whoever raised them (the
       // handler's own statements included): the earlier attempt was rolled back entirely.
       if (detail::is_lock_conflict(n) && retries < options_.max_retries) {
-        pause_before_rerun(retries);
+        idem::detail::pause_before_rerun(retries);
         ++retries;
         impl_->retries.fetch_add(1, std::memory_order_relaxed);
         if (options_.on_retry) options_.on_retry(key, n);

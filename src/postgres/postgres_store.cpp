@@ -14,6 +14,7 @@
 #include "errors.hpp"
 #include "statements.hpp"
 #include "idem/detail/record_rules.hpp"
+#include "idem/detail/rerun_pause.hpp"
 #include "idem/sql.hpp"
 #include "idem/postgres/detail/pqxx_compat.hpp"
 
@@ -591,6 +592,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       // handler's own statements included): the earlier attempt was rolled back entirely.
       const std::string state = detail::sqlstate_of(e);
       if (is_retryable_rollback(state) && retries < options_.max_retries) {
+        idem::detail::pause_before_rerun(retries);
         ++retries;
         impl_->retries.fetch_add(1, std::memory_order_relaxed);
         if (options_.on_retry) options_.on_retry(key, state);

@@ -38,11 +38,11 @@
 // the server (`txid_status`) and re-reading the record on a fresh connection — success, a
 // retryable StorageUnavailable ("not committed"), or OutcomeUnknown; the handler is never re-run
 // blind. Serialization failures and deadlocks (40001, 40P01) re-run the whole transaction at most
-// `max_retries` times. Database errors of the handler's own statements are typed the same way
-// (a deadlock after the re-runs StorageUnavailable, lock_timeout StorageTimeout, a lost
-// connection StorageUnavailable, other server errors StorageError); every translated error
-// nests the libpqxx exception as its cause (std::rethrow_if_nested). Other exceptions of the
-// handler propagate unchanged.
+// `max_retries` times, each after a random pause of up to 1, 2, 4, ... ms. Database errors of the
+// handler's own statements are typed the same way (a deadlock after the re-runs
+// StorageUnavailable, lock_timeout StorageTimeout, a lost connection StorageUnavailable, other
+// server errors StorageError); every translated error nests the libpqxx exception as its cause
+// (std::rethrow_if_nested). Other exceptions of the handler propagate unchanged.
 //
 // @code
 //   idem::postgres::PostgresStore durable{"postgresql://app@db/payments"};
@@ -118,8 +118,9 @@ struct PostgresStoreOptions {
   std::string key_column = "idem_key";
   /// Column holding Key::scope() (varchar(64)).
   std::string scope_column = "biz_type";
-  /// Times a transaction is re-run after a serialization failure or deadlock (40001, 40P01).
-  /// 0 means never.
+  /// Times a transaction is re-run after a serialization failure or deadlock (40001, 40P01),
+  /// each after a random pause of up to 1, 2, 4, ... ms (so that the transactions that
+  /// conflicted do not meet again in lockstep). 0 means never.
   unsigned max_retries = 3;
   /// Called before each such re-run with the key and the SQLSTATE ("40001", "40P01"), e.g. to
   /// forward to Observer::on_durable_retry. Called on the calling thread, possibly from several
