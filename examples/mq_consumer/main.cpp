@@ -18,11 +18,14 @@
 //
 // Options: --stream --group --consumer --db --batch --block-ms --claim-idle-ms --claim-every-ms
 // (0: never claim) --max-attempts --dead-letter-stream --park-stream --delay-ms (slow consumer)
-// [--delay-inside] [--consume-batch] --fast-store redis|memory --lease-ms --log FILE (one line per
-// delivery, written before processing) --exit-when-drained --metrics-port N (serve Prometheus
-// /metrics on 127.0.0.1:N; 0 picks a free port, printed on stderr). The last line printed is a
-// summary: `summary consumer=c1 deliveries=... redeliveries=...` (plus `metric_redeliveries=...`,
-// the idem_mq_redeliveries_total counter, in a build with idem::prometheus).
+// [--delay-inside] [--consume-batch] --hang-inside-after N (fault drills: after N applied
+// messages, print `hanging inside the transaction of <id>` on stderr and stop inside the next
+// handler, its claim and transaction open, until killed) --fast-store redis|memory --lease-ms
+// --log FILE (one line per delivery, written before processing) --exit-when-drained
+// --metrics-port N (serve Prometheus /metrics on 127.0.0.1:N; 0 picks a free port, printed on
+// stderr). The last line printed is a summary: `summary consumer=c1 deliveries=...
+// redeliveries=...` (plus `metric_redeliveries=...`, the idem_mq_redeliveries_total counter,
+// in a build with idem::prometheus).
 //
 // Metrics (idem::prometheus): the guard reports to a PrometheusObserver, and every delivery
 // whose broker delivery count is above 1 (an entry taken over with XAUTOCLAIM, or one left
@@ -84,6 +87,7 @@ struct Config {
   std::string fast_store = "redis";  // redis | memory
   long lease_ms = 30000;
   bool delay_inside = false;  // sleep inside the handler's transaction (kill tests)
+  long hang_inside_after = -1;  // >= 0: stop inside the handler after that many (kill tests)
   bool consume_batch = false;  // consume_batch() per XREADGROUP batch instead of consume()
   long metrics_port = -1;     // -1: no /metrics endpoint
 };
@@ -102,6 +106,7 @@ Config parse(int argc, char** argv) {
                                        {"--delay-ms", &c.delay_ms},
                                        {"--publish", &c.publish},
                                        {"--lease-ms", &c.lease_ms},
+                                       {"--hang-inside-after", &c.hang_inside_after},
                                        {"--metrics-port", &c.metrics_port}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -269,6 +274,7 @@ int main(int argc, char** argv) try {
 
   DeliveryLog log{cfg.log};
   std::uint64_t claimed = 0;
+  long applied = 0;  // handler calls that got past the poison check (--hang-inside-after)
 
   // --- one batch: consume each entry, ack what may be acked in one XACK ------------------------
   auto process = [&](const std::vector<idem::mq::StreamEntry>& batch) {
@@ -285,6 +291,13 @@ int main(int argc, char** argv) try {
                      const std::string& body) {
       if (body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + body);
       if (cfg.delay_inside) delay();  // slow business work, inside the transaction
+      if (cfg.hang_inside_after >= 0 && applied++ == cfg.hang_inside_after) {
+        // A fault drill: the process stops here, claim held and transaction open, until a
+        // kill (or a stop signal) ends it.
+        std::fprintf(stderr, "hanging inside the transaction of %s\n", id.c_str());
+        std::fflush(stderr);
+        while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)", id, cfg.consumer,
               body);
     };

@@ -20,7 +20,10 @@
 // per batch, default the prefetch) --linger-ms (go on collecting a batch this long after its
 // first message) --wait-ms --retry-delay-ms --max-attempts --heartbeat-s --quorum --delay-ms
 // (slow consumer: sleep before each message) [--delay-inside] (sleep inside the handler's
-// transaction instead) [--consume-batch] --fast-store memory|redis (--redis URL) --lease-ms
+// transaction instead) --hang-inside-after N (fault drills: after N applied messages, print
+// `hanging inside the transaction of <id>` on stderr and stop inside the next handler, its
+// claim and transaction open, until killed) [--consume-batch] --fast-store memory|redis
+// (--redis URL) --lease-ms
 // --log FILE (one line per delivery, written before processing) --exit-when-drained (exit once
 // the queue is empty and nothing is held) [--drain-after FILE] (only once FILE exists). The
 // last line printed is a summary: `summary consumer=c1 deliveries=... redeliveries=...`.
@@ -71,6 +74,7 @@ struct Config {
   bool quorum = false;
   long delay_ms = 0;
   bool delay_inside = false;
+  long hang_inside_after = -1;  // >= 0: stop inside the handler after that many (kill tests)
   bool consume_batch = false;
   std::string fast_store = "memory";  // memory | redis
   std::string redis = "redis://127.0.0.1:6379";
@@ -101,6 +105,7 @@ Config parse(int argc, char** argv) {
                                        {"--heartbeat-s", &c.heartbeat_s},
                                        {"--delay-ms", &c.delay_ms},
                                        {"--lease-ms", &c.lease_ms},
+                                       {"--hang-inside-after", &c.hang_inside_after},
                                        {"--publish", &c.publish}};
   std::map<std::string, bool*> flags{{"--quorum", &c.quorum},
                                      {"--delay-inside", &c.delay_inside},
@@ -270,10 +275,19 @@ int main(int argc, char** argv) try {
   auto delay = [&] {
     if (cfg.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.delay_ms));
   };
+  long applied = 0;  // handler calls that got past the poison check (--hang-inside-after)
   // The business effect, in the transaction of the consume record.
   auto apply = [&](idem::sqlite::Transaction& tx, const rmq::Message& m) {
     if (m.body.rfind("poison", 0) == 0) throw std::runtime_error("cannot apply: " + m.body);
     if (cfg.delay_inside) delay();  // slow business work, inside the transaction
+    if (cfg.hang_inside_after >= 0 && applied++ == cfg.hang_inside_after) {
+      // A fault drill: the process stops here, claim held and transaction open, until a kill
+      // (or a stop signal) ends it.
+      std::fprintf(stderr, "hanging inside the transaction of %s\n",
+                   rmq::message_id_of(m, lo.ids).c_str());
+      std::fflush(stderr);
+      while (g_stop == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     tx.exec("INSERT INTO effect (message_id, consumer, body) VALUES (?, ?, ?)",
             rmq::message_id_of(m, lo.ids), cfg.consumer, m.body);
   };

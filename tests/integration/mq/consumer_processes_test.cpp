@@ -37,10 +37,10 @@ using idem::test::spawn;
 using idem::test::summary_value;
 using idem::test::wait_for;
 
-// `kill_inside`: c1 does its slow work inside the handler's transaction, so the kill lands
-// mid-transaction (SQLite rolls it back) while c1 holds the message's claim in Redis (the fast
-// store), which blocks that message until the lease (2 s) ends; otherwise c1 is slow before
-// each message and dies between messages.
+// `kill_inside`: c1 does its slow work inside the handler's transaction and stops inside the
+// third handler, so the kill lands mid-transaction (SQLite rolls it back) while c1 holds the
+// message's claim in Redis (the fast store), which blocks that message until c1's lease (3 s)
+// ends; otherwise c1 is slow before each message and dies between messages.
 // `batched`: both consumers run consume_batch() per XREADGROUP batch instead of consume().
 void run_kill_scenario(bool kill_inside, bool batched = false) {
   std::string url;
@@ -99,9 +99,16 @@ void run_kill_scenario(bool kill_inside, bool batched = false) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  // c1: slow (30 ms per message, batches of 16), never claims; it gets killed.
+  // c1: slow (30 ms per message, batches of 16), never claims; it gets killed. Killed inside,
+  // it stops inside the handler of its third message (claim held, transaction open) and is
+  // killed only once it says so: the kill cannot land between two messages, however loaded the
+  // machine. Its 3 s lease leaves c2 (which takes over entries idle for 1 s) ample time to
+  // meet that claim.
   std::vector<std::string> c1_extra{"--batch", "16", "--delay-ms", "30", "--claim-every-ms", "0"};
-  if (kill_inside) c1_extra.push_back("--delay-inside");
+  if (kill_inside) {
+    c1_extra.insert(c1_extra.end(),
+                    {"--delay-inside", "--hang-inside-after", "2", "--lease-ms", "3000"});
+  }
   pid_t c1 = spawn(args("c1", c1_extra), dir.file("c1.out"));
   ASSERT_GT(c1, 0);
   auto deadline = Clock::now() + std::chrono::seconds(30);
@@ -114,7 +121,17 @@ void run_kill_scenario(bool kill_inside, bool batched = false) {
                                "250", "--exit-when-drained"}),
                    dir.file("c2.out"));
   ASSERT_GT(c2, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  if (kill_inside) {
+    deadline = Clock::now() + std::chrono::seconds(30);
+    while (slurp(dir.file("c1.out")).find("hanging inside") == std::string::npos &&
+           Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_NE(std::string::npos, slurp(dir.file("c1.out")).find("hanging inside"))
+        << slurp(dir.file("c1.out"));
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
   ASSERT_EQ(0, ::kill(c1, SIGKILL));
   int status = 0;
   ::waitpid(c1, &status, 0);
@@ -186,7 +203,8 @@ void run_kill_scenario(bool kill_inside, bool batched = false) {
   EXPECT_EQ(poison.size(), summary_value(out, "dead_lettered")) << out;
   // Each poison message is retried twice (max_attempts 3). Killed inside a message, c1 also
   // left its Redis claim behind (with consume_batch: the claims of its whole batch): c2
-  // answered retry_later for those messages until the lease ended.
+  // answered retry_later for those messages until the lease ended (3 s from the claim; c2
+  // takes the entry over after 1 s idle, and again every second while it stays pending).
   if (kill_inside) {
     EXPECT_GT(summary_value(out, "retry_later"), 2 * poison.size()) << out;
   } else if (!batched) {

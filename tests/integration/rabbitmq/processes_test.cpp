@@ -23,7 +23,7 @@ class RabbitProcessesTest : public idem::test::RabbitTest {
  protected:
   // c1 is slow *inside* each handler's transaction (30 ms), so the kill lands mid-transaction
   // (SQLite rolls it back). With consume() per message (a MemoryStore per process), c1 has
-  // committed its first few messages without acking them: c2 gets them back and acks them as
+  // committed its first three messages without acking them: c2 gets them back and acks them as
   // duplicates. With `batched` both consumers run consume_batch and share Redis as the fast
   // store (when IDEM_TEST_REDIS_URL is set): c1 dies holding the Redis claims of its whole
   // batch, having committed nothing, and c2 answers retry_later for those (held, nacked with
@@ -57,8 +57,12 @@ class RabbitProcessesTest : public idem::test::RabbitTest {
       return idem::test::consumer_args(url_, q, group, name, db, dir_.file(name + ".log"), extra);
     };
     // c1: slow, collects its whole prefetch window (32) as one batch before it starts, acks
-    // only at the end of the batch: killed mid-batch, all 32 are unacked.
-    std::vector<std::string> c1_extra{"--linger-ms", "3000", "--delay-ms", "30", "--delay-inside"};
+    // only at the end of the batch: killed mid-batch, all 32 are unacked. It stops inside the
+    // handler of its fourth message (three committed, one transaction open; with
+    // consume_batch, inside the batch's one transaction) and is killed once it says so, which
+    // no scheduling delay can move.
+    std::vector<std::string> c1_extra{"--linger-ms", "3000",        "--delay-ms", "30",
+                                      "--delay-inside", "--hang-inside-after", "3"};
     pid_t c1 = idem::test::spawn(args("c1", c1_extra), dir_.file("c1.out"));
     ASSERT_GT(c1, 0);
     ASSERT_TRUE(idem::test::eventually(
@@ -66,7 +70,10 @@ class RabbitProcessesTest : public idem::test::RabbitTest {
         << slurp(dir_.file("c1.out"));
     pid_t c2 = idem::test::spawn(args("c2", {"--exit-when-drained"}), dir_.file("c2.out"));
     ASSERT_GT(c2, 0);
-    std::this_thread::sleep_for(150ms);
+    ASSERT_TRUE(idem::test::eventually(
+        [&] { return slurp(dir_.file("c1.out")).find("hanging inside") != std::string::npos; },
+        30s))
+        << slurp(dir_.file("c1.out"));
     ASSERT_EQ(0, ::kill(c1, SIGKILL));
     int status = 0;
     ::waitpid(c1, &status, 0);
@@ -119,8 +126,7 @@ class RabbitProcessesTest : public idem::test::RabbitTest {
     if (batched) {
       EXPECT_EQ(0, by_c1);  // killed inside its only batch transaction
     } else {
-      EXPECT_GT(by_c1, 0);
-      EXPECT_LT(by_c1, 32);
+      EXPECT_EQ(3, by_c1);  // three committed, the fourth rolled back by the kill
     }
     std::printf(
         "published %zu ids in %zu messages; c1 killed with 32 unacked; %llu "
