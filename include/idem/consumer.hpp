@@ -198,6 +198,9 @@ class IdempotentConsumer {
     // claim). A redelivery reads first.
     CallOptions call;
     call.likely_new = delivery.delivery_count <= 1;
+    // The handler's answer is the fixed marker: the durable store may write the record
+    // completed when it claims, and skip the completion statement.
+    call.expected_response = detail::kConsumedMarker;
     GuardResult<std::string> r;
     try {
       if constexpr (detail::kTakesTransaction<std::decay_t<Fn>,

@@ -106,6 +106,13 @@ struct DurableHint {
   /// delivery): as with a granted fast claim, a read-only precheck would almost always be
   /// wasted.
   bool likely_new = false;
+  /// The bytes the handler's response will encode to, when the caller knows them before the
+  /// handler runs (CallOptions::expected_response: IdempotentConsumer::consume's fixed marker).
+  /// In `run_transactional` a store may then insert the record already completed with them, in
+  /// the transaction the handler writes in, and leave out the completion statement when the
+  /// handler's response matches (it writes the actual response when it does not). Nobody else
+  /// sees the record before the COMMIT either way, so only the statement count changes.
+  std::optional<std::string_view> expected_response = std::nullopt;
   /// Whether the record is expected to be absent (either of the above): a store may skip its
   /// read-only precheck for a completed duplicate and claim at once.
   constexpr bool expects_absent() const noexcept { return fast_claimed || likely_new; }

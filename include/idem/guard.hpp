@@ -211,7 +211,8 @@ class IdempotencyGuard {
     }
     if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
     if (core_.options().bypass) return bypassed<R>(key, handler);
-    const detail::CallTerms terms{lease, retention, beat, call_options.likely_new};
+    const detail::CallTerms terms{lease, retention, beat, call_options.likely_new,
+                                  call_options.expected_response};
     GuardResult<R> r = run_once<R>(key, fingerprint, terms, handler);
     if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
     return wait_for_first<R>(key, fingerprint, terms, wait, handler, std::move(r));

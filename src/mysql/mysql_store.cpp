@@ -175,8 +175,9 @@ struct IDEM_LOCAL MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
-  std::string claim, claim_final, read, probe, probe_locked, takeover, remove_expired, complete,
-      fail, release, extend, purge_select, purge_delete_head, resolve, batch_head, batch_row;
+  std::string claim, claim_final, claim_completed, read, probe, probe_locked, takeover,
+      remove_expired, complete, rewrite_response, fail, release, extend, purge_select,
+      purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
   // What the response column accepts (read from the table's definition on first use).
   std::mutex column_mutex;
@@ -213,6 +214,20 @@ struct IDEM_LOCAL MysqlStore::Impl {
         " VALUES (?1, ?2, 'in_progress', ?3, ?4,"
         " UTC_TIMESTAMP(3) + INTERVAL ?5 MICROSECOND,"
         " UTC_TIMESTAMP(3) + INTERVAL ?6 MICROSECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
+    // Transactional mode's claim when the response is known before the handler
+    // (DurableHint::expected_response): the record goes in completed, as the completion would
+    // leave it, and no completion statement follows. Nobody sees the row before the COMMIT, so
+    // a duplicate meets it exactly as it would meet an in-progress one: waiting on the key.
+    claim_completed =
+        "INSERT INTO " + t + " (" + k + ", " + s +
+        ", status, fingerprint, owner, response_body, lease_until, expires_at, created_at,"
+        " updated_at) VALUES (?1, ?2, 'completed', ?3, ?4, ?5, UTC_TIMESTAMP(3),"
+        " UTC_TIMESTAMP(3) + INTERVAL ?6 SECOND, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))";
+    // The handler's response was not the expected one: the row claim_completed inserted in
+    // this transaction gets the actual response.
+    rewrite_response = "UPDATE " + t +
+                       " SET response_body = ?4, updated_at = UTC_TIMESTAMP(3)" + where +
+                       " AND owner = ?3 AND status = 'completed'";
     read = std::string("SELECT ") + kRecordColumns + " FROM " + t + where;
     probe = std::string("SELECT ") + kProbeColumnsText + " FROM " + t + where;
     // Inside a transaction, after a 1062: a locking read sees the latest committed row, where
@@ -279,15 +294,24 @@ struct IDEM_LOCAL MysqlStore::Impl {
   // autocommit). A lock wait timeout (1205) or deadlock (1213) propagates.
   // `retention` > 0 (transactional mode): an inserted row carries its expiry already (see
   // claim_final), and *row_id is its AUTO_INCREMENT id (0: none, or the row was not inserted).
+  // With `completed` (transactional mode, DurableHint::expected_response), a new row goes in
+  // completed with that response (claim_completed) and *inserted_completed says so.
   ClaimResult claim_on(detail::Connection& c, const Key& key, std::string_view fingerprint,
                        const OwnerToken& owner, std::chrono::milliseconds lease, bool locked,
                        std::chrono::seconds retention = std::chrono::seconds(0),
-                       std::uint64_t* row_id = nullptr) {
+                       std::uint64_t* row_id = nullptr,
+                       std::optional<std::string_view> completed = std::nullopt,
+                       bool* inserted_completed = nullptr) {
     if (row_id != nullptr) *row_id = 0;
+    if (inserted_completed != nullptr) *inserted_completed = false;
     const long long lease_us = lease.count() * 1000;
     for (int round = 0; round < kClaimRounds; ++round) {
       try {
-        if (retention.count() > 0) {
+        if (completed && retention.count() > 0 && inserted_completed != nullptr) {
+          exec(c, claim_completed, "claim", nullptr, key.id(), key.scope(), Blob{fingerprint},
+               owner.str(), Blob{*completed}, static_cast<long long>(retention.count()));
+          *inserted_completed = true;
+        } else if (retention.count() > 0) {
           const std::chrono::microseconds r = retention;
           const std::chrono::microseconds keep = r + std::min(r / 10, kExpirySlack);
           auto out =
@@ -379,6 +403,12 @@ struct IDEM_LOCAL MysqlStore::Impl {
       by_id_known.store(true);
     }
     column_known.store(true);
+  }
+
+  // Whether the response column holds `response` exactly (check_response would accept it).
+  bool fits_response(detail::Connection& c, std::string_view response) {
+    if (!column_known) load_column(c);
+    return response.size() <= column_max.load() && (column_binary || valid_utf8(response));
   }
 
   // Refuses what the response column cannot hold exactly, before anything is written.
@@ -540,7 +570,8 @@ void MysqlStore::run_in_session(const std::function<void(Session&)>& fn) {
 TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::string_view fingerprint,
                                                        const OwnerToken& owner,
                                                        std::chrono::seconds retention,
-                                                       HandlerRef handler, bool read_first) {
+                                                       HandlerRef handler, DurableHint hint) {
+  const bool read_first = !hint.expects_absent();
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
@@ -569,8 +600,13 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
     bool handler_ran = false;
     try {
       std::uint64_t row_id = 0;
-      ClaimResult claim = impl_->claim_on(c, key, fingerprint, owner, std::chrono::milliseconds(0),
-                                          true, retention, &row_id);
+      bool inserted_completed = false;
+      // An expected response the column cannot hold is written the usual way (and refused
+      // there, if the handler's response is the same), never inserted.
+      const bool expect = hint.expected_response && impl_->fits_response(c, *hint.expected_response);
+      ClaimResult claim = impl_->claim_on(
+          c, key, fingerprint, owner, std::chrono::milliseconds(0), true, retention, &row_id,
+          expect ? hint.expected_response : std::nullopt, &inserted_completed);
       if (claim.status != ClaimStatus::kClaimed) {
         c.rollback();  // nothing was written
         return TransactionalResult::found(std::move(claim));
@@ -581,11 +617,22 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       // The row this transaction inserted is found by its id where the primary key allows it
       // (see load_column); a row it took over, by its key.
       const auto seconds = static_cast<long long>(retention.count());
-      auto done = row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()
-                      ? impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(),
-                                    key.scope(), owner.str(), Blob{response}, seconds, row_id)
-                      : impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
-                                    owner.str(), Blob{response}, seconds);
+      detail::Connection::Outcome done;
+      done.affected = 1;
+      if (inserted_completed) {
+        // Inserted completed with the expected response: nothing to write when it is that.
+        if (response != *hint.expected_response) {
+          // (MySQL counts changed rows: the row holds other bytes, so it changes.)
+          done = impl_->exec(c, impl_->rewrite_response, "complete", nullptr, key.id(),
+                             key.scope(), owner.str(), Blob{response});
+        }
+      } else if (row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()) {
+        done = impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(), key.scope(),
+                           owner.str(), Blob{response}, seconds, row_id);
+      } else {
+        done = impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
+                           owner.str(), Blob{response}, seconds);
+      }
       if (done.affected != 1) {
         // We inserted or took over the row in this transaction and hold its lock.
         throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");

@@ -220,15 +220,35 @@ struct IDEM_LOCAL PostgresStore::Impl {
   }
 
 
+  // A transactional claim that inserts the record completed (DurableHint::expected_response).
+  struct CompletedInsert {
+    std::string_view response;
+    long long retention_s = 0;
+    bool inserted = false;  // out: the row went in completed (not taken over)
+    long long xid = 0;      // out: txid_current() of the transaction, when inserted
+  };
+
   // Claims or finds the record inside `t` (a transaction, a subtransaction or autocommit).
+  // With `completed`, a new row goes in completed with its response (kClaimCompleted).
   // Throws the libpqxx error of a lock timeout (55P03); callers turn it into kBusy.
   ClaimResult claim(pqxx::transaction_base& t, const Key& key, std::string_view fingerprint,
-                    const OwnerToken& owner, std::chrono::milliseconds lease, bool pooled = true) {
+                    const OwnerToken& owner, std::chrono::milliseconds lease, bool pooled = true,
+                    CompletedInsert* completed = nullptr) {
     const std::string fp(fingerprint);
     const long long lease_ms = lease.count();
     for (int round = 0; round < kClaimRounds; ++round) {
-      pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(), lease_ms);
-      if (!r.empty()) return ClaimResult{};  // inserted: ours
+      if (completed) {
+        pqxx::result r = run(t, pooled, kClaimCompleted, key.id(), key.scope(), fp, owner.str(),
+                             detail::bytea(completed->response), completed->retention_s);
+        if (!r.empty()) {
+          completed->inserted = true;
+          completed->xid = r[0][0].as<long long>();
+          return ClaimResult{};
+        }
+      } else {
+        pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(), lease_ms);
+        if (!r.empty()) return ClaimResult{};  // inserted: ours
+      }
       std::optional<Found> found;
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
       if (!again.empty()) found = parse_found(again[0], 0, key);
@@ -505,7 +525,8 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
                                                           std::string_view fingerprint,
                                                           const OwnerToken& owner,
                                                           std::chrono::seconds retention,
-                                                          HandlerRef handler, bool read_first) {
+                                                          HandlerRef handler, DurableHint hint) {
+  const bool read_first = !hint.expects_absent();
   unsigned retries = 0;
   bool reconnected = false;
   for (;;) {
@@ -529,9 +550,16 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         if (early) return TransactionalResult::found(std::move(*early));
       }
       std::optional<pqxx::work> work;
+      std::optional<Impl::CompletedInsert> completed;
+      if (hint.expected_response) {
+        completed.emplace();
+        completed->response = *hint.expected_response;
+        completed->retention_s = static_cast<long long>(retention.count());
+      }
       ClaimResult c = impl_->bounded(conn->get(), "claim", [&] {
         work.emplace(conn->get());
-        return impl_->claim(*work, key, fingerprint, owner, std::chrono::milliseconds(0));
+        return impl_->claim(*work, key, fingerprint, owner, std::chrono::milliseconds(0), true,
+                            completed ? &*completed : nullptr);
       });
       pqxx::work& tx = *work;
       if (c.status != ClaimStatus::kClaimed) {
@@ -546,16 +574,26 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         handler_threw = true;
         throw;
       }
-      pqxx::result done = impl_->bounded(conn->get(), "complete", [&] {
-        return detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
-                                     detail::bytea(response),
-                                     static_cast<long long>(retention.count()));
-      });
-      if (done.empty()) {
-        // We inserted or took over the row in this transaction and hold its lock.
-        throw LeaseLost("postgres: record '" + key.str() + "' is no longer held by this attempt");
+      long long xid = 0;
+      if (completed && completed->inserted && response == completed->response) {
+        xid = completed->xid;  // the record went in completed, with this response
+      } else {
+        pqxx::result done = impl_->bounded(conn->get(), "complete", [&] {
+          if (completed && completed->inserted) {
+            return detail::exec_prepared(tx, kRewriteResponse, key.id(), key.scope(),
+                                         owner.str(), detail::bytea(response));
+          }
+          return detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
+                                       detail::bytea(response),
+                                       static_cast<long long>(retention.count()));
+        });
+        if (done.empty()) {
+          // We inserted or took over the row in this transaction and hold its lock.
+          throw LeaseLost("postgres: record '" + key.str() +
+                          "' is no longer held by this attempt");
+        }
+        xid = done[0][0].as<long long>();
       }
-      const long long xid = done[0][0].as<long long>();
       if (options_.before_commit) options_.before_commit(conn->get());
       try {
         // A COMMIT cut at the deadline surfaces as a lost connection: resolved below.

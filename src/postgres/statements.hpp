@@ -21,6 +21,8 @@ constexpr const char* kReadFound = "idem_read_found";
 constexpr const char* kTakeover = "idem_takeover";
 constexpr const char* kRemoveExpired = "idem_remove_expired";
 constexpr const char* kComplete = "idem_complete";
+constexpr const char* kClaimCompleted = "idem_claim_completed";
+constexpr const char* kRewriteResponse = "idem_rewrite_response";
 constexpr const char* kFail = "idem_fail";
 constexpr const char* kRelease = "idem_release";
 constexpr const char* kExtend = "idem_extend";
@@ -69,6 +71,23 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
                              " clock_timestamp() + $5::bigint * interval '1 millisecond')"
                              " ON CONFLICT (" +
                              k + ", " + s + ") DO NOTHING RETURNING true");
+  // The claim of a transactional run whose response is known before its handler
+  // (DurableHint::expected_response): the record goes in completed, as the completion would
+  // leave it (now() is the transaction's time, as there), and no completion statement follows.
+  // Nobody sees the row before the COMMIT, so a duplicate meets it exactly as it would meet an
+  // in-progress one: waiting on the unique index. txid_current() as in kComplete.
+  v.emplace_back(kClaimCompleted, "INSERT INTO " + t + " (" + k + ", " + s +
+                                      ", status, fingerprint, owner, response_body, lease_until,"
+                                      " expires_at) VALUES ($1, $2, 'completed', $3, $4, $5,"
+                                      " now(), now() + $6::bigint * interval '1 second')"
+                                      " ON CONFLICT (" +
+                                      k + ", " + s + ") DO NOTHING RETURNING txid_current()");
+  // The handler's response was not the expected one: the record inserted completed by
+  // kClaimCompleted in this transaction gets the actual response.
+  v.emplace_back(kRewriteResponse, "UPDATE " + t +
+                                       " SET response_body = $4, updated_at = now()" + where +
+                                       " AND owner = $3 AND status = 'completed'"
+                                       " RETURNING txid_current()");
   v.emplace_back(kRead, std::string("SELECT ") + kRecordColumns + " FROM " + t + where);
   v.emplace_back(kReadFound, std::string("SELECT ") + kFoundColumns + " FROM " + t + where);
   // Records written already completed, many in one statement (insert_completed_batch_in):

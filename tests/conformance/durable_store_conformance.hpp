@@ -52,10 +52,17 @@ class DurableStoreConformance : public ::testing::Test {
   }
 
   // Many threads, one key, a handler that sleeps: one effect; every answer is the response or
-  // in_progress; afterwards every caller gets the response.
+  // in_progress; afterwards every caller gets the response. `expect_response`: every call says
+  // the key is likely new and what its response will be (CallOptions::expected_response).
   template <class Guard>
-  void storm(Guard& guard, bool transactional) {
+  void storm(Guard& guard, bool transactional, bool expect_response = false) {
     auto k = key();
+    const std::string expected = "pay_" + k.id();
+    CallOptions options;
+    if (expect_response) {
+      options.likely_new = true;
+      options.expected_response = expected;
+    }
     constexpr int kThreads = 32;
     std::atomic<int> runs{0}, executed{0}, in_progress{0}, replayed{0}, wrong{0};
     std::atomic<bool> go{false};
@@ -66,14 +73,14 @@ class DurableStoreConformance : public ::testing::Test {
         try {
           GuardResult<std::string> r;
           if (transactional) {
-            r = guard.run(k, "fp", [&](TxType& tx) {
+            r = guard.run(k, "fp", options, [&](TxType& tx) {
               ++runs;
               Traits::insert_effect(tx, k.id());
               std::this_thread::sleep_for(std::chrono::milliseconds(50));
               return std::string("pay_") + k.id();
             });
           } else {
-            r = guard.run(k, "fp", [&] {
+            r = guard.run(k, "fp", options, [&] {
               ++runs;
               std::this_thread::sleep_for(std::chrono::milliseconds(50));
               return std::string("pay_") + k.id();
@@ -102,7 +109,7 @@ class DurableStoreConformance : public ::testing::Test {
     for (int i = 0; i < 4; ++i) {
       GuardResult<std::string> again;
       if (transactional) {
-        again = guard.run(k, "fp", [&](TxType&) { ++runs; return std::string("x"); });
+        again = guard.run(k, "fp", options, [&](TxType&) { ++runs; return std::string("x"); });
       } else {
         again = guard.run(k, "fp", [&] { ++runs; return std::string("x"); });
       }
@@ -328,6 +335,108 @@ TYPED_TEST_P(DurableStoreConformance, GuardDurableOnlyStormRunsOnce) {
   this->storm(guard, true);
 }
 
+// DurableHint::expected_response may only save the store a statement: the record is the same
+// whether the handler's response is the expected one or not, a failing handler leaves nothing,
+// and a duplicate, a mismatch and a replay are answered as without the hint.
+TYPED_TEST_P(DurableStoreConformance, ExpectedResponseHintNeverChangesAnAnswer) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  DurableHint hint;
+  hint.likely_new = true;
+  const std::string marker = "consumed";
+  hint.expected_response = marker;
+  int runs = 0;
+  auto handler = [&](const Key& k, std::string response) {
+    return [&runs, &k, response](Tx& tx) {
+      ++runs;
+      TypeParam::insert_effect(tx, k.id());
+      return response;
+    };
+  };
+  // The expected response: committed, stored, replayed (with and without the hint).
+  auto as_expected = this->key();
+  auto owner = OwnerToken::generate();
+  auto r = store.run_transactional(as_expected, "fp", owner, this->retention_,
+                                   handler(as_expected, marker), hint);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ(marker, r.response);
+  auto rec = store.lookup(as_expected);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, rec->status);
+  EXPECT_EQ(marker, rec->response);
+  EXPECT_EQ("fp", rec->fingerprint);
+  for (const DurableHint& h : {hint, DurableHint{}}) {
+    auto again = store.run_transactional(as_expected, "fp", OwnerToken::generate(),
+                                         this->retention_, handler(as_expected, "again"), h);
+    EXPECT_EQ(TransactionalStatus::kReplayed, again.status);
+    EXPECT_EQ(marker, again.response);
+    EXPECT_EQ(owner.str(), again.holder);
+    auto other = store.run_transactional(as_expected, "other", OwnerToken::generate(),
+                                         this->retention_, handler(as_expected, "never"), h);
+    EXPECT_EQ(TransactionalStatus::kMismatch, other.status);
+  }
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1, TypeParam::count_effects(store, as_expected.id()));
+
+  // Another response (binary, longer): it is what the record holds and replays.
+  auto differs = this->key();
+  const std::string actual =
+      std::string("receipt") + '\0' + '\xff' + " with more bytes than the expected one";
+  r = store.run_transactional(differs, "fp", OwnerToken::generate(), this->retention_,
+                              handler(differs, actual), hint);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ(actual, r.response);
+  rec = store.lookup(differs);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, rec->status);
+  EXPECT_EQ(actual, rec->response);
+  auto replay = store.run_transactional(differs, "fp", OwnerToken::generate(), this->retention_,
+                                        handler(differs, marker), hint);
+  EXPECT_EQ(TransactionalStatus::kReplayed, replay.status);
+  EXPECT_EQ(actual, replay.response);
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1, TypeParam::count_effects(store, differs.id()));
+
+  // A failing handler: nothing is left, and the retry runs and commits.
+  auto failing = this->key();
+  EXPECT_THROW(store.run_transactional(failing, "fp", OwnerToken::generate(), this->retention_,
+                                       [&](Tx& tx) -> std::string {
+                                         TypeParam::insert_effect(tx, failing.id());
+                                         throw std::runtime_error("declined");
+                                       },
+                                       hint),
+               std::runtime_error);
+  EXPECT_FALSE(store.lookup(failing).has_value());
+  EXPECT_EQ(0, TypeParam::count_effects(store, failing.id()));
+  r = store.run_transactional(failing, "fp", OwnerToken::generate(), this->retention_,
+                              handler(failing, marker), hint);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ(1, TypeParam::count_effects(store, failing.id()));
+
+  // A crashed two-phase attempt's expired lease is taken over, then completed as usual.
+  auto crashed = this->key();
+  ASSERT_EQ(ClaimStatus::kClaimed,
+            store.begin(crashed, "fp", OwnerToken::generate(), std::chrono::milliseconds(50))
+                .status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  r = store.run_transactional(crashed, "fp", OwnerToken::generate(), this->retention_,
+                              handler(crashed, marker), hint);
+  EXPECT_EQ(TransactionalStatus::kCommitted, r.status);
+  EXPECT_TRUE(r.took_over);
+  rec = store.lookup(crashed);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, rec->status);
+  EXPECT_EQ(marker, rec->response);
+}
+
+TYPED_TEST_P(DurableStoreConformance, GuardStormWithAnExpectedResponseRunsOnce) {
+  IdempotencyGuard<typename TypeParam::Store> durable_only{*this->store_};
+  this->storm(durable_only, true, true);
+  MemoryStore fast;
+  IdempotencyGuard guard{fast, *this->store_};
+  this->storm(guard, true, true);
+}
+
 TYPED_TEST_P(DurableStoreConformance, GuardMemoryPlusDurableStormRunsOnce) {
   MemoryStore fast;
   IdempotencyGuard guard{fast, *this->store_};
@@ -468,6 +577,8 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance, TransactionalRunCommitsReco
                             GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
                             GuardTwoPhaseStormRunsOnce, FastStoreFailingEveryCallStillExactlyOnce,
                             FastStoreThatLostTheRecordIsRefilled, GuardHandlerThrowsThenRetryRuns,
-                            HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey);
+                            HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey,
+                            ExpectedResponseHintNeverChangesAnAnswer,
+                            GuardStormWithAnExpectedResponseRunsOnce);
 
 }  // namespace idem::test

@@ -64,6 +64,8 @@ struct CallTerms {
   std::chrono::seconds retention = kDefaultRetention;
   bool heartbeat = false;
   bool likely_new = false;  // CallOptions::likely_new
+  // CallOptions::expected_response
+  std::optional<std::string_view> expected_response = std::nullopt;
 };
 
 /// The state of one guarded call, passed to every GuardCore step.
@@ -124,6 +126,7 @@ class CallState {
     DurableHint h;
     h.fast_claimed = fast_claimed;
     h.likely_new = options.likely_new;
+    h.expected_response = options.expected_response;
     return h;
   }
 

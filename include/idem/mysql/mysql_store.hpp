@@ -24,6 +24,9 @@
 //     COMMIT
 //
 // Connections for transactions run with autocommit off, so no BEGIN round trip is needed.
+// When the response is known before the handler runs (DurableHint::expected_response, which
+// IdempotentConsumer::consume sets), the INSERT writes the record completed with it and the
+// UPDATE is left out; a handler whose response differs has it written in its place.
 // A duplicate (error 1062) is never an error: the existing record is read (a locking read, so
 // REPEATABLE READ's snapshot cannot hide a row committed meanwhile) and replayed, answered as
 // in progress, or, for a crashed two-phase attempt whose lease ended, taken over. A duplicate
@@ -187,7 +190,7 @@ class IDEM_EXPORT MysqlStore {
     };
     return run_transactional_impl(key, fingerprint, owner, retention,
                                   HandlerRef{call, static_cast<void*>(std::addressof(handler))},
-                                  !hint.expects_absent());
+                                  hint);
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).
@@ -310,7 +313,7 @@ class IDEM_EXPORT MysqlStore {
   TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
                                              const OwnerToken& owner,
                                              std::chrono::seconds retention, HandlerRef handler,
-                                             bool read_first);
+                                             DurableHint hint);
   void run_in_transaction(const std::function<void(Transaction&)>& fn);
   void run_in_session(const std::function<void(Session&)>& fn);
 

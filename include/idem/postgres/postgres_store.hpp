@@ -22,7 +22,10 @@
 // the stored response, if the wait times out (SQLSTATE 55P03) the attempt is rolled back —
 // nothing else ran in it yet, so no savepoint is needed — and answers kBusy.
 // Round trips of a first execution: BEGIN, claim, <handler's statements>, complete, COMMIT —
-// the same as hand-written code giving the same guarantee.
+// the same as hand-written code giving the same guarantee. When the response is known before
+// the handler runs (DurableHint::expected_response, which IdempotentConsumer::consume sets), the
+// claim inserts the record completed with it and no completion statement follows (BEGIN, claim,
+// <handler's statements>, COMMIT); a handler whose response differs has it written in its place.
 //
 // Two-phase mode (`begin` / `complete` / `release` / `fail`): each call is one autocommit
 // statement (usually one round trip); `complete` applies only `WHERE owner = <token> AND
@@ -217,7 +220,7 @@ class IDEM_EXPORT PostgresStore {
     };
     return run_transactional_impl(key, fingerprint, owner, retention,
                                   HandlerRef{call, static_cast<void*>(std::addressof(handler))},
-                                  !hint.expects_absent());
+                                  hint);
   }
 
   /// Two-phase begin: claims in its own committed statement, for `lease` (database clock).
@@ -352,7 +355,7 @@ class IDEM_EXPORT PostgresStore {
   TransactionalResult run_transactional_impl(const Key& key, std::string_view fingerprint,
                                              const OwnerToken& owner,
                                              std::chrono::seconds retention, HandlerRef handler,
-                                             bool read_first);
+                                             DurableHint hint);
   void run_in_transaction(const std::function<void(pqxx::work&)>& fn);
 
   struct Impl;

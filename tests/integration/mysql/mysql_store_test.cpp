@@ -342,6 +342,60 @@ TEST_F(MysqlStoreTest, StatementsOnTheWire) {
   }
 }
 
+// With CallOptions::expected_response (what IdempotentConsumer::consume passes), the claim
+// inserts the record completed and no completion UPDATE follows: claim, business statement,
+// COMMIT. A handler whose response differs has it written over the record before the COMMIT.
+TEST_F(MysqlStoreTest, StatementsOnTheWireWithAnExpectedResponse) {
+  auto o = my::options();
+  o.pool_size = 1;
+  MysqlStore store{o};
+  const long long session = store.with_transaction(
+      [](Transaction& tx) { return tx.query_int64("SELECT CONNECTION_ID()").value(); });
+  idem::IdempotencyGuard guard{store};
+  idem::CallOptions call;
+  call.likely_new = true;
+  call.expected_response = "consumed";
+  auto as_expected = key("wire-expected");
+  auto differs = key("wire-differs");
+  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  auto r = guard.run(as_expected, "fp", call, [&](Transaction& tx) {
+    my::insert_effect(tx, as_expected.id());
+    return std::string("consumed");
+  });
+  auto other = guard.run(differs, "fp", call, [&](Transaction& tx) {
+    my::insert_effect(tx, differs.id());
+    return std::string("a receipt");
+  });
+  my::raw().query("SET GLOBAL general_log = 0");
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(Outcome::kExecuted, other.outcome);
+  auto lines = my::raw().query(
+      "SELECT CONVERT(argument USING utf8mb4) FROM mysql.general_log WHERE thread_id = " +
+      std::to_string(session) +
+      " AND command_type IN ('Query', 'Execute') ORDER BY event_time");
+  std::vector<std::string> sent;
+  for (auto& l : lines) sent.push_back(*l[0]);
+  ASSERT_EQ(7u, sent.size()) << ::testing::PrintToString(sent);
+  EXPECT_EQ(0u, sent[0].find("INSERT INTO `api_idempotency`"));
+  EXPECT_NE(std::string::npos, sent[0].find("'completed'")) << sent[0];
+  EXPECT_EQ(0u, sent[1].find("INSERT INTO idem_test_effects"));
+  EXPECT_EQ("COMMIT", sent[2]);
+  EXPECT_EQ(0u, sent[3].find("INSERT INTO `api_idempotency`"));
+  EXPECT_EQ(0u, sent[4].find("INSERT INTO idem_test_effects"));
+  EXPECT_EQ(0u, sent[5].find("UPDATE `api_idempotency` SET response_body")) << sent[5];
+  EXPECT_EQ("COMMIT", sent[6]);
+  auto a = store.lookup(as_expected);
+  auto b = store.lookup(differs);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, a->status);
+  EXPECT_EQ("consumed", a->response);
+  EXPECT_EQ(idem::Record::Status::kCompleted, b->status);
+  EXPECT_EQ("a receipt", b->response);
+  EXPECT_EQ(Outcome::kReplayed,
+            guard.run(differs, "fp", call, [](Transaction&) { return std::string("x"); })
+                .outcome);
+}
+
 // The connection dies right after COMMIT reached the server: the store asks the server (a
 // locking read on a fresh connection) and answers from what committed.
 TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {

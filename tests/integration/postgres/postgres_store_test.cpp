@@ -1156,3 +1156,38 @@ TEST_F(PostgresStoreTest, ClientTimeoutIsValidated) {
 }
 
 }  // namespace
+
+// DurableHint::expected_response: the claim inserts the record completed and, when the
+// handler's response is the expected one, nothing updates it (the row is still its first
+// version: ctid (0,1) in a fresh table); another response is written over it, and without the
+// hint the completion UPDATE writes a second version. The records read back the same.
+TEST_F(PostgresStoreTest, ExpectedResponseInsertsTheRecordCompletedAndSkipsTheUpdate) {
+  auto ctid_after = [](const std::string& table, const char* response, bool hinted) {
+    pg::exec("DROP TABLE IF EXISTS " + pg::table(table));
+    auto o = pg::options();
+    o.table = table;
+    PostgresStore store(o);
+    idem::DurableHint hint;
+    if (hinted) hint.expected_response = "consumed";
+    auto key = Key::make("billing", idem::test::unique_name("msg"));
+    auto r = store.run_transactional(
+        key, "fp", OwnerToken::generate(), std::chrono::seconds(600),
+        [&](pqxx::work&) { return std::string(response); }, hint);
+    EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+    EXPECT_EQ(response, r.response);
+    auto rec = store.lookup(key);
+    EXPECT_TRUE(rec.has_value() && rec->status == idem::Record::Status::kCompleted &&
+                rec->response == response && rec->fingerprint == "fp");
+    auto again = store.run_transactional(key, "fp", OwnerToken::generate(),
+                                         std::chrono::seconds(600),
+                                         [&](pqxx::work&) { return std::string("x"); }, hint);
+    EXPECT_EQ(idem::TransactionalStatus::kReplayed, again.status);
+    EXPECT_EQ(response, again.response);
+    const std::string ctid = pg::exec("SELECT ctid::text FROM " + pg::table(table))[0][0].c_str();
+    pg::exec("DROP TABLE " + pg::table(table));
+    return ctid;
+  };
+  EXPECT_EQ("(0,1)", ctid_after("idem_hint_expected", "consumed", true));
+  EXPECT_EQ("(0,2)", ctid_after("idem_hint_other", "another response", true));
+  EXPECT_EQ("(0,2)", ctid_after("idem_hint_none", "consumed", false));
+}
