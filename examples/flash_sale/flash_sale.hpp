@@ -65,7 +65,9 @@ struct Config {
   /// cleared first).
   std::string db = "flash_sale.sqlite";
   /// The client gives up waiting after this long and retries with the same key, while the first
-  /// attempt may still be running.
+  /// attempt may still be running. Each further timeout of the same click doubles its wait (at
+  /// most 1 s), as clients back off: on a slow machine, retries at a fixed pace would pile
+  /// abandoned attempts onto the server faster than it finishes them.
   std::chrono::milliseconds client_timeout{25};
   /// A click with no final answer this long after its first attempt is given up (the
   /// "every click got a final answer" check fails). A bound in time, not in attempts: the
@@ -262,6 +264,11 @@ inline void evaluate(Report& rep) {
 ///   void reset(const Config&);            // tables created/emptied, stock seeded, scope cleared
 ///   DbState read_state(const Config&);    // from the database itself
 ///   void remove_order(Durable::Transaction&, std::int64_t id);
+/// The server workers a sale runs (Config::server_threads, or twice the client threads).
+inline int server_workers(const Config& cfg) {
+  return cfg.server_threads > 0 ? cfg.server_threads : 2 * cfg.threads;
+}
+
 template <class Backend>
 Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
                 const std::function<void()>& lose_fast_store = {}) {
@@ -273,7 +280,11 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
 
   Tables tables;
   idem::GuardOptions opts;
-  opts.lease = std::chrono::seconds(30);
+  // Longer than the slowest handler (40 ms here), and no longer than a key may answer "in
+  // progress" after an attempt died or a store failed between its claim and its completion.
+  // The handler's transaction holds the durable record, so a retry that outlives a slow
+  // attempt's fast claim still waits on the unique key: it never runs twice.
+  opts.lease = std::chrono::seconds(5);
   idem::IdempotencyGuard<typename Backend::Durable> guard{fast, backend.durable(), opts};
 
   const std::uint64_t seed = cfg.seed != 0 ? cfg.seed : std::random_device{}();
@@ -314,7 +325,7 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
 
   auto start = std::chrono::steady_clock::now();
   {
-    detail::ServerPool server(cfg.server_threads > 0 ? cfg.server_threads : 2 * cfg.threads);
+    detail::ServerPool server(server_workers(cfg));
 
     auto client = [&](int thread_index) {
       std::mt19937_64 rng(seed * 1000003u + static_cast<std::uint64_t>(thread_index));
@@ -339,6 +350,8 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
           int attempts = 0;
           bool waiting = false;  // a reply is awaited (else: retry at retry_at)
           bool done = false;
+          std::chrono::milliseconds timeout{0};  // doubles with each timeout (at most 1 s)
+          std::chrono::milliseconds poll{2};     // after "in progress": doubles, at most 50 ms
         };
         std::vector<Click> cs;
         int page = 1;
@@ -358,7 +371,8 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
           std::string id = "sale-" + cfg.sku + "-user-" + std::to_string(u) + "-page-" +
                            std::to_string(page) + "-" + std::to_string(seed % 1000000);
           cs.push_back(Click{idem::Key::make(kScope, id), {}, {}, {},
-                             std::chrono::steady_clock::now(), 0, false, false});
+                             std::chrono::steady_clock::now(), 0, false, false,
+                             cfg.client_timeout, std::chrono::milliseconds(2)});
           send(cs.back());
           // Double clicks come within a fraction of a millisecond of each other.
           std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
@@ -383,7 +397,8 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
                   break;
                 case detail::Reply::Kind::kInProgress:
                   in_progress.fetch_add(1);
-                  c.retry_at = now + std::chrono::milliseconds(2);
+                  c.retry_at = now + c.poll;
+                  c.poll = std::min(c.poll * 2, std::chrono::milliseconds(50));
                   break;
                 case detail::Reply::Kind::kRetryableError:
                   retryable.fetch_add(1);
@@ -394,10 +409,11 @@ Report run_sale(Backend& backend, idem::FastStore& fast, const Config& cfg,
                   c.done = true;
                   break;
               }
-            } else if (now - c.sent > cfg.client_timeout) {
+            } else if (now - c.sent > c.timeout) {
               // The client gives up waiting; the attempt keeps running on the server. Retry
-              // with the same key at once.
+              // with the same key at once, and wait longer for this one.
               timeouts.fetch_add(1);
+              c.timeout = std::min(c.timeout * 2, std::chrono::milliseconds(1000));
               send(c);
             }
             if (!c.done && now - c.first_sent > cfg.give_up_after) {

@@ -117,6 +117,10 @@ Report run_postgres_sale(const Config& cfg, const PostgresSaleOptions& options) 
   clear_redis(options.redis_url, options.redis_prefix, /*flushall=*/false);
   idem::redis::RedisStoreOptions ro{options.redis_url};
   ro.key_prefix = options.redis_prefix;
+  // One connection per server worker: no worker waits for one (pool_wait_timeout). A fast
+  // completion that fails after the commit leaves the key answering "in progress" until its
+  // lease ends, so a pool smaller than the workers turns CPU starvation into long waits.
+  ro.pool_size = static_cast<std::size_t>(server_workers(cfg));
   idem::redis::RedisStore fast{ro};
   return run_sale(backend, fast, cfg,
                   [&] { clear_redis(options.redis_url, options.redis_prefix, options.flushall); });
