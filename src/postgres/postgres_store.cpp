@@ -231,11 +231,25 @@ struct IDEM_LOCAL PostgresStore::Impl {
   // Claims or finds the record inside `t` (a transaction, a subtransaction or autocommit).
   // With `completed`, a new row goes in completed with its response (kClaimCompleted).
   // Throws the libpqxx error of a lock timeout (55P03); callers turn it into kBusy.
+  // With `plain_first`, the first INSERT has no ON CONFLICT (kClaimNew, kClaimCompletedNew):
+  // an existing key raises 23505 (pqxx::unique_violation) and aborts `t`.
   ClaimResult claim(pqxx::transaction_base& t, const Key& key, std::string_view fingerprint,
                     const OwnerToken& owner, std::chrono::milliseconds lease, bool pooled = true,
-                    CompletedInsert* completed = nullptr) {
+                    CompletedInsert* completed = nullptr, bool plain_first = false) {
     const std::string fp(fingerprint);
     const long long lease_ms = lease.count();
+    if (plain_first) {
+      if (completed) {
+        pqxx::result r = run(t, pooled, kClaimCompletedNew, key.id(), key.scope(), fp,
+                             owner.str(), detail::bytea(completed->response),
+                             completed->retention_s);
+        completed->inserted = true;
+        completed->xid = r[0][0].as<long long>();
+      } else {
+        run(t, pooled, kClaimNew, key.id(), key.scope(), fp, owner.str(), lease_ms);
+      }
+      return ClaimResult{};  // inserted: ours
+    }
     for (int round = 0; round < kClaimRounds; ++round) {
       if (completed) {
         pqxx::result r = run(t, pooled, kClaimCompleted, key.id(), key.scope(), fp, owner.str(),
@@ -527,6 +541,9 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
                                                           std::chrono::seconds retention,
                                                           HandlerRef handler, DurableHint hint) {
   const bool read_first = !hint.expects_absent();
+  // A key expected new is claimed with a plain INSERT (no speculative insertion); the first
+  // 23505 sends the run back to the ON CONFLICT claim.
+  bool plain_claim = hint.expects_absent();
   unsigned retries = 0;
   bool reconnected = false;
   for (;;) {
@@ -559,7 +576,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       ClaimResult c = impl_->bounded(conn->get(), "claim", [&] {
         work.emplace(conn->get());
         return impl_->claim(*work, key, fingerprint, owner, std::chrono::milliseconds(0), true,
-                            completed ? &*completed : nullptr);
+                            completed ? &*completed : nullptr, plain_claim);
       });
       pqxx::work& tx = *work;
       if (c.status != ClaimStatus::kClaimed) {
@@ -613,6 +630,16 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
     } catch (const ConnectionCut&) {
       if (conn) conn->mark_broken();
       throw;  // nothing committed: retryable, but not here (the server does not answer)
+    } catch (const pqxx::unique_violation&) {
+      // The plain claim met an existing key (the transaction's first statement: nothing else
+      // ran, and the aborted transaction was rolled back). Claim again the usual way, which
+      // reads the row and decides.
+      if (!handler_ran && plain_claim) {
+        plain_claim = false;
+        continue;
+      }
+      if (handler_threw) detail::rethrow_translated("handler statement");
+      detail::rethrow_translated("transaction");
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
       // Also when the handler's own statement found the connection gone: that is a storage

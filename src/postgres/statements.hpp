@@ -22,6 +22,8 @@ constexpr const char* kTakeover = "idem_takeover";
 constexpr const char* kRemoveExpired = "idem_remove_expired";
 constexpr const char* kComplete = "idem_complete";
 constexpr const char* kClaimCompleted = "idem_claim_completed";
+constexpr const char* kClaimNew = "idem_claim_new";
+constexpr const char* kClaimCompletedNew = "idem_claim_completed_new";
 constexpr const char* kRewriteResponse = "idem_rewrite_response";
 constexpr const char* kFail = "idem_fail";
 constexpr const char* kRelease = "idem_release";
@@ -76,12 +78,22 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
   // leave it (now() is the transaction's time, as there), and no completion statement follows.
   // Nobody sees the row before the COMMIT, so a duplicate meets it exactly as it would meet an
   // in-progress one: waiting on the unique index. txid_current() as in kComplete.
-  v.emplace_back(kClaimCompleted, "INSERT INTO " + t + " (" + k + ", " + s +
-                                      ", status, fingerprint, owner, response_body, lease_until,"
-                                      " expires_at) VALUES ($1, $2, 'completed', $3, $4, $5,"
-                                      " now(), now() + $6::bigint * interval '1 second')"
-                                      " ON CONFLICT (" +
-                                      k + ", " + s + ") DO NOTHING RETURNING txid_current()");
+  const std::string claim_completed =
+      "INSERT INTO " + t + " (" + k + ", " + s +
+      ", status, fingerprint, owner, response_body, lease_until,"
+      " expires_at) VALUES ($1, $2, 'completed', $3, $4, $5,"
+      " now(), now() + $6::bigint * interval '1 second')";
+  v.emplace_back(kClaimCompleted, claim_completed + " ON CONFLICT (" + k + ", " + s +
+                                      ") DO NOTHING RETURNING txid_current()");
+  // The claims of a transactional run whose key is expected new (DurableHint::expects_absent):
+  // plain INSERTs, without ON CONFLICT's speculative insertion (as kInsertNewCompletedBatch).
+  // An existing key raises 23505, which aborts the transaction: nothing else ran in it yet,
+  // so the run starts over with kClaim / kClaimCompleted.
+  v.emplace_back(kClaimNew, "INSERT INTO " + t + " (" + k + ", " + s +
+                                ", status, fingerprint, owner, lease_until)"
+                                " VALUES ($1, $2, 'in_progress', $3, $4,"
+                                " clock_timestamp() + $5::bigint * interval '1 millisecond')");
+  v.emplace_back(kClaimCompletedNew, claim_completed + " RETURNING txid_current()");
   // The handler's response was not the expected one: the record inserted completed by
   // kClaimCompleted in this transaction gets the actual response.
   v.emplace_back(kRewriteResponse, "UPDATE " + t +

@@ -16,11 +16,16 @@
 //     INSERT ... ON CONFLICT (key, scope) DO NOTHING RETURNING true (then, if nothing was
 //                                                                  inserted, a read of the row)
 //
-// so a unique violation never aborts the caller's transaction. A duplicate that reaches
-// PostgreSQL while the first transaction is in flight waits on the unique index for at most
-// `lock_timeout` (the pooled connections' session setting); if the first commits it replays
-// the stored response, if the wait times out (SQLSTATE 55P03) the attempt is rolled back —
-// nothing else ran in it yet, so no savepoint is needed — and answers kBusy.
+// so a unique violation never aborts the caller's transaction. When the guard expects the key
+// new (DurableHint::expects_absent: the fast store granted the claim, or
+// CallOptions::likely_new), the claim is a plain INSERT instead, without the speculative
+// insertion ON CONFLICT costs; an existing key then raises 23505, which aborts the transaction
+// before anything else ran in it, and the run starts over with the claim above (PostgreSQL logs
+// that error, as it logs every one). A duplicate that reaches PostgreSQL while the first
+// transaction is in flight waits on the unique index for at most `lock_timeout` (the pooled
+// connections' session setting); if the first commits it replays the stored response, if the
+// wait times out (SQLSTATE 55P03) the attempt is rolled back — nothing else ran in it yet, so
+// no savepoint is needed — and answers kBusy.
 // Round trips of a first execution: BEGIN, claim, <handler's statements>, complete, COMMIT —
 // the same as hand-written code giving the same guarantee. When the response is known before
 // the handler runs (DurableHint::expected_response, which IdempotentConsumer::consume sets), the
