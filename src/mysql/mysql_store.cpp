@@ -413,7 +413,7 @@ struct IDEM_LOCAL MysqlStore::Impl {
 
   // Refuses what the response column cannot hold exactly, before anything is written.
   void check_response(detail::Connection& c, std::string_view response) {
-    if (!column_known) load_column(c);
+    if (fits_response(c, response)) return;
     const std::uint64_t max = column_max.load();
     if (response.size() > max) {
       throw UsageError("idem::mysql: a response of " + std::to_string(response.size()) +
@@ -422,11 +422,9 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        " bytes, from the column type and the server's max_allowed_packet);"
                        " nothing was written");
     }
-    if (!column_binary && !valid_utf8(response)) {
-      throw UsageError("idem::mysql: " + options.table +
-                       ".response_body is a text column and the response is not valid UTF-8;"
-                       " nothing was written (make the column a BLOB type to store any bytes)");
-    }
+    throw UsageError("idem::mysql: " + options.table +
+                     ".response_body is a text column and the response is not valid UTF-8;"
+                     " nothing was written (make the column a BLOB type to store any bytes)");
   }
 
   // Resolves a COMMIT whose connection was lost: on a fresh connection, a locking read of the

@@ -238,30 +238,20 @@ struct IDEM_LOCAL PostgresStore::Impl {
                     CompletedInsert* completed = nullptr, bool plain_first = false) {
     const std::string fp(fingerprint);
     const long long lease_ms = lease.count();
-    if (plain_first) {
-      if (completed) {
-        pqxx::result r = run(t, pooled, kClaimCompletedNew, key.id(), key.scope(), fp,
-                             owner.str(), detail::bytea(completed->response),
-                             completed->retention_s);
-        completed->inserted = true;
-        completed->xid = r[0][0].as<long long>();
-      } else {
-        run(t, pooled, kClaimNew, key.id(), key.scope(), fp, owner.str(), lease_ms);
-      }
-      return ClaimResult{};  // inserted: ours
-    }
     for (int round = 0; round < kClaimRounds; ++round) {
-      if (completed) {
-        pqxx::result r = run(t, pooled, kClaimCompleted, key.id(), key.scope(), fp, owner.str(),
-                             detail::bytea(completed->response), completed->retention_s);
-        if (!r.empty()) {
+      const bool plain = plain_first && round == 0;  // inserts a row or throws
+      pqxx::result r =
+          completed ? run(t, pooled, plain ? kClaimCompletedNew : kClaimCompleted, key.id(),
+                          key.scope(), fp, owner.str(), detail::bytea(completed->response),
+                          completed->retention_s)
+                    : run(t, pooled, plain ? kClaimNew : kClaim, key.id(), key.scope(), fp,
+                          owner.str(), lease_ms);
+      if (!r.empty()) {  // inserted: ours
+        if (completed) {
           completed->inserted = true;
           completed->xid = r[0][0].as<long long>();
-          return ClaimResult{};
         }
-      } else {
-        pqxx::result r = run(t, pooled, kClaim, key.id(), key.scope(), fp, owner.str(), lease_ms);
-        if (!r.empty()) return ClaimResult{};  // inserted: ours
+        return ClaimResult{};
       }
       std::optional<Found> found;
       pqxx::result again = run(t, pooled, kRead, key.id(), key.scope());
@@ -630,16 +620,6 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
     } catch (const ConnectionCut&) {
       if (conn) conn->mark_broken();
       throw;  // nothing committed: retryable, but not here (the server does not answer)
-    } catch (const pqxx::unique_violation&) {
-      // The plain claim met an existing key (the transaction's first statement: nothing else
-      // ran, and the aborted transaction was rolled back). Claim again the usual way, which
-      // reads the row and decides.
-      if (!handler_ran && plain_claim) {
-        plain_claim = false;
-        continue;
-      }
-      if (handler_threw) detail::rethrow_translated("handler statement");
-      detail::rethrow_translated("transaction");
     } catch (const pqxx::broken_connection&) {
       if (conn) conn->mark_broken();
       // Also when the handler's own statement found the connection gone: that is a storage
@@ -656,6 +636,13 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       // Serialization failures and deadlocks re-run the transaction, whoever raised them (the
       // handler's own statements included): the earlier attempt was rolled back entirely.
       const std::string state = detail::sqlstate_of(e);
+      if (state == "23505" && plain_claim && !handler_ran) {
+        // The plain claim met an existing key (the transaction's first statement: nothing else
+        // ran, and the aborted transaction was rolled back). Claim again the usual way, which
+        // reads the row and decides.
+        plain_claim = false;
+        continue;
+      }
       if (is_retryable_rollback(state) && retries < options_.max_retries) {
         idem::detail::pause_before_rerun(retries);
         ++retries;

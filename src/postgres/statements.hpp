@@ -92,7 +92,8 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
   v.emplace_back(kClaimNew, "INSERT INTO " + t + " (" + k + ", " + s +
                                 ", status, fingerprint, owner, lease_until)"
                                 " VALUES ($1, $2, 'in_progress', $3, $4,"
-                                " clock_timestamp() + $5::bigint * interval '1 millisecond')");
+                                " clock_timestamp() + $5::bigint * interval '1 millisecond')"
+                                " RETURNING true");
   v.emplace_back(kClaimCompletedNew, claim_completed + " RETURNING txid_current()");
   // The handler's response was not the expected one: the record inserted completed by
   // kClaimCompleted in this transaction gets the actual response.
