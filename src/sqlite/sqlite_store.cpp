@@ -411,8 +411,9 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 
 // The store's statements, built once from the validated table and column names.
 struct IDEM_LOCAL SqliteStore::Sql {
-  std::string select, select_found, insert, insert_completed, insert_completed_if_absent, takeover,
-      takeover_completed, remove_expired, complete, fail, release, extend, purge;
+  std::string select, select_precheck, select_found, insert, insert_completed,
+      insert_completed_if_absent, takeover, takeover_completed, remove_expired, complete, fail,
+      release, extend, purge;
   // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
   // text; tables created before schema 2 and tables adopted by name) or 2 (WITHOUT ROWID keyed
   // by (key, scope), idem fingerprints as 32 raw bytes).
@@ -485,11 +486,13 @@ Record read_record(const Statement& st, const Key& key, int layout) {
   return r;
 }
 
-// `Sql::select_found` (every claim and replay): the record as the rulebook decides on it, read
-// in place. The views point into the statement's column buffers (and `hex`): valid until the
-// statement steps again or is reset. No allocation: a replay copies only what it answers with.
+// `Sql::select_found` (every claim) and `Sql::select_precheck` (a replay's read snapshot,
+// without lease_until: the precheck answers only a replay or a mismatch, which no lease
+// decides): the record as the rulebook decides on it, read in place. The views point into the
+// statement's column buffers (and `hex`): valid until the statement steps again or is reset.
+// No allocation: a replay copies only what it answers with.
 idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int layout, TimePoint now,
-                                    HexFingerprint& hex) {
+                                    HexFingerprint& hex, bool with_lease = true) {
   const Record::Status status =
       idem::detail::record_status_or_throw(st.column_view(0), "sqlite", key);
   idem::detail::FoundRecord f;
@@ -497,10 +500,11 @@ idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int lay
   f.fingerprint = fingerprint_column(st, 1, key, layout, hex);
   f.owner = st.column_view(2);
   f.response = st.column_view(3);
-  const TimePoint lease_until = time_column(st, 4, "lease_until", key, false);
-  f.created_at = time_column(st, 5, "created_at", key, false);
-  const TimePoint expires_at = time_column(st, 6, "expires_at", key, true);
-  f.lease_live = status == Record::Status::kInProgress && lease_until > now;
+  f.created_at = time_column(st, 4, "created_at", key, false);
+  const TimePoint expires_at = time_column(st, 5, "expires_at", key, true);
+  if (with_lease && status == Record::Status::kInProgress) {
+    f.lease_live = time_column(st, 6, "lease_until", key, false) > now;
+  }
   f.retention_over = status != Record::Status::kInProgress && expires_at <= now;
   return f;
 }
@@ -535,8 +539,10 @@ void SqliteStore::init() {
   std::string where = " WHERE " + k + " = ?1 AND " + s + " = ?2";
   sql_->select = "SELECT status, fingerprint, owner, response_body, lease_until, created_at, "
                  "updated_at, expires_at FROM " + t + where;
-  sql_->select_found = "SELECT status, fingerprint, owner, response_body, lease_until, "
-                       "created_at, expires_at FROM " + t + where;
+  sql_->select_precheck =
+      "SELECT status, fingerprint, owner, response_body, created_at, expires_at FROM " + t + where;
+  sql_->select_found = "SELECT status, fingerprint, owner, response_body, created_at, "
+                       "expires_at, lease_until FROM " + t + where;
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
                  "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
@@ -629,12 +635,12 @@ void SqliteStore::migrate() {
 std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_view fingerprint) {
   auto t = now();
   return database_->read([&](Session& session) -> std::optional<ClaimResult> {
-    Statement st = session.prepare(sql_->select_found);
-    st.bind_all(key.id(), key.scope());
+    Statement st = session.prepare(sql_->select_precheck);
+    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
     if (!st.step()) return std::nullopt;
     HexFingerprint hex;
     // Only the answers that need no write lock: a replay or a mismatch.
-    return idem::detail::decide_without_claim(found_row(st, key, sql_->layout, t, hex),
+    return idem::detail::decide_without_claim(found_row(st, key, sql_->layout, t, hex, false),
                                               fingerprint);
   });
 }
@@ -662,7 +668,7 @@ ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_vi
   idem::detail::ClaimDecision d;
   {
     Statement st = tx.prepare(sql_->select_found);
-    st.bind_all(key.id(), key.scope());
+    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
     if (!st.step()) return ClaimResult{};
     HexFingerprint hex;
     d = idem::detail::decide_claim(found_row(st, key, sql_->layout, t, hex), fingerprint,
@@ -772,7 +778,7 @@ bool SqliteStore::extend(const Key& key, const OwnerToken& owner,
 std::optional<Record> SqliteStore::lookup(const Key& key) {
   return database_->read([&](Session& session) -> std::optional<Record> {
     Statement st = session.prepare(sql_->select);
-    st.bind_all(key.id(), key.scope());
+    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
     if (!st.step()) return std::nullopt;
     return read_record(st, key, sql_->layout);
   });
