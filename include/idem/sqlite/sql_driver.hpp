@@ -25,7 +25,7 @@ struct SqlDriver<sqlite::Transaction> {
   static std::optional<std::int64_t> query_int64(sqlite::Transaction& tx, const std::string& sql,
                                                  const Args&... args) {
     sqlite::Statement st = tx.prepare(sql);
-    st.bind_all(args...);
+    st.borrow_values().bind_all(args...);  // the arguments outlive the statement
     if (!st.step()) return std::nullopt;  // never step again after DONE: it would re-run
     std::optional<std::int64_t> value;
     if (!st.column_is_null(0)) value = st.column_int64(0);

@@ -21,6 +21,7 @@ struct StateMachineDriver<Tx, std::enable_if_t<std::is_base_of_v<sqlite::Session
   static long long update(sqlite::Session& s, const std::string& sql,
                           const std::vector<std::optional<std::string>>& params) {
     sqlite::Statement st = s.prepare(sql);
+    st.borrow_values();  // the parameters outlive the statement
     int i = 0;
     for (const auto& p : params) st.bind(++i, p);
     while (st.step()) {
@@ -31,7 +32,7 @@ struct StateMachineDriver<Tx, std::enable_if_t<std::is_base_of_v<sqlite::Session
   static std::optional<std::string> current(sqlite::Session& s, const std::string& sql,
                                             const std::string& id) {
     sqlite::Statement st = s.prepare(sql);
-    st.bind(1, id);
+    st.borrow_values().bind(1, id);
     if (!st.step()) return std::nullopt;
     return st.column_bytes(0);
   }

@@ -151,7 +151,7 @@ class ChunkStore {
     return database_->read([&](Session& s) {
       StreamResume r;
       Statement st = s.prepare(select_);
-      st.bind_all(request_id);
+      st.borrow_values().bind_all(request_id);  // the request id outlives the statement
       while (st.step()) {
         r.add(static_cast<std::uint64_t>(st.column_int64(0)), st.column_bytes(1));
       }
