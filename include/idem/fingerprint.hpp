@@ -9,10 +9,10 @@
 #pragma once
 
 #include <array>
-#include <cstring>
 #include <string>
 #include <string_view>
 
+#include "idem/detail/hex.hpp"
 #include "idem/detail/libcrypto.hpp"
 #include "idem/errors.hpp"
 #include "idem/owner_token.hpp"
@@ -21,12 +21,8 @@ namespace idem {
 
 namespace detail {
 inline std::string to_hex(const unsigned char* data, std::size_t size) {
-  static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(size * 2, '0');
-  for (std::size_t i = 0; i < size; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 0x0F];
-  }
+  write_hex(data, size, out.data());
   return out;
 }
 
@@ -57,16 +53,6 @@ inline constexpr std::size_t kSha256HexSize = 2 * kSha256Size;
 /// returns, for callers that keep it in a buffer of their own.
 /// @throws idem::UsageError only if libcrypto itself fails (it does not for SHA-256).
 inline void sha256_hex(std::string_view payload, char (&out)[kSha256HexSize]) {
-  // Both hex digits of every byte value: one lookup per byte.
-  static constexpr auto kPairs = [] {
-    constexpr char kDigits[] = "0123456789abcdef";
-    std::array<char, 512> pairs{};
-    for (std::size_t b = 0; b < 256; ++b) {
-      pairs[2 * b] = kDigits[b >> 4];
-      pairs[2 * b + 1] = kDigits[b & 0x0F];
-    }
-    return pairs;
-  }();
   std::array<unsigned char, kSha256Size> md{};
   unsigned int len = 0;
   thread_local DigestContext digest;
@@ -76,9 +62,7 @@ inline void sha256_hex(std::string_view payload, char (&out)[kSha256HexSize]) {
       EVP_DigestFinal_ex(digest.ctx, md.data(), &len) != 1 || len != kSha256Size) {
     throw UsageError("idem::fingerprint: SHA-256 failed");
   }
-  for (std::size_t i = 0; i < kSha256Size; ++i) {
-    std::memcpy(out + 2 * i, kPairs.data() + 2 * md[i], 2);
-  }
+  write_hex(md.data(), kSha256Size, out);
 }
 }  // namespace detail
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/detail/hex.hpp"
 #include "idem/errors.hpp"
 #include "idem/key.hpp"
 #include "idem/store.hpp"
@@ -94,11 +95,7 @@ struct Script {
         len != 20) {
       throw StorageError("idem::redis: cannot compute the SHA-1 of a script");
     }
-    static constexpr char kHex[] = "0123456789abcdef";
-    for (unsigned i = 0; i < 20; ++i) {
-      sha[2 * i] = kHex[md[i] >> 4];
-      sha[2 * i + 1] = kHex[md[i] & 0x0F];
-    }
+    idem::detail::write_hex(md.data(), 20, sha.data());
   }
   std::string text;
   std::array<char, 40> sha{};

@@ -471,6 +471,14 @@ std::string_view fingerprint_column(const Statement& st, int col, const Key& key
   return std::string_view(hex.data(), hex.size());
 }
 
+// `sql` (a record read: WHERE key = ?1 AND scope = ?2) prepared on `s` with `key` bound. The
+// key is bound without SQLite copying it: every caller holds the key past the statement's use.
+Statement keyed(Session& s, const std::string& sql, const Key& key) {
+  Statement st = s.prepare(sql);
+  st.borrow_values().bind_all(key.id(), key.scope());
+  return st;
+}
+
 // `Sql::select` (lookup): every column of the record.
 Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
@@ -539,10 +547,10 @@ void SqliteStore::init() {
   std::string where = " WHERE " + k + " = ?1 AND " + s + " = ?2";
   sql_->select = "SELECT status, fingerprint, owner, response_body, lease_until, created_at, "
                  "updated_at, expires_at FROM " + t + where;
-  sql_->select_precheck =
-      "SELECT status, fingerprint, owner, response_body, created_at, expires_at FROM " + t + where;
-  sql_->select_found = "SELECT status, fingerprint, owner, response_body, created_at, "
-                       "expires_at, lease_until FROM " + t + where;
+  // found_row's columns; the claim's read adds lease_until.
+  const std::string found = "status, fingerprint, owner, response_body, created_at, expires_at";
+  sql_->select_precheck = "SELECT " + found + " FROM " + t + where;
+  sql_->select_found = "SELECT " + found + ", lease_until FROM " + t + where;
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
                  "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
@@ -635,8 +643,7 @@ void SqliteStore::migrate() {
 std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_view fingerprint) {
   auto t = now();
   return database_->read([&](Session& session) -> std::optional<ClaimResult> {
-    Statement st = session.prepare(sql_->select_precheck);
-    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
+    Statement st = keyed(session, sql_->select_precheck, key);
     if (!st.step()) return std::nullopt;
     HexFingerprint hex;
     // Only the answers that need no write lock: a replay or a mismatch.
@@ -667,8 +674,7 @@ ClaimResult SqliteStore::find_in(Transaction& tx, const Key& key, std::string_vi
   auto t = now();
   idem::detail::ClaimDecision d;
   {
-    Statement st = tx.prepare(sql_->select_found);
-    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
+    Statement st = keyed(tx, sql_->select_found, key);
     if (!st.step()) return ClaimResult{};
     HexFingerprint hex;
     d = idem::detail::decide_claim(found_row(st, key, sql_->layout, t, hex), fingerprint,
@@ -777,8 +783,7 @@ bool SqliteStore::extend(const Key& key, const OwnerToken& owner,
 
 std::optional<Record> SqliteStore::lookup(const Key& key) {
   return database_->read([&](Session& session) -> std::optional<Record> {
-    Statement st = session.prepare(sql_->select);
-    st.borrow_values().bind_all(key.id(), key.scope());  // the key outlives the statement
+    Statement st = keyed(session, sql_->select, key);
     if (!st.step()) return std::nullopt;
     return read_record(st, key, sql_->layout);
   });

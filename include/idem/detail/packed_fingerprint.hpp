@@ -6,9 +6,10 @@
 #pragma once
 
 #include <cstddef>
-#include <cstring>
 #include <string>
 #include <string_view>
+
+#include "idem/detail/hex.hpp"
 
 namespace idem::detail {
 
@@ -46,24 +47,9 @@ inline bool try_pack_fingerprint(std::string_view fp, char* out) noexcept {
   return (bad & 0xF0) == 0;
 }
 
-/// The two lowercase hex digits of every byte value, as a table.
-struct HexPairTable {
-  char pair[256][2];
-  constexpr HexPairTable() : pair() {
-    constexpr char digits[] = "0123456789abcdef";
-    for (int b = 0; b < 256; ++b) {
-      pair[b][0] = digits[b >> 4];
-      pair[b][1] = digits[b & 0x0F];
-    }
-  }
-};
-inline constexpr HexPairTable kHexPairs{};
-
 /// Writes the 64 hex characters of the packed fingerprint `in` (32 bytes) to `out`.
 inline void unpack_fingerprint(const char* in, char* out) noexcept {
-  for (std::size_t i = 0; i < kPackedFingerprintSize; ++i) {
-    std::memcpy(out + 2 * i, kHexPairs.pair[static_cast<unsigned char>(in[i])], 2);
-  }
+  write_hex(reinterpret_cast<const unsigned char*>(in), kPackedFingerprintSize, out);
 }
 
 /// Unpacks `fp` in place; false (unchanged) when it is not 32 bytes.
