@@ -227,6 +227,37 @@ std::string_view Statement::column_view(int col) const noexcept {
   return std::string_view(static_cast<const char*>(data), static_cast<std::size_t>(size));
 }
 
+Statement::Column Statement::column(int col) const noexcept {
+  // The value object of a result column is "unprotected" (no mutex held while it is read):
+  // every connection here is opened SQLITE_OPEN_NOMUTEX and used by one thread at a time, so
+  // the column_* functions hold none either.
+  sqlite3_value* v = sqlite3_column_value(stmt_, col);
+  Column c;
+  const int type = sqlite3_value_type(v);
+  switch (type) {
+    case SQLITE_INTEGER:
+      c.type = Type::kInteger;
+      c.integer = sqlite3_value_int64(v);
+      break;
+    case SQLITE_FLOAT:
+      c.type = Type::kFloat;
+      break;
+    case SQLITE_TEXT:
+    case SQLITE_BLOB: {
+      c.type = type == SQLITE_TEXT ? Type::kText : Type::kBlob;
+      const void* data = sqlite3_value_blob(v);
+      const int size = sqlite3_value_bytes(v);
+      if (data != nullptr && size > 0) {
+        c.bytes = std::string_view(static_cast<const char*>(data), static_cast<std::size_t>(size));
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return c;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Session / Transaction
 
@@ -435,12 +466,21 @@ constexpr const char* kStatusCheck =
 // written by idem (SQLite would read a text value as 0, and a claim would take the key over).
 TimePoint time_column(const Statement& st, int col, const char* name, const Key& key,
                       bool nullable) {
-  if (nullable && st.column_is_null(col)) return TimePoint{};
-  if (!st.column_is_integer(col)) {
-    throw idem::detail::corrupt_record("sqlite", key.str(),
-                                       std::string(name) + " is not an integer (milliseconds)");
+  const Statement::Column c = st.column(col);
+  if (c.type == Statement::Type::kInteger) return from_millis(c.integer);
+  if (nullable && c.type == Statement::Type::kNull) return TimePoint{};
+  throw idem::detail::corrupt_record("sqlite", key.str(),
+                                     std::string(name) + " is not an integer (milliseconds)");
+}
+
+// A TEXT or BLOB column of the record, in place (empty for NULL). A number (not written by
+// idem) is read as its text, as SQLite spells it.
+std::string_view bytes_column(const Statement& st, int col) {
+  const Statement::Column c = st.column(col);
+  if (c.type == Statement::Type::kInteger || c.type == Statement::Type::kFloat) {
+    return st.column_view(col);
   }
-  return from_millis(st.column_int64(col));
+  return c.bytes;
 }
 
 // Calls `fn` with the fingerprint as a table of `layout` stores it: in layout 2, 32 raw bytes (a
@@ -461,9 +501,9 @@ using HexFingerprint = std::array<char, 2 * idem::detail::kPackedFingerprintSize
 // in its text form; a packed one is spelled out in `hex`.
 std::string_view fingerprint_column(const Statement& st, int col, const Key& key, int layout,
                                     HexFingerprint& hex) {
-  const bool packed = layout == 2 && st.column_is_blob(col);
-  std::string_view fp = st.column_view(col);
-  if (!packed) return fp;
+  const Statement::Column c = st.column(col);
+  if (layout != 2 || c.type != Statement::Type::kBlob) return bytes_column(st, col);
+  const std::string_view fp = c.bytes;
   if (fp.size() != idem::detail::kPackedFingerprintSize) {
     throw idem::detail::corrupt_record("sqlite", key.str(), "a packed fingerprint is not 32 bytes");
   }
@@ -482,11 +522,11 @@ Statement keyed(Session& s, const std::string& sql, const Key& key) {
 // `Sql::select` (lookup): every column of the record.
 Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
-  r.status = idem::detail::record_status_or_throw(st.column_view(0), "sqlite", key);
+  r.status = idem::detail::record_status_or_throw(bytes_column(st, 0), "sqlite", key);
   HexFingerprint hex;
   r.fingerprint = fingerprint_column(st, 1, key, layout, hex);
-  r.owner = st.column_bytes(2);
-  r.response = st.column_bytes(3);
+  r.owner = bytes_column(st, 2);
+  r.response = bytes_column(st, 3);
   r.lease_until = time_column(st, 4, "lease_until", key, false);
   r.created_at = time_column(st, 5, "created_at", key, false);
   r.updated_at = time_column(st, 6, "updated_at", key, false);
@@ -502,12 +542,12 @@ Record read_record(const Statement& st, const Key& key, int layout) {
 idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int layout, TimePoint now,
                                     HexFingerprint& hex, bool with_lease = true) {
   const Record::Status status =
-      idem::detail::record_status_or_throw(st.column_view(0), "sqlite", key);
+      idem::detail::record_status_or_throw(bytes_column(st, 0), "sqlite", key);
   idem::detail::FoundRecord f;
   f.status = status;
   f.fingerprint = fingerprint_column(st, 1, key, layout, hex);
-  f.owner = st.column_view(2);
-  f.response = st.column_view(3);
+  f.owner = bytes_column(st, 2);
+  f.response = bytes_column(st, 3);
   f.created_at = time_column(st, 4, "created_at", key, false);
   const TimePoint expires_at = time_column(st, 5, "expires_at", key, true);
   if (with_lease && status == Record::Status::kInProgress) {

@@ -636,6 +636,42 @@ TEST(SqliteDatabase, StatementCacheDoesNotDependOnTheCallersBuffer) {
   EXPECT_EQ(1, third.value_or(0));
 }
 
+// Statement::column reads a column whole (type, and integer or bytes) without converting it,
+// and agrees with the one-value accessors; bytes may hold NULs and are empty for NULL.
+TEST(SqliteDatabase, ColumnReadsTypeAndValueWithoutConversion) {
+  idem::sqlite::Database db(":memory:");
+  db.write([](idem::sqlite::Transaction& tx) {
+    const std::string with_nul("a\0b", 3);
+    idem::sqlite::Statement st = tx.prepare("SELECT 42, 'text', ?1, NULL, 1.5, '', x''");
+    st.bind(1, idem::sqlite::Blob{with_nul});
+    ASSERT_TRUE(st.step());
+    using Type = idem::sqlite::Statement::Type;
+    const auto integer = st.column(0);
+    EXPECT_EQ(Type::kInteger, integer.type);
+    EXPECT_EQ(42, integer.integer);
+    EXPECT_TRUE(integer.bytes.empty());
+    const auto text = st.column(1);
+    EXPECT_EQ(Type::kText, text.type);
+    EXPECT_EQ("text", text.bytes);
+    EXPECT_EQ(0, text.integer);
+    const auto blob = st.column(2);
+    EXPECT_EQ(Type::kBlob, blob.type);
+    EXPECT_EQ(with_nul, blob.bytes);
+    EXPECT_EQ(Type::kNull, st.column(3).type);
+    EXPECT_TRUE(st.column(3).bytes.empty());
+    const auto real = st.column(4);
+    EXPECT_EQ(Type::kFloat, real.type);
+    EXPECT_TRUE(real.bytes.empty());  // not converted to text
+    EXPECT_DOUBLE_EQ(1.5, st.column_double(4));
+    EXPECT_EQ(Type::kText, st.column(5).type);
+    EXPECT_TRUE(st.column(5).bytes.empty());
+    EXPECT_EQ(Type::kBlob, st.column(6).type);
+    // The same row through the one-value accessors.
+    EXPECT_EQ(st.column_view(1), st.column(1).bytes);
+    EXPECT_EQ(st.column_int64(0), st.column(0).integer);
+  });
+}
+
 // DatabaseOptions::mmap_size and cache_size_kib reach every connection (the pool's readers and
 // the writer); 0 keeps SQLite's own page cache size; negative values are refused.
 TEST(SqliteDatabase, MmapAndCacheSizesApplyToEveryConnection) {

@@ -115,6 +115,21 @@ class IDEM_EXPORT Statement {
   /// as another type.
   std::string_view column_view(int col) const noexcept;
 
+  /// What a column of the current row holds.
+  enum class Type { kNull, kInteger, kFloat, kText, kBlob };
+  /// One column of the current row, read whole by `column()`.
+  struct Column {
+    Type type = Type::kNull;   ///< the value's storage class
+    std::int64_t integer = 0;  ///< kInteger: the value (0 otherwise)
+    /// kText, kBlob: the bytes, a view of SQLite's own buffer with the lifetime of
+    /// `column_view`'s (empty otherwise).
+    std::string_view bytes;
+  };
+  /// Column `col` (0-based) of the current row: its type and its integer or its bytes, read in
+  /// one call into SQLite where the `column_*` functions above take one each (a record read
+  /// of several columns is a few hundred instructions cheaper). Never converts the value.
+  Column column(int col) const noexcept;
+
  private:
   friend class Session;
   Statement(sqlite3* db, sqlite3_stmt* stmt, bool cached) noexcept
