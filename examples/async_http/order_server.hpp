@@ -165,6 +165,9 @@ class OrderServer {
     if (parsed.status != Status::kOk) {
       return done(problem(idem::errc::kInvalidKey, parsed.detail));
     }
+    // Demo only: the principal is taken from an unauthenticated header. A real server takes it
+    // from its authentication (a verified token's subject), or any client could read another
+    // tenant's stored responses by sending its name.
     const std::string_view principal = sv(req["X-Tenant"]);
     const idem::Key key =
         idem::http::scoped_key(kScope, principal, "POST", "/orders", parsed.value);
@@ -172,6 +175,7 @@ class OrderServer {
     view.method = "POST";
     view.route = "/orders";
     view.principal = principal;
+    view.path = sv(req.target());  // path and query as sent: a reused key elsewhere is a 422
     view.body = req.body();
     const std::string fp = idem::fingerprint(idem::http::fingerprint_material(view, {}, view.body));
     guard_.async_run(

@@ -257,6 +257,29 @@ TEST_F(EndpointTest, PrincipalsAndRoutesNeverShareResponses) {
   EXPECT_EQ("bob's", endpoint.handle(bob.view(), [&] { return created("x"); }).body);
 }
 
+// The default material covers the concrete path and each query parameter (length-prefixed:
+// no two splits collide); a request without them has the material of earlier versions.
+TEST(FingerprintMaterial, CoversPathAndQueryAndKeepsTheOldMaterialWithout) {
+  idem::http::RequestView v;
+  v.method = "POST";
+  v.route = "/accounts/:id/refund";
+  v.body = "{}";
+  const std::string without = idem::http::fingerprint_material(v, {}, v.body);
+  EXPECT_EQ(std::string("idem.http.fp.v1") + "4:POST" + "20:/accounts/:id/refund" + "|2:{}",
+            without);
+  v.path = "/accounts/1/refund";
+  const std::string one = idem::http::fingerprint_material(v, {}, v.body);
+  v.path = "/accounts/2/refund";
+  const std::string two = idem::http::fingerprint_material(v, {}, v.body);
+  EXPECT_NE(one, two);
+  EXPECT_NE(without, one);
+  v.query = {{"a", "bc"}};
+  const std::string q1 = idem::http::fingerprint_material(v, {}, v.body);
+  v.query = {{"ab", "c"}};
+  EXPECT_NE(q1, idem::http::fingerprint_material(v, {}, v.body));
+  EXPECT_NE(two, q1);
+}
+
 TEST_F(EndpointTest, FingerprintCoversChosenHeaders) {
   auto options = endpoint_options();
   options.fingerprint_headers = {"Content-Type"};
@@ -292,6 +315,67 @@ TEST_F(EndpointTest, ServerErrorsAreNotStoredSoARetryRunsAgain) {
   auto replay = endpoint.handle(req.view(), [&] { return created("x"); });
   EXPECT_EQ("ok", replay.body);
   EXPECT_EQ(2, runs_.load());
+}
+
+// 408, 425 and 429 say "try again later": by default they are not stored, so the retry runs;
+// a status outside 100..599 is never stored (its record could not be replayed), whatever
+// store_response says.
+TEST_F(EndpointTest, TryLaterAnswersAndImpossibleStatusesAreNotStored) {
+  for (int status : {408, 425, 429, 0, 99, 600}) {
+    SCOPED_TRACE(status);
+    auto options = endpoint_options();
+    if (status == 0 || status == 99 || status == 600) {
+      options.store_response = [](int) { return true; };
+    }
+    idem::http::Endpoint endpoint{guard_, options};
+    auto req = Req::with_key("\"later_" + std::to_string(status) + "\"");
+    const int before = runs_.load();
+    auto first = endpoint.handle(req.view(), [&] {
+      Response r = created("later");
+      r.status = status;
+      return r;
+    });
+    EXPECT_EQ(status, first.status);
+    auto retry = endpoint.handle(req.view(), [&] { return created("done"); });
+    EXPECT_EQ(201, retry.status);
+    EXPECT_EQ("done", retry.body);
+    EXPECT_EQ(before + 2, runs_.load());
+  }
+  EXPECT_TRUE(idem::http::default_stored(201));
+  EXPECT_TRUE(idem::http::default_stored(404));
+  EXPECT_TRUE(idem::http::default_stored(409));
+  EXPECT_FALSE(idem::http::default_stored(429));
+  EXPECT_FALSE(idem::http::default_stored(500));
+}
+
+// An idem::Error the handler throws itself (here an InvalidKey of a key it built) is the
+// handler's failure: it propagates unchanged, never answered as if the client's header broke a
+// rule; the claim is released, so a retry runs. A storage failure of the handler's own work is
+// answered as a store failure.
+TEST_F(EndpointTest, HandlersOwnIdemErrorsPropagateAndStorageFailuresAreAnswered) {
+  idem::http::Endpoint endpoint{guard_, endpoint_options()};
+  auto req = Req::with_key("\"own_error\"");
+  EXPECT_THROW(endpoint.handle(req.view(),
+                               [&]() -> Response {
+                                 ++runs_;
+                                 (void)idem::Key::make("scope", "bad key with spaces");
+                                 return created("x");
+                               }),
+               idem::InvalidKey);
+  EXPECT_THROW(endpoint.handle(req.view(),
+                               [&]() -> Response {
+                                 ++runs_;
+                                 throw idem::UsageError("handler misuse");
+                               }),
+               idem::UsageError);
+  auto timeout = endpoint.handle(req.view(), [&]() -> Response {
+    ++runs_;
+    throw idem::StorageTimeout("the handler's own database");
+  });
+  EXPECT_EQ(503, timeout.status);
+  EXPECT_NE(std::string::npos, timeout.body.find("\"code\":\"store_timeout\""));
+  EXPECT_EQ(201, endpoint.handle(req.view(), [&] { return created("ok"); }).status);
+  EXPECT_EQ(4, runs_.load());
 }
 
 TEST_F(EndpointTest, StoreFailureIs503ProblemWithRetryAfter) {

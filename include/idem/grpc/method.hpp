@@ -54,7 +54,8 @@
 // MethodOptions::store_status rejects (by default the transient ones: UNAVAILABLE, ABORTED,
 // INTERNAL, ...) are answered to this caller but not stored: the transaction rolls back and the
 // claim is released, so a retry runs again. A handler that throws: the claim is released and
-// the exception propagates (grpc++ answers UNKNOWN).
+// the exception propagates unchanged (grpc++ answers UNKNOWN), an idem::Error too, except a
+// storage failure of the handler's own SQL (StorageError, LeaseLost), answered as one.
 //
 // Namespace note: this namespace is `idem::grpc`; inside namespace idem write `::grpc::` for
 // grpc++'s names, and avoid `using namespace idem;` next to `grpc::...` (ambiguous).
@@ -73,6 +74,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/detail/handler_error.hpp"
 #include "idem/errors.hpp"
 #include "idem/export.hpp"
 #include "idem/fingerprint.hpp"
@@ -251,12 +253,12 @@ class IDEM_EXPORT Method {
       if constexpr (::idem::detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
         r = guard_.run(*prepared.key, prepared.fingerprint(), [&](Tx& tx) {
           response->Clear();  // the store may run the transaction again
-          return keep(Reply(handler(tx)));
+          return keep(::idem::detail::call_handler([&] { return Reply(handler(tx)); }));
         });
       } else {
         r = guard_.run(*prepared.key, prepared.fingerprint(), [&] {
           response->Clear();
-          return keep(Reply(handler()));
+          return keep(::idem::detail::call_handler([&] { return Reply(handler()); }));
         });
       }
       switch (r.outcome) {
@@ -272,6 +274,8 @@ class IDEM_EXPORT Method {
       return core_.refuse(context, errc::kStorageError);
     } catch (const detail::DoNotStore&) {
       return core_.executed(context, *first);
+    } catch (const ::idem::detail::HandlerError& h) {
+      std::rethrow_exception(h.error);  // the handler's own error, unchanged
     } catch (const Error& e) {
       // The exception's text (backend messages, internal key names) stays on the server; the
       // client gets the code and its public message.

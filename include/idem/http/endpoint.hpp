@@ -34,16 +34,19 @@
 //
 // The key is scoped server-side (see http/idempotency_key.hpp): scope = the endpoint's scope,
 // id = SHA-256 of (principal, method, route, client key), so a client never receives another
-// client's stored response. The fingerprint covers the method, the route, the request headers
+// client's stored response. The fingerprint covers the method, the route, the concrete path and
+// query (RequestView::path, RequestView::query, when the adapter fills them), the request headers
 // named in EndpointOptions::fingerprint_headers and the body, unless EndpointOptions::fingerprint
 // says otherwise (e.g. idem::http::json_fingerprint(): the body as canonical JSON, so
 // re-serialised JSON with the same meaning replays instead of answering 422).
 //
 // The handler is `Response(Transaction&)` (transactional: its writes commit with the record)
 // or `Response()` (two-phase / fast-only), exactly as for IdempotencyGuard::run. Responses the
-// predicate `store_response` rejects (default: 5xx) are returned to this caller but not stored:
+// predicate `store_response` rejects (default: 5xx, 408, 425, 429) are returned to this caller but not stored:
 // the transaction rolls back and the claim is released, so a retry runs again. To fail without
-// any response, throw: the exception propagates after the claim is released.
+// any response, throw: the exception propagates unchanged after the claim is released (an
+// idem::Error too, except a storage failure of the handler's own SQL: StorageError and its
+// kinds, LeaseLost, answered as store failures).
 //
 // @code
 //   idem::http::EndpointOptions options;
@@ -66,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/detail/handler_error.hpp"
 #include "idem/detail/plain_transaction.hpp"
 #include "idem/errors.hpp"
 #include "idem/fingerprint.hpp"
@@ -85,6 +89,13 @@ struct RequestView {
   std::string_view method;
   /// The route pattern or name ("/orders"), not the concrete path: part of the key's scope.
   std::string_view route;
+  /// The concrete path ("/accounts/1/refund"), as the framework decoded it; "" when the adapter
+  /// does not provide it. Covered by the default fingerprint: the same key sent to another
+  /// resource of the route is a 422, never the other resource's replay.
+  std::string_view path;
+  /// The query parameters (name, value) in the framework's order (idem::http::request_view:
+  /// sorted by name); covered by the default fingerprint like `path`.
+  std::vector<std::pair<std::string_view, std::string_view>> query;
   /// The authenticated principal or tenant; "" for anonymous callers (who share one namespace).
   std::string_view principal;
   /// Every header field line, in order (names in any case).
@@ -106,14 +117,24 @@ struct ReplayInfo {
 };
 
 /// The fingerprint material of a request as Endpoint computes it by default: the method, the
-/// route, the values of the headers named in `headers` (in that order; absent and empty differ)
-/// and `body`, each length-prefixed. A fingerprint hook can call it with a transformed body.
+/// route, the concrete path and query when the request has them, the values of the headers
+/// named in `headers` (in that order; absent and empty differ) and `body`, each
+/// length-prefixed. A fingerprint hook can call it with a transformed body. (A request without
+/// path and query has the material of earlier versions.)
 inline std::string fingerprint_material(const RequestView& request,
                                         const std::vector<std::string>& headers,
                                         std::string_view body) {
   std::string material = "idem.http.fp.v1";
   detail::append_length_prefixed(material, request.method);
   detail::append_length_prefixed(material, request.route);
+  if (!request.path.empty() || !request.query.empty()) {
+    material += "|target";
+    detail::append_length_prefixed(material, request.path);
+    for (const auto& [name, value] : request.query) {
+      detail::append_length_prefixed(material, name);
+      detail::append_length_prefixed(material, value);
+    }
+  }
   for (const auto& name : headers) {
     material += '|';
     for (const auto& [n, v] : request.headers) {
@@ -123,6 +144,14 @@ inline std::string fingerprint_material(const RequestView& request,
   material += '|';
   detail::append_length_prefixed(material, body);
   return material;
+}
+
+/// Whether a handler response of `status` is stored and replayed when EndpointOptions::
+/// store_response is empty: below 500, except 408 Request Timeout, 425 Too Early and 429 Too
+/// Many Requests, which tell the client to try again later (a stored 429 would answer every
+/// retry of the key with it for the whole retention).
+constexpr bool default_stored(int status) noexcept {
+  return status >= 100 && status < 500 && status != 408 && status != 425 && status != 429;
 }
 
 /// Options of an Endpoint.
@@ -163,7 +192,9 @@ struct EndpointOptions {
   std::vector<std::string> fingerprint_headers;
   /// The Retry-After value (seconds) of 409 in_progress and retryable 503 answers.
   std::chrono::seconds retry_after{1};
-  /// Which handler responses are stored and replayed, by status. Empty: status < 500.
+  /// Which handler responses are stored and replayed, by status. Empty: `default_stored`
+  /// (below 500, except 408, 425 and 429, which say "try again later"). A status outside
+  /// 100..599 is never stored.
   std::function<bool(int)> store_response;
   /// Prefix of the problem+json `type` (followed by the errc name).
   std::string problem_type_prefix = "urn:idem:error:";
@@ -252,7 +283,11 @@ class Endpoint {
       }
     };
     auto keep = [&](Response r) -> Response {
-      bool store = options_.store_response ? options_.store_response(r.status) : r.status < 500;
+      // A status outside 100..599 is sent to this caller but never stored: its record could
+      // not be replayed.
+      bool store = r.status >= 100 && r.status <= 599 &&
+                   (options_.store_response ? options_.store_response(r.status)
+                                            : default_stored(r.status));
       first = std::move(r);
       if (!store) throw detail::DoNotStore{};
       return stored_part(*first);
@@ -265,7 +300,8 @@ class Endpoint {
                       guard_.run(key, fp, call,
                                  [&](Tx& tx) {
                                    admit();
-                                   return keep(handler(tx));
+                                   return keep(::idem::detail::call_handler(
+                                       [&]() -> decltype(auto) { return handler(tx); }));
                                  }),
                       first);
       } else {
@@ -273,12 +309,14 @@ class Endpoint {
                       guard_.run(key, fp, call,
                                  [&] {
                                    admit();
-                                   return keep(handler());
+                                   return keep(::idem::detail::call_handler(handler));
                                  }),
                       first);
       }
     } catch (const detail::DoNotStore&) {
       return std::move(*first);
+    } catch (const ::idem::detail::HandlerError& h) {
+      std::rethrow_exception(h.error);  // the handler's own error, unchanged
     } catch (const Error& e) {
       // The exception's text (backend messages, internal key names, tuning advice) goes to the
       // observer (on_store_error, from the guard); the client gets the code's public message.

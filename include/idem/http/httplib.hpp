@@ -36,6 +36,9 @@ inline RequestView request_view(const httplib::Request& req, std::string_view ro
   view.method = req.method;
   view.route = route;
   view.principal = principal;
+  view.path = req.path;
+  view.query.reserve(req.params.size());
+  for (const auto& [name, value] : req.params) view.query.emplace_back(name, value);
   view.body = req.body;
   view.headers.reserve(req.headers.size());
   for (const auto& [name, value] : req.headers) view.headers.emplace_back(name, value);

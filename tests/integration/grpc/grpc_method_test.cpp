@@ -443,6 +443,23 @@ TEST_F(Scripted, HandlerThatThrowsIsUnknownAndTheRetryRuns) {
   EXPECT_EQ(1u, guard_->stats().snapshot().handler_errors);
 }
 
+
+// An idem::Error the handler throws itself (an InvalidKey of a key it built) propagates like
+// any exception (UNKNOWN, no idempotency-error trailer), not answered as the client's
+// INVALID_ARGUMENT; the claim is released and the retry runs.
+TEST_F(Scripted, HandlersOwnIdemErrorIsUnknownNotTheClientsFault) {
+  start(charge_options(), [](Tx* tx, int run, const pb::ChargeRequest&, pb::ChargeReply*) {
+    tx->exec("INSERT INTO effect (note) VALUES ('x')");
+    if (run == 1) (void)idem::Key::make("scope", "a key with spaces");
+    return idem::grpc::Reply();
+  });
+  auto first = call("own");
+  EXPECT_EQ(grpc::StatusCode::UNKNOWN, first.status.error_code());
+  EXPECT_EQ(0u, first.trailers.count("idempotency-error"));
+  EXPECT_TRUE(call("own").status.ok());
+  EXPECT_EQ(2, service_->runs());
+  EXPECT_EQ(1, effects());
+}
 TEST_F(Scripted, MissingKeyCanPassThrough) {
   auto o = charge_options();
   o.missing_key = idem::grpc::MissingKey::kPassThrough;

@@ -148,6 +148,32 @@ class EndpointHttp : public ::testing::Test {
   int port_ = -1;
 };
 
+// One route, many resources (/accounts/:id/refund): the key is scoped by the route, and the
+// concrete path and query are in the fingerprint, so the same key sent to another account (or
+// with another query) is a 422, never account 1's stored response; the same target replays.
+TEST_F(EndpointHttp, AKeyReusedOnAnotherResourceOfTheRouteIs422NotItsReplay) {
+  auto& e = endpoint({});
+  server_.Post(R"(/accounts/(\d+)/refund)", handler(e, "/accounts/:id/refund"));
+  serve();
+  auto first = send("POST", "/accounts/1/refund", "\"refund-1\"", "{\"amount\":5}");
+  ASSERT_TRUE(first);
+  EXPECT_EQ(201, first->status);
+  auto other = send("POST", "/accounts/2/refund", "\"refund-1\"", "{\"amount\":5}");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(422, other->status);
+  EXPECT_EQ("fingerprint_mismatch", code_of(other));
+  auto query = send("POST", "/accounts/1/refund?dry_run=true", "\"refund-1\"", "{\"amount\":5}");
+  ASSERT_TRUE(query);
+  EXPECT_EQ(422, query->status);
+  auto again = send("POST", "/accounts/1/refund", "\"refund-1\"", "{\"amount\":5}");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(201, again->status);
+  EXPECT_EQ(first->body, again->body);
+  EXPECT_EQ("true", again->get_header_value("Idempotent-Replayed"));
+  EXPECT_EQ(1, runs_.load());
+  EXPECT_EQ(1, count("orders"));
+}
+
 TEST_F(EndpointHttp, BareTokenKeysOnlyWhereTheEndpointAllowsThem) {
   auto& strict = endpoint({});
   idem::http::EndpointOptions lenient_options;
@@ -356,6 +382,7 @@ TEST_F(EndpointHttp, ReplaceableErrorFormatterAndReplayHook) {
   idem::http::RequestView view;
   view.method = "POST";
   view.route = "/orders";
+  view.path = "/orders";  // as idem::http::request_view fills it
   view.body = "{}";
   view.headers = {{"Content-Type", "application/json"}};
   ASSERT_EQ(idem::ClaimStatus::kClaimed,
