@@ -326,8 +326,9 @@ int main(int argc, char** argv) try {
         break;
       }
     } catch (const idem::StorageError& e) {
-      // Broker or SQLite hiccup: nothing was acked that did not commit. The client reconnects
-      // on the next call (after its backoff).
+      // Broker or SQLite hiccup: nothing was acked that did not commit. The loop holds the
+      // deliveries left without a verdict and requeues them on a later poll; after a broker
+      // failure the client reconnects on the next call (after its backoff).
       std::fprintf(stderr, "%s: %s (retrying)\n", cfg.consumer.c_str(), e.what());
       idle = 0;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

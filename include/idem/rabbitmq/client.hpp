@@ -118,8 +118,10 @@ struct QueueOptions {
   /// `x-dead-letter-routing-key` (empty: the message's own routing key).
   std::string dead_letter_routing_key;
   /// Quorum queues: `x-delivery-limit`, deliveries after which the broker dead-letters (or
-  /// drops) a message. Keep it above ConsumerOptions::max_attempts so idem decides first.
-  /// 0: none.
+  /// drops) a message. Every requeue counts, a ConsumerLoop's kRetryLater ones too (a message
+  /// busy under another consumer's claim is requeued every `retry_delay` until that claim ends:
+  /// up to lease / retry_delay times, ~150 with the defaults), so keep it above
+  /// ConsumerOptions::max_attempts plus that, or leave it 0, so idem decides first. 0: none.
   std::uint32_t delivery_limit = 0;
 };
 

@@ -82,7 +82,7 @@ struct MessageIdRule {
 /// A MessageIdRule::build for messages that carry their business number, event type and
 /// version in headers: idem::make_message_id(biz_no, event, version), e.g.
 /// "order_20001:paid:v3"; "" when a header is missing or a part breaks a key rule.
-std::function<std::string(const Message&)> business_id_from_headers(
+IDEM_EXPORT std::function<std::string(const Message&)> business_id_from_headers(
     std::string biz_no = "biz_no", std::string event = "event", std::string version = "version");
 
 /// The message's global id: the `message-id` property, else `rule.header`, else
@@ -194,8 +194,9 @@ class IDEM_EXPORT ConsumerLoop {
   /// `handler` for each delivery through consume_batch (one transaction for the batch), settles
   /// the verdicts. @return the deliveries received.
   /// @throws what QueueConsumer::receive and IdempotentConsumer::consume_batch throw (nothing
-  ///         of a failed batch is acked: the broker redelivers), and a parking failure (after
-  ///         the rest of the batch was settled).
+  ///         of a failed batch is acked: its deliveries are held and requeued after
+  ///         `retry_delay` by the next poll, or returned by the broker when the connection
+  ///         closes), and a parking failure (after the rest of the batch was settled).
   template <class Fn>
   std::size_t poll_batch(Fn&& handler) {
     auto batch = receive();
@@ -230,14 +231,21 @@ class IDEM_EXPORT ConsumerLoop {
     static_assert(!std::is_void_v<Tx> && std::is_invocable_v<Fn&, Tx&, const Message&>,
                   "ConsumerLoop::process_batch needs a handler(Transaction&, const Message&)");
     Deliveries d{batch, options_.ids};
-    auto verdicts =
-        consumer_->consume_batch(d.all(), [&](Tx& tx, std::size_t i) { handler(tx, batch[i]); });
+    std::vector<Verdict> verdicts;
+    try {
+      verdicts = consumer_->consume_batch(d.all(),
+                                          [&](Tx& tx, std::size_t i) { handler(tx, batch[i]); });
+    } catch (...) {
+      hold_from(batch, 0);  // no verdict: requeued after retry_delay, never left unacked
+      throw;
+    }
     settle(batch, d, verdicts);
     return verdicts;
   }
 
   /// consume() per delivery over `batch` and settles the verdicts. If a store fails midway,
-  /// the verdicts so far are settled before the error propagates.
+  /// the verdicts so far are settled and the rest held for a requeue (as kRetryLater) before
+  /// the error propagates.
   template <class Fn>
   std::vector<Verdict> process_each(const std::vector<Message>& batch, Fn&& handler) {
     using Tx = typename Durable::Transaction;
@@ -262,6 +270,7 @@ class IDEM_EXPORT ConsumerLoop {
       } catch (...) {
         // A parking failure: that delivery is held for a requeue; the store's error wins.
       }
+      hold_from(batch, verdicts.size());  // the rest: requeued after retry_delay
       throw;
     }
     settle(batch, d, verdicts);
@@ -342,6 +351,14 @@ class IDEM_EXPORT ConsumerLoop {
     Message message;  // only its delivery tag and connection are kept
     Clock::time_point due;
   };
+
+  // Holds batch[from..] for a requeue after retry_delay: deliveries a failed consume left
+  // without a verdict. Unacked on a live channel, the broker would return them only when the
+  // connection closes, and a prefetch window full of them would stop the consumer.
+  void hold_from(const std::vector<Message>& batch, std::size_t from) {
+    const auto due = Clock::now() + options_.retry_delay;
+    for (std::size_t i = from; i < batch.size(); ++i) hold(batch[i], due);
+  }
 
   void hold(const Message& m, Clock::time_point due) {
     Held h{Message{}, due};

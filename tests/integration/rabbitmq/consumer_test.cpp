@@ -410,6 +410,45 @@ TEST_F(RabbitConsumerTest, AckLostAfterTheCommitIsADuplicateOnRedelivery) {
   EXPECT_EQ(0u, publisher_->queue_info(queue_).messages);
 }
 
+// A store fails while the connection stays up (here the handler's own database times out: a
+// retryable idem error, which consume and consume_batch propagate). The deliveries the failed
+// call left without a verdict are held and requeued after retry_delay, not left unacked on the
+// live channel (the broker would return them only when the connection closes, and a prefetch
+// window full of them would stop the consumer). Every message ends applied once and settled.
+TEST_F(RabbitConsumerTest, AStoreFailureOnALiveConnectionRequeuesTheUnsettledDeliveries) {
+  for (bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "poll_batch" : "poll_each");
+    Node node{dir_.file(batched ? "fail_b.db" : "fail_e.db"), *publisher_, dead_};
+    QueueConsumer broker{consumer_options(queue_)};
+    ConsumerLoop loop{broker, node.consumer, loop_options(), publisher_.get()};
+    broker.connect();
+    publish(queue_, {{"m1", "one"}, {"m2", "two"}, {"m3", "three"}});
+    std::atomic<int> timeouts{0};
+    auto handler = [&](Transaction& tx, const Message& m) {
+      if (m.body == "two" && timeouts.fetch_add(1) == 0) {
+        throw idem::StorageTimeout("the business database did not answer in time");
+      }
+      node.apply(tx, m);
+    };
+    int errors = 0;
+    run_until_drained(loop, [&]() -> std::size_t {
+      try {
+        return batched ? loop.poll_batch(handler) : loop.poll_each(handler);
+      } catch (const idem::StorageTimeout&) {
+        ++errors;
+        return 1;  // not idle
+      }
+    });
+    EXPECT_EQ(1, errors);
+    std::map<std::string, long> expected{{"m1", 1}, {"m2", 1}, {"m3", 1}};
+    EXPECT_EQ(expected, node.effects());
+    EXPECT_EQ(0u, broker.unsettled());
+    EXPECT_EQ(0u, loop.held());
+    broker.close();
+    EXPECT_EQ(0u, publisher_->queue_info(queue_).messages);
+  }
+}
+
 // The connection dies after the broker got a publish and before its confirm came back (a
 // proxy forwards the frame, then cuts both sides): the Publisher reconnects and publishes the
 // message again with the same id. Two copies reach the queue; the consumer applies one.
