@@ -186,7 +186,8 @@ struct EndpointOptions {
   std::function<void(const ReplayInfo&, Response&)> on_replay;
   /// Response headers stored with the response and replayed (case-insensitive names). Others
   /// (Set-Cookie, Date, ...) reach the first caller only.
-  std::vector<std::string> replay_headers = {"Content-Type", "Location"};
+  std::vector<std::string> replay_headers = {"Content-Type", "Content-Encoding",
+                                             "Content-Language", "Location"};
   /// Request headers covered by the fingerprint besides method, route and body (e.g.
   /// "Content-Type"). Empty: none.
   std::vector<std::string> fingerprint_headers;
