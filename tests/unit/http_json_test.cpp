@@ -111,6 +111,14 @@ TEST(CanonicalJson, RefusesWhatIsNotOneIJsonValue) {
   EXPECT_FALSE(canonical_json("\"\\ud800\"").has_value());   // lone surrogate
   EXPECT_FALSE(canonical_json("\"\xC3\x28\"").has_value());  // invalid UTF-8
   EXPECT_FALSE(canonical_json("1e400").has_value());         // beyond a double
+  // An integer no double holds (2^53 + 1): not I-JSON, so amounts that differ never compare
+  // equal; an exact one beyond 2^53 is kept.
+  EXPECT_FALSE(canonical_json("{\"amount\":9007199254740993}").has_value());
+  EXPECT_FALSE(canonical_json("-9007199254740993").has_value());
+  EXPECT_FALSE(canonical_json("18446744073709551615").has_value());
+  EXPECT_EQ("9007199254740992", *canonical_json("9007199254740992"));
+  // 2^60, printed as ECMAScript prints it (shortest round-trip digits)
+  EXPECT_EQ("1152921504606847000", *canonical_json("1152921504606846976"));
   EXPECT_FALSE(canonical_json("NaN").has_value());
   // Scalars at the top level are JSON texts (RFC 8259).
   EXPECT_EQ("\"x\"", *canonical_json(" \"x\" "));

@@ -20,9 +20,10 @@
 //     control characters) escaped; everything else, non-ASCII included, as UTF-8;
 //   * every number as an IEEE 754 double printed as ECMAScript's Number.prototype.toString
 //     does (shortest round-trip digits: `1.0` -> `1`, `1e2` -> `100`, `-0` -> `0`,
-//     `1e21` -> `1e+21`, `0.000001` -> `0.000001`, `1e-7` -> `1e-7`). Integers beyond 2^53
-//     lose precision exactly as they do in JavaScript: two such integers that round to the same
-//     double are the same number here;
+//     `1e21` -> `1e+21`, `0.000001` -> `0.000001`, `1e-7` -> `1e-7`). An integer written
+//     without fraction or exponent that no double holds exactly (beyond 2^53, e.g.
+//     9007199254740993) makes the text not I-JSON (refused: such a body is fingerprinted by its
+//     bytes, so two amounts that would round to one double never compare equal);
 //   * true, false, null as they are. A number too large for a double (`1e400`) is refused.
 //
 // @code
@@ -177,11 +178,20 @@ class CanonicalSax : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool null() override { return value("null"); }
   bool boolean(bool v) override { return value(v ? "true" : "false"); }
+  // An integer no double holds exactly (beyond 2^53, e.g. 9007199254740993) is not I-JSON:
+  // the body is then fingerprinted by its bytes, so two such amounts never compare equal.
   bool number_integer(number_integer_t v) override {
-    return value(es_number(static_cast<double>(v)));
+    const double d = static_cast<double>(v);
+    if (d >= 9223372036854775808.0 || d < -9223372036854775808.0 ||
+        static_cast<number_integer_t>(d) != v) {
+      return false;
+    }
+    return value(es_number(d));
   }
   bool number_unsigned(number_unsigned_t v) override {
-    return value(es_number(static_cast<double>(v)));
+    const double d = static_cast<double>(v);
+    if (d >= 18446744073709551616.0 || static_cast<number_unsigned_t>(d) != v) return false;
+    return value(es_number(d));
   }
   bool number_float(number_float_t v, const string_t&) override {
     if (!std::isfinite(v)) return false;
