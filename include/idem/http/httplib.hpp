@@ -77,11 +77,14 @@ struct ServerErrorOptions {
 ///   * 413 with no body (Content-Length over Server::set_payload_max_length): 413
 ///     payload_too_large.
 ///
-/// Every other response (handlers' own 4xx/5xx, 404 of unknown routes) is left unchanged.
+/// Every other response (handlers' own 4xx/5xx, empty-bodied ones too, 404 of unknown routes)
+/// is left unchanged: cpp-httplib calls the error handler for every status >= 400, and a
+/// request that reached a route carries its match (`req.matches`), one refused before routing
+/// none.
 inline httplib::Server::HandlerWithResponse problem_error_handler(ServerErrorOptions options = {}) {
   return [options = std::move(options)](const httplib::Request& req, httplib::Response& res) {
     using Handled = httplib::Server::HandlerResponse;
-    if (!res.body.empty()) return Handled::Unhandled;
+    if (!res.body.empty() || !req.matches.empty()) return Handled::Unhandled;
     errc code = errc::kInvalidKey;
     RejectReason reason = RejectReason::kInvalidKey;
     std::string detail;

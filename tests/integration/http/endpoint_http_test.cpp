@@ -317,7 +317,17 @@ TEST_F(EndpointHttp, TheServerLimitsAnswerProblemJsonToo) {
     res.status = 418;
     res.set_content("short and stout", "text/plain");
   });
+  // A routed handler's own empty-bodied 400 and 413 (no Idempotency-Key sent) are its answers.
+  server_.Get(R"(/bare/(\d+))", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = std::stoi(req.matches[1]);
+  });
   serve();
+  for (int status : {400, 413}) {
+    auto bare = send("GET", "/bare/" + std::to_string(status), "", "");
+    ASSERT_TRUE(bare);
+    EXPECT_EQ(status, bare->status);
+    EXPECT_EQ("", bare->body) << "a handler's own " << status << " was rewritten";
+  }
 
   auto long_key = send("POST", "/orders", "\"" + std::string(9000, 'k') + "\"", "{}");
   ASSERT_TRUE(long_key);
