@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "idem/async/pooled_durable.hpp"
@@ -38,8 +39,9 @@ int main(int argc, char** argv) {
   net::io_context io(1);  // ONE loop thread serves every connection
   idem::sqlite::SqliteStore sqlite(db);
   async_http::create_orders_table(sqlite);
-  idem::async::WorkerPool workers;  // the transactions: 4 threads
-  idem::async::PooledDurable<idem::sqlite::SqliteStore> durable(sqlite, workers);
+  // The transactions: 4 threads. Emptied (below) before the guard its queued jobs use is gone.
+  std::optional<idem::async::WorkerPool> workers(std::in_place);
+  idem::async::PooledDurable<idem::sqlite::SqliteStore> durable(sqlite, *workers);
   idem::MemoryStore memory;
   std::unique_ptr<idem::async::AsyncFastStore> fast;
   if (redis.empty()) {
@@ -48,7 +50,7 @@ int main(int argc, char** argv) {
     fast = std::make_unique<idem::async::AsyncRedisStore>(io.get_executor(), redis);
   }
   idem::async::AsyncGuardOptions o;
-  o.pool = &workers;
+  o.pool = &*workers;
   idem::async::AsyncGuard guard(io.get_executor(), *fast, durable, o);
   async_http::OrderServer<idem::async::PooledDurable<idem::sqlite::SqliteStore>> server(
       io, guard, async_http::create_order,
@@ -63,5 +65,9 @@ int main(int argc, char** argv) {
               redis.empty() ? "memory" : redis.c_str());
   std::fflush(stdout);
   io.run();
+  // Stopped with calls in flight: their queued transactions run (and commit or roll back) now,
+  // while the guard, the stores and the server they use are still alive; their completions
+  // stay queued on the stopped loop and are destroyed with it.
+  workers.reset();
   return 0;
 }
