@@ -473,14 +473,18 @@ TimePoint time_column(const Statement& st, int col, const char* name, const Key&
                                      std::string(name) + " is not an integer (milliseconds)");
 }
 
-// A TEXT or BLOB column of the record, in place (empty for NULL). A number (not written by
-// idem) is read as its text, as SQLite spells it.
-std::string_view bytes_column(const Statement& st, int col) {
-  const Statement::Column c = st.column(col);
+// A TEXT or BLOB column of the record, in place (empty for NULL), from the `c` already read
+// of column `col`. A number (not written by idem) is read as its text, as SQLite spells it.
+std::string_view bytes_of(const Statement& st, int col, const Statement::Column& c) {
   if (c.type == Statement::Type::kInteger || c.type == Statement::Type::kFloat) {
     return st.column_view(col);
   }
   return c.bytes;
+}
+
+// Column `col` of the current row, as bytes_of reads it.
+std::string_view bytes_column(const Statement& st, int col) {
+  return bytes_of(st, col, st.column(col));
 }
 
 // Calls `fn` with the fingerprint as a table of `layout` stores it: in layout 2, 32 raw bytes (a
@@ -502,7 +506,7 @@ using HexFingerprint = std::array<char, 2 * idem::detail::kPackedFingerprintSize
 std::string_view fingerprint_column(const Statement& st, int col, const Key& key, int layout,
                                     HexFingerprint& hex) {
   const Statement::Column c = st.column(col);
-  if (layout != 2 || c.type != Statement::Type::kBlob) return bytes_column(st, col);
+  if (layout != 2 || c.type != Statement::Type::kBlob) return bytes_of(st, col, c);
   const std::string_view fp = c.bytes;
   if (fp.size() != idem::detail::kPackedFingerprintSize) {
     throw idem::detail::corrupt_record("sqlite", key.str(), "a packed fingerprint is not 32 bytes");
