@@ -71,9 +71,13 @@ struct ServerErrorOptions {
 /// cpp-httplib refuses before any handler runs with idem's error vocabulary instead of a bare
 /// status:
 ///
-///   * 400 with no body and no Idempotency-Key among the headers read: cpp-httplib stopped at
-///     a header line over its limit (CPPHTTPLIB_HEADER_MAX_LENGTH, 8192 bytes; typically an
-///     over-long key) or a malformed one: 400 invalid_key;
+///   * 400 with no body, a request line read (`req.path` set) and no Idempotency-Key among the
+///     headers read: cpp-httplib stopped at a header line over its limit
+///     (CPPHTTPLIB_HEADER_MAX_LENGTH, 8192 bytes; typically an over-long key) or a malformed
+///     one: 400 invalid_key. A request line that could not be read keeps cpp-httplib's bare
+///     400 and is not reported: after refusing a header section, cpp-httplib keeps the
+///     connection open and reads the rest of that request's bytes (the lines after the long
+///     one, its body) as further "requests", and one over-long key must count once;
 ///   * 413 with no body (Content-Length over Server::set_payload_max_length): 413
 ///     payload_too_large.
 ///
@@ -88,7 +92,8 @@ inline httplib::Server::HandlerWithResponse problem_error_handler(ServerErrorOpt
     errc code = errc::kInvalidKey;
     RejectReason reason = RejectReason::kInvalidKey;
     std::string detail;
-    if (res.status == 400 && !req.has_header(std::string(kIdempotencyKeyHeader).c_str())) {
+    if (res.status == 400 && !req.path.empty() &&
+        !req.has_header(std::string(kIdempotencyKeyHeader).c_str())) {
       code = errc::kInvalidKey;
       reason = RejectReason::kInvalidKey;
       detail = "the request's header section could not be read: a header line is longer than " +
