@@ -201,6 +201,9 @@ MethodCore::MethodCore(MethodOptions options) : options_(std::move(options)) {
   if (options_.retry_pushback.count() < 0) {
     throw UsageError("idem::grpc::MethodOptions::retry_pushback must not be negative");
   }
+  if (options_.wait_for_result.count() < 0) {
+    throw UsageError("idem::grpc::MethodOptions::wait_for_result must not be negative");
+  }
   pushback_ = std::to_string(options_.retry_pushback.count());
 }
 

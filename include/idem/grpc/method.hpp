@@ -167,6 +167,12 @@ struct MethodOptions {
   /// The `grpc-retry-pushback-ms` of ABORTED answers (in progress, lease lost): how long a
   /// client retry policy waits before the next attempt. Must not be negative.
   std::chrono::milliseconds retry_pushback{200};
+  /// A duplicate that finds its key in progress waits up to this long for the first call's
+  /// result before answering ABORTED (CallOptions::wait_for_result). 0 (default): the guard's
+  /// GuardOptions::wait_for_result. Either way the wait ends at the call's deadline: a client
+  /// that has given up is not waited for (it gets DEADLINE_EXCEEDED from its own stack).
+  /// Must not be negative.
+  std::chrono::milliseconds wait_for_result{0};
 };
 
 namespace detail {
@@ -223,7 +229,8 @@ class IDEM_EXPORT Method {
   /// @param guard   the guard (must outlive the method)
   /// @param options the method's options
   /// @throws idem::UsageError when `options.method` is not "/<service>/<method>", a metadata
-  ///         name is not valid, or retry_pushback is negative; idem::InvalidKey when the scope
+  ///         name is not valid, or retry_pushback or wait_for_result is negative;
+  ///         idem::InvalidKey when the scope
   ///         (given or derived) breaks a scope rule.
   Method(IdempotencyGuard<Durable>& guard, MethodOptions options)
       : guard_(guard), core_(std::move(options)) {}
@@ -241,6 +248,8 @@ class IDEM_EXPORT Method {
                         google::protobuf::MessageLite* response, Fn&& handler) {
     detail::Prepared prepared = core_.prepare(context, request);
     if (!prepared.key) return prepared.refusal;
+    CallOptions call;
+    call.wait_for_result = wait_within_deadline(context);
     std::optional<Reply> first;  // the handler's full reply, for this caller
     auto keep = [&](Reply r) -> std::string {
       first = std::move(r);
@@ -251,12 +260,12 @@ class IDEM_EXPORT Method {
       using Tx = ::idem::detail::transaction_t<Durable>;
       GuardResult<std::string> r;
       if constexpr (::idem::detail::kTakesTransaction<std::decay_t<Fn>, Tx>) {
-        r = guard_.run(*prepared.key, prepared.fingerprint(), [&](Tx& tx) {
+        r = guard_.run(*prepared.key, prepared.fingerprint(), call, [&](Tx& tx) {
           response->Clear();  // the store may run the transaction again
           return keep(::idem::detail::call_handler([&] { return Reply(handler(tx)); }));
         });
       } else {
-        r = guard_.run(*prepared.key, prepared.fingerprint(), [&] {
+        r = guard_.run(*prepared.key, prepared.fingerprint(), call, [&] {
           response->Clear();
           return keep(::idem::detail::call_handler([&] { return Reply(handler()); }));
         });
@@ -287,6 +296,21 @@ class IDEM_EXPORT Method {
   const MethodOptions& options() const noexcept { return core_.options(); }
 
  private:
+  // The wait of this call for a first call in progress: MethodOptions::wait_for_result (else
+  // the guard's), cut to the time left before the call's deadline (none: not cut).
+  std::chrono::milliseconds wait_within_deadline(const ::grpc::ServerContextBase& context) const {
+    using std::chrono::milliseconds;
+    milliseconds wait = core_.options().wait_for_result.count() > 0
+                            ? core_.options().wait_for_result
+                            : guard_.options().wait_for_result;
+    if (wait.count() <= 0) return milliseconds{0};
+    const auto deadline = context.deadline();
+    if (deadline == std::chrono::system_clock::time_point::max()) return wait;
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline -
+                                                               std::chrono::system_clock::now());
+    return std::max(milliseconds{0}, std::min(wait, left));
+  }
+
   IdempotencyGuard<Durable>& guard_;
   detail::MethodCore core_;
 };

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -338,6 +339,40 @@ TEST_F(Scripted, TransientStatusIsNotStoredAndRollsBack) {
   EXPECT_EQ("PAY-2", third.reply.payment_no());
   EXPECT_EQ(1, effects());
   EXPECT_EQ(2, service_->runs());
+}
+
+// A duplicate waits for the first call's result (MethodOptions::wait_for_result), but never
+// past its own deadline: a client that gave up is not waited for, its server thread is free.
+TEST_F(Scripted, ADuplicateWaitsForTheFirstResultButNotPastItsDeadline) {
+  auto o = charge_options();
+  o.wait_for_result = 60s;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  start(o, [gate](Tx*, int run, const pb::ChargeRequest&, pb::ChargeReply* reply) {
+    if (run == 1) gate.wait();
+    reply->set_payment_no("PAY-" + std::to_string(run));
+    return idem::grpc::Reply();
+  });
+  grpc_payment::Answer first, patient;
+  std::thread t1([&] { first = call("w-1"); });
+  ASSERT_TRUE(eventually([&] { return service_->runs() == 1; }));
+  auto hasty = grpc_payment::charge(*stub_, charge_request("acct-0001", 10), "w-1", 300ms);
+  EXPECT_EQ(grpc::StatusCode::DEADLINE_EXCEEDED, hasty.status.error_code());
+  // Its server call ends at its deadline, while the first one still runs (60 s otherwise).
+  EXPECT_TRUE(eventually([&] { return service_->answered() == 1; }, 20s));
+  EXPECT_EQ(1, service_->runs());
+  EXPECT_EQ(1u, guard_->stats().snapshot().waits);
+  // A duplicate with time left waits for the first result and gets its replay.
+  std::thread t2([&] { patient = call("w-1"); });
+  EXPECT_TRUE(eventually([&] { return guard_->stats().snapshot().waits == 2; }));
+  release.set_value();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_TRUE(patient.status.ok()) << patient.status.error_message();
+  EXPECT_TRUE(patient.replayed());
+  EXPECT_EQ("PAY-1", patient.reply.payment_no());
+  EXPECT_EQ(1, service_->runs());
 }
 
 TEST_F(Scripted, DamagedStoredReplyIsInternalAndSendsNoneOfItsTrailers) {
@@ -865,6 +900,7 @@ TEST(GrpcMethod, OptionsAreValidated) {
   EXPECT_THROW(make(with([](auto& o) { o.fingerprint_metadata = {"X-Tenant"}; })),
                idem::UsageError);
   EXPECT_THROW(make(with([](auto& o) { o.retry_pushback = -1ms; })), idem::UsageError);
+  EXPECT_THROW(make(with([](auto& o) { o.wait_for_result = -1ms; })), idem::UsageError);
 }
 
 TEST(GrpcMethod, StatusCodesFollowTheErrcTable) {

@@ -151,6 +151,10 @@ class ScriptedPayments final : public pb::Payments::Service {
 
   ::grpc::Status Charge(::grpc::ServerContext* ctx, const pb::ChargeRequest* req,
                         pb::ChargeReply* reply) override {
+    struct Answered {
+      std::atomic<int>& n;
+      ~Answered() { n.fetch_add(1); }
+    } answered{answered_};
     if constexpr (IdempotencyGuard<Durable>::kHasDurable) {
       if (transactional_) {
         return method_.handle(*ctx, *req, reply,
@@ -163,12 +167,15 @@ class ScriptedPayments final : public pb::Payments::Service {
 
   /// Times the handler ran.
   int runs() const noexcept { return runs_.load(); }
+  /// Calls whose Charge returned (answered or threw).
+  int answered() const noexcept { return answered_.load(); }
 
  private:
   ::idem::grpc::Method<Durable> method_;
   Handler handler_;
   bool transactional_;
   std::atomic<int> runs_{0};
+  std::atomic<int> answered_{0};
 };
 
 /// MethodOptions of Payments.Charge with nothing else set.
