@@ -460,7 +460,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       auto body = [self](Transaction& tx) -> std::string {
         RunOp& op = *self;
         op.value_.reset();
-        if (op.cancel_flag_->load()) throw Cancelled("idem::async: cancelled");
+        if (op.cancel_flag_->load()) {
+          op.cancelled_in_body_ = true;
+          throw Cancelled("idem::async: cancelled");
+        }
         auto h0 = op.call_.now();
         try {
           op.g_.core_.step(Step::kDurableClaimed, op.key_);
@@ -473,7 +476,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
         }
         op.handler_time_ += op.call_.since(h0);
         // Checked before COMMIT: a call cancelled meanwhile commits nothing.
-        if (op.cancel_flag_->load()) throw Cancelled("idem::async: cancelled before commit");
+        if (op.cancel_flag_->load()) {
+          op.cancelled_in_body_ = true;
+          throw Cancelled("idem::async: cancelled before commit");
+        }
         return Codec<R>::encode(*op.value_);
       };
       g_.durable_->async_run_transactional(
@@ -490,9 +496,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (e) {
       // Rolled back (or, for OutcomeUnknown, perhaps committed: the durable record then replays
       // it to the retry). Either way the fast claim must not block the retry for a lease.
+      // The caller's cancellation (counted as such when it was answered) is not a store
+      // failure.
       if (handler_threw_) {
         g_.core_.handler_failed(call_);
-      } else {
+      } else if (!cancelled_in_body_) {
         g_.core_.durable_failed(key_, e);
       }
       return release_then_fail(std::move(e), false);
@@ -911,6 +919,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   bool abandoned_ = false;
   bool durable_claimed_ = false;
   bool handler_threw_ = false;
+  bool cancelled_in_body_ = false;  // the transaction body threw Cancelled (not the store)
   std::exception_ptr thrown_;
   ::idem::detail::SteadyClock::time_point t0_{}, h0_{};
   std::chrono::nanoseconds handler_time_{0};

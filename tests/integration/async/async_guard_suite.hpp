@@ -553,7 +553,15 @@ TYPED_TEST_P(AsyncGuardSuite, ATwoPhaseAttemptThatLostItsLeaseIsRefused) {
 
 // Cancelled while the transaction runs: answered at once, nothing committed, the key free.
 TYPED_TEST_P(AsyncGuardSuite, CancelledDuringTheTransactionCommitsNothingAndFreesTheKey) {
-  auto g = this->guard();
+  // The caller's cancellation is not a store failure: no on_store_error for it.
+  struct StoreErrors final : idem::Observer {
+    std::atomic<int> count{0};
+    void on_store_error(const idem::StoreErrorEvent&) noexcept override { ++count; }
+  };
+  auto store_errors = std::make_shared<StoreErrors>();
+  idem::async::AsyncGuardOptions o;
+  o.guard.observer = store_errors;
+  auto g = this->guard(o);
   auto k = this->key();
   auto cancel = std::make_shared<idem::async::CancelSignal>();
   idem::test::Gate in_handler, release;
@@ -590,6 +598,7 @@ TYPED_TEST_P(AsyncGuardSuite, CancelledDuringTheTransactionCommitsNothingAndFree
   EXPECT_EQ(Outcome::kExecuted, retry.outcome);
   EXPECT_EQ(1, this->env_->count_effects(k.id()));
   EXPECT_EQ(1u, g->async_stats().cancelled.load());
+  EXPECT_EQ(0, store_errors->count.load());
 }
 
 // Past its deadline while the two-phase handler has not answered: answered at once; the record
