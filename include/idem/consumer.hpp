@@ -238,15 +238,20 @@ class IdempotentConsumer {
   /// own writes and counts as a failed attempt, exactly as in `consume` (the transaction then
   /// runs again with a savepoint per delivery, ConsumerStats::batch_reruns: a transactional
   /// handler may run twice for one committed effect, so keep its side effects in the
-  /// transaction). Duplicates inside the batch run once. Dead-lettering and attempt counting
-  /// run last, in their own transactions.
+  /// transaction). Duplicates inside the batch run once (the repeat of a delivery whose
+  /// handler failed answers kRetryLater, not counted as a failure). Dead-lettering and attempt
+  /// counting run last, in their own transactions.
   ///
   /// Requires a durable store with the batch operations of the durable store contract
   /// (idem/durable_store.hpp), as the SQLite, PostgreSQL and MySQL stores have.
   /// @return one verdict per delivery, in order.
-  /// @throws idem::StorageError subclasses (nothing of the batch committed: do not ack; the
-  ///         batch's fast claims are released), a retryable idem error thrown by a handler
-  ///         (the whole batch rolls back), whatever the dead-letter sink throws.
+  /// @throws idem::StorageError subclasses from the claims or the batch's transaction
+  ///         (nothing of the batch committed: do not ack; the batch's fast claims are
+  ///         released), a retryable idem error thrown by a handler (the whole batch rolls
+  ///         back). After the commit, the failure counting and dead-lettering of failed
+  ///         deliveries may throw too (a StorageError of their own transactions, whatever the
+  ///         dead-letter sink throws): the batch's effects are then committed, so do not ack
+  ///         and let the deliveries come back; the committed ones are answered as duplicates.
   template <class Fn>
   std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {
     const std::size_t n = batch.size();

@@ -460,6 +460,23 @@ TEST_F(ConsumerTest, BatchIsolatesAFailingHandlerAndDeadLettersItEventually) {
   EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), apply_batch(n, {"bad"}, "bad"));
 }
 
+// A failing message delivered twice in one batch is one failed attempt: its repeat is not run
+// again and not counted, it comes back (kRetryLater) with the first.
+TEST_F(ConsumerTest, BatchCountsAFailingMessageDeliveredTwiceAsOneAttempt) {
+  Sink sink;
+  idem::ConsumerOptions o;
+  o.max_attempts = 2;
+  o.dead_letter = sink.fn();
+  Node n{db(), o};
+  auto v = apply_batch(n, {"bad", "a", "bad"}, "bad");
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kRetryLater, Verdict::kAck, Verdict::kRetryLater}), v);
+  EXPECT_EQ(0, n.effects("bad"));
+  EXPECT_EQ(1, n.effects("a"));
+  auto s = n.consumer.stats().snapshot();
+  EXPECT_EQ(1u, s.failures);
+  EXPECT_TRUE(sink.letters.empty()) << "two deliveries in one batch spent both attempts";
+}
+
 TEST_F(ConsumerTest, BatchMismatchAndRetryableFailureRollsEverythingBack) {
   Node n{db()};
   EXPECT_EQ(Verdict::kAck, n.apply("m1", "other body"));

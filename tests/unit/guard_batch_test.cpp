@@ -119,6 +119,37 @@ TEST_F(GuardBatchTest, AFailingHandlerLosesOnlyItsOwnWritesAndItsKeyStaysFree) {
   EXPECT_EQ(1, effects("bad"));
 }
 
+// A key repeated in the batch runs once even when its first call fails: the repeat is not run
+// again in the savepoint pass (it could commit the effect the first call's error refused, and
+// leave the first call's failure counted against a key now done). It answers in progress.
+TEST_F(GuardBatchTest, TheRepeatOfAFailingKeyIsNotRunAgain) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, durable_};
+  const std::vector<std::string> ids{"a", "bad", "c", "bad"};
+  std::vector<int> runs(ids.size(), 0);
+  BatchResult r = guard.run_batch(calls(ids), "done", [&](Transaction& tx, std::size_t i) {
+    ++runs[i];
+    tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+    // The first call of "bad" fails; a run of its repeat would succeed (a flaky dependency).
+    if (i == 1) throw std::runtime_error("cannot apply bad");
+  });
+  EXPECT_TRUE(r.rerun);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  ASSERT_TRUE(r.answers[1].error);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[2].outcome);
+  EXPECT_FALSE(r.answers[3].error);
+  EXPECT_EQ(Outcome::kInProgress, r.answers[3].outcome);
+  EXPECT_EQ(0, runs[3]) << "the repeat ran the failing key again";
+  EXPECT_EQ(0, effects("bad"));
+  EXPECT_EQ(1, effects("a"));
+  EXPECT_EQ(1, effects("c"));
+  EXPECT_FALSE(durable_.lookup(Key::make("orders", "bad")));
+  EXPECT_FALSE(fast.lookup(Key::make("orders", "bad")));
+  const auto s = guard.stats().snapshot();
+  EXPECT_EQ(1u, s.handler_errors);
+  EXPECT_EQ(1u, s.in_progress);
+}
+
 TEST_F(GuardBatchTest, ARetryableHandlerErrorRollsTheWholeBatchBackAndReleasesItsClaims) {
   idem::MemoryStore fast;
   idem::IdempotencyGuard guard{fast, durable_};

@@ -15,7 +15,8 @@
 //      throws (not a retryable idem error), or a record locked past the store's lock wait,
 //      rolls the transaction back, and it runs again with a savepoint per call: a failing
 //      handler then loses only its own writes. Later calls of a key already in the batch are
-//      decided by the record the first one wrote.
+//      decided by the record the first one wrote (in progress when the first one failed: a
+//      key runs once per batch).
 //   3. Fast store: one complete_batch for the claims that committed (or found a committed
 //      record: the fast store had lost it); the others are released.
 // Every call is counted in GuardStats and told to the observer as run() would count and tell
@@ -236,10 +237,19 @@ class BatchRun {
 
   // Step 2 after a first run rolled back: a savepoint per call, so a failing handler loses
   // only its own writes (its answer keeps the error) and the others commit.
+  // A later call of a key whose first call failed here is not run again (the key runs once
+  // per batch): it answers in progress, as a duplicate beside a failing run() call would.
   template <class Fn>
   void careful_pass(Tx& tx, Fn& handler) {
+    std::unordered_set<std::string> failed;  // keys whose first call failed in this pass
     for (std::size_t i = 0; i < n_; ++i) {
       if (to_durable_[i] == 0) continue;
+      if (first_[i] == 0 && !failed.empty() && failed.count(calls_[i].key.str()) != 0) {
+        BatchAnswer& a = answer(i);
+        a.outcome = Outcome::kInProgress;
+        a.source = Source::kDurableStore;
+        continue;
+      }
       durable_.savepoint(tx);
       ClaimResult c;
       if (!claim_record(tx, i, c)) {
@@ -254,6 +264,7 @@ class BatchRun {
         durable_.release_savepoint(tx);
         took_over_[i] = 0;
         answer(i).error = std::current_exception();
+        failed.insert(calls_[i].key.str());
         continue;
       }
       record(tx, i, c);
