@@ -16,11 +16,13 @@
 //                    whether the consumer that got it ever read it (it may have died with the
 //                    message unread in its socket buffer)
 //   verdict          kAck, kAckDuplicate, kDeadLetter -> basic.ack (one multiple ack per batch
-//                    when it can); kRetryLater -> basic.nack with requeue, after
-//                    `retry_delay` (the broker puts a requeued message back at the head of the
-//                    queue and delivers it again at once: without the pause a message held by
-//                    another consumer would circle between broker and consumers until that one
-//                    finishes); kMismatch -> published to the parking destination (confirmed),
+//                    when it can; kDeadLetter without a ConsumerOptions::dead_letter sink ->
+//                    basic.reject without requeue, to the queue's x-dead-letter-exchange: a
+//                    poison message is never dropped silently); kRetryLater -> basic.nack with
+//                    requeue, after `retry_delay` (the broker puts a requeued message back at the
+//                    head of the queue and delivers it again at once: without the pause a message
+//                    held by another consumer would circle between broker and consumers until that
+//                    one finishes); kMismatch -> published to the parking destination (confirmed),
 //                    then acked; without one, basic.reject without requeue (the queue's own
 //                    x-dead-letter-exchange, if any, gets it)
 //   dead letters     ConsumerOptions::dead_letter = dead_letter_sink(publisher, destination):
@@ -160,7 +162,8 @@ struct ConsumerLoopStats {
   std::uint64_t acked = 0;          ///< deliveries acked (ack, ack_duplicate, dead_letter, parked)
   std::uint64_t requeued = 0;       ///< deliveries nacked back to the queue (retry_later)
   std::uint64_t parked = 0;         ///< mismatched deliveries published to the parking destination
-  std::uint64_t rejected = 0;       ///< mismatched deliveries rejected (no parking destination)
+  std::uint64_t rejected = 0;  ///< rejected without requeue: mismatched (no parking destination),
+                               ///< dead-lettered (no ConsumerOptions::dead_letter sink)
   std::uint64_t park_failures = 0;  ///< parking publishes that failed (the delivery was requeued)
   std::uint64_t stale = 0;          ///< settles skipped because the delivery's connection was gone
 };
@@ -291,19 +294,22 @@ class IDEM_EXPORT ConsumerLoop {
       switch (verdicts[i]) {
         case Verdict::kAck:
         case Verdict::kAckDuplicate:
-        case Verdict::kDeadLetter:
           acks.push_back(&m);
+          break;
+        case Verdict::kDeadLetter:
+          // The consumer's sink has it; without one, the queue's own dead-letter exchange.
+          if (consumer_->options().dead_letter) {
+            acks.push_back(&m);
+          } else {
+            reject(m);
+          }
           break;
         case Verdict::kRetryLater:
           hold(m, due);
           break;
         case Verdict::kMismatch:
           if (options_.park.empty()) {
-            if (broker_->reject(m, false)) {
-              ++stats_.rejected;
-            } else {
-              ++stats_.stale;
-            }
+            reject(m);
             break;
           }
           try {
@@ -323,6 +329,15 @@ class IDEM_EXPORT ConsumerLoop {
     stats_.stale += acks.size() - acked;
     if (options_.retry_delay.count() == 0) flush();
     if (park_error) std::rethrow_exception(park_error);
+  }
+
+  /// Rejects `m` without requeue: to the queue's x-dead-letter-exchange, if it has one.
+  void reject(const Message& m) {
+    if (broker_->reject(m, false)) {
+      ++stats_.rejected;
+    } else {
+      ++stats_.stale;
+    }
   }
 
   /// Nacks (requeue) the held retry_later deliveries whose delay has passed.

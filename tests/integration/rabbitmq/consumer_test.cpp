@@ -40,6 +40,7 @@ using namespace std::chrono_literals;
 // ledger, a guard over a fast store (its own MemoryStore, or one shared with other nodes as
 // Redis would be), and an IdempotentConsumer whose dead letters go to `<queue>.dead`.
 struct Node {
+  // `dead` empty: no dead-letter sink.
   Node(const std::string& db, idem::rabbitmq::Publisher& publisher,
        const idem::rabbitmq::Destination& dead, idem::FastStore* shared_fast = nullptr)
       : durable(db, idem::sqlite::SqliteStoreOptions::mq_consume_record()),
@@ -60,7 +61,7 @@ struct Node {
                                          const idem::rabbitmq::Destination& dead) {
     idem::ConsumerOptions o;
     o.max_attempts = 3;
-    o.dead_letter = idem::rabbitmq::dead_letter_sink(publisher, dead);
+    if (!dead.empty()) o.dead_letter = idem::rabbitmq::dead_letter_sink(publisher, dead);
     o.attempts = std::make_shared<idem::sqlite::SqliteAttemptLedger>(durable.shared_database());
     return o;
   }
@@ -289,6 +290,35 @@ TEST_F(RabbitConsumerTest, PoisonIsDeadLetteredAfterMaxAttemptsWhileTheRestFlows
     EXPECT_TRUE(drain(queue_ + ".dead").empty());
     broker.close();
     EXPECT_EQ(0u, publisher_->queue_info(queue_).messages);
+  }
+}
+
+// A consumer without a dead-letter sink never drops a poison message: after max_attempts the
+// loop rejects it without requeue, to the queue's own x-dead-letter-exchange.
+TEST_F(RabbitConsumerTest, PoisonWithoutASinkGoesToTheQueuesDeadLetterExchange) {
+  for (bool batched : {false, true}) {
+    const std::string q = queue_name("idem-test-consumer");
+    auto dead = idem::rabbitmq::declare_dead_letters(*publisher_, q);
+    auto o = consumer_options(q);
+    o.queue.dead_letter_exchange = dead.exchange;
+    QueueConsumer broker{o};
+    Node node{dir_.file(batched ? "nsb.db" : "nse.db"), *publisher_, {}};
+    ConsumerLoop loop{broker, node.consumer, loop_options(), publisher_.get()};
+    broker.connect();
+    publish(q, {{"p1", "poison 1"}, {"m1", "ok"}});
+    auto handler = [&](Transaction& tx, const Message& m) { node.apply(tx, m); };
+    run_until_drained(loop,
+                      [&] { return batched ? loop.poll_batch(handler) : loop.poll_each(handler); });
+    EXPECT_EQ(1u, node.consumer.stats().snapshot().dead_lettered) << batched;
+    EXPECT_TRUE(node.consumer.dead_lettered("p1"));
+    EXPECT_EQ(1u, loop.stats().rejected);
+    auto dl = drain(q + ".dead");
+    ASSERT_EQ(1u, dl.size()) << batched;
+    EXPECT_EQ("p1", dl[0].message_id);
+    EXPECT_EQ("poison 1", dl[0].body);
+    EXPECT_EQ(1, node.effects()["m1"]);
+    broker.close();
+    EXPECT_EQ(0u, publisher_->queue_info(q).messages);
   }
 }
 
