@@ -378,10 +378,11 @@ class IdempotencyGuard {
   /// Each executed call's record stores `response` (batch handlers return nothing), so the
   /// records are written before the handlers run, in one statement where the store can.
   /// Calls of the same key in one batch run once: the record the first wrote decides the
-  /// others (in progress when the first one's handler failed). A handler that throws loses only its own writes (the transaction runs again with
-  /// a savepoint per call, so a transactional handler may run twice for one committed effect:
-  /// keep its side effects in the transaction); its answer carries the exception. Every call
-  /// is counted in stats() and told to the observer as run() would count and tell it.
+  /// others (in progress when the first one's handler failed). A handler that throws loses
+  /// only its own writes (the transaction runs again with a savepoint per call, so a
+  /// transactional handler may run twice for one committed effect: keep its side effects in
+  /// the transaction); its answer carries the exception. Every call is counted in stats() and
+  /// told to the observer as run() would count and tell it.
   ///
   /// @param calls    the calls (keys and fingerprints), taken over by the batch
   /// @param response the bytes every executed call's record stores (replayed to duplicates)

@@ -306,8 +306,8 @@ class IDEM_EXPORT Method {
     if (wait.count() <= 0) return milliseconds{0};
     const auto deadline = context.deadline();
     if (deadline == std::chrono::system_clock::time_point::max()) return wait;
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline -
-                                                               std::chrono::system_clock::now());
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::system_clock::now());
     return std::max(milliseconds{0}, std::min(wait, left));
   }
 
