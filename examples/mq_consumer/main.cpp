@@ -27,10 +27,10 @@
 // redeliveries=...` (plus `metric_redeliveries=...`, the idem_mq_redeliveries_total counter,
 // in a build with idem::prometheus).
 //
-// Metrics (idem::prometheus): the guard reports to a PrometheusObserver, and every delivery
-// whose broker delivery count is above 1 (an entry taken over with XAUTOCLAIM, or one left
-// pending after retry_later) is counted with PrometheusObserver::mq_redelivered(), so
-// idem_mq_redeliveries_total equals ConsumerStats::redeliveries.
+// Metrics (idem::prometheus): the guard reports to a PrometheusObserver; the consumer tells it
+// every delivery whose broker delivery count is above 1 (an entry taken over with XAUTOCLAIM,
+// or one left pending after retry_later), so idem_mq_redeliveries_total equals
+// ConsumerStats::redeliveries.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -303,10 +303,6 @@ int main(int argc, char** argv) try {
     };
     std::vector<std::string> ids, bodies, fps;
     for (const auto& e : batch) {
-#ifdef MQ_CONSUMER_WITH_PROMETHEUS
-      // A redelivery (taken over, or pending since a retry_later): idem_mq_redeliveries_total.
-      if (e.delivery_count > 1) metrics->mq_redelivered();
-#endif
       ids.push_back(message_id_of(e));
       const std::string* body_field = e.find("body");
       bodies.push_back(body_field ? *body_field : std::string());

@@ -352,7 +352,12 @@ class IdempotentConsumer {
   // is not a valid key id: it cannot be recorded and goes straight to the sink.
   std::optional<Key> start(const Delivery& d) {
     stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
-    if (d.delivery_count > 1) stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
+    if (d.delivery_count > 1) {
+      stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
+      if (Observer* o = guard_->options().observer.get()) {
+        o->on_redelivery(RedeliveryEvent{group_, d.message_id, d.delivery_count});
+      }
+    }
     std::optional<Key> key = make_key(d);
     if (!key) count(Verdict::kDeadLetter);
     return key;

@@ -26,6 +26,7 @@
 //   info  idem rejected request scope=<scope|-> reason=<missing_key|invalid_key|
 //               payload_too_large|fingerprint_mismatch> status=<400|413|422>
 //   debug idem passthrough scope=<scope> reason=<no_key|method|disabled>
+//   debug idem redelivery group=<group> message_id=<id> delivery_count=<n>
 //   debug idem call key=<key> outcome=... mode=... source=... degraded=<bool> total_us=<n>
 //
 // Every duplicate the guard detects is logged exactly once, so "why are there two identical
@@ -236,6 +237,16 @@ class LoggingObserver final : public Observer {
     emit(LogLevel::kDebug, [&] {
       return "idem passthrough scope=" + log::quote_field(e.scope) +
              " reason=" + std::string(passthrough_reason_name(e.reason));
+    });
+  }
+
+  /// debug: `idem redelivery group=... message_id=... delivery_count=...`.
+  void on_redelivery(const RedeliveryEvent& e) noexcept override {
+    if (!enabled(LogLevel::kDebug)) return;
+    emit(LogLevel::kDebug, [&] {
+      return "idem redelivery group=" + log::quote_field(e.group) +
+             " message_id=" + log::quote_field(e.message_id) +
+             " delivery_count=" + std::to_string(e.delivery_count);
     });
   }
 

@@ -164,6 +164,16 @@ struct CallEvent {
   bool fast_claimed = false;
 };
 
+/// A message its broker delivered again (IdempotentConsumer: a delivery count above 1).
+struct RedeliveryEvent {
+  /// The consumer group (the records' scope).
+  std::string_view group;
+  /// The message id as delivered (it may not be a valid key id).
+  std::string_view message_id;
+  /// The broker's delivery count, this delivery included (2 or more).
+  std::uint32_t delivery_count;
+};
+
 /// Receives the guard's events. Every method has an empty default; override what you need.
 /// Methods are called on the calling thread and must be thread-safe and must not throw.
 class Observer {
@@ -191,6 +201,8 @@ class Observer {
   virtual void on_rejected_request(const RejectedRequestEvent&) noexcept {}
   /// A request or call ran its handler with no idempotency store I/O.
   virtual void on_passthrough(const PassthroughEvent&) noexcept {}
+  /// An IdempotentConsumer received a redelivery (told to its guard's observer).
+  virtual void on_redelivery(const RedeliveryEvent&) noexcept {}
 };
 
 /// Fans events out to several observers (e.g. a logger and Prometheus).
@@ -230,6 +242,9 @@ class ObserverList final : public Observer {
   }
   void on_passthrough(const PassthroughEvent& e) noexcept override {
     for (auto& o : list_) o->on_passthrough(e);
+  }
+  void on_redelivery(const RedeliveryEvent& e) noexcept override {
+    for (auto& o : list_) o->on_redelivery(e);
   }
 
  private:

@@ -95,20 +95,23 @@ struct IDEM_LOCAL PrometheusObserver::Impl {
                       "Guarded calls that ended with an outcome, by outcome, mode and the layer "
                       "that answered")),
         fast_hits(counter(registry, "idem_fast_store_hits_total",
-                          "Duplicates the fast store stopped at the entrance").Add({})),
-        fast_claims(counter(registry, "idem_fast_store_claims_total",
-                            "Claims the fast store granted").Add({})),
+                          "Duplicates the fast store stopped at the entrance")
+                      .Add({})),
+        fast_claims(
+            counter(registry, "idem_fast_store_claims_total", "Claims the fast store granted")
+                .Add({})),
         unique_conflicts(counter(registry, "idem_unique_conflicts_total",
-                                 "Duplicates caught by the durable store's unique key").Add({})),
-        duplicates(counter(registry, "idem_duplicates_total",
-                           "Duplicate detections by source")),
+                                 "Duplicates caught by the durable store's unique key")
+                             .Add({})),
+        duplicates(counter(registry, "idem_duplicates_total", "Duplicate detections by source")),
         mq_redeliveries(counter(registry, "idem_mq_redeliveries_total",
-                                "Messages left for the broker to redeliver (held elsewhere)")
+                                "Messages their broker delivered again (delivery count above 1)")
                             .Add({})),
         degraded(counter(registry, "idem_degraded_calls_total",
-                         "Calls decided without the fast store because it failed").Add({})),
-        outages(counter(registry, "idem_fast_store_outages_total",
-                        "Bursts of fast-store failures").Add({})),
+                         "Calls decided without the fast store because it failed")
+                     .Add({})),
+        outages(counter(registry, "idem_fast_store_outages_total", "Bursts of fast-store failures")
+                    .Add({})),
         takeovers(counter(registry, "idem_lease_takeovers_total",
                           "Expired leases of other attempts taken over, by store")),
         leases_lost(counter(registry, "idem_leases_lost_total",
@@ -299,6 +302,10 @@ void PrometheusObserver::on_passthrough(const PassthroughEvent& e) noexcept {
     if (i < kPassthroughReasons) impl_->passthrough_series(i).Increment();
   } catch (...) {
   }
+}
+
+void PrometheusObserver::on_redelivery(const RedeliveryEvent&) noexcept {
+  impl_->mq_redeliveries.Increment();
 }
 
 void PrometheusObserver::mq_redelivered(std::uint64_t n) noexcept {

@@ -6,7 +6,13 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "idem/consumer.hpp"
 #include "idem/guard.hpp"
+#include "idem/log.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/failing_store.hpp"
@@ -162,6 +168,38 @@ TEST(PrometheusObserver, TakeoversLostLeasesAndRedeliveries) {
   EXPECT_EQ(1, value(text, "idem_leases_lost_total", {{"store", "fast"}, {"service", "orders"}}));
   EXPECT_EQ(3, value(text, "idem_mq_redeliveries_total", {{"service", "orders"}}));
   EXPECT_EQ(1, value(text, "idem_calls_total", {{"mode", "fast_only"}, {"service", "orders"}}));
+}
+
+// An IdempotentConsumer tells its guard's observer of every redelivery: the counter moves with
+// no call from the application and equals ConsumerStats::redeliveries; the log has a line each.
+TEST(PrometheusObserver, ConsumerRedeliveriesAreCountedWithoutTheApplication) {
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<idem::PrometheusObserver>(registry);
+  std::vector<std::string> lines;
+  idem::LoggingObserverOptions lo;
+  lo.min_level = idem::LogLevel::kDebug;
+  auto observers = std::make_shared<idem::ObserverList>();
+  observers->add(metrics);
+  observers->add(std::make_shared<idem::LoggingObserver>(
+      [&](idem::LogLevel, std::string_view l) { lines.emplace_back(l); }, lo));
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast, with(observers)};
+  idem::IdempotentConsumer consumer{guard, "billing"};
+  int runs = 0;
+  auto apply = [&] { ++runs; };
+  EXPECT_EQ(idem::Verdict::kAck, consumer.consume(idem::Delivery{"m1", "", "", 1}, apply));
+  EXPECT_EQ(idem::Verdict::kAckDuplicate, consumer.consume(idem::Delivery{"m1", "", "", 2}, apply));
+  EXPECT_EQ(idem::Verdict::kAck, consumer.consume(idem::Delivery{"m2", "", "", 3}, apply));
+  EXPECT_EQ(idem::Verdict::kDeadLetter,
+            consumer.consume(idem::Delivery{"bad id", "", "", 2}, apply));  // no key: counted too
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(3u, consumer.stats().snapshot().redeliveries);
+  EXPECT_EQ(3, value(scrape(registry), "idem_mq_redeliveries_total"));
+  int logged = 0;
+  for (const auto& l : lines) logged += l.rfind("idem redelivery group=billing ", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(3, logged);
+  EXPECT_NE(lines.end(), std::find(lines.begin(), lines.end(),
+                                   "idem redelivery group=billing message_id=m2 delivery_count=3"));
 }
 
 TEST(PrometheusObserver, StoreErrorsByStoreAndCodeRejectionsAndPassthroughs) {

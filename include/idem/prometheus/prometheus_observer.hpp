@@ -18,8 +18,8 @@
 //                                            fast store down, or none configured)
 //   idem_duplicates_total{source}            every duplicate detection by source (fast_store,
 //                                            unique_index, state_machine, mq_record)
-//   idem_mq_redeliveries_total               MQ redeliveries reported by consumer loops
-//                                            (mq_redelivered())
+//   idem_mq_redeliveries_total               MQ redeliveries IdempotentConsumers received
+//                                            (on_redelivery; mq_redelivered() for others)
 //   idem_degraded_calls_total                calls decided without the fast store (it failed)
 //   idem_fast_store_outages_total            bursts of fast-store failures (down events)
 //   idem_lease_takeovers_total{store}        expired leases taken over (store: fast|durable)
@@ -114,9 +114,14 @@ class IDEM_EXPORT PrometheusObserver final : public Observer {
   /// idem_passthrough_requests_total{reason}.
   void on_passthrough(const PassthroughEvent& e) noexcept override;
 
-  /// Counts `n` MQ redeliveries: idem_mq_redeliveries_total. An MQ consumer loop calls it for
-  /// each delivery whose broker delivery count is above 1 (examples/mq_consumer), which makes
-  /// the counter equal ConsumerStats::redeliveries.
+  /// idem_mq_redeliveries_total: one per redelivery an IdempotentConsumer of a guard observed
+  /// by this observer receives (the counter equals the sum of their
+  /// ConsumerStats::redeliveries).
+  void on_redelivery(const RedeliveryEvent& e) noexcept override;
+
+  /// Counts `n` MQ redeliveries in idem_mq_redeliveries_total, for a consumer loop that does
+  /// not go through an IdempotentConsumer (one that does is counted by on_redelivery: do not
+  /// call this for it too).
   void mq_redelivered(std::uint64_t n = 1) noexcept;
 
  private:

@@ -191,7 +191,7 @@ void run_kill_scenario(bool kill_inside, bool batched = false) {
   EXPECT_GE(observed, left_by_c1 + 2 * poison.size());
   EXPECT_EQ(observed, summary_value(out, "redeliveries")) << out;
 #ifdef MQ_CONSUMER_WITH_PROMETHEUS
-  // The same count as a Prometheus counter (idem_mq_redeliveries_total via mq_redelivered()).
+  // The same count as a Prometheus counter (idem_mq_redeliveries_total, told by the consumer).
   {
     std::smatch m;
     std::regex re("summary-metrics .*\\bmetric_redeliveries=([0-9]+)");
