@@ -22,6 +22,8 @@
 #   scripts/servers.sh rabbitmq-start | rabbitmq-stop | rabbitmq-restart
 #                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, its own epmd on
 #                                 IDEM_EPMD_PORT); restart keeps its queues and messages
+#   scripts/servers.sh rabbitmq-eval EXPR
+#                                 rabbitmqctl eval on that node (tests change its settings)
 #   scripts/servers.sh tls        a CA and certificates made now (openssl, in IDEM_SERVERS_DIR/tls),
 #                                 redis-server with TLS only on IDEM_TLS_PORT (client certificates
 #                                 optional, verified when sent) and a PostgreSQL with ssl=on on
@@ -611,5 +613,6 @@ case "$cmd" in
   rabbitmq-start) rabbitmq_start; print_rabbitmq_env ;;
   rabbitmq-stop) rabbitmq_stop ;;
   rabbitmq-restart) rabbitmq_stop; rabbitmq_start ;;
+  rabbitmq-eval) rabbitmq_env timeout 60 "$RABBITMQ_BIN/rabbitmqctl" -q eval "${2:?an Erlang expression}" ;;
   *) sed -n '3,35p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -68,7 +68,12 @@ std::string_view reply_name(int code) noexcept {
 
 }  // namespace
 
-bool transient_reply(int reply_code) noexcept { return reply_code == 320; }
+bool transient_reply(int reply_code, std::string_view reply_text) noexcept {
+  if (reply_code == 320) return true;
+  if (reply_code != 406) return false;
+  return reply_text.find("delivery acknowledgement") != std::string_view::npos ||
+         reply_text.find("unknown delivery tag") != std::string_view::npos;
+}
 
 void throw_error(const Failure& f) {
   using Kind = Failure::Kind;
@@ -102,7 +107,7 @@ void throw_error(const Failure& f) {
     case Kind::kServer: {
       const std::string label = "broker closed with " + std::to_string(f.reply_code) + " " +
                                 std::string(reply_name(f.reply_code));
-      if (transient_reply(f.reply_code)) {
+      if (transient_reply(f.reply_code, f.message)) {
         if (f.write_may_apply) {
           throw OutcomeUnknown(compose(f, label + "; the publish may have reached the queue"));
         }

@@ -29,8 +29,11 @@ struct Failure {
 /// StorageError, with the context and the broker's or library's message in what().
 [[noreturn]] void throw_error(const Failure& f);
 
-/// True when a broker reply code means "try again later" (320 connection-forced: the broker
-/// is shutting down; 505/506 frame or resource errors are not).
-bool transient_reply(int reply_code) noexcept;
+/// True when a broker close means "try again (on a new channel)": 320 connection-forced (the
+/// broker is shutting down); 406 PRECONDITION_FAILED for a delivery held past the broker's
+/// consumer_timeout ("delivery acknowledgement ... timed out": the broker requeued it) or an
+/// ack of a delivery tag the channel does not know (the new channel starts clean). Other 406s
+/// (a queue declared again with other arguments) and 505/506 frame or resource errors are not.
+bool transient_reply(int reply_code, std::string_view reply_text) noexcept;
 
 }  // namespace idem::rabbitmq::detail

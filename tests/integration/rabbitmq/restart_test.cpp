@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The RabbitMQ node stopped and started again (scripts/servers.sh rabbitmq-restart) while two
 // consumer processes consume and a producer publishes: the consumers and the producer
-// reconnect, nothing is lost, nothing is applied twice. Stops the shared node: SERIAL.
+// reconnect, nothing is lost, nothing is applied twice. And a delivery held past the broker's
+// consumer_timeout. Both change the shared node: SERIAL.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,10 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 
 #include "scenario.hpp"
+#include "support/run_command.hpp"
 
 namespace {
 
@@ -144,6 +147,58 @@ TEST_F(RabbitRestartTest, BrokerRestartedMidRunNothingLostNothingTwice) {
               restart_s, failures, static_cast<unsigned long long>(flagged),
               out1.substr(out1.rfind("summary ")).c_str(),
               out2.substr(out2.rfind("summary ")).c_str());
+}
+
+// A delivery held past the broker's consumer_timeout: the broker closes the channel with 406
+// PRECONDITION_FAILED ("delivery acknowledgement ... timed out") and requeues the delivery.
+// That close is retryable (StorageUnavailable), unlike a 406 for a queue declared with other
+// arguments: the next receive reconnects and gets the message again. The broker's timeout is
+// lowered for the test (channels read it at each tick: SERIAL keeps other tests away), then
+// restored.
+TEST_F(RabbitRestartTest, AnAckTimeoutIsRetryableAndTheNextReceiveGetsTheMessageAgain) {
+  std::string script;
+  IDEM_REQUIRE_ENV(script, "IDEM_SERVERS_SCRIPT");
+  auto set_timeouts = [&](long consumer_timeout_ms, long tick_ms) {
+    return idem::test::run_command({script, "rabbitmq-eval",
+                                    "application:set_env(rabbit, consumer_timeout, " +
+                                        std::to_string(consumer_timeout_ms) +
+                                        "), application:set_env(rabbit, channel_tick_interval, " +
+                                        std::to_string(tick_ms) + ")."});
+  };
+  struct Restore {
+    std::function<void()> fn;
+    ~Restore() { fn(); }
+  } restore{[&] { (void)set_timeouts(1800000, 60000); }};
+  const auto set = set_timeouts(1000, 200);
+  ASSERT_EQ(0, set.status) << set.output;
+
+  const std::string q = queue_name("idem-test-ack-timeout");
+  idem::rabbitmq::QueueConsumer c{consumer_options(q)};
+  c.connect();
+  publish(q, {{"m1", "1"}});
+  auto held = c.receive(1, 2s);
+  ASSERT_EQ(1u, held.size());
+  EXPECT_FALSE(held[0].redelivered);
+  std::this_thread::sleep_for(3s);  // past the timeout and a few of the channel's ticks
+  bool refused = false;
+  for (int i = 0; i < 20 && !refused; ++i) {
+    try {
+      (void)c.receive(1, 500ms);
+    } catch (const idem::StorageError& e) {
+      refused = true;
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_EQ(idem::errc::kStoreUnavailable, e.code()) << e.what();
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("406")) << e.what();
+    }
+  }
+  ASSERT_TRUE(refused) << "the broker did not close the channel of the held delivery";
+  EXPECT_FALSE(c.ack(held[0]));  // its channel is gone: nothing to settle
+  std::vector<idem::rabbitmq::Message> again;
+  for (int i = 0; i < 20 && again.empty(); ++i) again = c.receive(1, 500ms);
+  ASSERT_EQ(1u, again.size());
+  EXPECT_EQ("m1", again[0].message_id);
+  EXPECT_TRUE(again[0].redelivered);
+  EXPECT_EQ(1u, c.ack({&again[0]}));
 }
 
 }  // namespace
