@@ -334,6 +334,9 @@ void Connection::check_watched(unsigned) {
   } else if (seen_open_) {
     ended_ = true;
     ended_number_ = 0;
+    // The statement may also have changed the session (SET autocommit = 1, LOCK TABLES): it
+    // is not handed out again.
+    broken_ = true;
     throw_ended();
   }
 }

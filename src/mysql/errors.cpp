@@ -21,6 +21,7 @@ constexpr unsigned kHostNotPrivileged = 1130;  // host not allowed to connect
 constexpr unsigned kReadOnly = 1290;           // --read-only (a replica after failover)
 constexpr unsigned kQueryInterrupted = 1317;   // KILL QUERY
 constexpr unsigned kReadOnlyTransaction = 1792;
+constexpr unsigned kConnectionKilled = 1927;         // MariaDB: KILL CONNECTION
 constexpr unsigned kMariadbStatementTimeout = 1969;  // max_statement_time
 constexpr unsigned kMysqlStatementTimeout = 3024;    // max_execution_time
 constexpr unsigned kClientInactivityTimeout = 4031;  // MySQL 8: disconnected for inactivity
@@ -68,6 +69,7 @@ bool is_connection_failure(unsigned n) noexcept {
     case kNetRead:
     case kNetWrite:
     case kServerShutdown:
+    case kConnectionKilled:
     case kClientInactivityTimeout:
       return true;
     default:

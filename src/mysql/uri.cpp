@@ -66,6 +66,10 @@ ConnectionOptions parse_uri(std::string_view uri) {
   }
   std::string_view query;
   if (auto q = rest.find('?'); q != std::string_view::npos) {
+    // A '?' before the '@' is in the user or password (never echoed): they must encode it.
+    if (rest.find('@', q) != std::string_view::npos) {
+      bad(uri, "a '?', '/' or '#' in the user or password must be percent-encoded (%3F, %2F, %23)");
+    }
     query = rest.substr(q + 1);
     rest = rest.substr(0, q);
   }

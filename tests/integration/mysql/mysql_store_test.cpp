@@ -450,6 +450,81 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
   EXPECT_EQ(1, effects(k2));
 }
 
+// KILL CONNECTION while the handler's statement runs (pt-kill, a DBA): the client sees 2013
+// (MariaDB 10.11) or 1927 ER_CONNECTION_KILLED. The transaction is gone: a retryable
+// StorageUnavailable, nothing applied, the connection not reused; the retry runs once.
+TEST_F(MysqlStoreTest, AConnectionKilledDuringTheHandlerIsRetryable) {
+  MysqlStore store{my::options()};
+  auto k = key("killed-mid-statement");
+  std::atomic<long long> id{0};
+  std::thread killer([&] {
+    for (int i = 0; i < 500 && id.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // inside SLEEP(5)
+    my::RawConnection admin(my::connection());
+    admin.query("KILL CONNECTION " + std::to_string(id.load()));
+  });
+  try {
+    (void)store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [&](Transaction& tx) {
+                                    my::insert_effect(tx, k.id());
+                                    id = tx.query_int64("SELECT CONNECTION_ID()").value();
+                                    (void)tx.query_int64("SELECT SLEEP(5)");
+                                    return std::string("paid");
+                                  });
+    ADD_FAILURE() << "the killed statement returned";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_EQ(idem::errc::kStoreUnavailable, e.code()) << e.what();
+  }
+  killer.join();
+  EXPECT_EQ(0, effects(k));
+  idem::IdempotencyGuard guard{store};
+  auto retry = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, effects(k));
+}
+
+// A handler that ends the transaction itself (SET autocommit = 1 here; DDL or LOCK TABLES
+// alike) gets a UsageError, and its connection is not handed out again: with one connection in
+// the pool, the next call's failing handler still loses its writes (a connection left in
+// autocommit would have committed them, and its in-progress record with them).
+TEST_F(MysqlStoreTest, AHandlerThatEndsTheTransactionLeavesNoPoisonedConnection) {
+  auto o = my::options();
+  o.pool_size = 1;
+  MysqlStore store{o};
+  auto k = key("autocommit");
+  EXPECT_THROW((void)store.run_transactional(k, "fp", idem::OwnerToken::generate(),
+                                             std::chrono::seconds(600),
+                                             [&](Transaction& tx) {
+                                               tx.exec("SET autocommit = 1");
+                                               my::insert_effect(tx, k.id());
+                                               return std::string("paid");
+                                             }),
+               idem::UsageError);
+  auto k2 = key("after-autocommit");
+  EXPECT_THROW((void)store.run_transactional(k2, "fp", idem::OwnerToken::generate(),
+                                             std::chrono::seconds(600),
+                                             [&](Transaction& tx) -> std::string {
+                                               my::insert_effect(tx, k2.id());
+                                               throw std::runtime_error("declined");
+                                             }),
+               std::runtime_error);
+  EXPECT_EQ(0, effects(k2));
+  EXPECT_FALSE(store.lookup(k2).has_value());
+  idem::IdempotencyGuard guard{store};
+  auto r = guard.run(k2, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k2.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, effects(k2));
+}
+
 // Transactional mode: the claim writes the record's expiry (retention plus a margin of a tenth,
 // at most 60 s), so the completion of a short transaction keeps it and leaves the expires_at
 // index alone; a transaction longer than the margin, a takeover and a two-phase completion set
@@ -785,6 +860,14 @@ TEST(MysqlUri, ParsesEveryPart) {
     ADD_FAILURE();
   } catch (const idem::UsageError& e) {
     EXPECT_EQ(std::string::npos, std::string(e.what()).find("secret"));  // never echoed
+  }
+  // A '?' left unencoded in the password: refused without any of it in the message.
+  try {
+    (void)idem::mysql::parse_uri("mysql://u:sec?ret@h/db");
+    ADD_FAILURE();
+  } catch (const idem::UsageError& e) {
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("ret")) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("%3F")) << e.what();
   }
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/db?read_timeout=0"), idem::UsageError);
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/a%2"), idem::UsageError);
