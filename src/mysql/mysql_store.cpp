@@ -429,8 +429,10 @@ struct IDEM_LOCAL MysqlStore::Impl {
 
   // Resolves a COMMIT whose connection was lost: on a fresh connection, a locking read of the
   // record waits until the lost transaction has ended, then tells whether it committed.
+  // The lost connection must be closed (its pool slot free) before: the read needs one.
   TransactionalResult resolve_commit(const Key& key, const OwnerToken& owner, std::string response,
-                                     bool took_over, const ServerError& cause,
+                                     bool took_over, unsigned cause_number,
+                                     const std::string& cause_sqlstate,
                                      const std::string& message) {
     for (int attempt = 0; attempt < 12; ++attempt) {
       std::optional<bool> committed;
@@ -456,10 +458,10 @@ struct IDEM_LOCAL MysqlStore::Impl {
           "mysql: the connection was lost at COMMIT and the transaction did not commit "
           "(nothing was applied; retry): " +
               message,
-          cause.error_number(), cause.sqlstate());
+          cause_number, cause_sqlstate);
     }
     commits_unknown.fetch_add(1, std::memory_order_relaxed);
-    detail::throw_outcome_unknown(cause.error_number(), cause.sqlstate(),
+    detail::throw_outcome_unknown(cause_number, cause_sqlstate,
                                   message +
                                       " (the outcome could not be established: retry with "
                                       "the same key)",
@@ -591,89 +593,102 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       });
       if (early) return TransactionalResult::found(std::move(*early));
     }
-    auto lease = impl_->pool->acquire(false);
-    detail::Connection& c = *lease;
-    Transaction tx(c);
-    c.watch_transaction();
-    bool handler_ran = false;
-    try {
-      std::uint64_t row_id = 0;
-      bool inserted_completed = false;
-      // An expected response the column cannot hold is written the usual way (and refused
-      // there, if the handler's response is the same), never inserted.
-      const bool expect = hint.expected_response && impl_->fits_response(c, *hint.expected_response);
-      ClaimResult claim = impl_->claim_on(
-          c, key, fingerprint, owner, std::chrono::milliseconds(0), true, retention, &row_id,
-          expect ? hint.expected_response : std::nullopt, &inserted_completed);
-      if (claim.status != ClaimStatus::kClaimed) {
-        c.rollback();  // nothing was written
-        return TransactionalResult::found(std::move(claim));
-      }
-      handler_ran = true;
-      std::string response = handler(tx);
-      impl_->check_response(c, response);
-      // The row this transaction inserted is found by its id where the primary key allows it
-      // (see load_column); a row it took over, by its key.
-      const auto seconds = static_cast<long long>(retention.count());
-      detail::Connection::Outcome done;
-      done.affected = 1;
-      if (inserted_completed) {
-        // Inserted completed with the expected response: nothing to write when it is that.
-        if (response != *hint.expected_response) {
-          // (MySQL counts changed rows: the row holds other bytes, so it changes.)
-          done = impl_->exec(c, impl_->rewrite_response, "complete", nullptr, key.id(),
-                             key.scope(), owner.str(), Blob{response});
-        }
-      } else if (row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()) {
-        done = impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(), key.scope(),
-                           owner.str(), Blob{response}, seconds, row_id);
-      } else {
-        done = impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
-                           owner.str(), Blob{response}, seconds);
-      }
-      if (done.affected != 1) {
-        // We inserted or took over the row in this transaction and hold its lock.
-        throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");
-      }
-      if (options_.before_commit) options_.before_commit(tx);
+    // A COMMIT whose connection was lost: resolved once the connection is closed.
+    struct LostCommit {
+      unsigned number;
+      std::string sqlstate, message, response;
+      bool took_over;
+    };
+    std::optional<LostCommit> lost;
+    {
+      auto lease = impl_->pool->acquire(false);
+      detail::Connection& c = *lease;
+      Transaction tx(c);
+      c.watch_transaction();
+      bool handler_ran = false;
       try {
-        c.commit();
+        std::uint64_t row_id = 0;
+        bool inserted_completed = false;
+        // An expected response the column cannot hold is written the usual way (and refused
+        // there, if the handler's response is the same), never inserted.
+        const bool expect =
+            hint.expected_response && impl_->fits_response(c, *hint.expected_response);
+        ClaimResult claim = impl_->claim_on(
+            c, key, fingerprint, owner, std::chrono::milliseconds(0), true, retention, &row_id,
+            expect ? hint.expected_response : std::nullopt, &inserted_completed);
+        if (claim.status != ClaimStatus::kClaimed) {
+          c.rollback();  // nothing was written
+          return TransactionalResult::found(std::move(claim));
+        }
+        handler_ran = true;
+        std::string response = handler(tx);
+        impl_->check_response(c, response);
+        // The row this transaction inserted is found by its id where the primary key allows it
+        // (see load_column); a row it took over, by its key.
+        const auto seconds = static_cast<long long>(retention.count());
+        detail::Connection::Outcome done;
+        done.affected = 1;
+        if (inserted_completed) {
+          // Inserted completed with the expected response: nothing to write when it is that.
+          if (response != *hint.expected_response) {
+            // (MySQL counts changed rows: the row holds other bytes, so it changes.)
+            done = impl_->exec(c, impl_->rewrite_response, "complete", nullptr, key.id(),
+                               key.scope(), owner.str(), Blob{response});
+          }
+        } else if (row_id != 0 && impl_->by_id_known.load() && !impl_->complete_by_id.empty()) {
+          done = impl_->exec(c, impl_->complete_by_id, "complete", nullptr, key.id(), key.scope(),
+                             owner.str(), Blob{response}, seconds, row_id);
+        } else {
+          done = impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
+                             owner.str(), Blob{response}, seconds);
+        }
+        if (done.affected != 1) {
+          // We inserted or took over the row in this transaction and hold its lock.
+          throw LeaseLost("mysql: record '" + key.str() + "' is no longer held by this attempt");
+        }
+        if (options_.before_commit) options_.before_commit(tx);
+        try {
+          c.commit();
+        } catch (const ServerError& e) {
+          if (!detail::is_connection_failure(e.error_number())) throw;
+          c.mark_broken();
+          lost = LostCommit{e.error_number(), e.sqlstate(),
+                            dynamic_cast<const std::exception&>(e).what(), std::move(response),
+                            claim.took_over};
+        }
+        if (!lost) return TransactionalResult::committed(std::move(response), claim.took_over);
       } catch (const ServerError& e) {
-        if (!detail::is_connection_failure(e.error_number())) throw;
-        c.mark_broken();
-        const std::string message = dynamic_cast<const std::exception&>(e).what();
-        return impl_->resolve_commit(key, owner, std::move(response), claim.took_over, e, message);
+        c.rollback();
+        const unsigned n = e.error_number();
+        if (n == detail::kLockWaitTimeout && !handler_ran) {
+          // The claim waited lock_wait_timeout on a transaction holding the key. Only the claim
+          // ran in this (now rolled back) transaction: answer "in progress".
+          impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
+          return TransactionalResult::found(idem::detail::busy_claim());
+        }
+        // Deadlocks and lock wait timeouts re-run the transaction, whoever raised them (the
+        // handler's own statements included): the earlier attempt was rolled back entirely.
+        if (detail::is_lock_conflict(n) && retries < options_.max_retries) {
+          idem::detail::pause_before_rerun(retries);
+          ++retries;
+          impl_->retries.fetch_add(1, std::memory_order_relaxed);
+          if (options_.on_retry) options_.on_retry(key, n);
+          continue;
+        }
+        // A pooled connection that died while idle (server restart): nothing ran yet, so one
+        // more try on a fresh connection is safe.
+        if (detail::is_connection_failure(n) && !handler_ran && !reconnected) {
+          reconnected = true;
+          continue;
+        }
+        throw;
+      } catch (...) {
+        c.rollback();
+        throw;
       }
-      return TransactionalResult::committed(std::move(response), claim.took_over);
-    } catch (const ServerError& e) {
-      c.rollback();
-      const unsigned n = e.error_number();
-      if (n == detail::kLockWaitTimeout && !handler_ran) {
-        // The claim waited lock_wait_timeout on a transaction holding the key. Only the claim
-        // ran in this (now rolled back) transaction: answer "in progress".
-        impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-        return TransactionalResult::found(idem::detail::busy_claim());
-      }
-      // Deadlocks and lock wait timeouts re-run the transaction, whoever raised them (the
-      // handler's own statements included): the earlier attempt was rolled back entirely.
-      if (detail::is_lock_conflict(n) && retries < options_.max_retries) {
-        idem::detail::pause_before_rerun(retries);
-        ++retries;
-        impl_->retries.fetch_add(1, std::memory_order_relaxed);
-        if (options_.on_retry) options_.on_retry(key, n);
-        continue;
-      }
-      // A pooled connection that died while idle (server restart): nothing ran yet, so one
-      // more try on a fresh connection is safe.
-      if (detail::is_connection_failure(n) && !handler_ran && !reconnected) {
-        reconnected = true;
-        continue;
-      }
-      throw;
-    } catch (...) {
-      c.rollback();
-      throw;
-    }
+    }  // the lost connection is closed here, its pool slot free for the resolving read
+    return impl_->resolve_commit(key, owner, std::move(lost->response), lost->took_over,
+                                 lost->number, lost->sqlstate, lost->message);
   }
 }
 

@@ -450,6 +450,30 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
   EXPECT_EQ(1, effects(k2));
 }
 
+// The same with every pooled connection in use (one here): the lost connection is closed before
+// the resolving read, which takes its place, so the answer is the committed result, not an
+// OutcomeUnknown after the pool's wait ran out a dozen times.
+TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolvedWithAPoolOfOne) {
+  auto base = my::connection();
+  idem::test::CommitDroppingProxy proxy(static_cast<int>(base.port));
+  auto o = my::options();
+  o.connection.port = static_cast<unsigned>(proxy.port());
+  o.pool_size = 1;
+  o.before_commit = [&](Transaction&) { proxy.drop_next_commit = true; };
+  MysqlStore store{o};
+  auto k = key("lost-pool-of-one");
+  auto r = store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                   [&](Transaction& tx) {
+                                     my::insert_effect(tx, k.id());
+                                     return std::string("paid");
+                                   });
+  EXPECT_EQ(1, proxy.dropped.load());
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  EXPECT_EQ(1u, store.stats().commits_resolved);
+  EXPECT_EQ(0u, store.stats().commits_unknown);
+  EXPECT_EQ(1, effects(k));
+}
+
 // KILL CONNECTION while the handler's statement runs (pt-kill, a DBA): the client sees 2013
 // (MariaDB 10.11) or 1927 ER_CONNECTION_KILLED. The transaction is gone: a retryable
 // StorageUnavailable, nothing applied, the connection not reused; the retry runs once.
