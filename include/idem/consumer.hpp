@@ -246,11 +246,12 @@ class IdempotentConsumer {
   /// (idem/durable_store.hpp), as the SQLite, PostgreSQL and MySQL stores have.
   /// @return one verdict per delivery, in order.
   /// @throws idem::StorageError subclasses from the claims or the batch's transaction
-  ///         (nothing of the batch committed: do not ack; the batch's fast claims are
-  ///         released), a retryable idem error thrown by a handler (the whole batch rolls
-  ///         back). After the commit, the failure counting and dead-lettering of failed
-  ///         deliveries may throw too (a StorageError of their own transactions, whatever the
-  ///         dead-letter sink throws): the batch's effects are then committed, so do not ack
+  ///         (nothing of the batch committed, or with idem::OutcomeUnknown perhaps all of it:
+  ///         do not ack either way, the redeliveries are answered from the records; the
+  ///         batch's fast claims are released), a retryable idem error thrown by a handler (the
+  ///         whole batch rolls back). After the commit, the failure counting and dead-lettering of
+  ///         failed deliveries may throw too (a StorageError of their own transactions, whatever
+  ///         the dead-letter sink throws): the batch's effects are then committed, so do not ack
   ///         and let the deliveries come back; the committed ones are answered as duplicates.
   template <class Fn>
   std::vector<Verdict> consume_batch(const std::vector<Delivery>& batch, Fn&& handler) {

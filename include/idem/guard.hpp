@@ -389,9 +389,10 @@ class IdempotencyGuard {
   /// @param handler  `void(Transaction&, std::size_t i)`, run for call `i` inside the batch's
   ///                 transaction
   /// @return one answer per call, in order, and whether the transaction ran again.
-  /// @throws idem::StorageError subclasses (nothing of the batch committed; its fast claims
-  ///         are released), a retryable idem error thrown by a handler (the whole batch rolls
-  ///         back).
+  /// @throws idem::StorageError subclasses (nothing of the batch committed, except after
+  ///         idem::OutcomeUnknown: a COMMIT whose answer was lost may have applied it all; its
+  ///         fast claims are released either way, and a retry is decided by the records), a
+  ///         retryable idem error thrown by a handler (the whole batch rolls back).
   template <class Fn>
   BatchResult run_batch(std::vector<BatchCall> calls, std::string_view response, Fn&& handler) {
     static_assert(detail::check_batch_store<Durable>());

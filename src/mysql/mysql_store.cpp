@@ -545,7 +545,18 @@ void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn)
     lease->watch_transaction();
     try {
       fn(tx);
-      lease->commit();
+      try {
+        lease->commit();
+      } catch (const ServerError& e) {
+        if (!detail::is_connection_failure(e.error_number())) throw;
+        // The COMMIT may have reached the server: never "nothing was applied".
+        lease->mark_broken();
+        detail::throw_outcome_unknown(
+            e.error_number(), e.sqlstate(),
+            std::string(dynamic_cast<const std::exception&>(e).what()) +
+                " (the connection was lost at COMMIT: the transaction may have committed)",
+            "commit");
+      }
       return;
     } catch (const ServerError& e) {
       lease->rollback();

@@ -265,7 +265,10 @@ class IDEM_EXPORT MysqlStore {
   /// Runs `fn(Transaction&)` in a transaction on a pooled connection and commits it (rolled
   /// back if fn throws). A deadlock (1213) or lock wait timeout (1205) rolls it back and runs
   /// `fn` again, at most `max_retries` times (so fn may be called more than once), then
-  /// throws typed. For business code, the MQ batch path and tests. @return what fn returns.
+  /// throws typed. A connection lost at COMMIT (2006, 2013, ...) is idem::OutcomeUnknown: the
+  /// transaction may have committed (there is no record here to read back); make `fn`'s writes
+  /// decide a retry (a unique key). For business code, the MQ batch path and tests.
+  /// @return what fn returns.
   template <class Fn>
   auto with_transaction(Fn&& fn) {
     using R = std::invoke_result_t<Fn&, Transaction&>;

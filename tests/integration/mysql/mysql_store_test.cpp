@@ -450,6 +450,26 @@ TEST_F(MysqlStoreTest, ConnectionLostAtCommitIsResolved) {
   EXPECT_EQ(1, effects(k2));
 }
 
+// with_transaction has no record to read back: a connection lost at COMMIT is OutcomeUnknown
+// (its writes may be committed, as here), never the "nothing applied" StorageUnavailable.
+TEST_F(MysqlStoreTest, WithTransactionLostAtCommitIsOutcomeUnknown) {
+  auto base = my::connection();
+  idem::test::CommitDroppingProxy proxy(static_cast<int>(base.port));
+  auto o = my::options();
+  o.connection.port = static_cast<unsigned>(proxy.port());
+  MysqlStore store{o};
+  auto k = key("with-transaction-lost");
+  EXPECT_THROW(store.with_transaction([&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    proxy.drop_next_commit = true;
+  }),
+               idem::OutcomeUnknown);
+  EXPECT_EQ(1, proxy.dropped.load());
+  EXPECT_EQ(1, effects(k));  // it did commit
+  store.with_transaction([&](Transaction& tx) { my::insert_effect(tx, k.id()); });
+  EXPECT_EQ(2, effects(k));  // the store works on
+}
+
 // The same with every pooled connection in use (one here): the lost connection is closed before
 // the resolving read, which takes its place, so the answer is the committed result, not an
 // OutcomeUnknown after the pool's wait ran out a dozen times.
