@@ -311,13 +311,13 @@ TEST_F(MysqlStoreTest, StatementsOnTheWire) {
   idem::IdempotencyGuard guard{fast, store};
   idem::IdempotencyGuard durable_only{store};
   auto k = key("wire");
-  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  my::GeneralLog log;
   auto r = guard.run(k, "fp", [&](Transaction& tx) {
     my::insert_effect(tx, k.id());
     return std::string("paid");
   });
   auto dup = durable_only.run(k, "fp", [&](Transaction&) { return std::string("never"); });
-  my::raw().query("SET GLOBAL general_log = 0");
+  log.stop();
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
   EXPECT_EQ(Outcome::kReplayed, dup.outcome);
   auto lines = my::raw().query(
@@ -357,7 +357,7 @@ TEST_F(MysqlStoreTest, StatementsOnTheWireWithAnExpectedResponse) {
   call.expected_response = "consumed";
   auto as_expected = key("wire-expected");
   auto differs = key("wire-differs");
-  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  my::GeneralLog log;
   auto r = guard.run(as_expected, "fp", call, [&](Transaction& tx) {
     my::insert_effect(tx, as_expected.id());
     return std::string("consumed");
@@ -366,7 +366,7 @@ TEST_F(MysqlStoreTest, StatementsOnTheWireWithAnExpectedResponse) {
     my::insert_effect(tx, differs.id());
     return std::string("a receipt");
   });
-  my::raw().query("SET GLOBAL general_log = 0");
+  log.stop();
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
   EXPECT_EQ(Outcome::kExecuted, other.outcome);
   auto lines = my::raw().query(
@@ -669,12 +669,12 @@ TEST_F(MysqlStoreTest, CompletionByIdOnlyWhereThePrimaryKeyIsOneAutoIncrementCol
       [](Transaction& tx) { return tx.query_int64("SELECT CONNECTION_ID()").value(); });
   idem::IdempotencyGuard guard{store};
   auto k = key("pk");
-  my::raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  my::GeneralLog log;
   auto r = guard.run(k, "fp", [&](Transaction& tx) {
     my::insert_effect(tx, k.id());
     return std::string("paid");
   });
-  my::raw().query("SET GLOBAL general_log = 0");
+  log.stop();
   auto updates = my::raw().query(
       "SELECT CONVERT(argument USING utf8mb4) FROM mysql.general_log WHERE thread_id = " +
       std::to_string(session) + " AND command_type = 'Execute' AND argument LIKE 'UPDATE%'");

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "idem/mysql/mysql_store.hpp"
@@ -79,6 +80,41 @@ inline mysql::MysqlStoreOptions options() {
 inline void insert_effect(mysql::Transaction& tx, const std::string& key_id) {
   tx.exec("INSERT INTO idem_test_effects (key_id) VALUES (?)", key_id);
 }
+
+/// The server's general log written to mysql.general_log, emptied first, while this object
+/// lives (stop() ends the logging early; read the lines before the object goes). The log is a
+/// global setting and ctest runs test processes side by side: a server-side named lock held
+/// for the object's life keeps other processes' logging and emptying out of its window.
+class GeneralLog {
+ public:
+  GeneralLog() {
+    if (raw().scalar("SELECT GET_LOCK('idem_test_general_log', 120)") != 1) {
+      throw std::runtime_error("the general log stayed taken for 120 s");
+    }
+    raw().query("SET GLOBAL general_log = 0");
+    raw().query("TRUNCATE TABLE mysql.general_log");
+    raw().query("SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = 1");
+  }
+  /// Switches the log off; its lines stay readable while this object lives.
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    raw().query("SET GLOBAL general_log = 0");
+  }
+  ~GeneralLog() {
+    try {
+      stop();
+      raw().scalar("SELECT RELEASE_LOCK('idem_test_general_log')");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "could not switch the general log off: %s\n", e.what());
+    }
+  }
+  GeneralLog(const GeneralLog&) = delete;
+  GeneralLog& operator=(const GeneralLog&) = delete;
+
+ private:
+  bool stopped_ = false;
+};
 
 /// Rows of `table` whose `column` equals `value`.
 inline long count_where(const std::string& table, const std::string& column,
