@@ -170,7 +170,8 @@ struct MethodOptions {
   /// A duplicate that finds its key in progress waits up to this long for the first call's
   /// result before answering ABORTED (CallOptions::wait_for_result). 0 (default): the guard's
   /// GuardOptions::wait_for_result. Either way the wait ends at the call's deadline: a client
-  /// that has given up is not waited for (it gets DEADLINE_EXCEEDED from its own stack).
+  /// that has given up is not waited for (it gets DEADLINE_EXCEEDED from its own stack, or the
+  /// ABORTED answer if that reaches it before its own timer fires).
   /// Must not be negative.
   std::chrono::milliseconds wait_for_result{0};
 };
