@@ -360,9 +360,10 @@ TEST_F(AsyncPostgresStoreTest, LostAnswersAreResolvedAndASilentServerTimesOut) {
   idem::test::CommitDroppingProxy proxy(pg::dsn_port());
   AsyncPostgresStoreOptions ao;
   ao.conninfo = pg::dsn_with_port(proxy.port());
-  ao.statement_timeout = 200ms;
-  ao.client_grace = 200ms;
-  ao.connect_timeout = 500ms;
+  // Short enough for a quick stall, long enough for a loaded machine's backend start.
+  ao.statement_timeout = 500ms;
+  ao.client_grace = 500ms;
+  ao.connect_timeout = 2s;
   ao.reconnect_backoff = 0ms;
   Holder h(ao);
   Blocking a = blocking(h);
@@ -388,9 +389,15 @@ TEST_F(AsyncPostgresStoreTest, LostAnswersAreResolvedAndASilentServerTimesOut) {
   // wrote nothing the caller relies on), the completion's outcome is unknown (its re-read
   // cannot connect either).
   proxy.stalled = true;
+  const auto sent_before = h.stats().batches;
   auto completing = std::async(std::launch::async, [&] {
     return a.complete(k2, o2, "maybe", std::chrono::seconds(60));
   });
+  // The completion goes first (a begin sent alone could time the connection out before it).
+  for (int i = 0; i < 1000 && h.stats().batches == sent_before; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GT(h.stats().batches, sent_before);
   EXPECT_THROW((void)a.begin(key("silent_begin"), "fp", OwnerToken::generate(), 30s),
                idem::StorageTimeout);
   EXPECT_THROW((void)completing.get(), idem::OutcomeUnknown);
