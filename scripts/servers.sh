@@ -15,7 +15,8 @@
 #   scripts/servers.sh sentinel   1 master, 1 replica, 3 sentinels (IDEM_SENTINEL_PORT..: +0 master,
 #                                 +1 replica, +10..+12 sentinels), service name idem-master
 #   scripts/servers.sh mysql      MariaDB (IDEM_MYSQL_PORT, default 13306), database idem_test,
-#                                 user idem / password idem over TCP (IDEM_TEST_MYSQL_URI)
+#                                 user idem / password idem over TCP (IDEM_TEST_MYSQL_URI),
+#                                 TLS offered with the test-made certificates (IDEM_TEST_MYSQL_TLS_DIR)
 #   scripts/servers.sh mysql-start | mysql-stop | mysql-kill | mysql-restart [kill]
 #                                 (mysql-kill: kill -9; mysql-restart kill: kill -9, then start,
 #                                 which runs InnoDB crash recovery)
@@ -387,6 +388,7 @@ mysql_start() {
   fi
   local d="$DIR/mysql"
   mkdir -p "$d"
+  tls_certs
   if [ ! -d "$d/data/mysql" ]; then
     rm -rf "$d/data"
     mariadb-install-db --no-defaults --datadir="$d/data" --user="$(id -un)" \
@@ -400,7 +402,8 @@ mysql_start() {
     --pid-file="$d/mariadb.pid" --port="$MYSQL_PORT" --bind-address=127.0.0.1 \
     --log-error="$d/mariadb.log" --skip-name-resolve --innodb-log-file-size=8M \
     --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=1 --max-connections=400 \
-    --skip-log-bin >/dev/null 2>&1 &
+    --skip-log-bin --ssl-ca="$DIR/tls/ca.pem" --ssl-cert="$DIR/tls/server.pem" \
+    --ssl-key="$DIR/tls/server-key.pem" >/dev/null 2>&1 &
   for _ in $(seq 1 300); do
     if [ -S "$d/mariadb.sock" ] &&
        mariadb --no-defaults -S "$d/mariadb.sock" -uroot -e 'SELECT 1' >/dev/null 2>&1; then
@@ -565,7 +568,7 @@ print_env() {
     echo "export IDEM_TEST_REDIS_CLUSTER_URL=redis-cluster://$seeds IDEM_CLUSTER_PORT=$CLUSTER_PORT"
   fi
   if mysql_alive; then
-    echo "export IDEM_TEST_MYSQL_URI=mysql://idem:idem@127.0.0.1:$MYSQL_PORT/$MYSQL_DB IDEM_MYSQL_PORT=$MYSQL_PORT"
+    echo "export IDEM_TEST_MYSQL_URI=mysql://idem:idem@127.0.0.1:$MYSQL_PORT/$MYSQL_DB IDEM_MYSQL_PORT=$MYSQL_PORT IDEM_TEST_MYSQL_TLS_DIR=$DIR/tls"
   fi
   if redis_tls_alive; then
     echo "export IDEM_TEST_REDIS_TLS_URL=rediss://localhost:$TLS_PORT IDEM_TEST_TLS_DIR=$DIR/tls IDEM_TLS_PORT=$TLS_PORT"

@@ -256,11 +256,17 @@ Connection::Connection(const ConnectSettings& settings)
   unsigned long max_packet = 1024UL * 1024UL * 1024UL;
   mysql_optionsv(m, MYSQL_OPT_MAX_ALLOWED_PACKET, &max_packet);
   if (!settings.init_sql.empty()) mysql_optionsv(m, MYSQL_INIT_COMMAND, settings.init_sql.c_str());
-  if (o.tls) {
+  if (o.tls || !o.tls_ca.empty()) {
     my_bool yes = 1;
     mysql_optionsv(m, MYSQL_OPT_SSL_ENFORCE, &yes);
   }
-  if (!o.tls_ca.empty()) mysql_optionsv(m, MYSQL_OPT_SSL_CA, o.tls_ca.c_str());
+  if (!o.tls_ca.empty()) {
+    // A CA given means the server is authenticated: its certificate chain and the host name
+    // (the client library checks neither unless told to).
+    mysql_optionsv(m, MYSQL_OPT_SSL_CA, o.tls_ca.c_str());
+    my_bool verify = 1;
+    mysql_optionsv(m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &verify);
+  }
   const auto started = std::chrono::steady_clock::now();
   if (mysql_real_connect(m, o.host.c_str(), o.user.c_str(), o.password.c_str(),
                          o.database.empty() ? nullptr : o.database.c_str(), o.port,
@@ -355,6 +361,15 @@ void Connection::unwatch_transaction() noexcept {
   ended_number_ = 0;
 }
 
+void Connection::close_oldest(std::size_t n) {
+  for (; n > 0 && !lru_.empty(); --n) {
+    Statement* oldest = lru_.back();
+    lru_.pop_back();
+    const std::string key = oldest->key;       // the map's key views *oldest
+    statements_.erase(std::string_view(key));  // closes it on the server
+  }
+}
+
 Connection::Statement& Connection::prepare(std::string_view sql, std::string_view what) {
   auto it = statements_.find(sql);
   if (it != statements_.end()) {
@@ -363,19 +378,21 @@ Connection::Statement& Connection::prepare(std::string_view sql, std::string_vie
     return s;
   }
   Placeholders ph = rewrite_placeholders(sql);
-  if (statements_.size() >= kMaxStatements) {
-    Statement* oldest = lru_.back();
-    lru_.pop_back();
-    const std::string key = oldest->key;  // the map's key views *oldest
-    statements_.erase(std::string_view(key));
-  }
+  if (statements_.size() >= kMaxStatements) close_oldest(1);
   auto s = std::make_unique<Statement>();
   s->key = std::string(sql);
-  s->stmt.reset(mysql_stmt_init(mysql_.get()));
-  if (!s->stmt) fail_conn(what, std::chrono::steady_clock::now());
   const auto started = std::chrono::steady_clock::now();
-  if (mysql_stmt_prepare(s->stmt.get(), ph.text.data(), ph.text.size()) != 0) {
-    fail_stmt(s->stmt.get(), what, started);
+  for (int attempt = 0;; ++attempt) {
+    s->stmt.reset(mysql_stmt_init(mysql_.get()));
+    if (!s->stmt) fail_conn(what, std::chrono::steady_clock::now());
+    if (mysql_stmt_prepare(s->stmt.get(), ph.text.data(), ph.text.size()) == 0) break;
+    // The server's max_prepared_stmt_count (over every client) is reached: the least
+    // recently used half of this connection's statements makes room, once.
+    if (attempt > 0 || mysql_stmt_errno(s->stmt.get()) != kTooManyPreparedStatements ||
+        statements_.empty()) {
+      fail_stmt(s->stmt.get(), what, started);
+    }
+    close_oldest((statements_.size() + 1) / 2);
   }
   if (mysql_stmt_param_count(s->stmt.get()) != ph.arg_of.size()) {
     throw UsageError("mysql: the server counts " +

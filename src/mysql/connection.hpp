@@ -29,8 +29,9 @@ struct ConnectSettings {
 /// One client connection (not thread-safe: one user at a time, lent by the Pool).
 ///
 /// Statements are prepared on first use and cached by their text (up to kMaxStatements, then
-/// the least recently used is closed). A connection that failed at the network level is marked
-/// broken and must be dropped. Every failure is thrown through errors.cpp.
+/// the least recently used is closed; when the server's max_prepared_stmt_count is reached,
+/// the least recently used half makes room). A connection that failed at the network level is
+/// marked broken and must be dropped. Every failure is thrown through errors.cpp.
 class Connection {
  public:
   /// Opens a connection (connect, read and write timeouts, utf8mb4, TCP unless a socket is
@@ -99,6 +100,8 @@ class Connection {
  private:
   struct Statement;
   Statement& prepare(std::string_view sql, std::string_view what);
+  // Closes the `n` least recently used statements.
+  void close_oldest(std::size_t n);
   [[noreturn]] void fail(unsigned number, const char* sqlstate, const char* message,
                          std::string_view what, std::chrono::steady_clock::time_point started);
   [[noreturn]] void fail_stmt(MYSQL_STMT* stmt, std::string_view what,

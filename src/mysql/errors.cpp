@@ -114,6 +114,10 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
     case kReadOnlyTransaction:
     case kQueryInterrupted:
       raise<StorageUnavailable>(what, number, sqlstate);
+    case kTooManyPreparedStatements:
+      raise<StorageUnavailable>(
+          what + " (the server's max_prepared_stmt_count, shared by every client, is reached)",
+          number, sqlstate);
     default:
       break;
   }

@@ -15,6 +15,7 @@ inline constexpr unsigned kLockWaitTimeout = 1205;
 inline constexpr unsigned kDeadlock = 1213;
 inline constexpr unsigned kDuplicateEntryWithKeyName = 1586;
 inline constexpr unsigned kNeedReprepare = 1615;
+inline constexpr unsigned kTooManyPreparedStatements = 1461;  // max_prepared_stmt_count
 inline constexpr unsigned kServerGone = 2006;
 inline constexpr unsigned kServerLost = 2013;
 

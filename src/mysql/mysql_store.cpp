@@ -34,6 +34,11 @@ constexpr std::size_t kMaxFingerprint = 255;
 constexpr std::chrono::microseconds kExpirySlack = std::chrono::seconds(60);
 // Bytes of a statement packet that are not the response (keys, owner, fingerprint, header).
 constexpr std::uint64_t kPacketHeadroom = 4096;
+// Rows of one record_batch_in INSERT at most: 6 placeholders each, well inside the 65,535 a
+// prepared statement may have.
+constexpr std::size_t kBatchRowsPerStatement = 1000;
+// Bytes of a batch row besides its key, scope, fingerprint, owner and response.
+constexpr std::uint64_t kBatchRowOverhead = 64;
 
 std::string q(const std::string& identifier) { return "`" + identifier + "`"; }
 
@@ -184,6 +189,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
   std::atomic<bool> column_known{false};
   std::atomic<bool> column_binary{true};
   std::atomic<std::uint64_t> column_max{0};
+  // The server's max_allowed_packet less kPacketHeadroom (0 until read, with column_max).
+  std::atomic<std::uint64_t> packet_max{0};
   // The completion by the row's id, when the table's primary key is one AUTO_INCREMENT
   // column (empty otherwise). Written once, under column_mutex, before by_id_known is set
   // (idem's migration never changes a primary key); read only once by_id_known is.
@@ -399,7 +406,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
         complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
                          " = ?6 AND owner = ?3 AND status = 'in_progress'";
       }
-      column_max.store(std::min(octets, packet > kPacketHeadroom ? packet - kPacketHeadroom : 0));
+      packet_max.store(packet > kPacketHeadroom ? packet - kPacketHeadroom : 0);
+      column_max.store(std::min(octets, packet_max.load()));
       by_id_known.store(true);
     }
     column_known.store(true);
@@ -853,32 +861,50 @@ std::optional<std::vector<bool>> MysqlStore::record_batch_in(
     p.push_back(detail::to_param(Blob{response}));
     p.push_back(detail::to_param(seconds));
   };
-  // Every record in one statement: the usual case (the keys are new).
-  std::string sql = impl_->batch_head;
+  // Rows per INSERT: every row carries the response, and a statement must stay within the
+  // server's max_allowed_packet (beyond it the server drops the connection, which would read
+  // as a lost server) and within a prepared statement's placeholders.
+  std::uint64_t widest = 0;
+  for (const ClaimRequest& r : requests) {
+    widest = std::max<std::uint64_t>(widest, r.key->id().size() + r.key->scope().size() +
+                                                 r.fingerprint.size() + r.owner->str().size());
+  }
+  const std::uint64_t row_bytes = response.size() + widest + kBatchRowOverhead;
+  const std::uint64_t packet = impl_->packet_max.load();
+  const std::size_t per_statement = packet == 0
+                                        ? kBatchRowsPerStatement
+                                        : static_cast<std::size_t>(std::clamp<std::uint64_t>(
+                                              packet / row_bytes, 1, kBatchRowsPerStatement));
   std::vector<Param> params;
-  params.reserve(order.size() * 6);
-  for (std::size_t j = 0; j < order.size(); ++j) {
-    if (j > 0) sql += ", ";
-    sql += impl_->batch_row;
-    params_of(requests[order[j]], params);
-  }
-  try {
-    c.execute(sql, params.data(), params.size(), nullptr, "insert records");
-    out.assign(requests.size(), true);
-    return out;
-  } catch (const DuplicateKey&) {
-    // A record exists: MySQL rolled back that statement only. One row at a time, in the same
-    // order, tells which.
-  }
   const std::string one = impl_->batch_head + impl_->batch_row;
-  for (std::size_t i : order) {
+  for (std::size_t from = 0; from < order.size(); from += per_statement) {
+    const std::size_t to = std::min(order.size(), from + per_statement);
+    // The rows of this slice in one statement: the usual case (the keys are new).
+    std::string sql = impl_->batch_head;
     params.clear();
-    params_of(requests[i], params);
+    params.reserve((to - from) * 6);
+    for (std::size_t j = from; j < to; ++j) {
+      if (j > from) sql += ", ";
+      sql += impl_->batch_row;
+      params_of(requests[order[j]], params);
+    }
     try {
-      c.execute(one, params.data(), params.size(), nullptr, "insert records");
-      out[i] = true;
+      c.execute(sql, params.data(), params.size(), nullptr, "insert records");
+      for (std::size_t j = from; j < to; ++j) out[order[j]] = true;
+      continue;
     } catch (const DuplicateKey&) {
-      out[i] = false;
+      // A record exists: MySQL rolled back that statement only. One row at a time, in the
+      // same order, tells which.
+    }
+    for (std::size_t j = from; j < to; ++j) {
+      params.clear();
+      params_of(requests[order[j]], params);
+      try {
+        c.execute(one, params.data(), params.size(), nullptr, "insert records");
+        out[order[j]] = true;
+      } catch (const DuplicateKey&) {
+        out[order[j]] = false;
+      }
     }
   }
   return out;

@@ -65,9 +65,12 @@ struct ConnectionOptions {
   std::chrono::seconds read_timeout{5};
   /// How long one write to the server may wait. Whole seconds.
   std::chrono::seconds write_timeout{5};
-  /// Require TLS (the connection fails rather than fall back to plain text).
+  /// Require TLS (the connection fails rather than fall back to plain text). Without tls_ca
+  /// the traffic is encrypted but the server is not authenticated (anyone on the path can
+  /// present a certificate): set tls_ca where that matters.
   bool tls = false;
-  /// CA file to verify the server's certificate with (TLS).
+  /// CA file (PEM) the server's certificate must chain to; its host name must also match
+  /// `host` (the certificate's subjectAltName). Implies `tls`.
   std::string tls_ca;
 };
 

@@ -243,10 +243,12 @@ class IDEM_EXPORT MysqlStore {
                  const OwnerToken& owner, std::string_view response, std::chrono::seconds retention,
                  const ClaimResult& decided);
   /// Contract: for each request, writes its record already completed with `response` when no
-  /// record of its key exists. One multi-row INSERT for the whole list, rows in key order
-  /// (concurrent batches lock in the same order); when a record of one of the keys exists
-  /// (1062: MySQL rolls back that statement only, `tx` stays usable), one INSERT per request
-  /// decides which were written. So the answer is never nullopt, whatever the hint.
+  /// record of its key exists. Multi-row INSERTs, rows in key order (concurrent batches lock
+  /// in the same order): one for up to 1,000 requests, fewer rows per statement when the
+  /// response is large (a statement stays within the server's max_allowed_packet); when a
+  /// record of one of a statement's keys exists (1062: MySQL rolls back that statement only,
+  /// `tx` stays usable), one INSERT per request of that statement decides which were written.
+  /// So the answer is never nullopt, whatever the hint.
   /// @return for each request, whether its record was written (false: a record exists; decide
   ///         with decide_in).
   /// @throws idem::UsageError for a key given twice or a request without key or owner.

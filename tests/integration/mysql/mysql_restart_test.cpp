@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // MariaDB killed (kill -9, InnoDB crash recovery on restart) under guarded payments, and at
-// COMMIT; a server whose time zone is not UTC. Runs alone (RUN_SERIAL): it kills the shared
-// server and changes a global setting.
+// COMMIT; a server whose time zone is not UTC; a server out of prepared statements. Runs alone
+// (RUN_SERIAL): it kills the shared server and changes global settings.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -171,6 +171,64 @@ TEST(MysqlRestart, TimesAreUtcWhateverTheServerTimeZone) {
             store.begin(k2, "", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
   EXPECT_EQ(idem::ClaimStatus::kBusy,
             store.begin(k2, "", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+}
+
+// The server's max_prepared_stmt_count is shared by every client: reached (here: lowered to
+// what is prepared already), a connection makes room by closing its least recently used
+// statements, and one with nothing to close fails retryable (StorageUnavailable), not with an
+// untyped error.
+TEST(MysqlRestart, AServerOutOfPreparedStatementsIsSurvivedOrRetryable) {
+  IDEM_REQUIRE_MYSQL();
+  (void)my::Database::name();
+  my::RawConnection admin(my::connection());
+  const long before = admin.scalar("SELECT @@GLOBAL.max_prepared_stmt_count");
+  struct Restore {
+    long value;
+    ~Restore() {
+      try {
+        my::RawConnection(my::connection())
+            .query("SET GLOBAL max_prepared_stmt_count = " + std::to_string(value));
+      } catch (...) {
+      }
+    }
+  } restore{before};
+  auto o = my::options();
+  o.pool_size = 1;
+  MysqlStore store(o);
+  auto select = [&](int n) {
+    return store.with_session([&](idem::mysql::Session& s) {
+      return s.query_int64("SELECT ?1 + " + std::to_string(n), 1).value_or(-1);
+    });
+  };
+  for (int n = 0; n < 8; ++n) ASSERT_EQ(1 + n, select(n));
+  // No room left: the limit lowered to what the server holds prepared.
+  auto no_room = [&] {
+    const long prepared = admin.scalar(
+        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+        " WHERE VARIABLE_NAME = 'PREPARED_STMT_COUNT'");
+    admin.query("SET GLOBAL max_prepared_stmt_count = " + std::to_string(prepared));
+    return prepared;
+  };
+  ASSERT_GE(no_room(), 8);
+  // A statement never prepared before: room is made, it runs, and so does a guarded call.
+  EXPECT_EQ(101, select(100));
+  idem::IdempotencyGuard guard{store};
+  auto k = idem::Key::make("payment", idem::test::unique_name("stmts"));
+  EXPECT_EQ(idem::Outcome::kExecuted,
+            guard.run(k, "", [](Transaction&) { return std::string("paid"); }).outcome);
+  // A connection with no statement of its own to close cannot make room.
+  auto plain = my::options();
+  plain.pool_size = 1;
+  plain.migrate = false;
+  MysqlStore fresh(plain);
+  no_room();
+  try {
+    (void)fresh.lookup(k);
+    ADD_FAILURE() << "prepared a statement past max_prepared_stmt_count";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("max_prepared_stmt_count")) << e.what();
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // configuration typed and non-retryable; adopting the seed table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -835,6 +836,49 @@ TEST_F(MysqlStoreTest, OversizeResponseIsRefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(fits.size(), store.lookup(k2)->response.size());
 }
 
+// record_batch_in (run_batch, consume_batch) splits a batch into statements a server takes:
+// 11,000 records are more rows than one prepared INSERT has placeholders for (65,535, six a
+// row), and twenty responses of an eighth of max_allowed_packet each are more bytes than one
+// statement may carry (the server drops the connection). Every record is written once, and a
+// batch with some records already there answers each request right.
+TEST_F(MysqlStoreTest, BatchesLargerThanOneStatementAreSplit) {
+  MysqlStore store{my::options()};
+  auto batch = [&](const std::vector<idem::Key>& keys, const std::string& response) {
+    const auto owner = idem::OwnerToken::generate();
+    std::vector<idem::ClaimRequest> requests;
+    for (const auto& k : keys) requests.push_back({&k, "fp", &owner});
+    return store.with_transaction([&](Transaction& tx) {
+      return store.record_batch_in(tx, requests, response, std::chrono::seconds(600), {}).value();
+    });
+  };
+  auto written = [](const std::vector<bool>& v) { return std::count(v.begin(), v.end(), true); };
+  const std::string prefix = idem::test::unique_name("many");
+  std::vector<idem::Key> many;
+  for (int i = 0; i < 11000; ++i) {
+    many.push_back(idem::Key::make("payment", prefix + "-" + std::to_string(i)));
+  }
+  EXPECT_EQ(11000, written(batch(many, "ok")));
+  EXPECT_EQ(11000, my::raw().scalar("SELECT count(*) FROM api_idempotency WHERE idem_key LIKE " +
+                                    my::raw().quote(prefix + "-%")));
+  // Half of them again, with as many new keys: the new ones are written, the others not.
+  std::vector<idem::Key> mixed(many.begin() + 5500, many.end());
+  for (int i = 0; i < 5500; ++i) {
+    mixed.push_back(idem::Key::make("payment", prefix + "-new-" + std::to_string(i)));
+  }
+  auto answers = batch(mixed, "ok");
+  ASSERT_EQ(mixed.size(), answers.size());
+  for (std::size_t i = 0; i < mixed.size(); ++i) {
+    ASSERT_EQ(i >= 5500, answers[i]) << mixed[i].str();
+  }
+
+  const std::uint64_t max = store.max_response_bytes();
+  const std::string large(static_cast<std::size_t>(max / 8), 'r');
+  std::vector<idem::Key> heavy;
+  for (int i = 0; i < 20; ++i) heavy.push_back(key("heavy"));
+  EXPECT_EQ(20, written(batch(heavy, large)));
+  for (const auto& k : heavy) EXPECT_EQ(large.size(), store.lookup(k)->response.size());
+}
+
 TEST_F(MysqlStoreTest, BadConfigurationIsTypedAndNotRetryable) {
   auto o = my::options();
   o.connection.password = "wrong";
@@ -878,6 +922,60 @@ TEST_F(MysqlStoreTest, BadConfigurationIsTypedAndNotRetryable) {
   auto bad = my::options();
   bad.table = "api_idempotency; DROP TABLE x";
   EXPECT_THROW(MysqlStore{bad}, idem::UsageError);
+}
+
+// TLS against the test server, which offers it with the test-made certificates (they name
+// localhost and 127.0.0.1). A CA given authenticates the server: another CA's certificate is
+// refused, and so is the right certificate reached under a name it does not carry
+// (127.0.0.2, through a forwarding proxy). Refusals are configuration errors: not retryable.
+TEST_F(MysqlStoreTest, TlsWithACaAuthenticatesTheServer) {
+  std::string dir;
+  IDEM_REQUIRE_ENV(dir, "IDEM_TEST_MYSQL_TLS_DIR");
+  auto cipher = [](MysqlStore& s) {
+    return s.with_session([](idem::mysql::Session& session) {
+      return session
+          .query_text(
+              "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS"
+              " WHERE VARIABLE_NAME = 'SSL_CIPHER'")
+          .value_or("");
+    });
+  };
+  auto refused = [](idem::mysql::MysqlStoreOptions o, const std::string& why) {
+    try {
+      MysqlStore s{o};
+      ADD_FAILURE() << "connected although " << why;
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
+    }
+  };
+  auto verified = my::options();
+  verified.pool_size = 1;
+  verified.connection.tls_ca = dir + "/ca.pem";
+  MysqlStore store{verified};
+  EXPECT_NE("", cipher(store));
+  auto k = key("tls");
+  EXPECT_EQ(Outcome::kExecuted,
+            idem::IdempotencyGuard{store}
+                .run(k, "", [](Transaction&) { return std::string("over tls"); })
+                .outcome);
+  EXPECT_EQ("over tls", store.lookup(k)->response);
+
+  auto other_ca = verified;
+  other_ca.connection.tls_ca = dir + "/other-ca.pem";
+  refused(other_ca, "the certificate does not chain to the CA given");
+
+  idem::test::CommitDroppingProxy elsewhere(static_cast<int>(verified.connection.port),
+                                            0x7f000002);  // 127.0.0.2
+  auto wrong_name = verified;
+  wrong_name.connection.host = "127.0.0.2";
+  wrong_name.connection.port = static_cast<unsigned>(elsewhere.port());
+  refused(wrong_name, "the certificate does not name 127.0.0.2");
+  // TLS without a CA encrypts without authenticating: the same path is accepted.
+  auto encrypted_only = wrong_name;
+  encrypted_only.connection.tls_ca.clear();
+  encrypted_only.connection.tls = true;
+  MysqlStore unauthenticated{encrypted_only};
+  EXPECT_NE("", cipher(unauthenticated));
 }
 
 TEST(MysqlUri, ParsesEveryPart) {

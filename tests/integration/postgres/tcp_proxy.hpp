@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -25,12 +26,14 @@ namespace idem::test {
 
 class CommitDroppingProxy {
  public:
-  /// Forwards 127.0.0.1:<port()> to 127.0.0.1:<upstream_port>.
-  explicit CommitDroppingProxy(int upstream_port) : upstream_port_(upstream_port) {
+  /// Forwards <listen_address>:<port()> to 127.0.0.1:<upstream_port>. `listen_address` is
+  /// host order: another loopback address (127.0.0.2) makes the server another host name.
+  explicit CommitDroppingProxy(int upstream_port, std::uint32_t listen_address = INADDR_LOOPBACK)
+      : upstream_port_(upstream_port) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_addr.s_addr = htonl(listen_address);
     a.sin_port = 0;
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
         ::listen(listen_fd_, 64) != 0) {
