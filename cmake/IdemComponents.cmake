@@ -87,7 +87,7 @@ idem_component(http OPTION IDEM_WITH_HTTP TARGETS idem_http COMPONENTS core
 idem_dependency(rabbitmq-c FIND "CONFIG rabbitmq-c rabbitmq::rabbitmq" "PKG_CONFIG librabbitmq"
                 PKG_CONFIG librabbitmq DEB librabbitmq-dev)
 idem_component(rabbitmq OPTION IDEM_WITH_RABBITMQ TARGETS idem_rabbitmq COMPONENTS core
-               PRIVATE_DEPENDS rabbitmq-c HEADERS idem/rabbitmq
+               PRIVATE_DEPENDS rabbitmq-c libssl HEADERS idem/rabbitmq
                SUMMARY "RabbitMQ consumer loop and publisher (rabbitmq-c)")
 # grpc++ and protobuf are part of idem::grpc's API (Method::handle takes grpc::ServerContextBase,
 # grpc::Status and protobuf messages). Debian 12 ships gRPCConfig.cmake and no protobuf CMake

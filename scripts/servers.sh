@@ -21,8 +21,10 @@
 #                                 (mysql-kill: kill -9; mysql-restart kill: kill -9, then start,
 #                                 which runs InnoDB crash recovery)
 #   scripts/servers.sh rabbitmq-start | rabbitmq-stop | rabbitmq-restart
-#                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, its own epmd on
-#                                 IDEM_EPMD_PORT); restart keeps its queues and messages
+#                                 a RabbitMQ node (AMQP on IDEM_RABBITMQ_PORT, AMQPS with the
+#                                 test-made certificates on IDEM_RABBITMQ_TLS_PORT, default one
+#                                 below, its own epmd on IDEM_EPMD_PORT); restart keeps its
+#                                 queues and messages
 #   scripts/servers.sh rabbitmq-eval EXPR
 #                                 rabbitmqctl eval on that node (tests change its settings)
 #   scripts/servers.sh tls        a CA and certificates made now (openssl, in IDEM_SERVERS_DIR/tls),
@@ -53,6 +55,7 @@ MYSQL_DB="idem_test"
 RABBITMQ_PORT="${IDEM_RABBITMQ_PORT:-18672}"
 RABBITMQ_DIST_PORT="${IDEM_RABBITMQ_DIST_PORT:-18673}"
 EPMD_PORT="${IDEM_EPMD_PORT:-18369}"
+RABBITMQ_TLS_PORT="${IDEM_RABBITMQ_TLS_PORT:-$((RABBITMQ_PORT - 1))}"
 RABBITMQ_BIN="${IDEM_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}"
 TLS_PORT="${IDEM_TLS_PORT:-16380}"
 PG_TLS_PORT="${IDEM_PG_TLS_PORT:-$((TLS_PORT + 1))}"
@@ -500,6 +503,7 @@ rabbitmq_start() {
   ensure_dir
   if rabbitmq_alive; then return 0; fi
   mkdir -p "$RABBITMQ_DIR/mnesia" "$RABBITMQ_DIR/log"
+  tls_certs
   if [ ! -s "$RABBITMQ_DIR/.erlang.cookie" ]; then
     head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$RABBITMQ_DIR/.erlang.cookie"
     chmod 0400 "$RABBITMQ_DIR/.erlang.cookie"
@@ -512,6 +516,12 @@ log.console = true
 log.console.level = warning
 log.file = false
 disk_free_limit.absolute = 50MB
+listeners.ssl.1 = 127.0.0.1:$RABBITMQ_TLS_PORT
+ssl_options.cacertfile = $DIR/tls/ca.pem
+ssl_options.certfile = $DIR/tls/server.pem
+ssl_options.keyfile = $DIR/tls/server-key.pem
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false
 CONF
   if ! port_open "$EPMD_PORT"; then
     rabbitmq_env epmd -port "$EPMD_PORT" -address 127.0.0.1 -daemon -relaxed_command_check
@@ -555,6 +565,7 @@ rabbitmq_stop() {
 
 print_rabbitmq_env() {
   echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2F IDEM_RABBITMQ_PORT=$RABBITMQ_PORT IDEM_RABBITMQ_DIST_PORT=$RABBITMQ_DIST_PORT IDEM_EPMD_PORT=$EPMD_PORT"
+  echo "export IDEM_TEST_RABBITMQ_TLS_URL=amqps://guest:guest@localhost:$RABBITMQ_TLS_PORT/%2F IDEM_TEST_RABBITMQ_TLS_DIR=$DIR/tls IDEM_RABBITMQ_TLS_PORT=$RABBITMQ_TLS_PORT"
 }
 
 print_env() {

@@ -114,6 +114,7 @@ class Connection {
   [[noreturn]] void fail_server(int code, std::string_view text, std::string_view what,
                                 bool write_may_apply);
   void heartbeat_loop();
+  void configure_tls(amqp_socket_t* socket, const std::string& what);
 
   ConnectionOptions options_;
   std::string role_;
@@ -121,6 +122,7 @@ class Connection {
   std::string url_buffer_;
   std::string host_, user_, password_, vhost_;
   int port_ = 5672;
+  bool tls_ = false;  // amqps://
   Setup setup_;
 
   std::mutex mutex_;

@@ -76,8 +76,19 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 struct ConnectionOptions {
   /// `amqp://[user[:password]@]host[:port][/vhost]` (the AMQP URI scheme: percent-escapes
   /// decoded; port 5672, user and password "guest" by default; no path means vhost "/", the
-  /// path "/" means the vhost "" and "/%2F" the vhost "/"). `amqps://` is not supported.
+  /// path "/" means the vhost "" and "/%2F" the vhost "/"). `amqps://` (port 5671 by default)
+  /// connects over TLS 1.2 or later and authenticates the broker: its certificate must chain
+  /// to `tls_ca` (else the system's trust store) and name the URL's host (a DNS name).
   std::string url = "amqp://guest:guest@127.0.0.1:5672";
+  /// amqps://: the CA file (PEM) the broker's certificate must chain to; empty: the system's
+  /// trust store. A certificate that does not chain or name the host is a non-retryable
+  /// StorageError. Setting it with an amqp:// URL is a UsageError.
+  std::string tls_ca;
+  /// amqps://: a client certificate (PEM) and its key, for brokers that ask for one
+  /// (`ssl_options.verify = verify_peer`); both or neither.
+  std::string tls_cert;
+  /// The key of `tls_cert` (PEM, unencrypted).
+  std::string tls_key;
   /// Heartbeat interval requested of the broker (it may lower it); 0 disables heartbeats.
   std::chrono::seconds heartbeat{30};
   /// Send heartbeats from a thread while no call of ours runs (see the file comment).

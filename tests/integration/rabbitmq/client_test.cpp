@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "../postgres/tcp_proxy.hpp"
 #include "idem/errors.hpp"
 #include "idem/rabbitmq/consumer_loop.hpp"
 #include "rabbit_support.hpp"
@@ -328,8 +330,16 @@ TEST(RabbitClientOptions, BadOptionsAreUsageErrors) {
   o.queue.name = "q";
   o.connection.url = "http://127.0.0.1/";
   EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
-  o.connection.url = "amqps://127.0.0.1/";
+  o.connection.url = "amqp://127.0.0.1/";
+  o.connection.tls_ca = "/etc/ssl/certs/ca-certificates.crt";  // TLS files need amqps://
   EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.url = "amqps://127.0.0.1/";
+  o.connection.tls_ca = "/nonexistent/ca.pem";
+  EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.tls_ca.clear();
+  o.connection.tls_cert = "/etc/ssl/certs/ca-certificates.crt";  // without its key
+  EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.tls_cert.clear();
   o.connection.url = "amqp://127.0.0.1/";
   o.prefetch = 0;
   EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
@@ -347,6 +357,62 @@ TEST(RabbitClientOptions, BadOptionsAreUsageErrors) {
   EXPECT_THROW(idem::rabbitmq::Publisher{po}, idem::UsageError);
   idem::rabbitmq::Publisher p{idem::rabbitmq::PublisherOptions{}};
   EXPECT_THROW(p.publish(OutgoingMessage{}), idem::UsageError);  // no message id
+}
+
+// amqps:// against the test node's TLS listener (the test-made certificates name localhost
+// and 127.0.0.1). Messages go both ways, with and without a client certificate; the broker
+// is authenticated: a certificate of another CA is refused, and so is the right one reached
+// under a name it does not carry (127.0.0.2, through a forwarding proxy). Refusals are
+// configuration errors: not retryable.
+TEST_F(RabbitClientTest, AmqpsAuthenticatesTheBroker) {
+  std::string tls_url, dir;
+  IDEM_REQUIRE_ENV(tls_url, "IDEM_TEST_RABBITMQ_TLS_URL");
+  IDEM_REQUIRE_ENV(dir, "IDEM_TEST_RABBITMQ_TLS_DIR");
+  const std::string q = queue_name();
+  auto tls = [&](const std::string& url) {
+    auto c = idem::test::rabbit_connection(url);
+    c.tls_ca = dir + "/ca.pem";
+    return c;
+  };
+  auto o = consumer_options(q);
+  o.connection = tls(tls_url);
+  QueueConsumer c{o};
+  c.connect();
+  idem::rabbitmq::PublisherOptions po;
+  po.connection = tls(tls_url);
+  po.connection.tls_cert = dir + "/client.pem";
+  po.connection.tls_key = dir + "/client-key.pem";
+  idem::rabbitmq::Publisher p{po};
+  OutgoingMessage m;
+  m.routing_key = q;
+  m.message_id = "over-tls";
+  m.body = "paid";
+  p.publish(m);
+  auto got = c.receive(1, 5s);
+  ASSERT_EQ(1u, got.size());
+  EXPECT_EQ("over-tls", got[0].message_id);
+  EXPECT_EQ("paid", got[0].body);
+  EXPECT_TRUE(c.ack(got[0]));
+
+  auto refused = [&](idem::rabbitmq::ConnectionOptions conn, const std::string& why) {
+    auto ro = consumer_options(q);
+    ro.connection = std::move(conn);
+    QueueConsumer r{ro};
+    try {
+      r.connect();
+      ADD_FAILURE() << "connected although " << why;
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
+    }
+  };
+  auto other_ca = tls(tls_url);
+  other_ca.tls_ca = dir + "/other-ca.pem";
+  refused(other_ca, "the certificate does not chain to the CA given");
+  const char* port = std::getenv("IDEM_RABBITMQ_TLS_PORT");
+  ASSERT_NE(nullptr, port);
+  idem::test::CommitDroppingProxy elsewhere(std::stoi(port), 0x7f000002);  // 127.0.0.2
+  refused(tls("amqps://guest:guest@127.0.0.2:" + std::to_string(elsewhere.port()) + "/%2F"),
+          "the certificate does not name 127.0.0.2");
 }
 
 // The broker drops a connection it has not heard from for about two heartbeat intervals;
