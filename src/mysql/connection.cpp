@@ -296,7 +296,7 @@ void Connection::fail(unsigned number, const char* sqlstate, const char* message
   if (watching_ && !ended_) {
     // Errors after which the server has rolled the whole transaction back.
     constexpr unsigned kLockTableFull = 1206;
-    if (number == kDeadlock || number == kLockTableFull ||
+    if (number == kDeadlock || number == kRecordChanged || number == kLockTableFull ||
         (number == kLockWaitTimeout && rollback_on_timeout_) || is_connection_failure(number)) {
       ended_ = true;
       ended_number_ = number;

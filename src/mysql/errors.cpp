@@ -108,6 +108,7 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
       raise<StorageError>(what + " (check the TLS settings of the connection URI)", number,
                           sqlstate);
     case kDeadlock:
+    case kRecordChanged:
     case kConnectionCount:
     case kTooManyUserConnections:
     case kReadOnly:

@@ -8,6 +8,7 @@
 namespace idem::mysql::detail {
 
 // Error numbers idem acts on (server 1xxx, client library 2xxx).
+inline constexpr unsigned kRecordChanged = 1020;  // MariaDB >= 11.6 snapshot isolation
 inline constexpr unsigned kAccessDenied = 1045;
 inline constexpr unsigned kBadDatabase = 1049;
 inline constexpr unsigned kDuplicateEntry = 1062;
@@ -23,10 +24,12 @@ inline constexpr unsigned kServerLost = 2013;
 constexpr bool is_duplicate(unsigned n) noexcept {
   return n == kDuplicateEntry || n == kDuplicateEntryWithKeyName;
 }
-/// A lock wait that ended the statement (1205) or a deadlock that rolled the transaction back
-/// (1213): running the whole transaction again may succeed.
+/// A lock wait that ended the statement (1205), a deadlock that rolled the transaction back
+/// (1213), or a row changed since the transaction's snapshot (1020, MariaDB >= 11.6 under
+/// REPEATABLE READ with innodb_snapshot_isolation, its default; rolls the transaction back):
+/// running the whole transaction again may succeed.
 constexpr bool is_lock_conflict(unsigned n) noexcept {
-  return n == kLockWaitTimeout || n == kDeadlock;
+  return n == kLockWaitTimeout || n == kDeadlock || n == kRecordChanged;
 }
 /// The connection cannot be used any more (lost, gone, or never opened): close it.
 bool is_connection_failure(unsigned n) noexcept;

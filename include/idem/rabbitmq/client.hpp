@@ -78,7 +78,7 @@ struct ConnectionOptions {
   /// decoded; port 5672, user and password "guest" by default; no path means vhost "/", the
   /// path "/" means the vhost "" and "/%2F" the vhost "/"). `amqps://` (port 5671 by default)
   /// connects over TLS 1.2 or later and authenticates the broker: its certificate must chain
-  /// to `tls_ca` (else the system's trust store) and name the URL's host (a DNS name).
+  /// to `tls_ca` (else the system's trust store) and name the URL's host.
   std::string url = "amqp://guest:guest@127.0.0.1:5672";
   /// amqps://: the CA file (PEM) the broker's certificate must chain to; empty: the system's
   /// trust store. A certificate that does not chain or name the host is a non-retryable

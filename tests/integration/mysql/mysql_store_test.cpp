@@ -251,6 +251,52 @@ TEST_F(MysqlStoreTest, LockConflictsAfterTheRetriesAreTyped) {
   my::raw().query("DROP TABLE " + rows);
 }
 
+// MariaDB 11.6.2+ (innodb_snapshot_isolation, its default under REPEATABLE READ) answers a
+// locking read or write of a row changed after the transaction's snapshot with 1020 and rolls
+// the transaction back. The test server (10.11) has no such conflicts: the handler raises the
+// error number with SIGNAL. It is re-run like a deadlock; when it persists, StorageUnavailable
+// with the number, nothing committed.
+TEST_F(MysqlStoreTest, SnapshotConflictsAreReRunLikeDeadlocks) {
+  auto o = my::options();
+  std::vector<unsigned> seen;
+  o.on_retry = [&](const idem::Key&, unsigned n) { seen.push_back(n); };
+  MysqlStore store{o};
+  idem::IdempotencyGuard guard{store};
+  const std::string conflict =
+      "SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1020,"
+      " MESSAGE_TEXT = 'Record has changed since last read in table ''t'''";
+  auto k = key("snapshot");
+  int runs = 0;
+  auto r = guard.run(k, "", [&](Transaction& tx) {
+    ++runs;
+    my::insert_effect(tx, k.id());
+    if (runs == 1) tx.exec_text(conflict);
+    return std::string("ok");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1, effects(k));
+  EXPECT_EQ(std::vector<unsigned>{1020}, seen);
+
+  auto k2 = key("snapshot_stays");
+  int runs2 = 0;
+  try {
+    (void)guard.run(k2, "", [&](Transaction& tx) {
+      ++runs2;
+      my::insert_effect(tx, k2.id());
+      tx.exec_text(conflict);
+      return std::string("never");
+    });
+    ADD_FAILURE() << "a conflict on every run succeeded";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(1020u, dynamic_cast<const idem::mysql::ServerError&>(e).error_number());
+  }
+  EXPECT_EQ(1 + static_cast<int>(o.max_retries), runs2);
+  EXPECT_EQ(0, effects(k2));
+  EXPECT_FALSE(store.lookup(k2).has_value());
+}
+
 // A handler that swallows the deadlock error cannot go on outside the rolled-back
 // transaction: its next statement throws without being sent, and the store re-runs it.
 TEST_F(MysqlStoreTest, HandlerCannotContinueAfterTheServerRolledBack) {
