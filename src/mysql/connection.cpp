@@ -256,9 +256,13 @@ Connection::Connection(const ConnectSettings& settings)
   unsigned long max_packet = 1024UL * 1024UL * 1024UL;
   mysql_optionsv(m, MYSQL_OPT_MAX_ALLOWED_PACKET, &max_packet);
   if (!settings.init_sql.empty()) mysql_optionsv(m, MYSQL_INIT_COMMAND, settings.init_sql.c_str());
-  if (o.tls || !o.tls_ca.empty()) {
+  if (o.tls || !o.tls_ca.empty() || !o.tls_cert.empty()) {
     my_bool yes = 1;
     mysql_optionsv(m, MYSQL_OPT_SSL_ENFORCE, &yes);
+  }
+  if (!o.tls_cert.empty()) {
+    mysql_optionsv(m, MYSQL_OPT_SSL_CERT, o.tls_cert.c_str());
+    mysql_optionsv(m, MYSQL_OPT_SSL_KEY, o.tls_key.c_str());
   }
   if (!o.tls_ca.empty()) {
     // A CA given means the server is authenticated: its certificate chain and the host name

@@ -95,8 +95,9 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
   }
   switch (number) {
     case kAccessDenied:
-      raise<StorageError>(what + " (check the user and password of the connection URI)", number,
-                          sqlstate);
+      raise<StorageError>(
+          what + " (check the user, password and client certificate of the connection URI)", number,
+          sqlstate);
     case kDbAccessDenied:
     case kHostNotPrivileged:
       raise<StorageError>(what + " (grant the user access, or connect as another user)", number,

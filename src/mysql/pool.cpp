@@ -2,14 +2,35 @@
 // A bounded pool of client connections, kept apart by autocommit mode.
 #include "pool.hpp"
 
+#include <fstream>
 #include <string>
 
 #include "idem/errors.hpp"
 
 namespace idem::mysql::detail {
+namespace {
+
+// TLS settings that cannot work are configuration errors, told before any connection (the
+// client library would only say "SSL connection error" at every connect).
+void check_tls(const ConnectionOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    throw UsageError("idem::mysql: tls_cert and tls_key go together");
+  }
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"tls_ca", o.tls_ca},
+                                     {"tls_cert", o.tls_cert},
+                                     {"tls_key", o.tls_key}}) {
+    if (!path.empty() && !std::ifstream(path, std::ios::binary).good()) {
+      throw UsageError(std::string("idem::mysql: ") + option + " '" + path + "' cannot be read");
+    }
+  }
+}
+
+}  // namespace
 
 Pool::Pool(ConnectSettings settings, std::size_t size, std::chrono::milliseconds wait)
-    : settings_(std::move(settings)), size_(size), wait_(wait) {}
+    : settings_(std::move(settings)), size_(size), wait_(wait) {
+  check_tls(settings_.options);
+}
 
 Pool::~Pool() {
   for (auto& list : idle_) {

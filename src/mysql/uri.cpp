@@ -133,9 +133,14 @@ ConnectionOptions parse_uri(std::string_view uri) {
       o.tls = value == "true";
     } else if (key == "tls_ca") {
       o.tls_ca = value;
+    } else if (key == "tls_cert") {
+      o.tls_cert = value;
+    } else if (key == "tls_key") {
+      o.tls_key = value;
     } else {
       bad(uri, "unknown option '" + std::string(key) +
-                   "' (known: connect_timeout, read_timeout, write_timeout, socket, tls, tls_ca)");
+                   "' (known: connect_timeout, read_timeout, write_timeout, socket, tls, tls_ca,"
+                   " tls_cert, tls_key)");
     }
   }
   for (auto t : {o.connect_timeout, o.read_timeout, o.write_timeout}) {

@@ -72,12 +72,18 @@ struct ConnectionOptions {
   /// CA file (PEM) the server's certificate must chain to; its host name must also match
   /// `host` (the certificate's subjectAltName). Implies `tls`.
   std::string tls_ca;
+  /// Client certificate file (PEM) presented to the server, for users created with
+  /// `REQUIRE X509` / `REQUIRE SUBJECT` (or as their only credential). Set with `tls_key`;
+  /// implies `tls`.
+  std::string tls_cert;
+  /// The private key of `tls_cert` (PEM, unencrypted).
+  std::string tls_key;
 };
 
 /// Parses `mysql://[user[:password]@]host[:port]/database[?key=value&...]` (also
 /// `mariadb://`). User, password and database are percent-decoded; IPv6 hosts go in brackets.
 /// Keys: connect_timeout, read_timeout, write_timeout (seconds), socket (a Unix socket path),
-/// tls (true/false), tls_ca (a file).
+/// tls (true/false), tls_ca, tls_cert, tls_key (files).
 /// @throws idem::UsageError naming what is wrong (a bad URI is a configuration error: retrying
 ///         cannot help).
 IDEM_EXPORT ConnectionOptions parse_uri(std::string_view uri);

@@ -1024,10 +1024,94 @@ TEST_F(MysqlStoreTest, TlsWithACaAuthenticatesTheServer) {
   EXPECT_NE("", cipher(unauthenticated));
 }
 
+// A user whose only credential is a client certificate (REQUIRE SUBJECT ... AND ISSUER ...):
+// the store connects with tls_cert/tls_key and runs as that user; without a certificate, or
+// with one of the same subject from a CA the server does not trust, it is refused, and the
+// refusal is a configuration error (not retryable). Files that cannot work are usage errors
+// before any connection.
+TEST_F(MysqlStoreTest, ClientCertificateAuthenticatesTheUser) {
+  std::string dir;
+  IDEM_REQUIRE_ENV(dir, "IDEM_TEST_MYSQL_TLS_DIR");
+  MysqlStore admin{my::options()};
+  admin.with_session([](idem::mysql::Session& s) {
+    s.exec_text("DROP USER IF EXISTS 'idem_x509'@'127.0.0.1'");
+    s.exec_text(
+        "CREATE USER 'idem_x509'@'127.0.0.1' REQUIRE SUBJECT '/CN=idem-client'"
+        " AND ISSUER '/CN=idem test ca'");
+    s.exec_text("GRANT ALL PRIVILEGES ON *.* TO 'idem_x509'@'127.0.0.1'");
+  });
+  auto refused = [](const idem::mysql::MysqlStoreOptions& o, const std::string& why) {
+    try {
+      MysqlStore s{o};
+      ADD_FAILURE() << "connected although " << why;
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
+    }
+  };
+  auto x509 = my::options();
+  x509.pool_size = 1;
+  x509.connection.user = "idem_x509";
+  x509.connection.password.clear();
+  x509.connection.tls_ca = dir + "/ca.pem";
+  x509.connection.tls_cert = dir + "/client.pem";
+  x509.connection.tls_key = dir + "/client-key.pem";
+  {
+    MysqlStore store{x509};
+    EXPECT_EQ("idem_x509@127.0.0.1", store.with_session([](idem::mysql::Session& s) {
+      return s.query_text("SELECT CURRENT_USER()").value_or("");
+    }));
+    auto k = key("x509");
+    EXPECT_EQ(Outcome::kExecuted,
+              idem::IdempotencyGuard{store}
+                  .run(k, "", [](Transaction&) { return std::string("by certificate"); })
+                  .outcome);
+    EXPECT_EQ("by certificate", store.lookup(k)->response);
+  }
+
+  auto no_certificate = x509;
+  no_certificate.connection.tls_cert.clear();
+  no_certificate.connection.tls_key.clear();
+  refused(no_certificate, "no client certificate was presented");
+  // Under TLS 1.3 the client ends its handshake before the server has checked the
+  // certificate: the server's alert may arrive as 2026 (not retryable) or, when the client is
+  // already sending its authentication, as a reset connection (2013, retryable: the client
+  // cannot tell it from a network failure).
+  auto untrusted = x509;
+  untrusted.connection.tls_cert = dir + "/other-client.pem";
+  untrusted.connection.tls_key = dir + "/other-client-key.pem";
+  try {
+    MysqlStore s{untrusted};
+    ADD_FAILURE() << "connected with a certificate of a CA the server does not trust";
+  } catch (const idem::StorageError& e) {
+    const auto* server = dynamic_cast<const idem::mysql::ServerError*>(&e);
+    ASSERT_NE(nullptr, server) << e.what();
+    if (e.retryable()) {
+      EXPECT_EQ(2013u, server->error_number()) << e.what();
+    } else {
+      EXPECT_EQ(2026u, server->error_number()) << e.what();
+    }
+  }
+
+  auto half = x509;
+  half.connection.tls_key.clear();
+  EXPECT_THROW(MysqlStore{half}, idem::UsageError);
+  auto missing = x509;
+  missing.connection.tls_key = dir + "/no-such-key.pem";
+  try {
+    MysqlStore s{missing};
+    ADD_FAILURE() << "a key file that does not exist was accepted";
+  } catch (const idem::UsageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("no-such-key.pem")) << e.what();
+  }
+  admin.with_session(
+      [](idem::mysql::Session& s) { s.exec_text("DROP USER IF EXISTS 'idem_x509'@'127.0.0.1'"); });
+}
+
 TEST(MysqlUri, ParsesEveryPart) {
   auto o = idem::mysql::parse_uri(
       "mysql://app%40x:p%3Ass%2Fw@db.example:3307/pay%5Fments?connect_timeout=3&read_timeout=7"
-      "&write_timeout=9&tls=true&tls_ca=%2Fetc%2Fca.pem");
+      "&write_timeout=9&tls=true&tls_ca=%2Fetc%2Fca.pem&tls_cert=%2Fetc%2Fc.pem"
+      "&tls_key=%2Fetc%2Fk.pem");
   EXPECT_EQ("app@x", o.user);
   EXPECT_EQ("p:ss/w", o.password);
   EXPECT_EQ("db.example", o.host);
@@ -1038,6 +1122,8 @@ TEST(MysqlUri, ParsesEveryPart) {
   EXPECT_EQ(9, o.write_timeout.count());
   EXPECT_TRUE(o.tls);
   EXPECT_EQ("/etc/ca.pem", o.tls_ca);
+  EXPECT_EQ("/etc/c.pem", o.tls_cert);
+  EXPECT_EQ("/etc/k.pem", o.tls_key);
   auto v6 = idem::mysql::parse_uri("mariadb://[::1]:3306/db");
   EXPECT_EQ("::1", v6.host);
   auto d = idem::mysql::parse_uri("mysql://h/db");
