@@ -100,29 +100,38 @@ TimePoint time_field(const Field& f) {
 constexpr const char* kRecordColumns =
     "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
     " expires_at <= UTC_TIMESTAMP(3), lease_until, updated_at, expires_at";
-// What a claim or a replay needs: the first seven of them.
+// What a claim needs: the first seven of them.
 constexpr std::size_t kProbeColumns = 7;
 constexpr const char* kProbeColumnsText =
     "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
     " expires_at <= UTC_TIMESTAMP(3)";
+// What the read before a claim needs (it answers only a replay or a mismatch, which no lease
+// decides): the claim's columns without the lease flag. One column fewer for the server to
+// evaluate and send, and for the client to unpack, on every durable replay.
+constexpr std::size_t kPrecheckColumns = 6;
+constexpr const char* kPrecheckColumnsText =
+    "status, fingerprint, owner, response_body, created_at, expires_at <= UTC_TIMESTAMP(3)";
 
 // A record from a read's row; the row's bytes are moved out. Reads of the full record have
-// the three times after the probe's seven columns. A status or time value idem did not write
-// (an adopted table may hold any) is CorruptRecord.
+// the three times after the probe's seven columns; the precheck's row has no lease flag
+// (kPrecheckColumns: `live` stays false). A status or time value idem did not write (an
+// adopted table may hold any) is CorruptRecord.
 Found parse_found(Row& row, const Key& key) {
   Found f;
-  if (row.size() < kProbeColumns || row[0].is_null()) {
+  if (row.size() < kPrecheckColumns || row[0].is_null()) {
     throw idem::detail::corrupt_record("mysql", key.str(), "no status");
   }
   f.record.status = idem::detail::record_status_or_throw(row[0].bytes(), "mysql", key);
+  const bool with_lease = row.size() >= kProbeColumns;
+  const std::size_t expired = with_lease ? 6 : 5;
   try {
     f.record.fingerprint = row[1].take();
     f.record.owner = row[2].take();
     f.record.response = row[3].take();
     f.record.created_at = time_field(row[4]);
-    f.live = !row[5].is_null() && row[5].as_int64() != 0;
-    f.expired = f.record.status != Record::Status::kInProgress && !row[6].is_null() &&
-                row[6].as_int64() != 0;
+    f.live = with_lease && !row[5].is_null() && row[5].as_int64() != 0;
+    f.expired = f.record.status != Record::Status::kInProgress && !row[expired].is_null() &&
+                row[expired].as_int64() != 0;
     if (row.size() >= kProbeColumns + 3) {
       f.record.lease_until = time_field(row[7]);
       f.record.updated_at = time_field(row[8]);
@@ -180,7 +189,7 @@ struct IDEM_LOCAL MysqlStore::Impl {
   MysqlStoreOptions& options;
   std::unique_ptr<detail::Pool> pool;
   // Statements (built once from validated, backquoted identifiers; every value is bound).
-  std::string claim, claim_final, claim_completed, read, probe, probe_locked, takeover,
+  std::string claim, claim_final, claim_completed, read, probe, probe_locked, precheck, takeover,
       remove_expired, complete, rewrite_response, fail, release, extend, purge_select,
       purge_delete_head, resolve, batch_head, batch_row;
   std::atomic<std::uint64_t> retries{0}, lock_timeouts{0}, commits_resolved{0}, commits_unknown{0};
@@ -237,6 +246,7 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        " AND owner = ?3 AND status = 'completed'";
     read = std::string("SELECT ") + kRecordColumns + " FROM " + t + where;
     probe = std::string("SELECT ") + kProbeColumnsText + " FROM " + t + where;
+    precheck = std::string("SELECT ") + kPrecheckColumnsText + " FROM " + t + where;
     // Inside a transaction, after a 1062: a locking read sees the latest committed row, where
     // REPEATABLE READ's snapshot could show an older one. The failed INSERT already holds a
     // shared lock on that index record, so this adds no wait, and shared locks of concurrent
@@ -602,7 +612,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
       std::optional<ClaimResult> early = impl_->autocommit(true, [&](detail::Connection& c) {
         std::optional<ClaimResult> out;
         Rows rows;
-        impl_->exec(c, impl_->probe, "read", &rows, key.id(), key.scope());
+        impl_->exec(c, impl_->precheck, "read", &rows, key.id(), key.scope());
         if (!rows.empty()) {
           Found f = parse_found(rows[0], key);
           out = idem::detail::decide_without_claim(
