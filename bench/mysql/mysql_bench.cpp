@@ -1,11 +1,19 @@
 // SPDX-License-Identifier: MIT
 // MySQL / MariaDB side by side, one thread, interleaved rounds (A B B A ...), medians:
 //   1. first execution: the guard (MemoryStore + MysqlStore, transactional, one business
-//      INSERT) vs hand-written libmariadb issuing the minimum statements for the same guarantee
-//      (BEGIN; INSERT the record, completed; the business INSERT; COMMIT; a duplicate is caught
-//      by 1062);
-//   2. (with IDEM_TEST_REDIS_URL) the same with Redis in front: RedisStore vs hand-written
-//      hiredis + libmariadb (SET key owner NX PX; the four MySQL statements; SET key response);
+//      INSERT) vs hand-written libmariadb issuing the minimum statements for the same guarantee,
+//      in the two cases a service meets:
+//      a. the response is known before the business write (an order number the request
+//         carries): hand-written BEGIN; INSERT the record, completed; the business INSERT;
+//         COMMIT (a duplicate is caught by 1062). The guard is told the response
+//         (CallOptions::expected_response), as the hand-written code knows it;
+//      b. the response is made by the business write (its generated id): hand-written BEGIN;
+//         INSERT the record in progress; the business INSERT; UPDATE the record with the
+//         response; COMMIT. The guard as called without options.
+//      (b's guard against a's hand-written code is printed too: what not knowing the response
+//      costs against code that knows it.)
+//   2. (with IDEM_TEST_REDIS_URL) 1a with Redis in front: RedisStore vs hand-written hiredis +
+//      libmariadb (SET key owner NX PX; the four MySQL statements; SET key response);
 //   3. a duplicate with the fast store down (replayed from MySQL; the guard skips the down fast
 //      store for a second after a failure, GuardOptions::fast_store_retry_after) vs one raw
 //      prepared SELECT of the record; the guard trying the fast store on every call is timed
@@ -35,6 +43,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/per_call.hpp"
@@ -228,16 +237,30 @@ int main() {
       "SELECT status, fingerprint, response_body FROM raw_idempotency"
       " WHERE idem_key = ? AND biz_type = ?");
 
+  // 1b's hand-written code: the record in progress first (a concurrent duplicate waits on its
+  // unique key), completed once the business write made the response.
+  MYSQL_STMT* raw_claim = raw.prepare(
+      "INSERT INTO raw_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+      " lease_until, expires_at, created_at, updated_at)"
+      " VALUES (?, ?, 'in_progress', ?, ?, UTC_TIMESTAMP(3) + INTERVAL 30 SECOND,"
+      " UTC_TIMESTAMP(3) + INTERVAL 1 DAY, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3))");
+  MYSQL_STMT* raw_complete = raw.prepare(
+      "UPDATE raw_idempotency SET status = 'completed', response_body = ?,"
+      " updated_at = UTC_TIMESTAMP(3) WHERE idem_key = ? AND biz_type = ?");
+
   int seq = 0;
   std::vector<std::string> ours_keys, raw_keys;
-  auto ours_first = [&](int) {
-    auto key = idem::Key::make("payment", "o" + std::to_string(++seq));
-    auto r = guard.run(key, "fp", [&](idem::mysql::Transaction& tx) {
+  // 1a: the response known before the handler, on both sides.
+  auto known_first = [&](int) {
+    auto key = idem::Key::make("payment", "k" + std::to_string(++seq));
+    const std::string response = "pay_" + key.id();
+    idem::CallOptions call;
+    call.expected_response = response;
+    auto r = guard.run(key, "fp", call, [&](idem::mysql::Transaction& tx) {
       tx.exec(pay_sql, key.id(), 100);
-      return "pay_" + key.id();
+      return response;
     });
     if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
-    ours_keys.push_back(key.id());
   };
   auto raw_first = [&](int) {
     const std::string id = "r" + std::to_string(++seq);
@@ -249,6 +272,29 @@ int main() {
     if (raw.exec(raw_pay, {id, "100"}) != 0) throw std::runtime_error("pay failed");
     raw.commit();
     raw_keys.push_back(id);
+  };
+  // 1b: the response made by the handler, on both sides.
+  auto ours_first = [&](int) {
+    auto key = idem::Key::make("payment", "o" + std::to_string(++seq));
+    auto r = guard.run(key, "fp", [&](idem::mysql::Transaction& tx) {
+      tx.exec(pay_sql, key.id(), 100);
+      return "pay_" + key.id();
+    });
+    if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
+    ours_keys.push_back(key.id());
+  };
+  auto raw_after = [&](int) {
+    const std::string id = "a" + std::to_string(++seq);
+    const std::string owner = idem::OwnerToken::generate().str();
+    raw.query("BEGIN");
+    if (raw.exec(raw_claim, {id, "payment", "fp", owner}) != 0) {
+      throw std::runtime_error("duplicate (1062)");
+    }
+    if (raw.exec(raw_pay, {id, "100"}) != 0) throw std::runtime_error("pay failed");
+    if (raw.exec(raw_complete, {"pay_" + id, id, "payment"}) != 0) {
+      throw std::runtime_error("complete failed");
+    }
+    raw.commit();
   };
   // Statements the server counted for one call of fn (the counter's own query excluded).
   auto statements = [&](const std::function<void(int)>& fn) {
@@ -303,40 +349,46 @@ int main() {
                 base, idem::bench::median_of(b));
   };
 
+  struct Side {
+    Side(const char* l, std::function<void(int)> f) : label(l), fn(std::move(f)) {}
+    const char* label;
+    std::function<void(int)> fn;
+    long long statements = 0;
+    std::string work;
+    std::vector<double> us, cpu, srv;
+  };
+  std::vector<Side> sides = {{"guard, told the response (expected_response)", known_first},
+                             {"hand-written, response known", raw_first},
+                             {"guard, response from the handler", ours_first},
+                             {"hand-written, response from the business write", raw_after}};
   for (int i = 0; i < 50; ++i) {  // warm up: connections, prepared statements, caches
-    ours_first(i);
-    raw_first(i);
+    for (auto& side : sides) side.fn(i);
   }
-  const long long ours_statements = statements(ours_first);
-  const long long raw_statements = statements(raw_first);
-  const std::string ours_work = server_work(ours_first, 20);
-  const std::string raw_work = server_work(raw_first, 20);
-
-  std::vector<double> ours_us, raw_us, ours_cpu, raw_cpu, ours_srv, raw_srv;
-  for (int r = 0; r < rounds; ++r) {
-    if (r % 2 == 0) {
-      ours_us.push_back(timed_both(calls, ours_first, &ours_cpu, &ours_srv));
-      raw_us.push_back(timed_both(calls, raw_first, &raw_cpu, &raw_srv));
-    } else {
-      raw_us.push_back(timed_both(calls, raw_first, &raw_cpu, &raw_srv));
-      ours_us.push_back(timed_both(calls, ours_first, &ours_cpu, &ours_srv));
+  for (auto& side : sides) side.statements = statements(side.fn);
+  for (auto& side : sides) side.work = server_work(side.fn, 20);
+  for (int r = 0; r < rounds; ++r) {  // the order reversed every other round
+    for (std::size_t i = 0; i < sides.size(); ++i) {
+      Side& side = sides[r % 2 == 0 ? i : sides.size() - 1 - i];
+      side.us.push_back(timed_both(calls, side.fn, &side.cpu, &side.srv));
     }
   }
   std::printf("rounds=%d calls/round/side=%d (medians of per-round means)\n", rounds, calls);
   std::printf("first execution, one business INSERT, fast store 'memory' in front:\n");
-  std::printf("  guard (transactional)     %8.1f us/call  %7.0f calls/s\n",
-              idem::bench::median_of(ours_us), 1e6 / idem::bench::median_of(ours_us));
-  std::printf("  hand-written libmariadb   %8.1f us/call  %7.0f calls/s\n",
-              idem::bench::median_of(raw_us), 1e6 / idem::bench::median_of(raw_us));
-  std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n",
-              idem::bench::median_of(ours_cpu), idem::bench::median_of(raw_cpu));
-  std::printf("  statements per call (server's Questions): guard %lld, hand-written %lld\n",
-              ours_statements, raw_statements);
-  print_server("guard", ours_srv, "hand-written", raw_srv);
-  std::printf("  server counters per call, guard:       %s\n", ours_work.c_str());
-  std::printf("  server counters per call, hand-written:%s\n", raw_work.c_str());
-  std::printf("ratio mysql_first_execution = %.3f\n",
-              idem::bench::median_of(raw_us) / idem::bench::median_of(ours_us));
+  for (const auto& side : sides) {
+    std::printf("  %-50s %8.1f us/call %6.0f calls/s | %lld statements | driver CPU %.1f us",
+                side.label, idem::bench::median_of(side.us), 1e6 / idem::bench::median_of(side.us),
+                side.statements, idem::bench::median_of(side.cpu));
+    if (server_pid > 0) std::printf(" | server CPU %.1f us", idem::bench::median_of(side.srv));
+    std::printf("\n      server counters per call:%s\n", side.work.c_str());
+  }
+  auto ratio = [&](const Side& ours, const Side& base) {
+    return idem::bench::median_of(base.us) / idem::bench::median_of(ours.us);
+  };
+  std::printf("ratio mysql_first_execution = %.3f\n", ratio(sides[0], sides[1]));
+  std::printf("ratio mysql_first_execution_response_after_handler = %.3f\n",
+              ratio(sides[2], sides[3]));
+  std::printf("ratio mysql_first_execution_response_after_handler_vs_response_known = %.3f\n",
+              ratio(sides[2], sides[1]));
 
 #ifdef IDEM_BENCH_WITH_REDIS
   const char* redis_env = std::getenv("IDEM_TEST_REDIS_URL");
@@ -347,14 +399,20 @@ int main() {
     idem::IdempotencyGuard redis_guard{redis_fast, store};
     RawRedis rr(redis_env);
     const std::string raw_prefix = "idem_bench_raw_" + std::to_string(::getpid()) + ":";
-    auto ours_redis = [&](int) {
+    // Told the response, as the hand-written code knows it (1a); and not told (1b's guard).
+    auto guard_redis = [&](bool told) {
       auto key = idem::Key::make("payment", "q" + std::to_string(++seq));
-      auto r = redis_guard.run(key, "fp", [&](idem::mysql::Transaction& tx) {
+      const std::string response = "pay_" + key.id();
+      idem::CallOptions call;
+      if (told) call.expected_response = response;
+      auto r = redis_guard.run(key, "fp", call, [&](idem::mysql::Transaction& tx) {
         tx.exec(pay_sql, key.id(), 100);
-        return "pay_" + key.id();
+        return response;
       });
       if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
     };
+    auto ours_redis = [&](int) { guard_redis(true); };
+    auto untold_redis = [&](int) { guard_redis(false); };
     auto raw_redis = [&](int) {
       const std::string id = "s" + std::to_string(++seq);
       const std::string owner = idem::OwnerToken::generate().str();
@@ -375,22 +433,26 @@ int main() {
     };
     for (int i = 0; i < 50; ++i) {
       ours_redis(i);
+      untold_redis(i);
       raw_redis(i);
     }
     const long long ours_st = statements(ours_redis), raw_st = statements(raw_redis);
-    std::vector<double> a_us, b_us, a_cpu, b_cpu, a_srv, b_srv;
+    std::vector<double> a_us, b_us, a_cpu, b_cpu, a_srv, b_srv, u_us, u_cpu, u_srv;
     for (int r = 0; r < rounds; ++r) {
       if (r % 2 == 0) {
         a_us.push_back(timed_both(calls, ours_redis, &a_cpu, &a_srv));
+        u_us.push_back(timed_both(calls, untold_redis, &u_cpu, &u_srv));
         b_us.push_back(timed_both(calls, raw_redis, &b_cpu, &b_srv));
       } else {
         b_us.push_back(timed_both(calls, raw_redis, &b_cpu, &b_srv));
+        u_us.push_back(timed_both(calls, untold_redis, &u_cpu, &u_srv));
         a_us.push_back(timed_both(calls, ours_redis, &a_cpu, &a_srv));
       }
     }
     std::printf("first execution with Redis + MySQL:\n");
-    std::printf("  guard (RedisStore + MysqlStore)     %8.1f us/call  %7.0f calls/s\n",
-                idem::bench::median_of(a_us), 1e6 / idem::bench::median_of(a_us));
+    std::printf(
+        "  guard (RedisStore + MysqlStore, told the response) %8.1f us/call  %7.0f calls/s\n",
+        idem::bench::median_of(a_us), 1e6 / idem::bench::median_of(a_us));
     std::printf("  hand-written hiredis + libmariadb   %8.1f us/call  %7.0f calls/s\n",
                 idem::bench::median_of(b_us), 1e6 / idem::bench::median_of(b_us));
     std::printf("  driver CPU per call: guard %.1f us, hand-written %.1f us\n",
@@ -400,8 +462,13 @@ int main() {
         "each)\n",
         ours_st, raw_st);
     print_server("guard", a_srv, "hand-written", b_srv);
+    std::printf("  guard not told the response         %8.1f us/call  %7.0f calls/s\n",
+                idem::bench::median_of(u_us), 1e6 / idem::bench::median_of(u_us));
     std::printf("ratio mysql_redis_first_execution = %.3f\n",
                 idem::bench::median_of(b_us) / idem::bench::median_of(a_us));
+    std::printf(
+        "ratio mysql_redis_first_execution_response_after_handler_vs_response_known = %.3f\n",
+        idem::bench::median_of(b_us) / idem::bench::median_of(u_us));
   } else {
     std::printf("(Redis comparison skipped: IDEM_TEST_REDIS_URL not set)\n");
   }
