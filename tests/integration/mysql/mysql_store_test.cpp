@@ -970,6 +970,24 @@ TEST_F(MysqlStoreTest, BadConfigurationIsTypedAndNotRetryable) {
   EXPECT_THROW(MysqlStore{bad}, idem::UsageError);
 }
 
+// A store made with `o` fails to connect with a configuration error (not retryable).
+void expect_refused(const idem::mysql::MysqlStoreOptions& o, const std::string& why) {
+  try {
+    MysqlStore s{o};
+    ADD_FAILURE() << "connected although " << why;
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
+  }
+}
+
+// A guarded call on `store` runs and its response is what the record holds.
+void expect_guarded_write(MysqlStore& store, const idem::Key& k, const std::string& response) {
+  EXPECT_EQ(
+      Outcome::kExecuted,
+      idem::IdempotencyGuard{store}.run(k, "", [&](Transaction&) { return response; }).outcome);
+  EXPECT_EQ(response, store.lookup(k)->response);
+}
+
 // TLS against the test server, which offers it with the test-made certificates (they name
 // localhost and 127.0.0.1). A CA given authenticates the server: another CA's certificate is
 // refused, and so is the right certificate reached under a name it does not carry
@@ -986,36 +1004,23 @@ TEST_F(MysqlStoreTest, TlsWithACaAuthenticatesTheServer) {
           .value_or("");
     });
   };
-  auto refused = [](idem::mysql::MysqlStoreOptions o, const std::string& why) {
-    try {
-      MysqlStore s{o};
-      ADD_FAILURE() << "connected although " << why;
-    } catch (const idem::StorageError& e) {
-      EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
-    }
-  };
   auto verified = my::options();
   verified.pool_size = 1;
   verified.connection.tls_ca = dir + "/ca.pem";
   MysqlStore store{verified};
   EXPECT_NE("", cipher(store));
-  auto k = key("tls");
-  EXPECT_EQ(Outcome::kExecuted,
-            idem::IdempotencyGuard{store}
-                .run(k, "", [](Transaction&) { return std::string("over tls"); })
-                .outcome);
-  EXPECT_EQ("over tls", store.lookup(k)->response);
+  expect_guarded_write(store, key("tls"), "over tls");
 
   auto other_ca = verified;
   other_ca.connection.tls_ca = dir + "/other-ca.pem";
-  refused(other_ca, "the certificate does not chain to the CA given");
+  expect_refused(other_ca, "the certificate does not chain to the CA given");
 
   idem::test::CommitDroppingProxy elsewhere(static_cast<int>(verified.connection.port),
                                             0x7f000002);  // 127.0.0.2
   auto wrong_name = verified;
   wrong_name.connection.host = "127.0.0.2";
   wrong_name.connection.port = static_cast<unsigned>(elsewhere.port());
-  refused(wrong_name, "the certificate does not name 127.0.0.2");
+  expect_refused(wrong_name, "the certificate does not name 127.0.0.2");
   // TLS without a CA encrypts without authenticating: the same path is accepted.
   auto encrypted_only = wrong_name;
   encrypted_only.connection.tls_ca.clear();
@@ -1040,14 +1045,6 @@ TEST_F(MysqlStoreTest, ClientCertificateAuthenticatesTheUser) {
         " AND ISSUER '/CN=idem test ca'");
     s.exec_text("GRANT ALL PRIVILEGES ON *.* TO 'idem_x509'@'127.0.0.1'");
   });
-  auto refused = [](const idem::mysql::MysqlStoreOptions& o, const std::string& why) {
-    try {
-      MysqlStore s{o};
-      ADD_FAILURE() << "connected although " << why;
-    } catch (const idem::StorageError& e) {
-      EXPECT_FALSE(e.retryable()) << why << ": " << e.what();
-    }
-  };
   auto x509 = my::options();
   x509.pool_size = 1;
   x509.connection.user = "idem_x509";
@@ -1060,18 +1057,13 @@ TEST_F(MysqlStoreTest, ClientCertificateAuthenticatesTheUser) {
     EXPECT_EQ("idem_x509@127.0.0.1", store.with_session([](idem::mysql::Session& s) {
       return s.query_text("SELECT CURRENT_USER()").value_or("");
     }));
-    auto k = key("x509");
-    EXPECT_EQ(Outcome::kExecuted,
-              idem::IdempotencyGuard{store}
-                  .run(k, "", [](Transaction&) { return std::string("by certificate"); })
-                  .outcome);
-    EXPECT_EQ("by certificate", store.lookup(k)->response);
+    expect_guarded_write(store, key("x509"), "by certificate");
   }
 
   auto no_certificate = x509;
   no_certificate.connection.tls_cert.clear();
   no_certificate.connection.tls_key.clear();
-  refused(no_certificate, "no client certificate was presented");
+  expect_refused(no_certificate, "no client certificate was presented");
   // Under TLS 1.3 the client ends its handshake before the server has checked the
   // certificate: the server's alert may arrive as 2026 (not retryable) or, when the client is
   // already sending its authentication, as a reset connection (2013, retryable: the client
