@@ -84,8 +84,7 @@ idem::detail::FoundRecord found_row(const pqxx::row& row, const Key& key, std::s
     response = detail::read_bytea(row[3]);
     found.response = response;
     found.created_at = millis_field(row[4]);
-    found.lease_live = row[5].as<bool>();
-    found.retention_over = row[6].as<bool>();
+    found.retention_over = row[5].as<bool>();  // lease_live stays false: not read (kFoundColumns)
   } catch (const idem::Error&) {
     throw;
   } catch (const std::exception& e) {

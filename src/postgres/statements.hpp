@@ -43,15 +43,15 @@ constexpr const char* kRecordColumns =
     " lease_until > clock_timestamp(),"
     " status <> 'in_progress' AND expires_at <= clock_timestamp()";
 
-// Columns of a read that only decides a claim (the record rulebook's FoundRecord), in this
-// order (see found_row): of the times, only created_at is converted (the lease and the
-// retention are compared on the server, as in kRecordColumns). Each extract() is numeric
-// arithmetic on the server: the precheck of every call without a granted fast claim (a
-// replay while the fast store is down) reads this instead of kRecordColumns.
+// Columns of the read before a claim (the precheck: the record rulebook's FoundRecord), in
+// this order (see found_row): of the times, only created_at is converted (the retention is
+// compared on the server, as in kRecordColumns). Each extract() is numeric arithmetic on the
+// server: the precheck of every call without a granted fast claim (a replay while the fast
+// store is down) reads this instead of kRecordColumns. No lease flag: the precheck answers
+// only a replay or a mismatch, which no lease decides (decide_without_claim).
 constexpr const char* kFoundColumns =
     "status, fingerprint, owner, response_body,"
     " (extract(epoch FROM created_at) * 1000)::bigint,"
-    " lease_until > clock_timestamp(),"
     " status <> 'in_progress' AND expires_at <= clock_timestamp()";
 
 // The statements (name, SQL) of table `t` with key column `k` and scope column `s`, built once
