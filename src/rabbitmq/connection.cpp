@@ -5,7 +5,9 @@
 #include <amqp_framing.h>
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
+#include <arpa/inet.h>
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -20,6 +22,12 @@ namespace {
 
 timeval to_timeval(std::chrono::milliseconds ms) noexcept {
   return timeout_until(std::chrono::steady_clock::now() + ms);
+}
+
+// Whether `host` is an IPv4 or IPv6 address rather than a name.
+bool is_ip_address(const std::string& host) noexcept {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 amqp_table_entry_t utf8_entry(const char* key, std::string_view value) noexcept {
@@ -155,10 +163,20 @@ void Connection::connect_once() {
 
 // The broker is authenticated: its certificate must chain to tls_ca (else the system's trust
 // store) and name the URL's host. TLS 1.2 at least; a client certificate when given.
+// rabbitmq-c's own host check compares DNS names only, so a URL's IP address is checked by
+// OpenSSL against the certificate's IP entries instead, during the handshake.
 void Connection::configure_tls(amqp_socket_t* socket, const std::string& what) {
   amqp_ssl_socket_set_verify_peer(socket, 1);
-  amqp_ssl_socket_set_verify_hostname(socket, 1);
+  const bool by_address = is_ip_address(host_);
+  amqp_ssl_socket_set_verify_hostname(socket, by_address ? 0 : 1);
   int rc = amqp_ssl_socket_set_ssl_versions(socket, AMQP_TLSv1_2, AMQP_TLSvLATEST);
+  if (rc == AMQP_STATUS_OK && by_address) {
+    auto* ctx = static_cast<SSL_CTX*>(amqp_ssl_socket_get_context(socket));
+    if (ctx == nullptr ||
+        X509_VERIFY_PARAM_set1_ip_asc(SSL_CTX_get0_param(ctx), host_.c_str()) != 1) {
+      rc = AMQP_STATUS_SSL_ERROR;
+    }
+  }
   if (rc == AMQP_STATUS_OK) {
     if (!options_.tls_ca.empty()) {
       rc = amqp_ssl_socket_set_cacert(socket, options_.tls_ca.c_str());

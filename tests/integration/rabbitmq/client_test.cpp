@@ -361,9 +361,9 @@ TEST(RabbitClientOptions, BadOptionsAreUsageErrors) {
 
 // amqps:// against the test node's TLS listener (the test-made certificates name localhost
 // and 127.0.0.1). Messages go both ways, with and without a client certificate; the broker
-// is authenticated: a certificate of another CA is refused, and so is the right one reached
-// under a name it does not carry (127.0.0.2, through a forwarding proxy). Refusals are
-// configuration errors: not retryable.
+// is authenticated, by name and by the address the certificate carries: a certificate of
+// another CA is refused, and so is the right one reached under an address it does not carry
+// (127.0.0.2, through a forwarding proxy). Refusals are configuration errors: not retryable.
 TEST_F(RabbitClientTest, AmqpsAuthenticatesTheBroker) {
   std::string tls_url, dir;
   IDEM_REQUIRE_ENV(tls_url, "IDEM_TEST_RABBITMQ_TLS_URL");
@@ -410,6 +410,13 @@ TEST_F(RabbitClientTest, AmqpsAuthenticatesTheBroker) {
   refused(other_ca, "the certificate does not chain to the CA given");
   const char* port = std::getenv("IDEM_RABBITMQ_TLS_PORT");
   ASSERT_NE(nullptr, port);
+  // An address the certificate carries as an IP entry (not a DNS name) authenticates too.
+  {
+    auto by_address = consumer_options(q);
+    by_address.connection = tls("amqps://guest:guest@127.0.0.1:" + std::string(port) + "/%2F");
+    QueueConsumer a{by_address};
+    EXPECT_NO_THROW(a.connect());
+  }
   idem::test::CommitDroppingProxy elsewhere(std::stoi(port), 0x7f000002);  // 127.0.0.2
   refused(tls("amqps://guest:guest@127.0.0.2:" + std::to_string(elsewhere.port()) + "/%2F"),
           "the certificate does not name 127.0.0.2");
