@@ -490,6 +490,19 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
+  // A durable step failed with `e`: told to the observer, as the worker pool's when the pool
+  // refused the work (an overload of idem's own threads, not a failure of the durable store).
+  void durable_failed(const std::exception_ptr& e) noexcept {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const WorkerPoolFull& full) {
+      g_.core_.store_error(key_, StoreRole::kDurable, "worker_pool", full);
+    } catch (...) {
+      g_.core_.durable_failed(key_, e);
+    }
+  }
+
   void on_transaction(std::exception_ptr e, TransactionalResult d) {
     call_.handler = handler_time_;
     call_.durable = call_.since(t0_) - handler_time_;
@@ -501,7 +514,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       if (handler_threw_) {
         g_.core_.handler_failed(call_);
       } else if (!cancelled_in_body_) {
-        g_.core_.durable_failed(key_, e);
+        durable_failed(e);
       }
       return release_then_fail(std::move(e), false);
     }
@@ -519,7 +532,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   void on_begin(std::exception_ptr e, ClaimResult d) {
     call_.durable = call_.since(t0_);
     if (e) {
-      g_.core_.durable_failed(key_, e);
+      durable_failed(e);
       return release_then_fail(std::move(e), false);
     }
     if (d.status != ClaimStatus::kClaimed) return after_durable(std::move(d));
@@ -633,7 +646,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
             key_, call_.owner(), strand_,
             [self = this->shared_from_this(), e](std::exception_ptr re, bool) mutable {
               // Failing: the record stays in progress until its lease.
-              self->g_.core_.durable_failed(self->key_, re);
+              self->durable_failed(re);
               self->release_then_fail(std::move(e), false);
             });
         return;
@@ -683,7 +696,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     call_.durable += call_.since(t0_);
     phase_ = Phase::kFollowUp;
     if (e) {
-      g_.core_.durable_failed(key_, e);
+      durable_failed(e);
       return fail(std::move(e));
     }
     if (!ok) {

@@ -11,8 +11,8 @@
 //
 //   * `threads` threads run jobs (blocking work in flight is at most that many);
 //   * at most `max_queued` jobs wait for a thread; a job submitted beyond that is refused at
-//     once with idem::StorageUnavailable ("worker pool full"), so an overload is answered
-//     (HTTP 503, retryable) instead of queueing without limit.
+//     once with WorkerPoolFull (an idem::StorageUnavailable: "worker pool full"), so an
+//     overload is answered (HTTP 503, retryable) instead of queueing without limit.
 //
 // The bound refuses new work only. The steps that end work already admitted (a durable
 // completion, a release: `submit_follow_up`) are never refused, and run before the jobs that
@@ -57,6 +57,15 @@ struct WorkerPoolOptions {
   std::size_t max_queued = 1024;
 };
 
+/// What a WorkerPool answers a job it refuses: `max_queued` jobs already wait (an overload), or
+/// the pool is being destroyed. A StorageUnavailable (retryable: HTTP 503, gRPC UNAVAILABLE);
+/// its own type so that the asynchronous guard reports it as the pool's refusal (store
+/// "worker_pool" in the observer's on_store_error), not as a failure of the durable store.
+class WorkerPoolFull : public StorageUnavailable {
+ public:
+  using StorageUnavailable::StorageUnavailable;
+};
+
 /// Counters of a WorkerPool.
 struct WorkerPoolStats {
   std::uint64_t submitted = 0;      ///< jobs accepted
@@ -91,15 +100,16 @@ class WorkerPool {
   /// Queues `job` for a thread. @return false (nothing queued, `job` not run) when
   /// `max_queued` jobs wait.
   bool try_post(Function<void()> job) {
-    if (!admit()) return false;
+    if (admit() != Admission::kAdmitted) return false;
     enqueue(std::move(job));
     return true;
   }
 
   /// Runs `work()` on a thread of the pool, then `done(error, value)` on `executor`:
   /// `done(std::exception_ptr, std::optional<R>)` (value set when work returned) for a work
-  /// returning R, `done(std::exception_ptr)` for a void one. A full queue calls done with
-  /// idem::StorageUnavailable (posted, never inline). `executor` is any Asio executor.
+  /// returning R, `done(std::exception_ptr)` for a void one. A full queue (or a pool being
+  /// destroyed) calls done with WorkerPoolFull (posted, never inline). `executor` is any Asio
+  /// executor.
   template <class Ex, class Work, class Done>
   void submit(const Ex& executor, Work work, Done done) {
     submit_job(executor, std::move(work), std::move(done), false);
@@ -130,10 +140,13 @@ class WorkerPool {
     using R = std::invoke_result_t<Work&>;
     // Outstanding work on the caller's executor until `done` has run there.
     auto tracked = net::prefer(executor, net::execution::outstanding_work.tracked);
-    if (!follow_up && !admit()) {
-      std::exception_ptr full = std::make_exception_ptr(StorageUnavailable(
-          "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
-          " jobs waiting for " + std::to_string(options_.threads) + " threads)"));
+    const Admission admission = follow_up ? Admission::kAdmitted : admit();
+    if (admission != Admission::kAdmitted) {
+      std::exception_ptr full = std::make_exception_ptr(WorkerPoolFull(
+          admission == Admission::kStopping
+              ? std::string("idem::async: worker pool stopping (being destroyed)")
+              : "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
+                    " jobs waiting for " + std::to_string(options_.threads) + " threads)"));
       net::post(tracked, [done = std::move(done), full]() mutable {
         if constexpr (std::is_void_v<R>) {
           done(full);
@@ -177,15 +190,17 @@ class WorkerPool {
     return o;
   }
 
-  // Reserves a place in the queue (false: full, or the pool is stopping).
-  bool admit() {
+  enum class Admission { kAdmitted, kFull, kStopping };
+
+  // Reserves a place in the queue.
+  Admission admit() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_ || queue_.size() + reserved_ >= options_.max_queued) {
       ++stats_.rejected;
-      return false;
+      return stopping_ ? Admission::kStopping : Admission::kFull;
     }
     ++reserved_;
-    return true;
+    return Admission::kAdmitted;
   }
 
   // Takes the place admit() reserved.

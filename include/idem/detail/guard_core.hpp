@@ -500,10 +500,15 @@ class GuardCore {
 
   /// Every store failure reaches the observer (on_store_error) with the key and its errc.
   void store_error(const Key& key, StoreRole role, const Error& e) noexcept {
+    store_error(key, role, role == StoreRole::kFast ? fast_name_ : durable_name_, e);
+  }
+  /// The same, naming what failed: a part between the guard and its store (the asynchronous
+  /// guard's worker pool refusing work is "worker_pool", not the durable store).
+  void store_error(const Key& key, StoreRole role, std::string_view store,
+                   const Error& e) noexcept {
     auto* o = options_.observer.get();
     if (o == nullptr) return;
-    o->on_store_error(
-        StoreErrorEvent{&key, role, role == StoreRole::kFast ? fast_name_ : durable_name_, e});
+    o->on_store_error(StoreErrorEvent{&key, role, store, e});
   }
   /// The store in `role` failed with `e` (anything but an idem::Error is not reported).
   void store_failed(const Key& key, StoreRole role, const std::exception_ptr& e) noexcept {

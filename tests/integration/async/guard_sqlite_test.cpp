@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: MIT
 // AsyncGuard on the embedded stores: MemoryStore in front of SQLite on a worker pool, and SQLite
 // alone (no server needed).
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,6 +69,79 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Embedded, AsyncGuardSuite, SqliteEnvs);
 }  // namespace idem::test
 
 namespace {
+
+// A worker pool with no room refuses the call's transaction: the caller gets WorkerPoolFull
+// (retryable), nothing runs, and the observer hears of it as the pool's refusal
+// ("worker_pool"), not as a failure of the durable store. Once the pool has room, the retry
+// runs once.
+TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
+  struct Seen : idem::Observer {
+    std::vector<std::string> stores;
+    void on_store_error(const idem::StoreErrorEvent& e) noexcept override {
+      stores.emplace_back(e.store);
+    }
+  };
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  SqliteStore sqlite{dir.file("full.db")};
+  idem::async::WorkerPool pool{{1, 1}};
+  PooledDurable<SqliteStore> durable{sqlite, pool};
+  auto seen = std::make_shared<Seen>();
+  idem::async::AsyncGuardOptions options;
+  options.guard.observer = seen;
+  idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), durable, options};
+
+  // The pool's one thread and its one queue place, taken.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> started{false};
+  auto ignore = [](std::exception_ptr) {};
+  pool.submit(
+      io.get_executor(),
+      [&] {
+        started = true;
+        gate.wait();
+      },
+      ignore);
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  pool.submit(
+      io.get_executor(), [&] { gate.wait(); }, ignore);
+
+  int runs = 0;
+  auto handler = [&runs](idem::sqlite::Transaction&) {
+    ++runs;
+    return std::string("paid");
+  };
+  const auto key = idem::Key::make("pay", "full-pool");
+  std::exception_ptr error;
+  bool answered = false;
+  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string>) {
+    error = e;
+    answered = true;
+  });
+  for (int i = 0; i < 500 && !answered; ++i) io.run_one_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(answered);
+  ASSERT_TRUE(error);
+  EXPECT_THROW(std::rethrow_exception(error), idem::async::WorkerPoolFull);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(std::vector<std::string>{"worker_pool"}, seen->stores);
+
+  release.set_value();
+  io.restart();
+  io.run();  // the two held jobs end
+  idem::GuardResult<std::string> retried;
+  error = nullptr;
+  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
+    error = e;
+    retried = std::move(r);
+  });
+  io.restart();
+  io.run();
+  ASSERT_FALSE(error);
+  EXPECT_EQ(idem::Outcome::kExecuted, retried.outcome);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1u, seen->stores.size());
+}
 
 // GuardOptions the asynchronous guard does not implement are refused at construction, typed,
 // on every constructor; the options it does implement construct.

@@ -79,8 +79,9 @@ TEST(WorkerPoolTest, AFullQueueRefusesWithATypedRetryableError) {
     }
     try {
       std::rethrow_exception(e);
-    } catch (const idem::StorageUnavailable& x) {
-      EXPECT_TRUE(x.retryable());
+    } catch (const idem::async::WorkerPoolFull& x) {  // a StorageUnavailable
+      const idem::StorageUnavailable& unavailable = x;
+      EXPECT_TRUE(unavailable.retryable());
       EXPECT_NE(std::string::npos, std::string(x.what()).find("worker pool full"));
       ++refused;
     }
