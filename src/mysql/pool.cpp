@@ -2,9 +2,9 @@
 // A bounded pool of client connections, kept apart by autocommit mode.
 #include "pool.hpp"
 
-#include <fstream>
 #include <string>
 
+#include "idem/detail/readable_file.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::mysql::detail {
@@ -16,13 +16,10 @@ void check_tls(const ConnectionOptions& o) {
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     throw UsageError("idem::mysql: tls_cert and tls_key go together");
   }
-  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"tls_ca", o.tls_ca},
-                                     {"tls_cert", o.tls_cert},
-                                     {"tls_key", o.tls_key}}) {
-    if (!path.empty() && !std::ifstream(path, std::ios::binary).good()) {
-      throw UsageError(std::string("idem::mysql: ") + option + " '" + path + "' cannot be read");
-    }
-  }
+  const std::string who = "idem::mysql: ";
+  idem::detail::require_readable_file(who, "tls_ca", o.tls_ca);
+  idem::detail::require_readable_file(who, "tls_cert", o.tls_cert);
+  idem::detail::require_readable_file(who, "tls_key", o.tls_key);
 }
 
 }  // namespace

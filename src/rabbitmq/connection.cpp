@@ -11,10 +11,10 @@
 #include <sys/time.h>
 
 #include <algorithm>
-#include <fstream>
 #include <vector>
 
 #include "errors.hpp"
+#include "idem/detail/readable_file.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::rabbitmq::detail {
@@ -36,14 +36,6 @@ amqp_table_entry_t utf8_entry(const char* key, std::string_view value) noexcept 
   e.value.kind = AMQP_FIELD_KIND_UTF8;
   e.value.value.bytes = bytes_of(value);
   return e;
-}
-
-// A TLS file option names a readable file (a configuration error otherwise, said up front).
-void check_readable(const std::string& who, const char* option, const std::string& path) {
-  if (path.empty()) return;
-  if (!std::ifstream(path, std::ios::binary).good()) {
-    throw UsageError(who + option + " '" + path + "' cannot be read");
-  }
 }
 
 }  // namespace
@@ -74,9 +66,9 @@ Connection::Connection(const ConnectionOptions& options, std::string role)
   if (options_.tls_cert.empty() != options_.tls_key.empty()) {
     throw UsageError(who + "tls_cert and tls_key go together");
   }
-  check_readable(who, "tls_ca", options_.tls_ca);
-  check_readable(who, "tls_cert", options_.tls_cert);
-  check_readable(who, "tls_key", options_.tls_key);
+  idem::detail::require_readable_file(who, "tls_ca", options_.tls_ca);
+  idem::detail::require_readable_file(who, "tls_cert", options_.tls_cert);
+  idem::detail::require_readable_file(who, "tls_key", options_.tls_key);
   host_ = info.host;
   user_ = info.user;
   password_ = info.password;

@@ -493,13 +493,14 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   // A durable step failed with `e`: told to the observer, as the worker pool's when the pool
   // refused the work (an overload of idem's own threads, not a failure of the durable store).
   void durable_failed(const std::exception_ptr& e) noexcept {
-    if (!e) return;
+    if (!e || g_.core_.options().observer == nullptr) return;
     try {
       std::rethrow_exception(e);
     } catch (const WorkerPoolFull& full) {
       g_.core_.store_error(key_, StoreRole::kDurable, "worker_pool", full);
-    } catch (...) {
-      g_.core_.durable_failed(key_, e);
+    } catch (const Error& x) {
+      g_.core_.store_error(key_, StoreRole::kDurable, x);
+    } catch (...) {  // not an idem::Error: not reported (as GuardCore::store_failed)
     }
   }
 
