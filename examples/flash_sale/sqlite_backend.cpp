@@ -50,13 +50,14 @@ DbState SqliteBackend::read_state(const Config& cfg) {
     st.stock_left = s.query_int64("SELECT qty FROM flash_stock WHERE sku = ?", cfg.sku);
     const std::string t = store_->table();
     st.records_completed =
-        s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = 'completed'",
+        s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = " +
+                          store_->status_literal(idem::Record::Status::kCompleted),
                       kScope)
             .value_or(0);
     st.records_in_progress =
-        s.query_int64(
-             "SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = 'in_progress'",
-             kScope)
+        s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = " +
+                          store_->status_literal(idem::Record::Status::kInProgress),
+                      kScope)
             .value_or(0);
     return st;
   });

@@ -84,13 +84,15 @@ class SqliteBackend {
       }
       const std::string t = store_->table();
       l.records_completed =
-          s.query_int64(
-               "SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = 'completed'", kScope)
+          s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = " +
+                            store_->status_literal(idem::Record::Status::kCompleted),
+                        kScope)
               .value_or(0);
-      l.records_in_progress = s.query_int64("SELECT count(*) FROM " + t +
-                                                " WHERE biz_type = ? AND status = 'in_progress'",
-                                            kScope)
-                                  .value_or(0);
+      l.records_in_progress =
+          s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = " +
+                            store_->status_literal(idem::Record::Status::kInProgress),
+                        kScope)
+              .value_or(0);
       return l;
     });
   }

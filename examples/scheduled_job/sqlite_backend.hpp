@@ -114,13 +114,14 @@ class SqliteBackend {
       }
       const std::string t = store_->table();
       st.records_in_progress =
-          s.query_int64(
-               "SELECT count(*) FROM " + t + " WHERE biz_type IN (?, ?) AND status = 'in_progress'",
-               kJob, kSettle)
+          s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type IN (?, ?) AND status = " +
+                            store_->status_literal(idem::Record::Status::kInProgress),
+                        kJob, kSettle)
               .value_or(0);
       st.ticks_completed =
-          s.query_int64(
-               "SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = 'completed'", kJob)
+          s.query_int64("SELECT count(*) FROM " + t + " WHERE biz_type = ? AND status = " +
+                            store_->status_literal(idem::Record::Status::kCompleted),
+                        kJob)
               .value_or(0);
       return st;
     });

@@ -444,23 +444,42 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, select_precheck, select_found, insert, insert_completed,
       insert_completed_if_absent, takeover, takeover_completed, remove_expired, complete, fail,
-      release, extend, purge;
+      release, extend, purge, purge_scan_first, purge_scan_next, purge_one;
   // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
-  // text; tables created before schema 2 and tables adopted by name) or 2 (WITHOUT ROWID keyed
-  // by (key, scope), idem fingerprints as 32 raw bytes).
-  int layout = 2;
+  // text; tables created before schema 2 and tables adopted by name), 2 (WITHOUT ROWID keyed
+  // by (key, scope), idem fingerprints as 32 raw bytes, status as text, an expiry index) or 3
+  // (layout 2 with the status as an integer and no expiry index: the purge walks the key).
+  int layout = 3;
 };
 
 namespace {
-// Schema versions of the record table: 1 (layout 1), 2 (layout 2, created since). A table of
-// version 1 is used as it is: idem never rebuilds a table by itself.
-constexpr int kSchemaVersion = 2;
-// The status check of the record table. Not `status IN ('in_progress', 'completed', 'failed')`:
-// SQLite (3.40) evaluates an IN list in a CHECK by building an ephemeral b-tree of the list on
-// every INSERT and every UPDATE that sets status, ~40,000 instructions, several times the cost
-// of the row write itself. Three comparisons accept exactly the same values.
+// Schema versions of the record table: 1, 2 and 3 (layouts of the same numbers; 3 is created
+// since). A table of an older version is used as it is: idem never rebuilds a table by itself.
+constexpr int kSchemaVersion = 3;
+// The status check of the record table. Not `status IN (...)`: SQLite (3.40) evaluates an IN
+// list in a CHECK by building an ephemeral b-tree of the list on every INSERT and every UPDATE
+// that sets status, ~40,000 instructions, several times the cost of the row write itself.
+// Three comparisons accept exactly the same values.
 constexpr const char* kStatusCheck =
     "status = 'in_progress' OR status = 'completed' OR status = 'failed'";
+// Layout 3: the status as an integer (0 in progress, 1 completed, 2 failed). SQLite stores 0
+// and 1 in the record header alone (no payload byte) and reads it without copying a text.
+constexpr const char* kStatusCheckCompact = "status = 0 OR status = 1 OR status = 2";
+
+// How the statements of `layout` spell `status` in SQL.
+std::string status_sql(int layout, Record::Status status) {
+  if (layout >= 3) {
+    switch (status) {
+      case Record::Status::kInProgress:
+        return "0";
+      case Record::Status::kCompleted:
+        return "1";
+      case Record::Status::kFailed:
+        return "2";
+    }
+  }
+  return "'" + std::string(record_status_name(status)) + "'";
+}
 
 // A time column of the record: an integer (milliseconds since the epoch). Anything else was not
 // written by idem (SQLite would read a text value as 0, and a claim would take the key over).
@@ -487,12 +506,33 @@ std::string_view bytes_column(const Statement& st, int col) {
   return bytes_of(st, col, st.column(col));
 }
 
+// The status column `col` of the current row, as `layout` stores it.
+Record::Status status_column(const Statement& st, int col, const Key& key, int layout) {
+  const Statement::Column c = st.column(col);
+  if (layout < 3) return idem::detail::record_status_or_throw(bytes_of(st, col, c), "sqlite", key);
+  if (c.type == Statement::Type::kInteger) {
+    switch (c.integer) {
+      case 0:
+        return Record::Status::kInProgress;
+      case 1:
+        return Record::Status::kCompleted;
+      case 2:
+        return Record::Status::kFailed;
+      default:
+        break;
+    }
+  }
+  throw idem::detail::corrupt_record(
+      "sqlite", key.str(),
+      "unknown status '" + std::string(st.column_view(col)).substr(0, 32) + "'");
+}
+
 // Calls `fn` with the fingerprint as a table of `layout` stores it: in layout 2, 32 raw bytes (a
 // BLOB) when it packs (idem::fingerprint's form), else its text as given.
 template <class Fn>
 decltype(auto) with_stored_fingerprint(int layout, std::string_view fp, Fn&& fn) {
   std::array<char, idem::detail::kPackedFingerprintSize> packed;
-  if (layout == 2 && idem::detail::try_pack_fingerprint(fp, packed.data())) {
+  if (layout >= 2 && idem::detail::try_pack_fingerprint(fp, packed.data())) {
     return fn(Blob{std::string_view(packed.data(), packed.size())});
   }
   return fn(fp);
@@ -506,7 +546,7 @@ using HexFingerprint = std::array<char, 2 * idem::detail::kPackedFingerprintSize
 std::string_view fingerprint_column(const Statement& st, int col, const Key& key, int layout,
                                     HexFingerprint& hex) {
   const Statement::Column c = st.column(col);
-  if (layout != 2 || c.type != Statement::Type::kBlob) return bytes_of(st, col, c);
+  if (layout < 2 || c.type != Statement::Type::kBlob) return bytes_of(st, col, c);
   const std::string_view fp = c.bytes;
   if (fp.size() != idem::detail::kPackedFingerprintSize) {
     throw idem::detail::corrupt_record("sqlite", key.str(), "a packed fingerprint is not 32 bytes");
@@ -526,7 +566,7 @@ Statement keyed(Session& s, const std::string& sql, const Key& key) {
 // `Sql::select` (lookup): every column of the record.
 Record read_record(const Statement& st, const Key& key, int layout) {
   Record r;
-  r.status = idem::detail::record_status_or_throw(bytes_column(st, 0), "sqlite", key);
+  r.status = status_column(st, 0, key, layout);
   HexFingerprint hex;
   r.fingerprint = fingerprint_column(st, 1, key, layout, hex);
   r.owner = bytes_column(st, 2);
@@ -545,8 +585,7 @@ Record read_record(const Statement& st, const Key& key, int layout) {
 // No allocation: a replay copies only what it answers with.
 idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int layout, TimePoint now,
                                     HexFingerprint& hex, bool with_lease = true) {
-  const Record::Status status =
-      idem::detail::record_status_or_throw(bytes_column(st, 0), "sqlite", key);
+  const Record::Status status = status_column(st, 0, key, layout);
   idem::detail::FoundRecord f;
   f.status = status;
   f.fingerprint = fingerprint_column(st, 1, key, layout, hex);
@@ -595,41 +634,63 @@ void SqliteStore::init() {
   const std::string found = "status, fingerprint, owner, response_body, created_at, expires_at";
   sql_->select_precheck = "SELECT " + found + " FROM " + t + where;
   sql_->select_found = "SELECT " + found + ", lease_until FROM " + t + where;
+  const int layout = sql_->layout;
+  const std::string in_progress = status_sql(layout, Record::Status::kInProgress);
+  const std::string completed = status_sql(layout, Record::Status::kCompleted);
+  const std::string failed = status_sql(layout, Record::Status::kFailed);
+  const std::string held = " AND status = " + in_progress;
   sql_->insert = "INSERT INTO " + t + " (" + k + ", " + s +
                  ", status, fingerprint, owner, lease_until, created_at, updated_at) "
-                 "VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6, ?6)";
+                 "VALUES (?1, ?2, " +
+                 in_progress + ", ?3, ?4, ?5, ?6, ?6)";
   sql_->insert_completed = "INSERT INTO " + t + " (" + k + ", " + s +
                            ", status, fingerprint, owner, response_body, lease_until, "
                            "expires_at, created_at, updated_at) "
-                           "VALUES (?1, ?2, 'completed', ?3, ?4, ?5, ?6, ?7, ?6, ?6)";
+                           "VALUES (?1, ?2, " +
+                           completed + ", ?3, ?4, ?5, ?6, ?7, ?6, ?6)";
   sql_->insert_completed_if_absent =
       sql_->insert_completed + " ON CONFLICT (" + k + ", " + s + ") DO NOTHING";
-  sql_->takeover_completed =
-      "UPDATE " + t +
-      " SET status = 'completed', owner = ?3, response_body = ?4, lease_until = ?6, "
-      "expires_at = ?5, updated_at = ?6, attempts = attempts + 1" +
-      where + " AND status = 'in_progress'";
+  sql_->takeover_completed = "UPDATE " + t + " SET status = " + completed +
+                             ", owner = ?3, response_body = ?4, lease_until = ?6, "
+                             "expires_at = ?5, updated_at = ?6, attempts = attempts + 1" +
+                             where + held;
   sql_->takeover = "UPDATE " + t +
                    " SET owner = ?3, lease_until = ?4, updated_at = ?5, attempts = attempts + 1" +
-                   where + " AND status = 'in_progress'";
-  sql_->remove_expired = "DELETE FROM " + t + where + " AND status <> 'in_progress'";
-  sql_->complete = "UPDATE " + t +
-                   " SET status = 'completed', response_body = ?4, expires_at = ?5, "
-                   "updated_at = ?6" + where + " AND owner = ?3 AND status = 'in_progress'";
-  sql_->fail = "UPDATE " + t +
-               " SET status = 'failed', response_body = ?4, expires_at = ?5, updated_at = ?6" +
-               where + " AND owner = ?3 AND status = 'in_progress'";
-  sql_->release = "DELETE FROM " + t + where + " AND owner = ?3 AND status = 'in_progress'";
-  sql_->extend = "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where +
-                 " AND owner = ?3 AND status = 'in_progress'";
+                   where + held;
+  sql_->remove_expired = "DELETE FROM " + t + where + " AND status <> " + in_progress;
+  sql_->complete = "UPDATE " + t + " SET status = " + completed +
+                   ", response_body = ?4, expires_at = ?5, updated_at = ?6" + where +
+                   " AND owner = ?3" + held;
+  sql_->fail = "UPDATE " + t + " SET status = " + failed +
+               ", response_body = ?4, expires_at = ?5, updated_at = ?6" + where +
+               " AND owner = ?3" + held;
+  sql_->release = "DELETE FROM " + t + where + " AND owner = ?3" + held;
+  sql_->extend =
+      "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where + " AND owner = ?3" + held;
+  if (layout >= 3) {
+    // No expiry index: the purge walks the primary key a batch at a time (purge_expired).
+    const std::string scan = "SELECT " + k + ", " + s + ", status, expires_at FROM " + t;
+    const std::string order = " ORDER BY " + k + ", " + s + " LIMIT ?3";
+    sql_->purge_scan_first = scan + order;
+    sql_->purge_scan_next = scan + " WHERE (" + k + ", " + s + ") > (?1, ?2)" + order;
+    sql_->purge_one =
+        "DELETE FROM " + t + where + " AND status <> " + in_progress + " AND expires_at <= ?3";
+    return;
+  }
   // Layout 2 has no id column: rows are named by their primary key.
-  const std::string cols = sql_->layout == 2 ? k + ", " + s : "id";
-  const std::string row = sql_->layout == 2 ? "(" + cols + ")" : cols;
+  const std::string cols = layout == 2 ? k + ", " + s : "id";
+  const std::string row = layout == 2 ? "(" + cols + ")" : cols;
   sql_->purge = "DELETE FROM " + t + " WHERE " + row + " IN (SELECT " + cols + " FROM " + t +
-                " WHERE status <> 'in_progress' AND expires_at <= ?1 LIMIT ?2)";
+                " WHERE status <> " + in_progress + " AND expires_at <= ?1 LIMIT ?2)";
 }
 
 SqliteStore::~SqliteStore() = default;
+
+int SqliteStore::schema_version() const noexcept { return sql_->layout; }
+
+std::string SqliteStore::status_literal(Record::Status status) const {
+  return status_sql(sql_->layout, status);
+}
 
 void SqliteStore::migrate() {
   const auto& t = options_.table;
@@ -658,11 +719,12 @@ void SqliteStore::migrate() {
                        " (expires_at) WHERE status <> 'in_progress';");
         version = 1;
       } else {
-        tx.exec_script("CREATE TABLE " + t + " (" +
-                       " " + k + " VARCHAR(128) NOT NULL," +
-                       " " + s + " VARCHAR(64) NOT NULL," +
-                       " status VARCHAR(16) NOT NULL"
-                       "  CHECK (" + std::string(kStatusCheck) + "),"
+        tx.exec_script("CREATE TABLE " + t + " (" + " " + k + " VARCHAR(128) NOT NULL," + " " + s +
+                       " VARCHAR(64) NOT NULL," +
+                       " status INTEGER NOT NULL"
+                       "  CHECK (" +
+                       std::string(kStatusCheckCompact) +
+                       "),"
                        " fingerprint BLOB NOT NULL DEFAULT '',"
                        " owner VARCHAR(32) NOT NULL,"
                        " response_body BLOB,"
@@ -671,10 +733,9 @@ void SqliteStore::migrate() {
                        " attempts INTEGER NOT NULL DEFAULT 1,"
                        " created_at INTEGER NOT NULL,"
                        " updated_at INTEGER NOT NULL,"
-                       " PRIMARY KEY (" + k + ", " + s + ")) WITHOUT ROWID;"
-                       "CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
-                       " (expires_at) WHERE status <> 'in_progress';");
-        version = 2;
+                       " PRIMARY KEY (" +
+                       k + ", " + s + ")) WITHOUT ROWID");
+        version = 3;
       }
       tx.exec("INSERT OR REPLACE INTO idem_schema_version (name, version, applied_at) "
               "VALUES (?, ?, ?)",
@@ -845,6 +906,7 @@ void SqliteStore::release_savepoint(Transaction& tx) {
 
 std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
+  if (sql_->layout >= 3) return purge_by_key(batch_size);
   std::size_t total = 0;
   for (;;) {
     auto t = to_millis(now());
@@ -854,6 +916,45 @@ std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
     });
     total += static_cast<std::size_t>(n);
     if (static_cast<std::size_t>(n) < batch_size) return total;
+  }
+}
+
+// Layout 3 keeps no expiry index (it would cost every first execution a second b-tree write
+// and a WAL page at commit, bench/sqlite/README.md): the purge walks the primary key instead,
+// `batch_size` rows per short write transaction, deleting the expired ones among them. One
+// pass reads the whole table once; a writer waits at most for one batch.
+std::size_t SqliteStore::purge_by_key(std::size_t batch_size) {
+  const auto limit = static_cast<std::int64_t>(batch_size);
+  std::size_t total = 0;
+  std::string after_key, after_scope;
+  bool first = true;
+  for (;;) {
+    const auto t = to_millis(now());
+    std::size_t scanned = 0;
+    total += database_->write([&](Transaction& tx) {
+      std::vector<std::pair<std::string, std::string>> expired;
+      {
+        Statement st = tx.prepare(first ? sql_->purge_scan_first : sql_->purge_scan_next);
+        if (!first) st.bind(1, after_key).bind(2, after_scope);
+        st.bind(3, limit);
+        while (st.step()) {
+          ++scanned;
+          after_key = st.column_view(0);
+          after_scope = st.column_view(1);
+          const bool done = st.column_is_integer(2) && st.column_int64(2) != 0;
+          if (done && st.column_is_integer(3) && st.column_int64(3) <= t) {
+            expired.emplace_back(after_key, after_scope);
+          }
+        }
+      }
+      std::size_t n = 0;
+      for (const auto& [key, scope] : expired) {
+        n += static_cast<std::size_t>(tx.exec(sql_->purge_one, key, scope, t));
+      }
+      return n;
+    });
+    first = false;
+    if (scanned < batch_size) return total;
   }
 }
 

@@ -118,7 +118,7 @@ struct SqliteMq {
       return s
           .query_int64(
               "SELECT count(*) FROM mq_consume_record WHERE consumer_group = ? AND"
-              " status = 'completed'",
+              " status = 1",  // version 3: 1 is completed
               group)
           .value_or(0);
     }));

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -181,7 +182,8 @@ TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
     return s.query_int64("SELECT version FROM idem_schema_version WHERE name = ?",
                          "api_idempotency");
   });
-  EXPECT_EQ(2, version.value_or(0));
+  EXPECT_EQ(3, version.value_or(0));
+  EXPECT_EQ(3, b.schema_version());
   idem::sqlite::SqliteStore mq(b.shared_database(),
                                idem::sqlite::SqliteStoreOptions::mq_consume_record());
   auto key = idem::Key::make("billing-consumer", "msg-1");
@@ -196,26 +198,33 @@ TEST(SqliteStore, MigrationIsIdempotentAndVersioned) {
   EXPECT_EQ(1, n.value_or(0));
 }
 
-// The record table's status check accepts exactly the three states, and costs no ephemeral
-// b-tree per write (SQLite builds one for `status IN (...)` on every INSERT and every UPDATE
-// that sets status, several times the cost of the row itself).
+// The record table's status check accepts exactly the three states (version 3: the integers
+// 0, 1 and 2, status_literal), and costs no ephemeral b-tree per write (SQLite builds one for
+// `status IN (...)` on every INSERT and every UPDATE that sets status, several times the cost
+// of the row itself).
 TEST(SqliteStore, StatusCheckIsEnforcedWithoutAnEphemeralTable) {
   idem::test::TempDir dir;
   idem::sqlite::SqliteStore store(dir.file("check.sqlite"),
                                   idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  EXPECT_EQ("0", store.status_literal(idem::Record::Status::kInProgress));
+  EXPECT_EQ("1", store.status_literal(idem::Record::Status::kCompleted));
+  EXPECT_EQ("2", store.status_literal(idem::Record::Status::kFailed));
   const std::string insert =
       "INSERT INTO mq_consume_record (message_id, consumer_group, status, fingerprint, owner,"
       " lease_until, created_at, updated_at) VALUES (?1, 'g', ?2, '', 'o', 1, 1, 1)";
   store.database().write([&](idem::sqlite::Transaction& tx) {
-    for (const char* status : {"in_progress", "completed", "failed"}) {
-      EXPECT_EQ(1, tx.exec(insert, std::string("m-") + status, std::string(status)));
+    for (int status : {0, 1, 2}) {
+      EXPECT_EQ(1, tx.exec(insert, "m-" + std::to_string(status), status));
     }
-    EXPECT_THROW(tx.exec(insert, std::string("m-bad"), std::string("done")), idem::StorageError);
+    EXPECT_THROW(tx.exec(insert, std::string("m-bad"), 3), idem::StorageError);
+    EXPECT_THROW(tx.exec(insert, std::string("m-negative"), -1), idem::StorageError);
+    EXPECT_THROW(tx.exec(insert, std::string("m-half"), 1.5), idem::StorageError);
+    EXPECT_THROW(tx.exec(insert, std::string("m-text"), std::string("completed")),
+                 idem::StorageError);
     EXPECT_THROW(tx.exec(insert, std::string("m-empty"), std::string("")), idem::StorageError);
     for (const std::string& sql :
-         {"EXPLAIN " + insert,
-          std::string("EXPLAIN UPDATE mq_consume_record SET status = 'completed'"
-                      " WHERE message_id = ?1 AND consumer_group = 'g'")}) {
+         {"EXPLAIN " + insert, std::string("EXPLAIN UPDATE mq_consume_record SET status = 1"
+                                           " WHERE message_id = ?1 AND consumer_group = 'g'")}) {
       idem::sqlite::Statement plan = tx.prepare(sql);
       int opcodes = 0;
       while (plan.step()) {
@@ -374,6 +383,222 @@ TEST(SqliteStore, SchemaOneTableMovedToVersionTwoKeepsItsRecords) {
   EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
 }
 
+namespace {
+
+// The record table as schema version 2 created it (idem before schema 3), verbatim: status as
+// text, an expiry index.
+void create_schema_two_table(idem::sqlite::Transaction& tx) {
+  tx.exec_script(
+      "CREATE TABLE idem_schema_version ("
+      " name TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at INTEGER NOT NULL);"
+      "CREATE TABLE api_idempotency ( idem_key VARCHAR(128) NOT NULL, biz_type VARCHAR(64) NOT"
+      " NULL, status VARCHAR(16) NOT NULL  CHECK (status = 'in_progress' OR status = 'completed'"
+      " OR status = 'failed'), fingerprint BLOB NOT NULL DEFAULT '', owner VARCHAR(32) NOT NULL,"
+      " response_body BLOB, lease_until INTEGER NOT NULL, expires_at INTEGER, attempts INTEGER"
+      " NOT NULL DEFAULT 1, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY"
+      " (idem_key, biz_type)) WITHOUT ROWID;"
+      "CREATE INDEX IF NOT EXISTS api_idempotency_expires_idx ON api_idempotency (expires_at)"
+      " WHERE status <> 'in_progress';"
+      "INSERT INTO idem_schema_version VALUES ('api_idempotency', 2, 1);");
+}
+
+// Three records as a version-2 idem wrote them: completed, in progress (held by `owner`), and
+// completed with its retention over.
+void insert_schema_two_records(idem::sqlite::Transaction& tx, const std::string& fp,
+                               const std::string& owner, std::int64_t now) {
+  std::array<char, 32> packed{};
+  for (std::size_t i = 0; i < packed.size(); ++i) {
+    packed[i] = static_cast<char>(std::stoi(fp.substr(2 * i, 2), nullptr, 16));
+  }
+  const idem::sqlite::Blob fp_bytes{std::string_view(packed.data(), packed.size())};
+  const std::string insert =
+      "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+      " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+      " (?1, 'pay', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)";
+  tx.exec(insert, "done", "completed", fp_bytes, owner, idem::sqlite::Blob{"pay_1"}, now,
+          now + 3'600'000, now);
+  tx.exec(insert, "held", "in_progress", fp_bytes, owner, nullptr, now + 60'000, nullptr, now);
+  tx.exec(insert, "old", "completed", fp_bytes, owner, idem::sqlite::Blob{"gone"}, now - 10,
+          now - 5, now - 20);
+}
+
+}  // namespace
+
+// Tables of schema version 2 (status as text, an expiry index) are used as they are: their
+// records replay, mismatch and stay busy, their claims complete, new records are written in
+// their layout (an older binary still reads them), and the purge works through their index.
+TEST(SqliteStore, SchemaTwoTablesStayReadableAndCompletable) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("v2.sqlite");
+  const std::string fp = idem::fingerprint("amount=10");
+  const std::string owner = idem::OwnerToken::generate().str();
+  {
+    auto db = std::make_shared<idem::sqlite::Database>(path);
+    db->write([&](idem::sqlite::Transaction& tx) {
+      create_schema_two_table(tx);
+      insert_schema_two_records(tx, fp, owner, idem::to_millis(idem::system_now()));
+    });
+  }
+  idem::sqlite::SqliteStore store(path);
+  EXPECT_EQ(2, store.schema_version());
+  EXPECT_EQ("'completed'", store.status_literal(idem::Record::Status::kCompleted));
+  const auto done = idem::Key::make("pay", "done");
+  auto replay = store.run_transactional(done, fp, idem::OwnerToken::generate(),
+                                        std::chrono::seconds(60), [](idem::sqlite::Transaction&) {
+                                          ADD_FAILURE() << "ran again";
+                                          return std::string("x");
+                                        });
+  EXPECT_EQ(idem::TransactionalStatus::kReplayed, replay.status);
+  EXPECT_EQ("pay_1", replay.response);
+  EXPECT_EQ(owner, replay.holder);
+  EXPECT_EQ(idem::ClaimStatus::kMismatch,
+            store
+                .begin(done, idem::fingerprint("amount=11"), idem::OwnerToken::generate(),
+                       std::chrono::seconds(30))
+                .status);
+  const auto held = idem::Key::make("pay", "held");
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.begin(held, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  EXPECT_TRUE(store.complete(held, idem::OwnerToken::from_string(owner), "pay_2",
+                             std::chrono::seconds(60)));
+  EXPECT_EQ("pay_2", store.lookup(held)->response);
+  EXPECT_EQ(idem::Record::Status::kCompleted, store.lookup(held)->status);
+  const auto fresh = idem::Key::make("pay", "fresh");
+  auto r =
+      store.run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("p3"); });
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
+  auto column_type = [&](const char* column, const char* id) {
+    return store.database()
+        .read([&](idem::sqlite::Session& s) {
+          return s.query_text(std::string("SELECT typeof(") + column +
+                                  ") || ':' || status FROM api_idempotency WHERE idem_key = ?",
+                              std::string(id));
+        })
+        .value_or("absent");
+  };
+  EXPECT_EQ("text:completed", column_type("status", "fresh"));  // the table's own spelling
+  EXPECT_EQ("text:completed", column_type("status", "held"));
+  EXPECT_EQ("blob:completed", column_type("fingerprint", "fresh"));
+  EXPECT_EQ(1u, store.purge_expired());
+  EXPECT_FALSE(store.lookup(idem::Key::make("pay", "old")).has_value());
+  EXPECT_TRUE(store.lookup(done).has_value());
+}
+
+// The steps docs/versioning.md gives to move a version-2 table to version 3, verbatim.
+TEST(SqliteStore, SchemaTwoTableMovedToVersionThreeKeepsItsRecords) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("move3.sqlite");
+  const std::string fp = idem::fingerprint("amount=10");
+  const std::string owner = idem::OwnerToken::generate().str();
+  {
+    auto db = std::make_shared<idem::sqlite::Database>(path);
+    db->write([&](idem::sqlite::Transaction& tx) {
+      create_schema_two_table(tx);
+      insert_schema_two_records(tx, fp, owner, idem::to_millis(idem::system_now()));
+    });
+    db->write([](idem::sqlite::Transaction& tx) {
+      tx.exec_script(
+          "CREATE TABLE api_idempotency_v3 ("
+          "  idem_key VARCHAR(128) NOT NULL, biz_type VARCHAR(64) NOT NULL,"
+          "  status INTEGER NOT NULL CHECK (status = 0 OR status = 1 OR status = 2),"
+          "  fingerprint BLOB NOT NULL DEFAULT '', owner VARCHAR(32) NOT NULL, response_body BLOB,"
+          "  lease_until INTEGER NOT NULL, expires_at INTEGER, attempts INTEGER NOT NULL DEFAULT 1,"
+          "  created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+          "  PRIMARY KEY (idem_key, biz_type)) WITHOUT ROWID;"
+          "INSERT INTO api_idempotency_v3"
+          "  SELECT idem_key, biz_type,"
+          "         CASE status WHEN 'in_progress' THEN 0 WHEN 'completed' THEN 1"
+          "                     WHEN 'failed' THEN 2 END,"
+          "         fingerprint, owner, response_body, lease_until, expires_at, attempts,"
+          "         created_at, updated_at"
+          "  FROM api_idempotency;"
+          "DROP TABLE api_idempotency;"
+          "ALTER TABLE api_idempotency_v3 RENAME TO api_idempotency;"
+          "UPDATE idem_schema_version SET version = 3 WHERE name = 'api_idempotency';");
+    });
+  }
+  idem::sqlite::SqliteStore store(path);
+  EXPECT_EQ(3, store.schema_version());
+  const auto done = idem::Key::make("pay", "done");
+  auto replay = store.begin(done, fp, idem::OwnerToken::generate(), std::chrono::seconds(30));
+  EXPECT_EQ(idem::ClaimStatus::kDone, replay.status);
+  EXPECT_EQ("pay_1", replay.response);
+  const auto held = idem::Key::make("pay", "held");
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            store.begin(held, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  EXPECT_TRUE(store.complete(held, idem::OwnerToken::from_string(owner), "pay_2",
+                             std::chrono::seconds(60)));
+  EXPECT_EQ("pay_2", store.lookup(held)->response);
+  EXPECT_EQ(1u, store.purge_expired());  // "old", found by walking the key
+  EXPECT_FALSE(store.lookup(idem::Key::make("pay", "old")).has_value());
+  EXPECT_EQ(0, store.database()
+                   .read([](idem::sqlite::Session& s) {
+                     return s.query_int64(
+                         "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND sql IS NOT"
+                         " NULL");
+                   })
+                   .value_or(-1));
+}
+
+// Version 3's purge walks the primary key `batch_size` rows per transaction: across batch
+// boundaries it deletes exactly the completed and failed records whose retention ended, never
+// an in-progress one (whatever its times) or a live one, and a second pass finds nothing.
+TEST(SqliteStore, PurgeWalksTheKeyAcrossBatches) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("purge3.sqlite"),
+                                  idem::sqlite::SqliteStoreOptions::mq_consume_record());
+  ASSERT_EQ(3, store.schema_version());
+  const auto now = idem::to_millis(idem::system_now());
+  int expired = 0, kept = 0;
+  store.database().write([&](idem::sqlite::Transaction& tx) {
+    const std::string insert =
+        "INSERT INTO mq_consume_record (message_id, consumer_group, status, fingerprint, owner,"
+        " lease_until, expires_at, created_at, updated_at) VALUES (?1, ?2, ?3, '', 'o', ?4, ?5,"
+        " 1, 1)";
+    for (int i = 0; i < 500; ++i) {
+      const std::string id = "m" + std::to_string(i * 7919 % 500);  // out of key order
+      const std::string group = i % 3 == 0 ? "a" : "b";
+      switch (i % 5) {
+        case 0:  // completed, retention over
+          tx.exec(insert, id, group, 1, now, now - 1);
+          ++expired;
+          break;
+        case 1:  // failed, retention over
+          tx.exec(insert, id, group, 2, now, now - 1000);
+          ++expired;
+          break;
+        case 2:  // completed, live
+          tx.exec(insert, id, group, 1, now, now + 3'600'000);
+          ++kept;
+          break;
+        case 3:  // in progress, lease and expiry long past: never the purge's
+          tx.exec(insert, id, group, 0, now - 5000, now - 5000);
+          ++kept;
+          break;
+        default:  // completed without an expiry
+          tx.exec(insert, id, group, 1, now, nullptr);
+          ++kept;
+          break;
+      }
+    }
+  });
+  EXPECT_EQ(static_cast<std::size_t>(expired), store.purge_expired(7));
+  auto count = [&](const std::string& where) {
+    return store.database()
+        .read([&](idem::sqlite::Session& s) {
+          return s.query_int64("SELECT count(*) FROM mq_consume_record WHERE " + where);
+        })
+        .value_or(-1);
+  };
+  EXPECT_EQ(kept, count("1"));
+  EXPECT_EQ(0, count("status <> 0 AND expires_at <= " + std::to_string(now)));
+  EXPECT_EQ(100, count("status = 0"));
+  EXPECT_EQ(0u, store.purge_expired(7));
+  EXPECT_EQ(0u, store.purge_expired(1000));
+  EXPECT_THROW(store.purge_expired(0), idem::UsageError);
+}
+
 // A table of that name that idem did not create (adopted by name) keeps its own layout.
 TEST(SqliteStore, TablesAdoptedByNameKeepTheirLayout) {
   idem::test::TempDir dir;
@@ -404,12 +629,12 @@ TEST(SqliteStore, TablesAdoptedByNameKeepTheirLayout) {
   EXPECT_EQ(1, count("SELECT count(*) FROM mq_consume_record WHERE typeof(fingerprint) = 'text'"));
 }
 
-// Layout 2 (tables created since schema 2): WITHOUT ROWID on (key, scope), no other index than
-// the expiry index, idem fingerprints as 32 raw bytes; any other fingerprint round-trips as
-// text (a 32-byte one too).
-TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
+// Layout 3 (tables created since schema 3; 2 had the same key and fingerprints): WITHOUT ROWID
+// on (key, scope), no other index, the status as an integer, idem fingerprints as 32 raw
+// bytes; any other fingerprint round-trips as text (a 32-byte one too).
+TEST(SqliteStore, LayoutThreeKeysByTheKeyAndPacksFingerprints) {
   idem::test::TempDir dir;
-  idem::sqlite::SqliteStore store(dir.file("v2.sqlite"));
+  idem::sqlite::SqliteStore store(dir.file("v3.sqlite"));
   auto count = [&](const std::string& sql) {
     return store.database()
         .read([&](idem::sqlite::Session& s) { return s.query_int64(sql); })
@@ -420,8 +645,8 @@ TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
   });
   ASSERT_TRUE(ddl.has_value());
   EXPECT_NE(std::string::npos, ddl->find("WITHOUT ROWID")) << *ddl;
-  EXPECT_EQ(1, count("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name ="
-                     " 'api_idempotency' AND sql IS NOT NULL"));  // the expiry index only
+  EXPECT_EQ(0, count("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name ="
+                     " 'api_idempotency' AND sql IS NOT NULL"));  // no index but the key
   const std::string hex = idem::fingerprint("x");
   std::string upper = hex;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -460,7 +685,9 @@ TEST(SqliteStore, LayoutTwoKeysByTheKeyAndPacksFingerprints) {
   }
   EXPECT_EQ(2, count("SELECT count(*) FROM api_idempotency WHERE length(fingerprint) = 32 AND"
                      " typeof(fingerprint) = 'blob'"));
-  // The purge finds expired rows by the expiry index and deletes them by primary key.
+  EXPECT_EQ(n, count("SELECT count(*) FROM api_idempotency WHERE typeof(status) = 'integer'"
+                     " AND status = 1"));
+  // The purge walks the key (two rows per transaction here) and deletes the expired rows.
   store.database().write([](idem::sqlite::Transaction& tx) {
     tx.exec("UPDATE api_idempotency SET expires_at = 1 WHERE idem_key IN ('k0', 'k1', 'k2')");
   });
@@ -870,26 +1097,28 @@ TEST(SqliteStore, ForeignStatusAndLeaseValuesAreCorruptRecords) {
   auto lease = idem::Key::make("pay", "text_lease");
   auto status = idem::Key::make("pay", "odd_status");
   auto expiry = idem::Key::make("pay", "text_expiry");
+  auto number = idem::Key::make("pay", "odd_number");
+  ASSERT_EQ(3, store.schema_version());  // status: 0 in progress, 1 completed, 2 failed
   store.database().write([&](idem::sqlite::Transaction& tx) {
     tx.exec(
         "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-        " lease_until, created_at, updated_at) VALUES (?, ?, 'in_progress', 'fp', 'x',"
+        " lease_until, created_at, updated_at) VALUES (?, ?, 0, 'fp', 'x',"
         " 'tomorrow', 1, 1)",
         lease.id(), lease.scope());
     tx.exec(
         "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
         " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-        " (?, ?, 'completed', 'fp', 'x', 'r', 1, 'never', 1, 1)",
+        " (?, ?, 1, 'fp', 'x', 'r', 1, 'never', 1, 1)",
         expiry.id(), expiry.scope());
     tx.exec_script("PRAGMA ignore_check_constraints = ON");
-    tx.exec(
+    const std::string odd =
         "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-        " lease_until, created_at, updated_at) VALUES (?, ?, 'PROCESSING', 'fp', 'x',"
-        " 1, 1, 1)",
-        status.id(), status.scope());
+        " lease_until, created_at, updated_at) VALUES (?, ?, ?, 'fp', 'x', 1, 1, 1)";
+    tx.exec(odd, status.id(), status.scope(), "PROCESSING");
+    tx.exec(odd, number.id(), number.scope(), 7);
     tx.exec_script("PRAGMA ignore_check_constraints = OFF");
   });
-  for (const auto& key : {lease, status, expiry}) {
+  for (const auto& key : {lease, status, expiry, number}) {
     SCOPED_TRACE(key.str());
     bool ran = false;
     EXPECT_THROW(

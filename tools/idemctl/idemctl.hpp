@@ -240,18 +240,22 @@ class SqliteSource final : public RecordSource, public Admin {
       return db_->read([&](idem::sqlite::Session& s) {
         Stats st;
         auto t = idem::to_millis(now);
-        auto by_status = [&](const char* status) {
-          return s.query_int64("SELECT count(*) FROM " + table_ + " WHERE status = ?", status)
+        // The status as the table's version spells it (text, or an integer in version 3).
+        auto literal = [&](idem::Record::Status status) { return store_->status_literal(status); };
+        const std::string in_progress = literal(idem::Record::Status::kInProgress);
+        auto by_status = [&](idem::Record::Status status) {
+          return s
+              .query_int64("SELECT count(*) FROM " + table_ + " WHERE status = " + literal(status))
               .value_or(0);
         };
         auto at_now = [&](const std::string& where) {
           return s.query_int64("SELECT count(*) FROM " + table_ + " WHERE " + where, t).value_or(0);
         };
-        st.in_progress = by_status("in_progress");
-        st.completed = by_status("completed");
-        st.failed = by_status("failed");
-        st.stale_in_progress = at_now("status = 'in_progress' AND lease_until <= ?");
-        st.past_retention = at_now("status <> 'in_progress' AND expires_at <= ?");
+        st.in_progress = by_status(idem::Record::Status::kInProgress);
+        st.completed = by_status(idem::Record::Status::kCompleted);
+        st.failed = by_status(idem::Record::Status::kFailed);
+        st.stale_in_progress = at_now("status = " + in_progress + " AND lease_until <= ?");
+        st.past_retention = at_now("status <> " + in_progress + " AND expires_at <= ?");
         return st;
       });
     });
@@ -259,7 +263,9 @@ class SqliteSource final : public RecordSource, public Admin {
 
   std::int64_t purge_older_than(idem::TimePoint cutoff, bool dry_run) override {
     auto t = idem::to_millis(cutoff);
-    const std::string where = " WHERE status <> 'in_progress' AND updated_at < ?1";
+    const std::string where = " WHERE status <> " +
+                              store_->status_literal(idem::Record::Status::kInProgress) +
+                              " AND updated_at < ?1";
     if (dry_run) {
       return guarded([&] {
         return db_->read([&](idem::sqlite::Session& s) {

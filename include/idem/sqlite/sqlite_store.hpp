@@ -6,9 +6,11 @@
 // `SqliteStore` keeps idempotency records in a table with a unique key on (key, scope) — by
 // default `api_idempotency (idem_key, biz_type)`, or `mq_consume_record (message_id,
 // consumer_group)` for MQ consumers — created by an idempotent, versioned migration. Tables
-// created now are schema version 2: `WITHOUT ROWID`, keyed by (key, scope), idem fingerprints
-// stored as their 32 bytes, one expiry index for the purge. Tables of version 1 (created
-// before, or adopted by name) keep their layout and work unchanged (docs/versioning.md).
+// created now are schema version 3: `WITHOUT ROWID`, keyed by (key, scope), idem fingerprints
+// stored as their 32 bytes, the status as an integer (0 in progress, 1 completed, 2 failed),
+// no index besides the key (the purge walks the key). Tables of versions 1 (created before
+// schema 2, or adopted by name) and 2 keep their layout and work unchanged
+// (docs/versioning.md).
 //
 // Concurrency: SQLite allows one writer at a time. A `Database` serialises this process's
 // writers on a timed mutex (FIFO-ish, no busy polling) and takes the file lock with
@@ -141,8 +143,11 @@ class IDEM_EXPORT SqliteStore {
             std::chrono::seconds retention);
   /// Reads a record. nullopt when absent.
   std::optional<Record> lookup(const Key& key);
-  /// Deletes completed and failed records whose retention ended, `batch_size` rows per short
-  /// transaction, until none is left. Never touches in-progress rows. @return rows deleted.
+  /// Deletes completed and failed records whose retention ended, until none is left, in short
+  /// write transactions: on a version-3 table each reads the next `batch_size` rows in key
+  /// order and deletes the expired ones among them (one pass reads the table once); on tables
+  /// of versions 1 and 2 each deletes up to `batch_size` rows found through the expiry index.
+  /// Never touches in-progress rows. @return rows deleted.
   std::size_t purge_expired(std::size_t batch_size = 1000);
   /// "sqlite".
   std::string_view name() const noexcept { return "sqlite"; }
@@ -152,6 +157,14 @@ class IDEM_EXPORT SqliteStore {
   std::shared_ptr<Database> shared_database() const noexcept { return database_; }
   /// The table name in use.
   const std::string& table() const noexcept { return options_.table; }
+  /// The record table's schema version (1, 2 or 3; docs/versioning.md).
+  int schema_version() const noexcept;
+  /// How `status` is spelled in SQL over this table, for queries of your own (operators'
+  /// counts, tests): `1` in a version-3 table (0 in progress, 1 completed, 2 failed),
+  /// `'completed'` in tables of versions 1 and 2. E.g.
+  /// `"SELECT count(*) FROM " + store.table() + " WHERE status = " + store.status_literal(
+  /// idem::Record::Status::kCompleted)`.
+  std::string status_literal(Record::Status status) const;
 
   /// Inside an open write transaction: claim or find the record (used by run_transactional;
   /// public for stores that compose it). `lease` 0 means the transaction itself is the lease.
@@ -227,6 +240,7 @@ class IDEM_EXPORT SqliteStore {
   std::optional<ClaimResult> precheck(const Key& key, std::string_view fingerprint);
   void init();
   void migrate();
+  std::size_t purge_by_key(std::size_t batch_size);
   TimePoint now() const { return options_.clock(); }
 
   std::shared_ptr<Database> database_;

@@ -168,7 +168,8 @@ void kill_nine_mid_run(const std::vector<std::string>& extra, int keys, bool two
   {
     idem::sqlite::Database file{db};
     in_progress_at_kill = file.read([](idem::sqlite::Session& s) {
-      return *s.query_int64("SELECT count(*) FROM api_idempotency WHERE status = 'in_progress'");
+      // The server made a version-3 table: status 0 is in progress.
+      return *s.query_int64("SELECT count(*) FROM api_idempotency WHERE status = 0");
     });
   }
   std::this_thread::sleep_for(300ms);
@@ -200,8 +201,10 @@ void kill_nine_mid_run(const std::vector<std::string>& extra, int keys, bool two
   EXPECT_EQ(keys, totals.payments);  // exactly one effect per key
   EXPECT_EQ(charged, totals.charged_cents);
   EXPECT_EQ(8 * 100'000'000LL - charged, totals.balance_cents);
-  long stuck = store.database().read([](idem::sqlite::Session& s) {
-    return *s.query_int64("SELECT count(*) FROM api_idempotency WHERE status <> 'completed'");
+  ASSERT_EQ(3, store.schema_version());
+  long stuck = store.database().read([&](idem::sqlite::Session& s) {
+    return *s.query_int64("SELECT count(*) FROM api_idempotency WHERE status <> " +
+                          store.status_literal(idem::Record::Status::kCompleted));
   });
   EXPECT_EQ(0, stuck);  // no key left in progress
   if (two_phase) {
