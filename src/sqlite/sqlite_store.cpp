@@ -456,15 +456,13 @@ namespace {
 // Schema versions of the record table: 1, 2 and 3 (layouts of the same numbers; 3 is created
 // since). A table of an older version is used as it is: idem never rebuilds a table by itself.
 constexpr int kSchemaVersion = 3;
-// The status check of the record table. Not `status IN (...)`: SQLite (3.40) evaluates an IN
-// list in a CHECK by building an ephemeral b-tree of the list on every INSERT and every UPDATE
-// that sets status, ~40,000 instructions, several times the cost of the row write itself.
-// Three comparisons accept exactly the same values.
-constexpr const char* kStatusCheck =
-    "status = 'in_progress' OR status = 'completed' OR status = 'failed'";
-// Layout 3: the status as an integer (0 in progress, 1 completed, 2 failed). SQLite stores 0
-// and 1 in the record header alone (no payload byte) and reads it without copying a text.
-constexpr const char* kStatusCheckCompact = "status = 0 OR status = 1 OR status = 2";
+// The status check of version-3 tables: the status as an integer (0 in progress, 1 completed, 2
+// failed); SQLite stores 0 and 1 in the record header alone (no payload byte) and reads them
+// without copying a text. Not `status IN (0, 1, 2)`: SQLite (3.40) evaluates an IN list in a
+// CHECK by building an ephemeral b-tree of the list on every INSERT and every UPDATE that sets
+// status, ~40,000 instructions, several times the cost of the row write itself. Three
+// comparisons accept exactly the same values (version 2 checks its three texts the same way).
+constexpr const char* kStatusCheck = "status = 0 OR status = 1 OR status = 2";
 
 // How the statements of `layout` spell `status` in SQL.
 std::string status_sql(int layout, Record::Status status) {
@@ -719,12 +717,11 @@ void SqliteStore::migrate() {
                        " (expires_at) WHERE status <> 'in_progress';");
         version = 1;
       } else {
-        tx.exec_script("CREATE TABLE " + t + " (" + " " + k + " VARCHAR(128) NOT NULL," + " " + s +
-                       " VARCHAR(64) NOT NULL," +
-                       " status INTEGER NOT NULL"
-                       "  CHECK (" +
-                       std::string(kStatusCheckCompact) +
-                       "),"
+        // clang-format off
+        tx.exec_script("CREATE TABLE " + t + " (" +
+                       " " + k + " VARCHAR(128) NOT NULL," +
+                       " " + s + " VARCHAR(64) NOT NULL," +
+                       " status INTEGER NOT NULL CHECK (" + kStatusCheck + "),"
                        " fingerprint BLOB NOT NULL DEFAULT '',"
                        " owner VARCHAR(32) NOT NULL,"
                        " response_body BLOB,"
@@ -733,8 +730,8 @@ void SqliteStore::migrate() {
                        " attempts INTEGER NOT NULL DEFAULT 1,"
                        " created_at INTEGER NOT NULL,"
                        " updated_at INTEGER NOT NULL,"
-                       " PRIMARY KEY (" +
-                       k + ", " + s + ")) WITHOUT ROWID");
+                       " PRIMARY KEY (" + k + ", " + s + ")) WITHOUT ROWID");
+        // clang-format on
         version = 3;
       }
       tx.exec("INSERT OR REPLACE INTO idem_schema_version (name, version, applied_at) "
@@ -926,12 +923,16 @@ std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
 std::size_t SqliteStore::purge_by_key(std::size_t batch_size) {
   const auto limit = static_cast<std::int64_t>(batch_size);
   std::size_t total = 0;
-  std::string after_key, after_scope;
+  std::string after_key, after_scope;  // the last row read by a committed batch
   bool first = true;
   for (;;) {
     const auto t = to_millis(now());
     std::size_t scanned = 0;
+    std::string next_key, next_scope;
+    // Everything the transaction sets is reset when it starts: a batch that is run again (or
+    // rolled back) reads from the last committed position.
     total += database_->write([&](Transaction& tx) {
+      scanned = 0;
       std::vector<std::pair<std::string, std::string>> expired;
       {
         Statement st = tx.prepare(first ? sql_->purge_scan_first : sql_->purge_scan_next);
@@ -939,11 +940,11 @@ std::size_t SqliteStore::purge_by_key(std::size_t batch_size) {
         st.bind(3, limit);
         while (st.step()) {
           ++scanned;
-          after_key = st.column_view(0);
-          after_scope = st.column_view(1);
+          next_key = st.column_view(0);
+          next_scope = st.column_view(1);
           const bool done = st.column_is_integer(2) && st.column_int64(2) != 0;
           if (done && st.column_is_integer(3) && st.column_int64(3) <= t) {
-            expired.emplace_back(after_key, after_scope);
+            expired.emplace_back(next_key, next_scope);
           }
         }
       }
@@ -953,8 +954,10 @@ std::size_t SqliteStore::purge_by_key(std::size_t batch_size) {
       }
       return n;
     });
-    first = false;
     if (scanned < batch_size) return total;
+    after_key = std::move(next_key);
+    after_scope = std::move(next_scope);
+    first = false;
   }
 }
 

@@ -161,9 +161,11 @@ class IDEM_EXPORT SqliteStore {
   int schema_version() const noexcept;
   /// How `status` is spelled in SQL over this table, for queries of your own (operators'
   /// counts, tests): `1` in a version-3 table (0 in progress, 1 completed, 2 failed),
-  /// `'completed'` in tables of versions 1 and 2. E.g.
-  /// `"SELECT count(*) FROM " + store.table() + " WHERE status = " + store.status_literal(
-  /// idem::Record::Status::kCompleted)`.
+  /// `'completed'` in tables of versions 1 and 2. For example:
+  /// @code
+  ///   auto done = store.status_literal(idem::Record::Status::kCompleted);
+  ///   session.query_int64("SELECT count(*) FROM " + store.table() + " WHERE status = " + done);
+  /// @endcode
   std::string status_literal(Record::Status status) const;
 
   /// Inside an open write transaction: claim or find the record (used by run_transactional;
