@@ -264,37 +264,29 @@ std::string stored_type(idem::sqlite::SqliteStore& store, const idem::Key& key) 
       .value_or("absent");
 }
 
-}  // namespace
+// Three records as an older idem wrote them, the fingerprint as that table stores it (`stored_fp`:
+// text, or a Blob of its 32 bytes): "done" completed, "held" in progress held by `owner`, and
+// "old" completed with its retention over.
+template <class Fingerprint>
+void insert_older_records(idem::sqlite::Transaction& tx, const Fingerprint& stored_fp,
+                          const std::string& owner, std::int64_t now) {
+  const std::string insert =
+      "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+      " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
+      " (?1, 'pay', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)";
+  tx.exec(insert, "done", "completed", stored_fp, owner, idem::sqlite::Blob{"pay_1"}, now,
+          now + 3'600'000, now);
+  tx.exec(insert, "held", "in_progress", stored_fp, owner, nullptr, now + 60'000, nullptr, now);
+  tx.exec(insert, "old", "completed", stored_fp, owner, idem::sqlite::Blob{"gone"}, now - 10,
+          now - 5, now - 20);
+}
 
-// Tables of schema version 1 (rowid, a unique index, fingerprints as text) are used as they
-// are: their records replay, their claims complete, new records are written in their layout,
-// and the purge works.
-TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
-  idem::test::TempDir dir;
-  const auto path = dir.file("v1.sqlite");
-  const std::string fp = idem::fingerprint("amount=10");
-  const std::string owner = idem::OwnerToken::generate().str();
-  const auto now = idem::to_millis(idem::system_now());
-  {
-    auto db = std::make_shared<idem::sqlite::Database>(path);
-    db->write([&](idem::sqlite::Transaction& tx) {
-      create_schema_one_table(tx);
-      const std::string insert =
-          "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-          " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-          " (?1, 'pay', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)";
-      tx.exec(insert, "done", "completed", fp, owner, idem::sqlite::Blob{"pay_1"}, now,
-              now + 3'600'000, now);
-      tx.exec(insert, "held", "in_progress", fp, owner, nullptr, now + 60'000, nullptr, now);
-      tx.exec(insert, "old", "completed", fp, owner, idem::sqlite::Blob{"gone"}, now - 10, now - 5,
-              now - 20);
-    });
-  }
-  idem::sqlite::SqliteStore store(path);
-  auto version = store.database().read([](idem::sqlite::Session& s) {
-    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = 'api_idempotency'");
-  });
-  EXPECT_EQ(1, version.value_or(0));
+// What a table of an older version holding insert_older_records' rows (fingerprint `fp`) must
+// still do: "done" replays (and mismatches another payload), "held" is busy and its owner
+// completes it, a new record commits with its fingerprint stored as `fresh_fp_type` (the
+// table's own layout), and the purge deletes "old" only.
+void expect_older_table_works(idem::sqlite::SqliteStore& store, const std::string& fp,
+                              const std::string& owner, const char* fresh_fp_type) {
   const auto done = idem::Key::make("pay", "done");
   auto replay = store.run_transactional(done, fp, idem::OwnerToken::generate(),
                                         std::chrono::seconds(60), [](idem::sqlite::Transaction&) {
@@ -315,18 +307,52 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
   EXPECT_TRUE(store.complete(held, idem::OwnerToken::from_string(owner), "pay_2",
                              std::chrono::seconds(60)));
   EXPECT_EQ("pay_2", store.lookup(held)->response);
+  EXPECT_EQ(idem::Record::Status::kCompleted, store.lookup(held)->status);
   EXPECT_EQ(fp, store.lookup(held)->fingerprint);
-  // New records keep the table's layout (text fingerprints an earlier version reads).
   const auto fresh = idem::Key::make("pay", "fresh");
   auto r =
       store.run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
                               [](idem::sqlite::Transaction&) { return std::string("p3"); });
   EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
-  EXPECT_EQ("text", stored_type(store, fresh));
+  EXPECT_EQ(fresh_fp_type, stored_type(store, fresh));
   EXPECT_EQ(fp, store.lookup(fresh)->fingerprint);
   EXPECT_EQ(1u, store.purge_expired());
   EXPECT_FALSE(store.lookup(idem::Key::make("pay", "old")).has_value());
   EXPECT_TRUE(store.lookup(done).has_value());
+}
+
+// The path of a new file in `dir` holding a table made by `create` (an older version's DDL) and
+// insert_older_records' rows, the fingerprint stored as `stored_fp`.
+template <class Create, class Fingerprint>
+std::string older_table_file(idem::test::TempDir& dir, const char* name, Create create,
+                             const Fingerprint& stored_fp, const std::string& owner) {
+  const auto path = dir.file(name);
+  idem::sqlite::Database db(path);
+  db.write([&](idem::sqlite::Transaction& tx) {
+    create(tx);
+    insert_older_records(tx, stored_fp, owner, idem::to_millis(idem::system_now()));
+  });
+  return path;
+}
+
+}  // namespace
+
+// Tables of schema version 1 (rowid, a unique index, fingerprints as text) are used as they
+// are: their records replay, their claims complete, new records are written in their layout,
+// and the purge works.
+TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
+  idem::test::TempDir dir;
+  const std::string fp = idem::fingerprint("amount=10");
+  const std::string owner = idem::OwnerToken::generate().str();
+  idem::sqlite::SqliteStore store(
+      older_table_file(dir, "v1.sqlite", create_schema_one_table, fp, owner));
+  auto version = store.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = 'api_idempotency'");
+  });
+  EXPECT_EQ(1, version.value_or(0));
+  EXPECT_EQ(1, store.schema_version());
+  // New records keep the table's layout (text fingerprints an earlier version reads).
+  expect_older_table_works(store, fp, owner, "text");
 }
 
 // The steps docs/versioning.md gives to move a version-1 table to version 2, verbatim.
@@ -402,24 +428,13 @@ void create_schema_two_table(idem::sqlite::Transaction& tx) {
       "INSERT INTO idem_schema_version VALUES ('api_idempotency', 2, 1);");
 }
 
-// Three records as a version-2 idem wrote them: completed, in progress (held by `owner`), and
-// completed with its retention over.
-void insert_schema_two_records(idem::sqlite::Transaction& tx, const std::string& fp,
-                               const std::string& owner, std::int64_t now) {
-  std::array<char, 32> packed{};
-  for (std::size_t i = 0; i < packed.size(); ++i) {
-    packed[i] = static_cast<char>(std::stoi(fp.substr(2 * i, 2), nullptr, 16));
+// A fingerprint as version 2 stores it: its 32 bytes.
+std::string packed(const std::string& fp) {
+  std::string bytes;
+  for (std::size_t i = 0; i + 1 < fp.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(fp.substr(i, 2), nullptr, 16)));
   }
-  const idem::sqlite::Blob fp_bytes{std::string_view(packed.data(), packed.size())};
-  const std::string insert =
-      "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
-      " response_body, lease_until, expires_at, created_at, updated_at) VALUES"
-      " (?1, 'pay', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)";
-  tx.exec(insert, "done", "completed", fp_bytes, owner, idem::sqlite::Blob{"pay_1"}, now,
-          now + 3'600'000, now);
-  tx.exec(insert, "held", "in_progress", fp_bytes, owner, nullptr, now + 60'000, nullptr, now);
-  tx.exec(insert, "old", "completed", fp_bytes, owner, idem::sqlite::Blob{"gone"}, now - 10,
-          now - 5, now - 20);
+  return bytes;
 }
 
 }  // namespace
@@ -429,75 +444,38 @@ void insert_schema_two_records(idem::sqlite::Transaction& tx, const std::string&
 // their layout (an older binary still reads them), and the purge works through their index.
 TEST(SqliteStore, SchemaTwoTablesStayReadableAndCompletable) {
   idem::test::TempDir dir;
-  const auto path = dir.file("v2.sqlite");
   const std::string fp = idem::fingerprint("amount=10");
   const std::string owner = idem::OwnerToken::generate().str();
-  {
-    auto db = std::make_shared<idem::sqlite::Database>(path);
-    db->write([&](idem::sqlite::Transaction& tx) {
-      create_schema_two_table(tx);
-      insert_schema_two_records(tx, fp, owner, idem::to_millis(idem::system_now()));
-    });
-  }
-  idem::sqlite::SqliteStore store(path);
+  const std::string stored = packed(fp);
+  idem::sqlite::SqliteStore store(older_table_file(dir, "v2.sqlite", create_schema_two_table,
+                                                   idem::sqlite::Blob{stored}, owner));
   EXPECT_EQ(2, store.schema_version());
   EXPECT_EQ("'completed'", store.status_literal(idem::Record::Status::kCompleted));
-  const auto done = idem::Key::make("pay", "done");
-  auto replay = store.run_transactional(done, fp, idem::OwnerToken::generate(),
-                                        std::chrono::seconds(60), [](idem::sqlite::Transaction&) {
-                                          ADD_FAILURE() << "ran again";
-                                          return std::string("x");
-                                        });
-  EXPECT_EQ(idem::TransactionalStatus::kReplayed, replay.status);
-  EXPECT_EQ("pay_1", replay.response);
-  EXPECT_EQ(owner, replay.holder);
-  EXPECT_EQ(idem::ClaimStatus::kMismatch,
-            store
-                .begin(done, idem::fingerprint("amount=11"), idem::OwnerToken::generate(),
-                       std::chrono::seconds(30))
-                .status);
-  const auto held = idem::Key::make("pay", "held");
-  EXPECT_EQ(idem::ClaimStatus::kBusy,
-            store.begin(held, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
-  EXPECT_TRUE(store.complete(held, idem::OwnerToken::from_string(owner), "pay_2",
-                             std::chrono::seconds(60)));
-  EXPECT_EQ("pay_2", store.lookup(held)->response);
-  EXPECT_EQ(idem::Record::Status::kCompleted, store.lookup(held)->status);
-  const auto fresh = idem::Key::make("pay", "fresh");
-  auto r =
-      store.run_transactional(fresh, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
-                              [](idem::sqlite::Transaction&) { return std::string("p3"); });
-  EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status);
-  auto column_type = [&](const char* column, const char* id) {
+  expect_older_table_works(store, fp, owner, "blob");
+  auto spelled = [&](const char* id) {
     return store.database()
         .read([&](idem::sqlite::Session& s) {
-          return s.query_text(std::string("SELECT typeof(") + column +
-                                  ") || ':' || status FROM api_idempotency WHERE idem_key = ?",
-                              std::string(id));
+          return s.query_text(
+              "SELECT typeof(status) || ':' || status FROM api_idempotency WHERE idem_key = ?",
+              std::string(id));
         })
         .value_or("absent");
   };
-  EXPECT_EQ("text:completed", column_type("status", "fresh"));  // the table's own spelling
-  EXPECT_EQ("text:completed", column_type("status", "held"));
-  EXPECT_EQ("blob:completed", column_type("fingerprint", "fresh"));
-  EXPECT_EQ(1u, store.purge_expired());
-  EXPECT_FALSE(store.lookup(idem::Key::make("pay", "old")).has_value());
-  EXPECT_TRUE(store.lookup(done).has_value());
+  EXPECT_EQ("text:completed", spelled("fresh"));  // the table's own spelling
+  EXPECT_EQ("text:completed", spelled("held"));
 }
 
 // The steps docs/versioning.md gives to move a version-2 table to version 3, verbatim.
 TEST(SqliteStore, SchemaTwoTableMovedToVersionThreeKeepsItsRecords) {
   idem::test::TempDir dir;
-  const auto path = dir.file("move3.sqlite");
   const std::string fp = idem::fingerprint("amount=10");
   const std::string owner = idem::OwnerToken::generate().str();
+  const std::string stored = packed(fp);
+  const auto path = older_table_file(dir, "move3.sqlite", create_schema_two_table,
+                                     idem::sqlite::Blob{stored}, owner);
   {
-    auto db = std::make_shared<idem::sqlite::Database>(path);
-    db->write([&](idem::sqlite::Transaction& tx) {
-      create_schema_two_table(tx);
-      insert_schema_two_records(tx, fp, owner, idem::to_millis(idem::system_now()));
-    });
-    db->write([](idem::sqlite::Transaction& tx) {
+    idem::sqlite::Database db(path);
+    db.write([](idem::sqlite::Transaction& tx) {
       tx.exec_script(
           "CREATE TABLE api_idempotency_v3 ("
           "  idem_key VARCHAR(128) NOT NULL, biz_type VARCHAR(64) NOT NULL,"
