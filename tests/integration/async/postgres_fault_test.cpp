@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // AsyncGuard over AsyncRedisStore + PooledDurable<PostgresStore> while PostgreSQL restarts
-// (scripts/servers.sh pg-restart fast) in the middle of a run on one loop thread: every call is
+// (stopped until a call met the outage, then started: pg::stop_until_observed_then_start) in the
+// middle of a run on one loop thread: every call is
 // answered, every error is an idem::StorageError subclass, no key has two effects, and once the
 // server is back every key runs or replays (nothing stuck). The shared server is restarted, so
 // ctest runs this alone (SERIAL).
@@ -67,15 +68,16 @@ TEST(AsyncPostgresFault, ARestartMidRunAnswersEveryCallTypedAndDoublesNothing) {
 
   std::atomic<bool> restarting{false}, restarted{false};
   std::thread restart;
-  int answered = 0, storage_errors = 0, untyped = 0, wrong = 0, waves_after = 0;
+  std::atomic<int> storage_errors{0};  // read by the restart thread too
+  int answered = 0, untyped = 0, wrong = 0, waves_after = 0;
   for (int w = 0; !restarted.load() || waves_after < 3; ++w) {
     ASSERT_LT(w, 3000) << "the restart never finished";
     if (restarted.load()) ++waves_after;
     if (w == 3) {
       restarting = true;
       restart = std::thread([&] {
-        const std::string cmd = "\"" + script + "\" pg-restart fast >/dev/null 2>&1";
-        EXPECT_EQ(0, std::system(cmd.c_str())) << cmd;
+        EXPECT_EQ(0, idem::test::pg::stop_until_observed_then_start(script, storage_errors))
+            << "pg-stop / pg-start";
         restarted = true;
       });
     }
@@ -111,7 +113,7 @@ TEST(AsyncPostgresFault, ARestartMidRunAnswersEveryCallTypedAndDoublesNothing) {
   restart.join();
   EXPECT_EQ(0, untyped);
   EXPECT_EQ(0, wrong);
-  EXPECT_GT(storage_errors, 0) << "the restart was not observed";
+  EXPECT_GT(storage_errors.load(), 0) << "the restart was not observed";
 
   // Back up: every key runs or replays within a lease and a few seconds (nothing stuck).
   const auto settle_by = std::chrono::steady_clock::now() + go.guard.lease + 10s;
@@ -150,7 +152,7 @@ TEST(AsyncPostgresFault, ARestartMidRunAnswersEveryCallTypedAndDoublesNothing) {
                               prefix + "\\_%'"))
       << "one effect per key";
   std::printf("  %d calls answered, %d typed storage errors while PostgreSQL restarted\n", answered,
-              storage_errors);
+              storage_errors.load());
   loop.run([&] { fast.reset(); });
 }
 

@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "idem/postgres/postgres_store.hpp"
 #include "support/test_env.hpp"
@@ -127,6 +130,24 @@ inline int dsn_port() {
   std::string d = dsn();
   auto at = d.find("port=");
   return at == std::string::npos ? 5432 : std::atoi(d.c_str() + at + 5);
+}
+
+/// A PostgreSQL outage the calls of a test cannot miss: stops the shared server with `script`
+/// (scripts/servers.sh `pg-stop`: pg_ctl stop -m fast, its connections terminated), keeps it
+/// down until `seen` (the test's count of calls that failed on the outage) is above zero or 30 s
+/// passed, and starts it again (`pg-start`). A plain `pg-restart` can be over before any call
+/// notices it on a fast machine, and a restart no call saw proves nothing.
+/// @return 0 when both commands succeeded.
+inline int stop_until_observed_then_start(const std::string& script, const std::atomic<int>& seen) {
+  auto run = [&](const char* what) {
+    return std::system(("\"" + script + "\" " + what + " >/dev/null 2>&1").c_str());
+  };
+  const int stopped = run("pg-stop");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return stopped | run("pg-start");
 }
 
 }  // namespace idem::test::pg

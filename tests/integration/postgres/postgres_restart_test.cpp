@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// PostgreSQL restarted (pg_ctl restart -m fast) in the middle of a run of guarded payments:
-// calls fail with typed, retryable idem errors while it is down, succeed after it is back, and
-// no key is ever applied twice. Runs alone (RUN_SERIAL): it restarts the shared server.
+// PostgreSQL stopped (pg_ctl stop -m fast) in the middle of a run of guarded payments, until a
+// call met the outage, then started again: calls fail with typed, retryable idem errors while it
+// is down, succeed after it is back, and no key is ever applied twice. Runs alone (RUN_SERIAL): it
+// restarts the shared server.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -74,11 +76,10 @@ TEST(PostgresRestart, CallsFailRetryablyWhileDownAndSucceedAfterWithNoDoubleEffe
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
   while (done_keys.load() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const std::string cmd = "\"" + script + "\" pg-restart fast >/dev/null 2>&1";
-  int rc = std::system(cmd.c_str());
+  const int rc = pg::stop_until_observed_then_start(script, failures);
   restarted = true;
   for (auto& t : threads) t.join();
-  ASSERT_EQ(0, rc) << cmd;
+  ASSERT_EQ(0, rc) << "pg-stop / pg-start";
 
   for (const auto& [kind, n] : error_kinds)
     std::printf("  errors while down: %s x%d\n", kind.c_str(), n);
@@ -141,11 +142,10 @@ TEST(PostgresRestart, TwoPhaseCallsFailTypedWhileDownAndEveryKeyEndsCompleted) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t) threads.emplace_back(worker, t);
   while (done_keys.load() < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const std::string cmd = "\"" + script + "\" pg-restart fast >/dev/null 2>&1";
-  int rc = std::system(cmd.c_str());
+  const int rc = pg::stop_until_observed_then_start(script, failures);
   restarted = true;
   for (auto& t : threads) t.join();
-  ASSERT_EQ(0, rc) << cmd;
+  ASSERT_EQ(0, rc) << "pg-stop / pg-start";
   EXPECT_GT(failures.load(), 0) << "the restart was not observed";
   for (const auto& id : keys) {
     auto rec = store.lookup(idem::Key::make("gateway", id));
