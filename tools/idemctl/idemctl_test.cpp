@@ -167,6 +167,39 @@ TEST_F(IdemctlTest, PurgeOlderThanDeletesOnlyOldFinishedRecords) {
   EXPECT_TRUE(contains(idemctl(db_ + "purge --expired").out, "purged 0 records past retention"));
 }
 
+// More rows than one batch (1,000), old and recent interleaved in key order: the purge walks
+// the key batch by batch and deletes exactly the old finished rows, never an in-progress one.
+TEST_F(IdemctlTest, PurgeOlderThanWalksTheKeyAcrossBatches) {
+  const auto now = idem::to_millis(idem::system_now());
+  const auto ten_days_ago = now - 10LL * 24 * 3600 * 1000;
+  {
+    idem::sqlite::SqliteStore store{path_};
+    const std::string insert =
+        "INSERT INTO " + store.table() +
+        " (idem_key, biz_type, status, fingerprint, owner, lease_until, expires_at, created_at,"
+        " updated_at) VALUES (?1, 'bulk', ?2, '', 'o', ?3, ?3, ?3, ?3)";
+    const auto done = std::stoll(store.status_literal(idem::Record::Status::kCompleted));
+    const auto held = std::stoll(store.status_literal(idem::Record::Status::kInProgress));
+    store.database().write([&](idem::sqlite::Transaction& tx) {
+      for (int i = 0; i < 3000; ++i) {
+        const std::string id = "k" + std::to_string(i * 7 % 3000);  // out of key order
+        if (i % 3 == 0) tx.exec(insert, id, done, ten_days_ago);    // old: purged
+        if (i % 3 == 1) tx.exec(insert, id, done, now);             // recent: kept
+        if (i % 3 == 2) tx.exec(insert, id, held, ten_days_ago);    // in progress: kept
+      }
+    });
+  }
+  auto r = idemctl(db_ + "purge --older-than 7d");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "purged 1002 ")) << r.out;  // 1,000 here, 2 of the fixture's
+  idem::sqlite::SqliteStore store{path_};
+  const auto left = store.database().read([&](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT count(*) FROM " + store.table() + " WHERE biz_type = 'bulk'");
+  });
+  EXPECT_EQ(2000, left.value_or(-1));
+  EXPECT_TRUE(contains(idemctl(db_ + "purge --older-than 7d").out, "purged 0 "));
+}
+
 TEST(IdemctlVersion, PrintsTheLibraryVersion) {
   auto r = idemctl("--version");
   EXPECT_EQ(0, r.status) << r.out;
