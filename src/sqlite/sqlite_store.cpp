@@ -11,9 +11,11 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "errors.hpp"
@@ -444,7 +446,7 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, select_precheck, select_found, insert, insert_completed,
       insert_completed_if_absent, takeover, takeover_completed, remove_expired, complete, fail,
-      release, extend, purge, purge_scan_first, purge_scan_next, purge_one;
+      release, extend, purge, purge_expired_where;
   // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
   // text; tables created before schema 2 and tables adopted by name), 2 (WITHOUT ROWID keyed
   // by (key, scope), idem fingerprints as 32 raw bytes, status as text, an expiry index) or 3
@@ -665,16 +667,9 @@ void SqliteStore::init() {
   sql_->release = "DELETE FROM " + t + where + " AND owner = ?3" + held;
   sql_->extend =
       "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where + " AND owner = ?3" + held;
-  if (layout >= 3) {
-    // No expiry index: the purge walks the primary key a batch at a time (purge_expired).
-    const std::string scan = "SELECT " + k + ", " + s + ", status, expires_at FROM " + t;
-    const std::string order = " ORDER BY " + k + ", " + s + " LIMIT ?3";
-    sql_->purge_scan_first = scan + order;
-    sql_->purge_scan_next = scan + " WHERE (" + k + ", " + s + ") > (?1, ?2)" + order;
-    sql_->purge_one =
-        "DELETE FROM " + t + where + " AND status <> " + in_progress + " AND expires_at <= ?3";
-    return;
-  }
+  // A version-3 table has no expiry index: its purge walks the key (purge_walking_key).
+  sql_->purge_expired_where = "status <> " + in_progress + " AND expires_at <= ?1";
+  if (layout >= 3) return;
   // Layout 2 has no id column: rows are named by their primary key.
   const std::string cols = layout == 2 ? k + ", " + s : "id";
   const std::string row = layout == 2 ? "(" + cols + ")" : cols;
@@ -903,10 +898,10 @@ void SqliteStore::release_savepoint(Transaction& tx) {
 
 std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
   if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
-  if (sql_->layout >= 3) return purge_by_key(batch_size);
+  const auto t = to_millis(now());
+  if (sql_->layout >= 3) return purge_walking_key(sql_->purge_expired_where, t, batch_size);
   std::size_t total = 0;
   for (;;) {
-    auto t = to_millis(now());
     // One short write transaction per batch: writers are never blocked for long.
     int n = database_->write([&](Transaction& tx) {
       return tx.exec(sql_->purge, t, static_cast<std::int64_t>(batch_size));
@@ -916,48 +911,62 @@ std::size_t SqliteStore::purge_expired(std::size_t batch_size) {
   }
 }
 
-// Layout 3 keeps no expiry index (it would cost every first execution a second b-tree write
-// and a WAL page at commit, bench/sqlite/README.md): the purge walks the primary key instead,
-// `batch_size` rows per short write transaction, deleting the expired ones among them. One
-// pass reads the whole table once; a writer waits at most for one batch.
-std::size_t SqliteStore::purge_by_key(std::size_t batch_size) {
-  const auto limit = static_cast<std::int64_t>(batch_size);
+std::size_t SqliteStore::purge_older_than(TimePoint cutoff, std::size_t batch_size) {
+  if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
+  // No table version indexes updated_at: a DELETE ... LIMIT would read from the start of the
+  // table again at every batch.
+  return purge_walking_key(
+      "status <> " + status_sql(sql_->layout, Record::Status::kInProgress) + " AND updated_at < ?1",
+      to_millis(cutoff), batch_size);
+}
+
+// Short write transactions that walk the key: each finds where the next `batch_size` rows (any
+// status) end and deletes, in one range DELETE, the rows of that range that `finished` (an SQL
+// condition, `?1` bound to `bound`) selects. A writer waits at most for one batch, and no batch
+// reads again what an earlier one kept: one pass reads the table once. The walk is why version
+// 3 needs no expiry index (it would cost every first execution a second b-tree write and a WAL
+// page at commit, bench/sqlite/README.md).
+std::size_t SqliteStore::purge_walking_key(const std::string& finished, std::int64_t bound,
+                                           std::size_t batch_size) {
+  const auto& t = options_.table;
+  const std::string cols = options_.key_column + ", " + options_.scope_column;
+  const std::string key = "(" + cols + ")";
+  const std::string order = " ORDER BY " + cols + " LIMIT 1 OFFSET ";
+  const std::string past = " AND " + key + " > (?2, ?3)";
+  // The last key of the batch: the `batch_size`-th row after the last committed batch.
+  const std::string end_first = "SELECT " + cols + " FROM " + t + order + "?1";
+  const std::string end_next =
+      "SELECT " + cols + " FROM " + t + " WHERE " + key + " > (?1, ?2)" + order + "?3";
+  const std::string remove = "DELETE FROM " + t + " WHERE " + finished;
+  const auto offset = static_cast<std::int64_t>(batch_size - 1);
+  std::optional<std::pair<std::string, std::string>> after;  // the end of the committed batches
   std::size_t total = 0;
-  std::string after_key, after_scope;  // the last row read by a committed batch
-  bool first = true;
   for (;;) {
-    const auto t = to_millis(now());
-    std::size_t scanned = 0;
-    std::string next_key, next_scope;
-    // Everything the transaction sets is reset when it starts: a batch that is run again (or
-    // rolled back) reads from the last committed position.
-    total += database_->write([&](Transaction& tx) {
-      scanned = 0;
-      std::vector<std::pair<std::string, std::string>> expired;
+    std::optional<std::pair<std::string, std::string>> end;
+    // Everything the transaction sets is reset when it starts: a batch that is run again reads
+    // from the last committed position.
+    total += static_cast<std::size_t>(database_->write([&](Transaction& tx) {
+      end.reset();
       {
-        Statement st = tx.prepare(first ? sql_->purge_scan_first : sql_->purge_scan_next);
-        if (!first) st.bind(1, after_key).bind(2, after_scope);
-        st.bind(3, limit);
-        while (st.step()) {
-          ++scanned;
-          next_key = st.column_view(0);
-          next_scope = st.column_view(1);
-          const bool done = st.column_is_integer(2) && st.column_int64(2) != 0;
-          if (done && st.column_is_integer(3) && st.column_int64(3) <= t) {
-            expired.emplace_back(next_key, next_scope);
-          }
+        Statement st = tx.prepare(after ? end_next : end_first);
+        if (after) {
+          st.bind(1, after->first).bind(2, after->second).bind(3, offset);
+        } else {
+          st.bind(1, offset);
         }
+        if (st.step()) end.emplace(st.column_bytes(0), st.column_bytes(1));
       }
-      std::size_t n = 0;
-      for (const auto& [key, scope] : expired) {
-        n += static_cast<std::size_t>(tx.exec(sql_->purge_one, key, scope, t));
+      if (after && end) {
+        return tx.exec(remove + past + " AND " + key + " <= (?4, ?5)", bound, after->first,
+                       after->second, end->first, end->second);
       }
-      return n;
-    });
-    if (scanned < batch_size) return total;
-    after_key = std::move(next_key);
-    after_scope = std::move(next_scope);
-    first = false;
+      if (after) return tx.exec(remove + past, bound, after->first, after->second);
+      if (end)
+        return tx.exec(remove + " AND " + key + " <= (?2, ?3)", bound, end->first, end->second);
+      return tx.exec(remove, bound);
+    }));
+    if (!end) return total;
+    after = std::move(end);
   }
 }
 

@@ -284,7 +284,8 @@ void insert_older_records(idem::sqlite::Transaction& tx, const Fingerprint& stor
 // What a table of an older version holding insert_older_records' rows (fingerprint `fp`) must
 // still do: "done" replays (and mismatches another payload), "held" is busy and its owner
 // completes it, a new record commits with its fingerprint stored as `fresh_fp_type` (the
-// table's own layout), and the purge deletes "old" only.
+// table's own layout), the purge deletes "old" only, and the operator's purge by age deletes
+// every finished record and no in-progress one.
 void expect_older_table_works(idem::sqlite::SqliteStore& store, const std::string& fp,
                               const std::string& owner, const char* fresh_fp_type) {
   const auto done = idem::Key::make("pay", "done");
@@ -321,6 +322,21 @@ void expect_older_table_works(idem::sqlite::SqliteStore& store, const std::strin
   EXPECT_TRUE(store.lookup(done).has_value());
 }
 
+// An operator's purge of an older table (after expect_older_table_works): every finished
+// record written before the cutoff goes, whatever its retention; a claim in progress stays.
+void expect_older_table_purges_by_age(idem::sqlite::SqliteStore& store, const std::string& fp) {
+  const auto busy = idem::Key::make("pay", "busy");
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(busy, fp, idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  const auto later = idem::system_now() + std::chrono::minutes(1);
+  EXPECT_EQ(3u, store.purge_older_than(later, 2));  // done, held and fresh, two per batch
+  for (const char* id : {"done", "held", "fresh"}) {
+    EXPECT_FALSE(store.lookup(idem::Key::make("pay", id)).has_value()) << id;
+  }
+  EXPECT_TRUE(store.lookup(busy).has_value());
+  EXPECT_EQ(0u, store.purge_older_than(later, 2));
+}
+
 // The path of a new file in `dir` holding a table made by `create` (an older version's DDL) and
 // insert_older_records' rows, the fingerprint stored as `stored_fp`.
 template <class Create, class Fingerprint>
@@ -353,6 +369,7 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
   EXPECT_EQ(1, store.schema_version());
   // New records keep the table's layout (text fingerprints an earlier version reads).
   expect_older_table_works(store, fp, owner, "text");
+  expect_older_table_purges_by_age(store, fp);
 }
 
 // The steps docs/versioning.md gives to move a version-1 table to version 2, verbatim.
@@ -463,6 +480,7 @@ TEST(SqliteStore, SchemaTwoTablesStayReadableAndCompletable) {
   };
   EXPECT_EQ("text:completed", spelled("fresh"));  // the table's own spelling
   EXPECT_EQ("text:completed", spelled("held"));
+  expect_older_table_purges_by_age(store, fp);
 }
 
 // The steps docs/versioning.md gives to move a version-2 table to version 3, verbatim.
@@ -575,6 +593,15 @@ TEST(SqliteStore, PurgeWalksTheKeyAcrossBatches) {
   EXPECT_EQ(0u, store.purge_expired(7));
   EXPECT_EQ(0u, store.purge_expired(1000));
   EXPECT_THROW(store.purge_expired(0), idem::UsageError);
+  // By age (every row above was written at 1 ms): nothing written before 1 ms, then every
+  // finished row, 100 of them in batches of 7 (and 100 exactly in a batch of 100: the walk's
+  // last batch ends on the table's last row).
+  EXPECT_EQ(0u, store.purge_older_than(idem::from_millis(1), 7));
+  EXPECT_EQ(static_cast<std::size_t>(kept - 100), store.purge_older_than(idem::from_millis(2), 7));
+  EXPECT_EQ(100, count("1"));
+  EXPECT_EQ(100, count("status = 0"));
+  EXPECT_EQ(0u, store.purge_older_than(idem::from_millis(2), 100));
+  EXPECT_THROW(store.purge_older_than(idem::from_millis(2), 0), idem::UsageError);
 }
 
 // A table of that name that idem did not create (adopted by name) keeps its own layout.

@@ -273,48 +273,9 @@ class SqliteSource final : public RecordSource, public Admin {
         });
       });
     }
-    // Short batches that walk the key: each reads the next 1,000 rows in key order (any
-    // status) and deletes the old finished ones among them, so the service's writers wait at
-    // most one batch and no batch reads again what an earlier one kept (no table version
-    // indexes updated_at: a DELETE ... LIMIT would scan from the start every time).
-    const std::string& k = options_.key_column;
-    const std::string& sc = options_.scope_column;
-    const std::string key = "(" + k + ", " + sc + ")";
-    const std::string order = " ORDER BY " + k + ", " + sc + " LIMIT 1000";
-    const std::string next = "SELECT " + k + ", " + sc + " FROM " + table_;
-    const std::string old = " AND status <> " +
-                            store_->status_literal(idem::Record::Status::kInProgress) +
-                            " AND updated_at < ";
-    std::optional<std::pair<std::string, std::string>> after;  // last row of the last batch
-    std::int64_t total = 0;
-    for (;;) {
-      std::pair<std::string, std::string> last;
-      int rows = 0;
-      total += guarded([&] {
-        return db_->write([&](idem::sqlite::Transaction& tx) {
-          rows = 0;
-          {
-            idem::sqlite::Statement st =
-                tx.prepare(after ? next + " WHERE " + key + " > (?1, ?2)" + order : next + order);
-            if (after) st.bind(1, after->first).bind(2, after->second);
-            while (st.step()) {
-              ++rows;
-              last = {st.column_bytes(0), st.column_bytes(1)};
-            }
-          }
-          if (rows == 0) return 0;
-          if (!after) {
-            return tx.exec("DELETE FROM " + table_ + " WHERE " + key + " <= (?1, ?2)" + old + "?3",
-                           last.first, last.second, t);
-          }
-          return tx.exec("DELETE FROM " + table_ + " WHERE " + key + " > (?1, ?2) AND " + key +
-                             " <= (?3, ?4)" + old + "?5",
-                         after->first, after->second, last.first, last.second, t);
-        });
-      });
-      if (rows < 1000) return total;
-      after = std::move(last);
-    }
+    // Short batches that walk the key (the service's writers wait at most one batch).
+    return guarded(
+        [&] { return static_cast<std::int64_t>(store_->purge_older_than(cutoff, 1000)); });
   }
 
   std::int64_t purge_expired() override {

@@ -143,12 +143,19 @@ class IDEM_EXPORT SqliteStore {
             std::chrono::seconds retention);
   /// Reads a record. nullopt when absent.
   std::optional<Record> lookup(const Key& key);
-  /// Deletes completed and failed records whose retention ended, until none is left, in short
-  /// write transactions: on a version-3 table each reads the next `batch_size` rows in key
-  /// order and deletes the expired ones among them (one pass reads the table once); on tables
-  /// of versions 1 and 2 each deletes up to `batch_size` rows found through the expiry index.
-  /// Never touches in-progress rows. @return rows deleted.
+  /// Deletes completed and failed records whose retention ended by the time of the call, until
+  /// none is left, in short write transactions: on a version-3 table each takes the next
+  /// `batch_size` rows in key order and deletes the expired ones among them (one pass reads the
+  /// table once); on tables of versions 1 and 2 each deletes up to `batch_size` rows found
+  /// through the expiry index. Never touches in-progress rows. @return rows deleted.
+  /// @throws UsageError when `batch_size` is 0.
   std::size_t purge_expired(std::size_t batch_size = 1000);
+  /// Deletes completed and failed records last written before `cutoff`, whatever their
+  /// retention (an operator's purge: `idemctl purge --older-than`), until none is left, in short
+  /// write transactions that walk the key `batch_size` rows at a time (one pass reads the table
+  /// once; no table version indexes the update time). Never touches in-progress rows.
+  /// @return rows deleted. @throws UsageError when `batch_size` is 0.
+  std::size_t purge_older_than(TimePoint cutoff, std::size_t batch_size = 1000);
   /// "sqlite".
   std::string_view name() const noexcept { return "sqlite"; }
   /// The database (for business tables, reads and tests).
@@ -242,7 +249,8 @@ class IDEM_EXPORT SqliteStore {
   std::optional<ClaimResult> precheck(const Key& key, std::string_view fingerprint);
   void init();
   void migrate();
-  std::size_t purge_by_key(std::size_t batch_size);
+  std::size_t purge_walking_key(const std::string& finished, std::int64_t bound,
+                                std::size_t batch_size);
   TimePoint now() const { return options_.clock(); }
 
   std::shared_ptr<Database> database_;
