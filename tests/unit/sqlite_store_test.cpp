@@ -8,9 +8,12 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "conformance/durable_store_conformance.hpp"
 
@@ -602,6 +605,113 @@ TEST(SqliteStore, PurgeWalksTheKeyAcrossBatches) {
   EXPECT_EQ(100, count("status = 0"));
   EXPECT_EQ(0u, store.purge_older_than(idem::from_millis(2), 100));
   EXPECT_THROW(store.purge_older_than(idem::from_millis(2), 0), idem::UsageError);
+}
+
+// Both purges run over and over, in batches of 3, while four threads run guarded first
+// executions and replays on keys that sort between the old rows: the purges delete exactly the
+// old finished rows (their sum is their number), never an in-progress claim or a record a writer
+// just completed; every writer call is answered, each handler ran once, every replay answered
+// the first response.
+TEST(SqliteStore, PurgesNextToWritersDeleteOnlyWhatTheyMay) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("purge_writers.sqlite"));
+  store.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE effects (key_id TEXT NOT NULL)");
+  });
+  const auto now = idem::to_millis(idem::system_now());
+  constexpr int kOld = 1000;
+  int old_finished = 0;
+  store.database().write([&](idem::sqlite::Transaction& tx) {
+    const std::string insert =
+        "INSERT INTO api_idempotency (idem_key, biz_type, status, fingerprint, owner,"
+        " response_body, lease_until, expires_at, created_at, updated_at)"
+        " VALUES (?1, 'pay', ?2, '', 'o', 'r', 1, ?3, 1, 1)";
+    for (int i = 0; i < kOld; ++i) {
+      char id[8];
+      std::snprintf(id, sizeof id, "p%04d", i);
+      switch (i % 3) {
+        case 0:  // completed, retention over: both purges may take it
+          tx.exec(insert, std::string(id), 1, now - 1);
+          ++old_finished;
+          break;
+        case 1:  // completed, retention running, written long ago: the age purge's
+          tx.exec(insert, std::string(id), 1, now + 3'600'000);
+          ++old_finished;
+          break;
+        default:  // in progress, lease and expiry long past: neither purge's
+          tx.exec(insert, std::string(id), 0, now - 1);
+          break;
+      }
+    }
+  });
+  const auto cutoff = idem::from_millis(now);  // every writer's record is written after it
+  constexpr int kThreads = 4, kCalls = 250;
+  std::atomic<int> writers_left{kThreads};
+  std::atomic<int> executed{0}, replayed_right{0}, wrong{0};
+  std::size_t purged = 0;
+  std::atomic<int> errors{0};  // exceptions, counted rather than ending the process
+  std::thread purger([&] {
+    try {
+      do {
+        purged += store.purge_expired(3);
+        purged += store.purge_older_than(cutoff, 3);
+      } while (writers_left.load() > 0);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "purge: " << e.what();
+      ++errors;
+    }
+  });
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      idem::IdempotencyGuard<idem::sqlite::SqliteStore> guard{store};
+      for (int i = 0; i < kCalls; ++i) {
+        char id[16];
+        std::snprintf(id, sizeof id, "p%04dw%d", i * kThreads + t, t);
+        const auto key = idem::Key::make("pay", id);
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          try {
+            auto r = guard.run(key, "", [&](idem::sqlite::Transaction& tx) {
+              tx.exec("INSERT INTO effects (key_id) VALUES (?)", std::string(id));
+              return std::string(id);
+            });
+            if (attempt == 0 && r.outcome == idem::Outcome::kExecuted && r.value == id) {
+              ++executed;
+            } else if (attempt == 1 && r.outcome == idem::Outcome::kReplayed && r.value == id) {
+              ++replayed_right;
+            } else {
+              ++wrong;
+            }
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << id << ": " << e.what();
+            ++errors;
+          }
+        }
+      }
+      --writers_left;
+    });
+  }
+  for (auto& w : writers) w.join();
+  purger.join();
+  purged += store.purge_expired(3);
+  purged += store.purge_older_than(cutoff, 3);
+  EXPECT_EQ(kThreads * kCalls, executed.load());
+  EXPECT_EQ(kThreads * kCalls, replayed_right.load());
+  EXPECT_EQ(0, wrong.load());
+  EXPECT_EQ(0, errors.load());
+  EXPECT_EQ(static_cast<std::size_t>(old_finished), purged);
+  auto count = [&](const std::string& sql) {
+    return store.database()
+        .read([&](idem::sqlite::Session& s) { return s.query_int64(sql); })
+        .value_or(-1);
+  };
+  EXPECT_EQ(kThreads * kCalls, count("SELECT count(*) FROM effects"));
+  EXPECT_EQ(kThreads * kCalls, count("SELECT count(DISTINCT key_id) FROM effects"));
+  EXPECT_EQ(kOld - old_finished,
+            count("SELECT count(*) FROM api_idempotency WHERE idem_key NOT LIKE '%w%'"));
+  EXPECT_EQ(kOld - old_finished, count("SELECT count(*) FROM api_idempotency WHERE status = 0"));
+  EXPECT_EQ(kThreads * kCalls, count("SELECT count(*) FROM api_idempotency WHERE status = 1"
+                                     " AND idem_key = CAST(response_body AS TEXT)"));
 }
 
 // A table of that name that idem did not create (adopted by name) keeps its own layout.
