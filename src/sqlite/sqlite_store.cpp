@@ -53,6 +53,13 @@ class WriterLock {
     }
     return true;  // handed over: held_ stayed true
   }
+  // Takes the lock only when it is free (then nobody waits for it): never queues.
+  bool try_lock() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (held_) return false;
+    held_ = true;
+    return true;
+  }
   void unlock() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (queue_.empty()) {
@@ -377,7 +384,11 @@ class IDEM_LOCAL Database::Impl {
     return lease;
   }
 
-  Connection* acquire_reader() {
+  Connection* acquire_reader(bool short_read) {
+    // The writer's connection when it is idle: its page cache survives this process's commits
+    // (a pooled connection drops its whole cache at its first read after another connection's
+    // commit, SQLite's WAL rule).
+    if (short_read && !memory_ && writer_mutex_.try_lock()) return writer_.get();
     if (memory_) {
       // One connection: readers share the writer's lock, and wait for it as long as a writer.
       if (!writer_mutex_.try_lock_for(options_.busy_timeout)) {
@@ -397,8 +408,12 @@ class IDEM_LOCAL Database::Impl {
   }
 
   void release_reader(Connection* c) noexcept {
-    for (auto& [sql, cached] : c->cache) sqlite3_reset(cached.stmt);
-    if (memory_) {
+    // A statement left stepping would keep the connection's read snapshot open (sqlite3_reset
+    // takes the connection's mutex: only the busy ones).
+    for (auto& [sql, cached] : c->cache) {
+      if (sqlite3_stmt_busy(cached.stmt) != 0) sqlite3_reset(cached.stmt);
+    }
+    if (memory_ || c == writer_.get()) {
       writer_mutex_.unlock();
       return;
     }
@@ -429,8 +444,8 @@ Database::~Database() = default;
 
 Transaction Database::begin() { return Transaction(impl_->begin_write()); }
 
-Database::ReadLease Database::acquire_reader() {
-  return ReadLease(impl_.get(), impl_->acquire_reader());
+Database::ReadLease Database::acquire_reader(bool short_read) {
+  return ReadLease(impl_.get(), impl_->acquire_reader(short_read));
 }
 
 Database::ReadLease::~ReadLease() {
@@ -739,7 +754,7 @@ void SqliteStore::migrate() {
 
 std::optional<ClaimResult> SqliteStore::precheck(const Key& key, std::string_view fingerprint) {
   auto t = now();
-  return database_->read([&](Session& session) -> std::optional<ClaimResult> {
+  return database_->read_short([&](Session& session) -> std::optional<ClaimResult> {
     Statement st = keyed(session, sql_->select_precheck, key);
     if (!st.step()) return std::nullopt;
     HexFingerprint hex;

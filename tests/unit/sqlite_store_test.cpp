@@ -963,6 +963,55 @@ TEST(SqliteDatabase, FailedCommitRollsBackAndLaterTransactionsWork) {
   }));
 }
 
+// read_short() uses the writer's connection only while no transaction holds it: next to an
+// open write transaction (of its own thread or another) it reads the committed snapshot on a
+// pooled connection, without waiting for the writer (a wait would outlast the 100 ms busy
+// timeout and throw) and without its uncommitted rows; and it sees every commit, this
+// Database's and another's on the same file.
+TEST(SqliteDatabase, ShortReadsSeeCommittedRowsAndNeverWaitForAWriter) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("short.sqlite");
+  idem::sqlite::DatabaseOptions options;
+  options.busy_timeout = std::chrono::milliseconds(100);
+  idem::sqlite::Database db(path, options);
+  idem::sqlite::Database other_db(path, options);  // another process's connections, in effect
+  db.write([](idem::sqlite::Transaction& tx) { tx.exec("CREATE TABLE t (id INTEGER)"); });
+  auto count = [&] {
+    return db.read_short([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM t").value_or(-1);
+    });
+  };
+  EXPECT_EQ(0, count());
+  for (int i = 1; i <= 3; ++i) {
+    (i == 2 ? other_db : db).write([&](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO t (id) VALUES (?)", i);
+    });
+    EXPECT_EQ(i, count());
+  }
+  {
+    auto tx = db.begin();
+    tx.exec("INSERT INTO t (id) VALUES (4)");
+    EXPECT_EQ(3, count());  // this thread holds the writer
+    std::int64_t seen = -1;
+    std::thread reader([&] {
+      try {
+        seen = count();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+      }
+    });
+    reader.join();
+    EXPECT_EQ(3, seen);
+    tx.commit();
+  }
+  EXPECT_EQ(4, count());
+  db.write([&](idem::sqlite::Transaction& tx) {
+    tx.exec("INSERT INTO t (id) VALUES (5)");
+    EXPECT_EQ(4, count());
+  });
+  EXPECT_EQ(5, count());
+}
+
 // The statement cache keeps its own copy of each statement's text: a caller's buffer that
 // changes after a prepare names another statement.
 TEST(SqliteDatabase, StatementCacheDoesNotDependOnTheCallersBuffer) {

@@ -6,7 +6,8 @@
 // A `Database` is one SQLite file in WAL mode with a pool of reader connections and one writer
 // (this process's writers queue on a lock with a timeout; other processes' on the file lock,
 // up to `DatabaseOptions::busy_timeout`). `write` runs a function in a transaction and commits,
-// `read` in a pooled read session; statements take bound values only (`?` placeholders):
+// `read` in a pooled read session (`read_short` on the idle writer's connection, whose page
+// cache stays warm); statements take bound values only (`?` placeholders):
 //
 // @code
 //   auto db = std::make_shared<idem::sqlite::Database>("payments.db");
@@ -266,7 +267,19 @@ class IDEM_EXPORT Database {
   /// Runs `fn(Session&)` on a pooled connection for reading (a consistent snapshot).
   template <class Fn>
   auto read(Fn&& fn) {
-    ReadLease lease = acquire_reader();
+    ReadLease lease = acquire_reader(false);
+    return fn(static_cast<Session&>(lease));
+  }
+
+  /// As read(), for a short read (a few rows by key): on the writer's connection when no
+  /// thread holds the writer lock, else on a pooled connection. The writer's page cache stays
+  /// warm across this process's commits, where a pooled connection drops its whole cache at
+  /// its first read after another connection's commit (SQLite's WAL rule), so a read that
+  /// follows writes finds its pages cached. A writer that arrives meanwhile waits for `fn`:
+  /// keep it short, and never start a write transaction inside it.
+  template <class Fn>
+  auto read_short(Fn&& fn) {
+    ReadLease lease = acquire_reader(true);
     return fn(static_cast<Session&>(lease));
   }
 
@@ -284,7 +297,7 @@ class IDEM_EXPORT Database {
    private:
     Impl* impl_;
   };
-  ReadLease acquire_reader();
+  ReadLease acquire_reader(bool short_read);
   std::unique_ptr<Impl> impl_;
 };
 
