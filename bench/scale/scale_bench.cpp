@@ -385,16 +385,20 @@ class ScaleBench {
     }
     b_.after_expired_fill();
     // The writer alone first (what its calls take without a purge), then during the purge.
+    // Its keys carry this run's start time: a purge run again on the same file writes new keys.
+    const std::string run = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               std::chrono::system_clock::now().time_since_epoch())
+                                               .count());
     std::vector<double> before, during;
     {
       std::atomic<bool> stop{false};
-      std::thread w([&] { writer(stop, "before", before); });
+      std::thread w([&] { writer(stop, "before_" + run, before); });
       std::this_thread::sleep_for(std::chrono::seconds(3));
       stop = true;
       w.join();
     }
     std::atomic<bool> stop{false};
-    std::thread w([&] { writer(stop, "during", during); });
+    std::thread w([&] { writer(stop, "during_" + run, during); });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const auto t0 = Clock::now();
     const std::size_t purged = b_.store->purge_expired();
