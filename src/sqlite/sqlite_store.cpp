@@ -461,7 +461,7 @@ const std::string& Database::path() const noexcept { return impl_->path(); }
 struct IDEM_LOCAL SqliteStore::Sql {
   std::string select, select_precheck, select_found, insert, insert_completed,
       insert_completed_if_absent, takeover, takeover_completed, remove_expired, complete, fail,
-      release, extend, purge, purge_expired_where;
+      release, extend, purge, purge_expired_where, purge_older_where;
   // The table's layout: 1 (a rowid table with a unique index on (key, scope), fingerprints as
   // text; tables created before schema 2 and tables adopted by name), 2 (WITHOUT ROWID keyed
   // by (key, scope), idem fingerprints as 32 raw bytes, status as text, an expiry index) or 3
@@ -682,8 +682,11 @@ void SqliteStore::init() {
   sql_->release = "DELETE FROM " + t + where + " AND owner = ?3" + held;
   sql_->extend =
       "UPDATE " + t + " SET lease_until = ?4, updated_at = ?5" + where + " AND owner = ?3" + held;
-  // A version-3 table has no expiry index: its purge walks the key (purge_walking_key).
+  // The finished rows each purge deletes (`?1` its bound). A version-3 table has no expiry
+  // index: its expiry purge walks the key (purge_walking_key), as the age purge does on every
+  // version (none indexes updated_at).
   sql_->purge_expired_where = "status <> " + in_progress + " AND expires_at <= ?1";
+  sql_->purge_older_where = "status <> " + in_progress + " AND updated_at < ?1";
   if (layout >= 3) return;
   // Layout 2 has no id column: rows are named by their primary key.
   const std::string cols = layout == 2 ? k + ", " + s : "id";
@@ -930,9 +933,7 @@ std::size_t SqliteStore::purge_older_than(TimePoint cutoff, std::size_t batch_si
   if (batch_size == 0) throw UsageError("idem::sqlite: purge batch size must be positive");
   // No table version indexes updated_at: a DELETE ... LIMIT would read from the start of the
   // table again at every batch.
-  return purge_walking_key(
-      "status <> " + status_sql(sql_->layout, Record::Status::kInProgress) + " AND updated_at < ?1",
-      to_millis(cutoff), batch_size);
+  return purge_walking_key(sql_->purge_older_where, to_millis(cutoff), batch_size);
 }
 
 // Short write transactions that walk the key: each finds where the next `batch_size` rows (any
@@ -947,12 +948,16 @@ std::size_t SqliteStore::purge_walking_key(const std::string& finished, std::int
   const std::string cols = options_.key_column + ", " + options_.scope_column;
   const std::string key = "(" + cols + ")";
   const std::string order = " ORDER BY " + cols + " LIMIT 1 OFFSET ";
-  const std::string past = " AND " + key + " > (?2, ?3)";
   // The last key of the batch: the `batch_size`-th row after the last committed batch.
   const std::string end_first = "SELECT " + cols + " FROM " + t + order + "?1";
   const std::string end_next =
       "SELECT " + cols + " FROM " + t + " WHERE " + key + " > (?1, ?2)" + order + "?3";
+  // The batch's range: up to its end (the first batch), past the last one (the last batch),
+  // or both; the whole table when one batch holds it.
   const std::string remove = "DELETE FROM " + t + " WHERE " + finished;
+  const std::string remove_to = remove + " AND " + key + " <= (?2, ?3)";
+  const std::string remove_past = remove + " AND " + key + " > (?2, ?3)";
+  const std::string remove_between = remove_past + " AND " + key + " <= (?4, ?5)";
   const auto offset = static_cast<std::int64_t>(batch_size - 1);
   std::optional<std::pair<std::string, std::string>> after;  // the end of the committed batches
   std::size_t total = 0;
@@ -972,12 +977,10 @@ std::size_t SqliteStore::purge_walking_key(const std::string& finished, std::int
         if (st.step()) end.emplace(st.column_bytes(0), st.column_bytes(1));
       }
       if (after && end) {
-        return tx.exec(remove + past + " AND " + key + " <= (?4, ?5)", bound, after->first,
-                       after->second, end->first, end->second);
+        return tx.exec(remove_between, bound, after->first, after->second, end->first, end->second);
       }
-      if (after) return tx.exec(remove + past, bound, after->first, after->second);
-      if (end)
-        return tx.exec(remove + " AND " + key + " <= (?2, ?3)", bound, end->first, end->second);
+      if (after) return tx.exec(remove_past, bound, after->first, after->second);
+      if (end) return tx.exec(remove_to, bound, end->first, end->second);
       return tx.exec(remove, bound);
     }));
     if (!end) return total;
