@@ -287,8 +287,8 @@ void insert_older_records(idem::sqlite::Transaction& tx, const Fingerprint& stor
 // What a table of an older version holding insert_older_records' rows (fingerprint `fp`) must
 // still do: "done" replays (and mismatches another payload), "held" is busy and its owner
 // completes it, a new record commits with its fingerprint stored as `fresh_fp_type` (the
-// table's own layout), the purge deletes "old" only, and the operator's purge by age deletes
-// every finished record and no in-progress one.
+// table's own layout), and the purge deletes "old" only (expect_older_table_purges_by_age
+// follows with the operator's purge by age).
 void expect_older_table_works(idem::sqlite::SqliteStore& store, const std::string& fp,
                               const std::string& owner, const char* fresh_fp_type) {
   const auto done = idem::Key::make("pay", "done");
