@@ -85,12 +85,17 @@ inline void copy_trailers(const ::grpc::ClientContext& ctx, Answer& a) {
   }
 }
 
-/// The metadata of a Charge call.
+/// The metadata of a Charge call. The call waits for the channel to be ready (within its
+/// deadline) instead of failing at once while the channel is reconnecting: after one failed
+/// connection attempt grpc++ waits about a second before the next, and a fail-fast call (and
+/// every retry the policy makes, 50 ms .. 1 s apart) would get UNAVAILABLE in that window. A
+/// charge carries its idempotency key, so waiting and then sending it is safe.
 inline void prepare(::grpc::ClientContext& ctx, const std::string& key,
                     std::chrono::milliseconds timeout, const std::string& principal) {
   ctx.AddMetadata("idempotency-key", key);
   if (!principal.empty()) ctx.AddMetadata("authorization", "Bearer " + principal);
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  ctx.set_wait_for_ready(true);
 }
 
 /// One Charge call (the channel's retry policy applies).

@@ -49,17 +49,19 @@ struct Lines {
   }
 };
 
-// Payments.Charge on SQLite with a MemoryStore in front, served on a free loopback port.
+// Payments.Charge on SQLite with a MemoryStore in front, served on loopback port `port` (0: a
+// free one).
 class Bank {
  public:
   explicit Bank(grpc_payment::ServiceOptions so = {}, idem::GuardOptions go = {},
-                idem::sqlite::SqliteStoreOptions store = {})
+                idem::sqlite::SqliteStoreOptions store = {}, int port = 0)
       : durable_(dir_.file("bank.sqlite"), store),
         guard_(fast_, durable_, std::move(go)),
         ledger_(durable_),
         service_(guard_, ledger_, so) {
     ledger_.open_accounts(4, 1'000'000);
-    server_ = std::make_unique<Server>(std::vector<grpc::Service*>{&service_});
+    server_ = std::make_unique<Server>(std::vector<grpc::Service*>{&service_},
+                                       grpc::InsecureServerCredentials(), port);
   }
 
   std::string address() const { return server_->address(); }
@@ -787,6 +789,33 @@ TEST(GrpcRetry, LostAnswerIsReplayedToTheRetry) {
   EXPECT_EQ(1, totals.payments);
   EXPECT_EQ(totals.by_key.at("lost-1"), retry.reply.payment_no());
   EXPECT_EQ(1'000'000 - 4'200, retry.reply.balance_cents());
+}
+
+// A charge sent while the server cannot be reached yet: a fail-fast call on that channel ends
+// with UNAVAILABLE, every retry of the policy too (the channel backs off ~1 s between connection
+// attempts); the example client's call waits for the channel within its deadline, reaches the
+// server once it listens and charges once.
+TEST(GrpcRetry, AChargeWaitsForTheChannelWhileTheServerIsAway) {
+  const int port = free_port();
+  auto channel = grpc_payment::make_channel("127.0.0.1:" + std::to_string(port));
+  auto req = charge_request("acct-0002", 700);
+  RawAnswer fail_fast = raw_call(channel, grpc_payment::kChargeMethod, req, key("away-0"));
+  EXPECT_EQ(grpc::StatusCode::UNAVAILABLE, fail_fast.status.error_code());
+
+  auto stub = pb::Payments::NewStub(channel);
+  auto waiting = std::async(std::launch::async,
+                            [&] { return grpc_payment::charge(*stub, req, "away-1", 20s); });
+  // Nothing listens yet: the call cannot have an answer. A fail-fast call would have ended by
+  // now: its policy's five attempts are at most 50 + 100 + 200 + 400 ms of backoff apart.
+  EXPECT_EQ(std::future_status::timeout, waiting.wait_for(1500ms));
+  Bank bank({}, {}, {}, port);
+  auto a = waiting.get();
+  ASSERT_TRUE(a.status.ok()) << a.status.error_code() << " " << a.status.error_message();
+  EXPECT_FALSE(a.replayed());
+  auto totals = bank.ledger().totals();
+  EXPECT_EQ(1, totals.payments);
+  EXPECT_EQ(totals.by_key.at("away-1"), a.reply.payment_no());
+  EXPECT_EQ(0u, totals.by_key.count("away-0"));
 }
 
 // --- hedging ---------------------------------------------------------------------------------

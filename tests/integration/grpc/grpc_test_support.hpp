@@ -43,14 +43,16 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-/// A grpc++ server on 127.0.0.1:<free port> hosting `services`; shut down on destruction.
+/// A grpc++ server on 127.0.0.1:`port` (0: a free port) hosting `services`; shut down on
+/// destruction.
 class Server {
  public:
   explicit Server(
       std::vector<::grpc::Service*> services,
-      std::shared_ptr<::grpc::ServerCredentials> creds = ::grpc::InsecureServerCredentials()) {
+      std::shared_ptr<::grpc::ServerCredentials> creds = ::grpc::InsecureServerCredentials(),
+      int port = 0) {
     ::grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", std::move(creds), &port_);
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), std::move(creds), &port_);
     for (auto* s : services) builder.RegisterService(s);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0)
