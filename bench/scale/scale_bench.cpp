@@ -7,7 +7,10 @@
 // a durable-only guard (no fast store in front: every call reaches the table):
 //   * first execution: guard.run on a new key whose handler inserts one small business row;
 //   * replay: guard.run on a completed key picked uniformly at random among all records;
-// `--calls` of each, in alternating chunks, every call timed: p50 and p99. Then the table's
+// `--calls` of each, in alternating chunks, every call timed: p50 and p99. Next to each replay,
+// the baseline of the same lookup without idem: a hand-written read of a record's response by
+// its key (its own connection, one prepared statement; another uniformly random key), timed
+// the same way: how much of the replay's growth with the table is the database's. Then the table's
 // bytes per record (SQLite: the file after a checkpoint, and the record table with its indexes
 // from dbstat; PostgreSQL: pg_total_relation_size).
 //
@@ -38,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/raw_sqlite.hpp"
 #include "../common/side_by_side.hpp"
 #include "idem/consumer.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
@@ -106,7 +110,7 @@ double micros_since(Clock::time_point t0) {
 // What one size measured.
 struct SizeResult {
   long size = 0;
-  Timing first, replay;
+  Timing first, replay, plain_read;
   double file_bytes_per_record = 0, table_bytes_per_record = 0;
 };
 
@@ -120,6 +124,8 @@ struct Backend<idem::sqlite::SqliteStore> {
   std::shared_ptr<idem::sqlite::Database> db;
   std::unique_ptr<idem::sqlite::SqliteStore> store;
   std::string path;
+  std::unique_ptr<idem::bench::RawSqlite> raw;  // plain_read()'s connection
+  std::unique_ptr<idem::bench::RawStatement> raw_select;
 
   explicit Backend(const Args& a) : path(a.db) {
     idem::sqlite::DatabaseOptions o;
@@ -136,6 +142,23 @@ struct Backend<idem::sqlite::SqliteStore> {
   }
   static const char* name() { return "sqlite"; }
   static const char* file_label() { return "file"; }
+  // The hand-written read of a completed record's response by its key, on a connection of its
+  // own with the statement prepared once: the same lookup without idem.
+  bool plain_read(const std::string& id) {
+    if (!raw_select) {
+      const idem::sqlite::SqliteStoreOptions o;  // the store's column names (its defaults)
+      raw = std::make_unique<idem::bench::RawSqlite>(path);
+      raw_select = std::make_unique<idem::bench::RawStatement>(
+          raw->get(), "SELECT response_body FROM " + store->table() + " WHERE " + o.key_column +
+                          " = ?1 AND " + o.scope_column + " = ?2");
+    }
+    raw_select->text(1, id).text(2, kScope);
+    const int rc = raw_select->step();
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) raw_select->fail(rc);
+    const bool found = rc == SQLITE_ROW && sqlite3_column_bytes(raw_select->get(), 0) > 0;
+    raw_select->reset();
+    return found;
+  }
   void business(Tx& tx, const std::string& id) {
     tx.exec("INSERT INTO payment (order_no, amount) VALUES (?, ?)", id, 100);
   }
@@ -186,6 +209,7 @@ struct Backend<idem::postgres::PostgresStore> {
   using Tx = pqxx::work;
   std::unique_ptr<idem::postgres::PostgresStore> store;
   std::string dsn, schema, business_sql;
+  std::unique_ptr<pqxx::connection> raw;  // plain_read()'s connection
 
   explicit Backend(const Args& a) : dsn(a.dsn), schema(a.schema) {
     idem::postgres::PostgresStoreOptions o;
@@ -201,6 +225,20 @@ struct Backend<idem::postgres::PostgresStore> {
   }
   static const char* name() { return "postgres"; }
   static const char* file_label() { return "database"; }
+  // The hand-written read of a completed record's response by its key, on a connection of its
+  // own with the statement prepared once: the same lookup without idem.
+  bool plain_read(const std::string& id) {
+    if (!raw) {
+      const auto& o = store->options();
+      raw = std::make_unique<pqxx::connection>(dsn);
+      raw->prepare("plain_read", "SELECT response_body FROM " + store->qualified_table() +
+                                     " WHERE " + o.key_column + " = $1 AND " + o.scope_column +
+                                     " = $2");
+    }
+    pqxx::nontransaction nt(*raw);
+    auto r = nt.exec_prepared("plain_read", id, kScope);
+    return r.size() == 1 && !r[0][0].is_null();
+  }
   void business(Tx& tx, const std::string& id) { tx.exec_params(business_sql, id, 100); }
   // The database clock decides expiry: records written with a 1 s retention, then a wait.
   std::unique_ptr<idem::postgres::PostgresStore> expired_writer() {
@@ -275,10 +313,12 @@ class ScaleBench {
   SizeResult measure(long size) {
     idem::IdempotencyGuard<Store> guard{*b_.store};
     std::mt19937_64 rng(static_cast<std::uint64_t>(size));
+    std::mt19937_64 plain_rng(static_cast<std::uint64_t>(size) + 1);  // other keys than ours
     std::uniform_int_distribution<long> pick(0, size - 1);
-    std::vector<double> first, replay;
+    std::vector<double> first, replay, plain;
     first.reserve(static_cast<std::size_t>(args_.calls));
     replay.reserve(static_cast<std::size_t>(args_.calls));
+    plain.reserve(static_cast<std::size_t>(args_.calls));
     const int chunk = std::max(1, args_.calls / 5);
     long bad = 0;
     for (int done = 0; done < args_.calls; done += chunk) {
@@ -300,6 +340,11 @@ class ScaleBench {
                            [&](Tx&) -> std::string { throw std::runtime_error("ran"); });
         replay.push_back(micros_since(t0));
         if (r.outcome != idem::Outcome::kReplayed) ++bad;
+        const std::string other = record_id(pick(plain_rng));
+        const auto t1 = Clock::now();
+        const bool found = b_.plain_read(other);
+        plain.push_back(micros_since(t1));
+        if (!found) ++bad;
       }
     }
     if (bad != 0) {
@@ -310,6 +355,7 @@ class ScaleBench {
     s.size = size;
     s.first = summarise(first);
     s.replay = summarise(replay);
+    s.plain_read = summarise(plain);
     const long records = b_.records();
     auto [file, table] = b_.bytes();
     s.file_bytes_per_record = file / static_cast<double>(records);
@@ -336,6 +382,8 @@ class ScaleBench {
           "%7.1f us | bytes/record: %6.1f in the %s, %6.1f in the record table (fill %.1f s)\n",
           size_name(size).c_str(), s.first.p50, s.first.p99, s.replay.p50, s.replay.p99,
           s.file_bytes_per_record, B::file_label(), s.table_bytes_per_record, fill_s);
+      std::printf("  %-5s records: hand-written read of a record p50 %6.1f us  p99 %7.1f us\n",
+                  size_name(size).c_str(), s.plain_read.p50, s.plain_read.p99);
       std::fflush(stdout);
       results.push_back(s);
     }
@@ -351,6 +399,16 @@ class ScaleBench {
                   base.first.p99 / s.first.p99);
       std::printf("ratio %s_replay_p99_%s = %.3f\n", B::name(), tag.c_str(),
                   base.replay.p99 / s.replay.p99);
+      // The same growth for the read without idem: what the database alone gives up.
+      std::printf("ratio %s_plain_read_%s = %.3f\n", B::name(), tag.c_str(),
+                  base.plain_read.p50 / s.plain_read.p50);
+      std::printf("ratio %s_plain_read_p99_%s = %.3f\n", B::name(), tag.c_str(),
+                  base.plain_read.p99 / s.plain_read.p99);
+    }
+    // Side by side at each size: the replay over the hand-written read (p50 throughput).
+    for (const SizeResult& s : results) {
+      std::printf("ratio %s_replay_vs_plain_read_%s = %.3f\n", B::name(), size_name(s.size).c_str(),
+                  s.plain_read.p50 / s.replay.p50);
     }
   }
 
