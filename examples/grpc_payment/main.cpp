@@ -5,7 +5,9 @@
 //   grpc_payment --serve [--port P] [store flags] [service flags]
 //       serves until SIGINT/SIGTERM; prints "grpc_payment listening on 127.0.0.1:<port> (...)"
 //   grpc_payment --call HOST:PORT --key K [--account A] [--amount N] [--principal P]
-//       one Charge with the client's retry policy; prints status, reply and trailers
+//                [--deadline-ms N]
+//       one Charge with the client's retry policy, waiting for the server (for its connection
+//       too) until the call's deadline (10 s); prints status, reply and trailers
 //   grpc_payment --demo [--charges N] [--copies K] [--threads T] [store flags] [service flags]
 //       an in-process server and clients sending every charge as K hedged copies at once (or a
 //       double click, or a call whose answer is lost and retried); checks the books: PASS/FAIL
@@ -79,13 +81,15 @@ struct Config {
   // --call
   std::string address, key, account = "acct-0000", principal;
   std::int64_t amount = 1'250;
+  std::chrono::milliseconds deadline{10'000};
   // --demo
   int charges = 400, copies = 5, threads = 8;
 };
 
 void usage(std::ostream& out) {
   out << "usage: grpc_payment --serve [--port P] | --call HOST:PORT --key K [--account A]\n"
-         "         [--amount N] [--principal P] | --demo [--charges N] [--copies K] [--threads T]\n"
+         "         [--amount N] [--principal P] [--deadline-ms N]\n"
+         "       | --demo [--charges N] [--copies K] [--threads T]\n"
          "       store: [--db PATH | --postgres DSN [--schema S]] [--redis URL]\n"
          "       service: [--accounts N] [--balance CENTS] [--slow-ms N] [--gateway-ms N]\n"
          "                [--lease-ms N] [--pushback-ms N] [--log] [--callback]\n";
@@ -124,6 +128,8 @@ Config parse(int argc, char** argv) {
       c.mode = "call", c.address = v;
     else if (flag == "--port")
       c.port = static_cast<int>(number(flag, v, 0));
+    else if (flag == "--deadline-ms")
+      c.deadline = std::chrono::milliseconds(number(flag, v, 1));
     else if (flag == "--db")
       c.db = v;
     else if (flag == "--postgres")
@@ -199,14 +205,21 @@ std::string describe(const Config& c) {
 }
 
 int call_once(const Config& c) {
-  auto stub = grpc_payment::pb::Payments::NewStub(grpc_payment::make_channel(c.address));
+  auto channel = grpc_payment::make_channel(c.address);
+  auto stub = grpc_payment::pb::Payments::NewStub(channel);
   ChargeRequest req;
   req.set_account(c.account);
   req.set_amount_cents(c.amount);
   req.set_currency("EUR");
   req.set_order_no("ORD-" + c.key);
-  grpc_payment::Answer a = grpc_payment::charge(*stub, req, c.key, 10s, c.principal);
+  grpc_payment::Answer a = grpc_payment::charge(*stub, req, c.key, c.deadline, c.principal);
   std::cout << "status " << a.status.error_code() << " " << a.status.error_message() << "\n";
+  // The call waits for the channel (wait_for_ready): say when it never connected.
+  if (a.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      channel->GetState(false) != GRPC_CHANNEL_READY) {
+    std::cout << "no connection to " << c.address << " within the call's deadline ("
+              << c.deadline.count() << " ms)\n";
+  }
   if (a.status.ok()) std::cout << "reply " << a.reply.ShortDebugString() << "\n";
   for (const auto& [k, v] : a.trailers) std::cout << "trailer " << k << ": " << v << "\n";
   return a.status.ok() ? 0 : 1;
@@ -561,6 +574,13 @@ int serve(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(std::cout);
+      return 0;
+    }
+  }
   Config c;
   try {
     c = parse(argc, argv);
