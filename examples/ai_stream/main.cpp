@@ -34,7 +34,16 @@ std::vector<std::string> generate_tokens() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    const std::string a = argv[1];
+    const bool help = argc == 2 && (a == "--help" || a == "-h");
+    std::fprintf(help ? stdout : stderr,
+                 "usage: %s (no options: generates a reply, retries and replays its chunks, and\n"
+                 "       exits 0 when the client shows every byte once)\n",
+                 argv[0]);
+    return help ? 0 : 2;
+  }
   const std::string request_id = "chat_10001";
   auto tokens = generate_tokens();
   std::string original;

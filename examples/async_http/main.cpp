@@ -22,8 +22,17 @@
 int main(int argc, char** argv) {
   unsigned short port = 8080;
   std::string db = "orders.db", redis;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "async_http: %s needs a value\n", k.c_str());
+      std::fprintf(stderr, "usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      return 2;
+    }
     if (k == "--port") {
       port = static_cast<unsigned short>(std::atoi(argv[i + 1]));
     } else if (k == "--db") {

@@ -92,6 +92,16 @@ struct Config {
   long metrics_port = -1;     // -1: no /metrics endpoint
 };
 
+constexpr const char* kUsage =
+    "usage: idem_example_mq_consumer [--redis URL] [--stream S] [--group G] [--consumer C]\n"
+    "         [--db PATH] [--batch N] [--block-ms N] [--claim-idle-ms N] [--claim-every-ms N]\n"
+    "         [--max-attempts N] [--dead-letter-stream S] [--park-stream S] [--delay-ms N]\n"
+    "         [--delay-inside] [--consume-batch] [--hang-inside-after N]\n"
+    "         [--fast-store redis|memory] [--lease-ms N] [--log FILE] [--exit-when-drained]\n"
+    "         [--metrics-port N]\n"
+    "       idem_example_mq_consumer --publish N [--redis URL] [--stream S]\n"
+    "         (publishes N sample messages and exits)\n";
+
 Config parse(int argc, char** argv) {
   Config c;
   std::map<std::string, std::string*> text{
@@ -110,6 +120,10 @@ Config parse(int argc, char** argv) {
                                        {"--metrics-port", &c.metrics_port}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (a == "--exit-when-drained") {
       c.exit_when_drained = true;
       continue;
@@ -133,7 +147,7 @@ Config parse(int argc, char** argv) {
     } else if (a == "--max-attempts") {
       c.max_attempts = static_cast<unsigned>(std::stoul(v));
     } else {
-      throw std::invalid_argument("unknown option " + a);
+      throw std::invalid_argument("unknown option " + a + " (--help lists the options)");
     }
   }
   if (c.dead_letter_stream.empty()) c.dead_letter_stream = c.stream + ".dead";

@@ -56,6 +56,11 @@ int main(int argc, char** argv) {
   std::string dsn, mysql_uri, redis_url;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << "usage: payment_callback [--db PATH | --postgres DSN | --mysql URI [--redis "
+                   "URL]]\n";
+      return 0;
+    }
     if (a == "--db" && i + 1 < argc) {
       path = argv[++i];
     } else if (a == "--postgres" && i + 1 < argc) {

@@ -34,12 +34,13 @@ struct Config {
   unsigned seed = 20261129;
 };
 
+constexpr const char* kUsage =
+    "usage: payment_storm [--payments N>=1] [--threads 1..256] [--accounts N>=1] [--db PATH] "
+    "[--seed S]\n";
+
+// A bad command line: why, then the usage, on stderr; exit status 2.
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "payment_storm: %s\n"
-               "usage: payment_storm [--payments N>=1] [--threads 1..256] [--accounts N>=1] "
-               "[--db PATH] [--seed S]\n",
-               why);
+  std::fprintf(stderr, "payment_storm: %s\n%s", why, kUsage);
   std::exit(2);
 }
 
@@ -66,8 +67,11 @@ Config parse(int argc, char** argv) {
     else if (a == "--accounts") c.accounts = parse_int("--accounts", value(), 1, 1'000'000);
     else if (a == "--db") c.db = value();
     else if (a == "--seed") c.seed = static_cast<unsigned>(parse_int("--seed", value(), 0, 2147483647));
-    else if (a == "--help" || a == "-h") usage("help");
-    else usage(("unknown argument " + a).c_str());
+    else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else
+      usage(("unknown argument " + a).c_str());
   }
   return c;
 }

@@ -10,9 +10,14 @@
 #include <idem/memory_store.hpp>
 #include <idem/postgres/postgres_store.hpp>
 #include <idem/postgres/state_machine.hpp>
+#include <string_view>
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf("usage: %s <postgres conninfo or URI>\n", argv[0]);
+    return 0;
+  }
+  if (argc != 2) {
     std::fprintf(stderr, "usage: %s <postgres conninfo or URI>\n", argv[0]);
     return 2;
   }

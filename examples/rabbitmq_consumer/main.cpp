@@ -85,6 +85,16 @@ struct Config {
   long publish = 0;
 };
 
+constexpr const char* kUsage =
+    "usage: idem_example_rabbitmq_consumer [--amqp URL] [--queue Q] [--group G] [--consumer C]\n"
+    "         [--db PATH] [--prefetch N] [--batch N] [--linger-ms N] [--wait-ms N]\n"
+    "         [--retry-delay-ms N] [--max-attempts N] [--heartbeat-s N] [--quorum]\n"
+    "         [--delay-ms N] [--delay-inside] [--hang-inside-after N] [--consume-batch]\n"
+    "         [--fast-store memory|redis] [--redis URL] [--lease-ms N] [--log FILE]\n"
+    "         [--exit-when-drained] [--drain-after FILE]\n"
+    "       idem_example_rabbitmq_consumer --publish N [--amqp URL] [--queue Q]\n"
+    "         (publishes N sample messages and exits)\n";
+
 Config parse(int argc, char** argv) {
   Config c;
   std::map<std::string, std::string*> text{{"--amqp", &c.amqp},
@@ -113,6 +123,10 @@ Config parse(int argc, char** argv) {
                                      {"--exit-when-drained", &c.exit_when_drained}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (auto f = flags.find(a); f != flags.end()) {
       *f->second = true;
       continue;
@@ -124,7 +138,7 @@ Config parse(int argc, char** argv) {
     } else if (auto n = numbers.find(a); n != numbers.end()) {
       *n->second = std::stol(v);
     } else {
-      throw std::invalid_argument("unknown option " + a);
+      throw std::invalid_argument("unknown option " + a + " (--help lists the options)");
     }
   }
   if (c.prefetch <= 0 || c.prefetch > 65535) throw std::invalid_argument("--prefetch: 1..65535");
