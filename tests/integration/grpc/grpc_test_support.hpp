@@ -13,9 +13,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,18 +32,25 @@ namespace idem::test::grpc_support {
 namespace pb = ::grpc_payment::pb;
 using namespace std::chrono_literals;
 
-/// A loopback port nothing listens on right now (bound to port 0, then closed): a server to
-/// start there, or a store address that refuses connections.
+/// A loopback port nothing listens on right now: a server to start there, or a store address
+/// that refuses connections. Drawn from 20000-31999, below the kernel's ephemeral range (32768
+/// and up by default): between this check and the server's bind, the outgoing connection of
+/// another test (a port the kernel picks from the ephemeral range) cannot take it.
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::atomic<unsigned> next{std::random_device{}()};
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = 20000 + static_cast<int>(next.fetch_add(1) % 12000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  throw std::runtime_error("grpc tests: no free loopback port in 20000-31999");
 }
 
 /// A grpc++ server on 127.0.0.1:`port` (0: a free port) hosting `services`; shut down on
