@@ -476,6 +476,15 @@ class ChatServer {
       if (batch.size() >= options_.batch || pause || renew) owned = flush();
       if (pause && owned) std::this_thread::sleep_for(options_.token_delay);
     }
+    // Counted before the finish: a stream that sees the chat done finds this generation's
+    // counters already in (a flush below adds no piece).
+    count(request_id, [&](ChatCounters& k) {
+      ++k.generations;
+      k.generator_retries += gen.retries();
+      k.producer_dropped_bytes += producer.duplicate_bytes();
+      k.producer_trimmed += producer.trimmed_chunks();
+      k.split_characters += split;
+    });
     if (owned && !stopping_ && (batch.empty() || flush())) {
       if (!chats_.finish(request_id, owner_, text.size())) {
         std::lock_guard<std::mutex> lock(hub_mutex_);
@@ -491,13 +500,6 @@ class ChatServer {
       tails_.erase(request_id);
     }
     wake();
-    count(request_id, [&](ChatCounters& k) {
-      ++k.generations;
-      k.generator_retries += gen.retries();
-      k.producer_dropped_bytes += producer.duplicate_bytes();
-      k.producer_trimmed += producer.trimmed_chunks();
-      k.split_characters += split;
-    });
   }
 
   Faults faults_of(const httplib::Request& req) const {
