@@ -10,6 +10,8 @@
 --                          INCLUDING ALL: columns, collations, check, primary key, expiry index)
 --   record_no_expiry_index the same without the partial expiry index
 --   record_heap            the same row with no index at all
+--   record_bytea_fp        the record with its fingerprint as 32 bytes (bytea) instead of 64
+--                          hex characters: the saving a schema version 3 would bring
 --   minimal                key, one-byte status, 32-byte fingerprint, expiry; primary key only
 -- The last three are not idem layouts: they show where the record's cost sits.
 --
@@ -32,6 +34,9 @@ BEGIN
     EXECUTE format('DROP INDEX %s', i);
   END LOOP;
 END $$;
+CREATE TABLE idem_bench_row.record_bytea_fp (LIKE public.mq_consume_record INCLUDING ALL);
+ALTER TABLE idem_bench_row.record_bytea_fp ALTER COLUMN fingerprint DROP DEFAULT,
+  ALTER COLUMN fingerprint TYPE bytea USING decode(fingerprint, 'hex');
 CREATE TABLE idem_bench_row.record_heap
   (LIKE public.mq_consume_record INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 CREATE TABLE idem_bench_row.minimal (
@@ -57,12 +62,17 @@ BEGIN
          ' SELECT k, ''dedup_pg_batch-1-0'', ''c'', ''\x6f431f469ffcd84d41e662b6e20dcf8538f5a92a77359e45f1ad58726c71104d''::bytea,'
          ' now() + interval ''1 day'' FROM ' || keys || ' ORDER BY 1';
   ELSE
-    -- The columns and values of PostgresStore's batch record INSERT.
+    -- The columns and values of PostgresStore's batch record INSERT (the fingerprint packed for
+    -- record_bytea_fp).
     q := format('INSERT INTO idem_bench_row.%I (message_id, consumer_group, status, fingerprint,'
                 ' owner, response_body, lease_until, expires_at)'
-                ' SELECT k, ''dedup_pg_batch-1-0'', ''completed'', ''6f431f469ffcd84d41e662b6e20dcf8538f5a92a77359e45f1ad58726c71104d'','
+                ' SELECT k, ''dedup_pg_batch-1-0'', ''completed'', %s,'
                 ' ''apyNiKV50lIjG55'', ''idem-mq:consumed''::bytea, now(), now() + interval ''1 day'''
-                ' FROM %s ORDER BY 1', layout, keys);
+                ' FROM %s ORDER BY 1', layout,
+                CASE WHEN layout = 'record_bytea_fp'
+                     THEN '''\x6f431f469ffcd84d41e662b6e20dcf8538f5a92a77359e45f1ad58726c71104d''::bytea'
+                     ELSE '''6f431f469ffcd84d41e662b6e20dcf8538f5a92a77359e45f1ad58726c71104d''' END,
+                keys);
   END IF;
   t0 := clock_timestamp();
   FOR i IN 0 .. statements - 1 LOOP
@@ -73,8 +83,8 @@ END $$;
 
 -- The layouts in print order, and each round's timing of each.
 CREATE TEMP TABLE layouts (ord int, layout text);
-INSERT INTO layouts VALUES (1, 'effect'), (2, 'record'), (3, 'record_no_expiry_index'),
-                           (4, 'record_heap'), (5, 'minimal');
+INSERT INTO layouts VALUES (1, 'effect'), (2, 'record'), (3, 'record_bytea_fp'),
+                           (4, 'record_no_expiry_index'), (5, 'record_heap'), (6, 'minimal');
 CREATE TEMP TABLE timing (layout text, us double precision);
 DO $$
 DECLARE
