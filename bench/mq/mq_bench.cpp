@@ -342,11 +342,20 @@ int main(int argc, char** argv) {
   std::unique_ptr<pqxx::connection> pg;
   std::vector<std::unique_ptr<pqxx::connection>> pg_threads;  // --threads: one per consumer
   std::unique_ptr<idem::postgres::PostgresStore> pg_store;
+  // The durable-alone loops' store: a record table of their own, made by migrate() at the start
+  // and dropped at the end, as the recipe's. Both pairs' tables then hold the same rows (their
+  // two loops' records of this run); mq_consume_record also holds the fast-store loops' records
+  // and those of earlier runs on the server.
+  std::unique_ptr<idem::postgres::PostgresStore> pg_durable_store;
   std::string pg_fsync, pg_sync_commit;
   const std::string pg_plain_table = "mq_bench_plain_" + std::to_string(::getpid());
   const std::string pg_dedup_table = "mq_bench_dedup_" + std::to_string(::getpid());
   const std::string pg_hw_table = "mq_bench_handwritten_" + std::to_string(::getpid());
   const std::string pg_hw_record = "mq_bench_record_" + std::to_string(::getpid());
+  const std::string pg_durable_table = "mq_bench_durable_" + std::to_string(::getpid());
+  const std::string pg_durable_record = "mq_bench_idem_record_" + std::to_string(::getpid());
+  const std::string pg_durable_insert =
+      "INSERT INTO " + pg_durable_table + " (message_id, body) VALUES ($1, $2)";
   const std::string pg_hw_insert =
       "INSERT INTO " + pg_hw_table + " (message_id, body) VALUES ($1, $2)";
   const std::string pg_hw_record_insert = "INSERT INTO " + pg_hw_record +
@@ -363,7 +372,7 @@ int main(int argc, char** argv) {
        wanted("dedup_pg_batch_durable"))) {
     pg = std::make_unique<pqxx::connection>(a.postgres);
     pqxx::nontransaction nt(*pg);
-    for (const auto& t : {pg_plain_table, pg_dedup_table, pg_hw_table}) {
+    for (const auto& t : {pg_plain_table, pg_dedup_table, pg_hw_table, pg_durable_table}) {
       nt.exec("DROP TABLE IF EXISTS " + t);
       nt.exec("CREATE TABLE " + t +
               " (id bigserial PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)");
@@ -377,6 +386,9 @@ int main(int argc, char** argv) {
     pg_sync_commit = nt.exec("SHOW synchronous_commit")[0][0].as<std::string>();
     pg_store = std::make_unique<idem::postgres::PostgresStore>(
         idem::postgres::PostgresStoreOptions::mq_consume_record(a.postgres));
+    auto durable_options = idem::postgres::PostgresStoreOptions::mq_consume_record(a.postgres);
+    durable_options.table = pg_durable_record;
+    pg_durable_store = std::make_unique<idem::postgres::PostgresStore>(durable_options);
     for (int t = 0; a.threads > 1 && t < a.threads; ++t) {
       pg_threads.push_back(std::make_unique<pqxx::connection>(a.postgres));
     }
@@ -473,19 +485,20 @@ int main(int argc, char** argv) {
       }));
     }
     // The dedup loops over PostgreSQL, RedisStore in front.
-    // (`fast` null: the durable store alone.)
+    // (`fast` null: the durable store alone, on its own record and effect tables.)
     auto run_dedup_pg = [&](const char* kind, bool batched, idem::FastStore* fast, Trips& trips) {
       auto guard = fast != nullptr
                        ? idem::IdempotencyGuard<idem::postgres::PostgresStore>{*fast, *pg_store,
                                                                                mq_guard_options()}
-                       : idem::IdempotencyGuard<idem::postgres::PostgresStore>{*pg_store,
+                       : idem::IdempotencyGuard<idem::postgres::PostgresStore>{*pg_durable_store,
                                                                                mq_guard_options()};
+      const std::string& effect_insert = fast != nullptr ? pg_dedup_insert : pg_durable_insert;
       idem::IdempotentConsumer consumer{guard, group_of(kind, r)};
       auto stream = publish(redis, round, kind, a.pg_messages);
       auto handle = [&](const Entries& batch) {
         return consume_entries<pqxx::work>(
             consumer, batch, batched, [&](pqxx::work& tx, const idem::mq::StreamEntry& e) {
-              tx.exec_params(pg_dedup_insert, *e.find("message_id"), *e.find("body"));
+              tx.exec_params(effect_insert, *e.find("message_id"), *e.find("body"));
             });
       };
       return counted(trips, a.pg_messages, [&] {
@@ -604,9 +617,15 @@ int main(int argc, char** argv) {
 #ifdef IDEM_BENCH_WITH_POSTGRES
   if (pg) {
     pqxx::nontransaction nt(*pg);
-    for (const auto& t : {pg_plain_table, pg_dedup_table, pg_hw_table, pg_hw_record}) {
+    for (const auto& t :
+         {pg_plain_table, pg_dedup_table, pg_hw_table, pg_hw_record, pg_durable_table}) {
       nt.exec("DROP TABLE IF EXISTS " + t);
     }
+    // The durable loops' record table, and its row in the version table (a table made again
+    // under this name is then migrated afresh).
+    pg_durable_store.reset();
+    nt.exec("DROP TABLE IF EXISTS " + pg_durable_record);
+    nt.exec_params("DELETE FROM idem_schema_version WHERE name = $1", pg_durable_record);
   }
 #endif
   // Figures and ratios of the loops that ran (--only), like with like: per-message loops
