@@ -46,6 +46,13 @@ struct BatchCall {
   /// A retry or a redelivery: a record of the key may exist although the fast store grants
   /// the claim (the durable store then skips the insert that assumes fresh keys).
   bool retried = false;
+  /// The caller says the key is very likely new (as CallOptions::likely_new: a message's first
+  /// delivery). When every call of a batch says so and no fast store granted the claims (none
+  /// in front, or it failed), the durable store may write the records with the insert that
+  /// assumes fresh keys, as after fresh fast claims; a record found anyway (a producer's
+  /// duplicate) costs the batch's transaction one rerun before any handler ran
+  /// (BatchResult::records_existed). Never changes an answer.
+  bool likely_new = false;
 };
 
 /// The answer of one call of a batch.
@@ -80,7 +87,8 @@ struct BatchResult {
   /// failed (or a record was locked by another transaction) in the first, savepoint-free run.
   bool rerun = false;
   /// The durable transaction ran again with the tolerant record insert because the insert
-  /// that assumes fresh keys (every fast claim granted afresh) found a record of one of them.
+  /// that assumes fresh keys (every fast claim granted afresh, or every call likely new)
+  /// found a record of one of them.
   bool records_existed = false;
 };
 

@@ -101,7 +101,8 @@ struct ConsumerStatsSnapshot {
   /// handler failed (or a record was locked elsewhere) in the first, savepoint-free run
   std::uint64_t batch_reruns = 0;
   /// consume_batch transactions run again with the tolerant record insert because the plain
-  /// one (PostgreSQL, all claims fresh in the fast store) found a record of one of the keys
+  /// one (PostgreSQL: all claims fresh in the fast store, or, without granted fast claims,
+  /// every message a first delivery) found a record of one of the keys (a producer's duplicate)
   std::uint64_t batch_record_conflicts = 0;
 };
 
@@ -281,7 +282,9 @@ class IdempotentConsumer {
           continue;
         }
       }
-      calls.push_back(BatchCall{std::move(*key), d.fingerprint, d.delivery_count > 1});
+      // A first delivery is very likely a new message (as in consume()).
+      calls.push_back(
+          BatchCall{std::move(*key), d.fingerprint, d.delivery_count > 1, d.delivery_count <= 1});
       index.push_back(i);
     }
     if (calls.empty()) return verdicts;

@@ -61,8 +61,9 @@
 //                    std::chrono::seconds retention, const ClaimResult& decided);
 //     // Inside `tx`: each request's record written completed with `response` where no record
 //     // of its key exists (answer i: written; false: decide it with decide_in). With
-//     // `hint.fast_claimed` (the fast store granted every claim afresh: records are very
-//     // likely absent) the store may use a cheaper insert that fails on an existing record;
+//     // `hint.expects_absent()` (the fast store granted every claim afresh, or every call
+//     // said its key is likely new: records are very likely absent) the store may use a
+//     // cheaper insert that fails on an existing record;
 //     // if that leaves `tx` unusable it answers nullopt: the caller rolls back and runs the
 //     // transaction again without the hint.
 //     std::optional<std::vector<bool>> record_batch_in(Transaction& tx,
@@ -103,8 +104,8 @@ struct DurableHint {
   /// would almost always be wasted.
   bool fast_claimed = false;
   /// The caller said the key is very likely new (CallOptions::likely_new: a message's first
-  /// delivery): as with a granted fast claim, a read-only precheck would almost always be
-  /// wasted.
+  /// delivery; for a batch without granted fast claims: every call's BatchCall::likely_new):
+  /// as with a granted fast claim, a read-only precheck would almost always be wasted.
   bool likely_new = false;
   /// The bytes the handler's response will encode to, when the caller knows them before the
   /// handler runs (CallOptions::expected_response: IdempotentConsumer::consume's fixed marker).

@@ -837,7 +837,7 @@ bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
 std::optional<std::vector<bool>> PostgresStore::record_batch_in(
     pqxx::work& tx, const std::vector<ClaimRequest>& requests, std::string_view response,
     std::chrono::seconds retention, DurableHint hint) {
-  if (hint.fast_claimed) {
+  if (hint.expects_absent()) {
     if (!insert_new_completed_batch_in(tx, requests, response, retention)) return std::nullopt;
     return std::vector<bool>(requests.size(), true);
   }

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -247,6 +250,108 @@ TEST_F(GuardBatchTest, TheBatchOwnsItsFingerprints) {
   auto rec = durable_.lookup(Key::make("orders", "own"));
   ASSERT_TRUE(rec);
   EXPECT_EQ(original, rec->fingerprint);
+}
+
+// A SQLite store that keeps the hint of every record_batch_in and, when the hint expects the
+// keys absent, answers as a store whose insert assumes fresh keys does (PostgresStore's plain
+// insert): nullopt when a key of the batch has a record.
+class HintRecordingStore : public SqliteStore {
+ public:
+  using SqliteStore::SqliteStore;
+  std::optional<std::vector<bool>> record_batch_in(Transaction& tx,
+                                                   const std::vector<idem::ClaimRequest>& requests,
+                                                   std::string_view response,
+                                                   std::chrono::seconds retention,
+                                                   idem::DurableHint hint) {
+    hints.push_back(hint);
+    if (hint.expects_absent()) {
+      for (const idem::ClaimRequest& r : requests) {
+        if (lookup(*r.key)) return std::nullopt;
+      }
+    }
+    return SqliteStore::record_batch_in(tx, requests, response, retention, hint);
+  }
+  std::vector<idem::DurableHint> hints;
+};
+
+// BatchCall::likely_new: without granted fast claims, a batch whose every call says its key is
+// likely new (and none is a retry) passes DurableHint::likely_new to record_batch_in; any other
+// batch passes no hint, and granted fast claims pass fast_claimed instead. A record met anyway
+// costs one rerun with the tolerant insert and changes no answer.
+TEST_F(GuardBatchTest, CallsSayingTheirKeysAreLikelyNewLetTheStoreAssumeFreshKeys) {
+  HintRecordingStore store{dir_.file("hints.sqlite")};
+  store.database().write(
+      [](Transaction& tx) { tx.exec("CREATE TABLE effect (id TEXT NOT NULL)"); });
+  auto effects_of = [&](const std::string& id) {
+    return store.database().read([&](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM effect WHERE id = ?", id).value_or(-1);
+    });
+  };
+  // ids[i] is likely new unless `not_new` names it; `retried` marks one as a retry.
+  auto batch = [&](auto& guard, const std::vector<std::string>& ids, const std::string& not_new,
+                   const std::string& retried = "") {
+    std::vector<BatchCall> cs = calls(ids);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      cs[i].likely_new = ids[i] != not_new;
+      cs[i].retried = ids[i] == retried;
+    }
+    return guard.run_batch(std::move(cs), "done", [&](Transaction& tx, std::size_t i) {
+      tx.exec("INSERT INTO effect (id) VALUES (?)", ids[i]);
+    });
+  };
+  idem::IdempotencyGuard<HintRecordingStore> alone{store};
+
+  BatchResult r = batch(alone, {"a", "b"}, "");
+  ASSERT_EQ(1u, store.hints.size());
+  EXPECT_TRUE(store.hints.back().likely_new);
+  EXPECT_FALSE(store.hints.back().fast_claimed);
+  EXPECT_FALSE(r.records_existed);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+
+  // "a" has a record: the insert assuming fresh keys meets it, the batch runs again tolerantly.
+  store.hints.clear();
+  r = batch(alone, {"c", "a"}, "");
+  ASSERT_EQ(2u, store.hints.size());
+  EXPECT_TRUE(store.hints[0].likely_new);
+  EXPECT_FALSE(store.hints[1].expects_absent());
+  EXPECT_TRUE(r.records_existed);
+  EXPECT_FALSE(r.rerun);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kReplayed, r.answers[1].outcome);
+  EXPECT_EQ("done", r.answers[1].response);
+
+  // One call not likely new, or one retry: no hint.
+  store.hints.clear();
+  r = batch(alone, {"d", "e"}, "e");
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  r = batch(alone, {"f", "g"}, "", "g");
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  ASSERT_EQ(2u, store.hints.size());
+  for (const idem::DurableHint& h : store.hints) EXPECT_FALSE(h.expects_absent());
+
+  // Fast claims granted: they are the evidence (fast_claimed). A failing fast store grants
+  // none: the calls' word counts again.
+  idem::MemoryStore inner;
+  idem::test::SwitchableFastStore fast{inner};
+  idem::IdempotencyGuard<HintRecordingStore> fronted{fast, store};
+  store.hints.clear();
+  r = batch(fronted, {"h"}, "");
+  ASSERT_EQ(1u, store.hints.size());
+  EXPECT_TRUE(store.hints[0].fast_claimed);
+  EXPECT_FALSE(store.hints[0].likely_new);
+  fast.failing = true;
+  r = batch(fronted, {"i", "b"}, "");
+  ASSERT_EQ(3u, store.hints.size());
+  EXPECT_TRUE(store.hints[1].likely_new);
+  EXPECT_FALSE(store.hints[1].fast_claimed);
+  EXPECT_FALSE(store.hints[2].expects_absent());
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kReplayed, r.answers[1].outcome);
+
+  for (const char* id : {"a", "b", "c", "d", "e", "f", "g", "h", "i"}) {
+    EXPECT_EQ(1, effects_of(id)) << id;
+  }
 }
 
 // Eight threads run overlapping batches of the same keys: exactly one effect per key, and

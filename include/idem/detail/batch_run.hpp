@@ -8,8 +8,9 @@
 //      If the fast store fails, every call goes on to the durable store (degraded).
 //   2. One durable transaction for the rest. First run, no savepoints: the records of the
 //      first call of each key are written completed in one record_batch_in (with the insert
-//      that assumes fresh keys when every fast claim was granted afresh; if a record exists
-//      after all, the transaction rolls back and runs again with the tolerant insert); then,
+//      that assumes fresh keys when every fast claim was granted afresh, or, without granted
+//      fast claims, when every call said its key is likely new; if a record exists after all,
+//      the transaction rolls back and runs again with the tolerant insert); then,
 //      in order, each call whose record was written runs its handler, and an existing record
 //      decides the others (decide_in: done, mismatch, busy, or taken over). A handler that
 //      throws (not a retryable idem error), or a record locked past the store's lock wait,
@@ -134,9 +135,12 @@ class BatchRun {
       std::fill(took_over_.begin(), took_over_.end(), 0);
       std::fill(handler_time_.begin(), handler_time_.end(), std::chrono::nanoseconds{0});
     };
-    // The plain record insert when every claim was fresh in the fast store (no record is
-    // expected); a record found anyway (the fast store lost it, a redelivery) costs one rerun.
-    new_records_ = fresh_claims_;
+    // The plain record insert when every claim was fresh in the fast store, or, with no claim
+    // granted there (no fast store, or it failed), when every call said its key is likely new:
+    // no record is expected. A record found anyway (the fast store lost it, a producer's
+    // duplicate) costs one rerun.
+    likely_new_ = !fresh_claims_ && (fast_ == nullptr || degraded_) && all_likely_new();
+    new_records_ = fresh_claims_ || likely_new_;
     bool committed = false;
     for (bool again = true; again;) {
       again = false;
@@ -156,6 +160,16 @@ class BatchRun {
     roll_back();
     result_.rerun = true;
     durable_.with_transaction([&](Tx& tx) { careful_pass(tx, handler); });
+  }
+
+  // Whether every call whose record the batch writes said its key is likely new (and none is
+  // a retry).
+  bool all_likely_new() const noexcept {
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (to_durable_[i] == 0 || first_[i] == 0) continue;
+      if (!calls_[i].likely_new || calls_[i].retried) return false;
+    }
+    return true;
   }
 
   // Step 1: one claim_batch for the first call of each key. A fast-store failure leaves every
@@ -210,7 +224,8 @@ class BatchRun {
     std::vector<bool> written;
     try {
       DurableHint hint;
-      hint.fast_claimed = new_records_;
+      hint.fast_claimed = new_records_ && !likely_new_;
+      hint.likely_new = new_records_ && likely_new_;
       std::optional<std::vector<bool>> w =
           durable_.record_batch_in(tx, requests, response_, core_.options().retention, hint);
       if (!w) throw BatchRecordsExist{};  // `tx` is aborted
@@ -445,6 +460,7 @@ class BatchRun {
   BatchResult result_;
   bool fresh_claims_ = false;  // the fast store granted every claim, none a takeover
   bool new_records_ = false;   // first_pass writes the records with the plain insert
+  bool likely_new_ = false;    // ... because the calls said their keys are likely new
   bool degraded_ = false;      // the fast store failed for this batch
   // Phase timings, only when an observer listens.
   bool timed_ = false;

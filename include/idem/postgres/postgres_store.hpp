@@ -324,9 +324,9 @@ class IDEM_EXPORT PostgresStore {
                  const ClaimResult& /*decided*/) {
     complete_in(tx, key, owner, response, retention);
   }
-  /// Contract: with `hint.fast_claimed`, the plain insert (insert_new_completed_batch_in;
-  /// nullopt when a record existed: `tx` is then aborted), else the tolerant one
-  /// (insert_completed_batch_in).
+  /// Contract: when `hint.expects_absent()` (fresh fast claims, or calls that said their keys
+  /// are likely new), the plain insert (insert_new_completed_batch_in; nullopt when a record
+  /// existed: `tx` is then aborted), else the tolerant one (insert_completed_batch_in).
   std::optional<std::vector<bool>> record_batch_in(pqxx::work& tx,
                                                    const std::vector<ClaimRequest>& requests,
                                                    std::string_view response,
