@@ -237,34 +237,28 @@ int main() {
     ours_keys.push_back(key.id());
   };
   // The same call told its response before the handler runs (CallOptions::expected_response),
-  // as the record recipe knows it: the record goes in completed at the claim.
-  auto known_first = [&](int) {
-    auto key = idem::Key::make("payment", "k" + std::to_string(++seq));
-    const std::string response = "pay_" + key.id();
-    idem::CallOptions call;
-    call.expected_response = response;
-    auto r = guard.run(key, "fp", call, [&](pqxx::work& tx) {
-      tx.exec_prepared("bench_pay", key.id(), 100);
-      return response;
-    });
-    if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
+  // as the record recipe knows it: the record goes in completed at the claim. Keys "<prefix>N"
+  // of `g`'s own; `likely_new`: CallOptions::likely_new too.
+  auto told_first = [&](auto& g, const char* prefix, bool likely_new) {
+    return [&g, &seq, prefix, likely_new](int) {
+      auto key = idem::Key::make("payment", prefix + std::to_string(++seq));
+      const std::string response = "pay_" + key.id();
+      idem::CallOptions call;
+      call.expected_response = response;
+      call.likely_new = likely_new;
+      auto r = g.run(key, "fp", call, [&](pqxx::work& tx) {
+        tx.exec_prepared("bench_pay", key.id(), 100);
+        return response;
+      });
+      if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
+    };
   };
+  auto known_first = told_first(guard, "k", false);
   // The recipe's own terms: the durable store alone (no fast store), told the response, and
   // told the key is likely new (CallOptions::likely_new: the recipe, too, inserts first and
   // reads only after a unique violation), so no read before the claim.
   idem::IdempotencyGuard alone_guard{store};
-  auto alone_first = [&](int) {
-    auto key = idem::Key::make("payment", "a" + std::to_string(++seq));
-    const std::string response = "pay_" + key.id();
-    idem::CallOptions call;
-    call.expected_response = response;
-    call.likely_new = true;
-    auto r = alone_guard.run(key, "fp", call, [&](pqxx::work& tx) {
-      tx.exec_prepared("bench_pay", key.id(), 100);
-      return response;
-    });
-    if (r.outcome != idem::Outcome::kExecuted) throw std::runtime_error("not executed");
-  };
+  auto alone_first = told_first(alone_guard, "a", true);
   auto raw_first = [&](int) {
     const std::string id = "r" + std::to_string(++seq);
     const std::string owner = idem::OwnerToken::generate().str();

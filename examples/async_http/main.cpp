@@ -19,18 +19,20 @@
 #include "order_server.hpp"
 #include "orders.hpp"
 
+constexpr const char* kUsage = "usage: async_http [--port N] [--db FILE] [--redis URL]\n";
+
 int main(int argc, char** argv) {
   unsigned short port = 8080;
   std::string db = "orders.db", redis;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") {
-      std::printf("usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      std::fputs(kUsage, stdout);
       return 0;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "async_http: %s needs a value\n", k.c_str());
-      std::fprintf(stderr, "usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      std::fputs(kUsage, stderr);
       return 2;
     }
     if (k == "--port") {
@@ -40,7 +42,7 @@ int main(int argc, char** argv) {
     } else if (k == "--redis") {
       redis = argv[i + 1];
     } else {
-      std::fprintf(stderr, "usage: async_http [--port N] [--db FILE] [--redis URL]\n");
+      std::fputs(kUsage, stderr);
       return 2;
     }
   }
