@@ -383,6 +383,39 @@ TEST_F(EndpointTest, HandlersOwnIdemErrorsPropagateAndStorageFailuresAreAnswered
   EXPECT_EQ(4, runs_.load());
 }
 
+// A pass-through answers the handler's own storage failure as the guarded path does (503 with
+// Retry-After), and lets its other idem errors propagate unchanged.
+TEST_F(EndpointTest, PassThroughHandlersStorageFailuresAreAnsweredAsGuardedOnes) {
+  auto options = endpoint_options();
+  options.key_required = false;
+  idem::http::Endpoint endpoint{guard_, options};
+  Req no_key;  // an absent optional key
+  Req put = Req::with_key("\"pass_put\"");
+  put.method = "PUT";  // a method that is not guarded
+  for (Req* req : {&no_key, &put}) {
+    auto timeout = endpoint.handle(req->view(), [&]() -> Response {
+      ++runs_;
+      throw idem::StorageTimeout("the handler's own database");
+    });
+    EXPECT_EQ(503, timeout.status);
+    EXPECT_NE(std::string::npos, timeout.body.find("\"code\":\"store_timeout\""));
+    EXPECT_EQ(std::string::npos, timeout.body.find("own database"));
+    EXPECT_NE(nullptr, timeout.header("Retry-After"));
+    auto lost = endpoint.handle(req->view(), [&]() -> Response {
+      ++runs_;
+      throw idem::LeaseLost("the handler's own lease");
+    });
+    EXPECT_EQ(409, lost.status);
+    EXPECT_THROW(endpoint.handle(req->view(),
+                                 [&]() -> Response {
+                                   ++runs_;
+                                   throw idem::UsageError("handler misuse");
+                                 }),
+                 idem::UsageError);
+  }
+  EXPECT_EQ(6, runs_.load());
+}
+
 TEST_F(EndpointTest, StoreFailureIs503ProblemWithRetryAfter) {
   idem::test::SwitchableFastStore failing{fast_};
   idem::IdempotencyGuard<idem::NoDurableStore> guard{failing};
@@ -495,6 +528,14 @@ TEST(EndpointSqlite, TransactionalPassThroughGetsAPlainTransaction) {
                                        throw std::runtime_error("handler");
                                      }),
                std::runtime_error);
+  // The handler's own storage failure is answered as on the guarded path (and rolled back).
+  auto timeout = endpoint.handle(req.view(), [](idem::sqlite::Transaction& tx) -> Response {
+    tx.exec("INSERT INTO t (v) VALUES ('rolled back too')");
+    throw idem::StorageTimeout("the handler's own statement");
+  });
+  EXPECT_EQ(503, timeout.status);
+  EXPECT_NE(std::string::npos, timeout.body.find("\"code\":\"store_timeout\""));
+  EXPECT_NE(nullptr, timeout.header("Retry-After"));
   auto rows = durable.database().read([](idem::sqlite::Session& s) {
     return s.query_int64("SELECT count(*) FROM t").value_or(-1);
   });

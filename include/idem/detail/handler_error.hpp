@@ -24,6 +24,13 @@ struct HandlerError {
   std::exception_ptr error;
 };
 
+/// True for the handler errors an adapter answers as a store failure: StorageError (and its
+/// kinds) and LeaseLost.
+inline bool is_store_failure(const Error& e) noexcept {
+  return dynamic_cast<const StorageError*>(&e) != nullptr ||
+         dynamic_cast<const LeaseLost*>(&e) != nullptr;
+}
+
 /// Runs `handler`: its StorageError and LeaseLost pass as they are, any other idem::Error
 /// leaves as a HandlerError, anything else unchanged.
 template <class Fn>

@@ -387,7 +387,8 @@ class Endpoint {
   }
 
   // `wait=<delta-seconds>` among the comma-separated preferences of one Prefer field value
-  // (RFC 7240 section 4.3; the name is case-insensitive); nullopt when absent or malformed.
+  // (RFC 7240 section 4.3; the name is case-insensitive, the value a token or a quoted string:
+  // `wait=5` and `wait="5"`); nullopt when absent or malformed.
   static std::optional<long> prefer_wait_seconds(std::string_view field) {
     std::optional<long> found;
     while (!field.empty()) {
@@ -403,6 +404,9 @@ class Endpoint {
       const std::size_t eq = pref.find('=');
       if (eq == std::string_view::npos || !iequals(trim(pref.substr(0, eq)), "wait")) continue;
       std::string_view digits = trim(pref.substr(eq + 1));
+      if (digits.size() >= 2 && digits.front() == '"' && digits.back() == '"') {
+        digits = digits.substr(1, digits.size() - 2);
+      }
       if (digits.empty() || digits.size() > 9) continue;
       long v = 0;
       bool ok = true;
@@ -499,7 +503,10 @@ class Endpoint {
         try {
           return ::idem::detail::run_plain_transaction(*guard_.durable_store(), body);
         } catch (const Error& e) {
-          if (handler_threw) throw;
+          if (handler_threw) {
+            if (!::idem::detail::is_store_failure(e)) throw;
+            return error_response(e.code(), errc_message(e.code()));
+          }
           if (auto* o = guard_.options().observer.get()) {
             o->on_store_error(
                 StoreErrorEvent{nullptr, StoreRole::kDurable, guard_.durable_store()->name(), e});
@@ -508,7 +515,12 @@ class Endpoint {
         }
       }
     } else {
-      return handler();
+      try {
+        return handler();
+      } catch (const Error& e) {
+        if (!::idem::detail::is_store_failure(e)) throw;
+        return error_response(e.code(), errc_message(e.code()));
+      }
     }
   }
 

@@ -466,8 +466,9 @@ TEST_F(EndpointHttp, StoreFailuresAnswerTheirCodeAndLeaveALogLineAndAMetric) {
   EXPECT_EQ(1, metric("idem_store_errors_total", {{"store", "sqlite"}, {"code", "storage_error"}}));
 }
 
-// A client's `Prefer: wait=N` (allowed by max_prefer_wait) waits for the first request instead
-// of 409; a duplicate without it is answered 409 at once; the handler runs once.
+// A client's `Prefer: wait=N` (allowed by max_prefer_wait; the value a token or, RFC 7240, a
+// quoted string) waits for the first request instead of 409; a duplicate without it is
+// answered 409 at once; the handler runs once.
 TEST_F(EndpointHttp, ADuplicateThatPrefersToWaitGetsTheFirstResult) {
   idem::http::EndpointOptions o;
   o.max_prefer_wait = std::chrono::seconds{20};
@@ -506,12 +507,13 @@ TEST_F(EndpointHttp, ADuplicateThatPrefersToWaitGetsTheFirstResult) {
     }
     return out;
   };
-  Answer first, waiter;
+  Answer first, waiter, quoted;
   std::thread a([&] { first = post(""); });
   while (runs_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds{1});
   std::thread b([&] { waiter = post("respond-async, wait=15"); });
+  std::thread q([&] { quoted = post("wait=\"15\""); });
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{20};
-  while (guard_->stats().snapshot().waits == 0) {
+  while (guard_->stats().snapshot().waits < 2) {
     ASSERT_LT(std::chrono::steady_clock::now(), until);
     std::this_thread::sleep_for(std::chrono::milliseconds{1});
   }
@@ -525,10 +527,13 @@ TEST_F(EndpointHttp, ADuplicateThatPrefersToWaitGetsTheFirstResult) {
   cv.notify_all();
   a.join();
   b.join();
+  q.join();
   EXPECT_EQ(201, first.status);
-  EXPECT_EQ(201, waiter.status);
-  EXPECT_EQ("true", waiter.replayed);
-  EXPECT_EQ(first.body, waiter.body);
+  for (const Answer* w : {&waiter, &quoted}) {
+    EXPECT_EQ(201, w->status);
+    EXPECT_EQ("true", w->replayed);
+    EXPECT_EQ(first.body, w->body);
+  }
   EXPECT_EQ(1, runs_.load());
   EXPECT_EQ(1, count("orders"));
 }
