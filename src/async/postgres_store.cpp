@@ -16,6 +16,7 @@
 #include "pg_connection.hpp"
 #include "postgres/error_rules.hpp"
 #include "postgres/statements.hpp"
+#include "postgres/text_fingerprint.hpp"
 
 namespace idem::async {
 namespace {
@@ -273,7 +274,7 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
     op->id = key.id();
     op->scope = key.scope();
     op->key = key.str();
-    op->fingerprint.assign(fingerprint);
+    op->fingerprint.assign(pgd::TextFingerprint(fingerprint).text());  // bound and compared
     op->owner = owner.str();
     op->lease_ms = std::to_string(lease.count());
     op->ex = ex;
@@ -533,6 +534,7 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
             if (!e && r != nullptr && PQntuples(r) > 0) {
               try {
                 out = parse_found(r, k).record;
+                out->fingerprint = pgd::fingerprint_from_text(std::move(out->fingerprint));
               } catch (...) {
                 e = std::current_exception();
               }

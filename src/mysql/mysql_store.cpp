@@ -13,6 +13,7 @@
 #include "errors.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/detail/rerun_pause.hpp"
+#include "idem/detail/utf8.hpp"
 #include "idem/sql.hpp"
 #include "pool.hpp"
 
@@ -141,33 +142,6 @@ Found parse_found(Row& row, const Key& key) {
     throw idem::detail::corrupt_record("mysql", key.str(), e.what());
   }
   return f;
-}
-
-// Whether `s` is well-formed UTF-8 (for text response columns).
-bool valid_utf8(std::string_view s) noexcept {
-  std::size_t i = 0;
-  const std::size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = c < 0x80           ? 1
-                      : (c >> 5) == 0x6  ? 2
-                      : (c >> 4) == 0xE  ? 3
-                      : (c >> 3) == 0x1E ? 4
-                                         : 0;
-    if (len == 0 || i + len > n || (len == 2 && c < 0xC2)) return false;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    if (len == 3) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0)) return false;
-    } else if (len == 4) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90) || c > 0xF4) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 bool is_binary_type(const std::string& data_type) {
@@ -426,7 +400,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
   // Whether the response column holds `response` exactly (check_response would accept it).
   bool fits_response(detail::Connection& c, std::string_view response) {
     if (!column_known) load_column(c);
-    return response.size() <= column_max.load() && (column_binary || valid_utf8(response));
+    return response.size() <= column_max.load() &&
+           (column_binary || idem::detail::valid_utf8(response));
   }
 
   // Refuses what the response column cannot hold exactly, before anything is written.

@@ -12,11 +12,12 @@
 
 #include "deadline.hpp"
 #include "errors.hpp"
-#include "statements.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/detail/rerun_pause.hpp"
-#include "idem/sql.hpp"
 #include "idem/postgres/detail/pqxx_compat.hpp"
+#include "idem/sql.hpp"
+#include "statements.hpp"
+#include "text_fingerprint.hpp"
 
 namespace idem::postgres {
 
@@ -235,7 +236,9 @@ struct IDEM_LOCAL PostgresStore::Impl {
   ClaimResult claim(pqxx::transaction_base& t, const Key& key, std::string_view fingerprint,
                     const OwnerToken& owner, std::chrono::milliseconds lease, bool pooled = true,
                     CompletedInsert* completed = nullptr, bool plain_first = false) {
-    const std::string fp(fingerprint);
+    // Bound and compared in the column's form (text_fingerprint.hpp).
+    const detail::TextFingerprint text_fp(fingerprint);
+    const std::string fp(text_fp.text());
     const long long lease_ms = lease.count();
     for (int round = 0; round < kClaimRounds; ++round) {
       const bool plain = plain_first && round == 0;  // inserts a row or throws
@@ -257,8 +260,8 @@ struct IDEM_LOCAL PostgresStore::Impl {
       if (!again.empty()) found = parse_found(again[0], 0, key);
       if (!found) continue;  // deleted meanwhile (released, purged): claim again
       idem::detail::ClaimDecision d = idem::detail::decide_claim(
-          idem::detail::found_by_store_clock(found->record, found->live, found->expired),
-          fingerprint, owner.str());
+          idem::detail::found_by_store_clock(found->record, found->live, found->expired), fp,
+          owner.str());
       switch (d.action) {
         case idem::detail::ClaimAction::kAnswer:
         case idem::detail::ClaimAction::kKeep:
@@ -549,7 +552,8 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
           pqxx::result r = detail::exec_prepared(nt, kReadFound, key.id(), key.scope());
           if (!r.empty()) {
             std::string response;
-            found = idem::detail::decide_without_claim(found_row(r[0], key, response), fingerprint);
+            const detail::TextFingerprint fp(fingerprint);
+            found = idem::detail::decide_without_claim(found_row(r[0], key, response), fp.text());
           }
           return found;
         });
@@ -740,7 +744,7 @@ struct BatchArrays {
       }
       id_bytes += r.key->id().size() + 3;
       scope_bytes += r.key->scope().size() + 3;
-      fp_bytes += r.fingerprint.size() + 3;
+      fp_bytes += r.fingerprint.size() + 3;  // (one stored in hex grows the string once)
       owner_bytes += r.owner->str().size() + 3;
       order.push_back(i);
     }
@@ -758,7 +762,7 @@ struct BatchArrays {
     for (const ClaimRequest& r : requests) {
       append_array_element(ids, r.key->id());
       append_array_element(scopes, r.key->scope());
-      append_array_element(fingerprints, r.fingerprint);
+      append_array_element(fingerprints, detail::TextFingerprint(r.fingerprint).text());
       append_array_element(owners, r.owner->str());
     }
     for (std::string* a : {&ids, &scopes, &fingerprints, &owners}) a->push_back('}');
@@ -998,7 +1002,10 @@ std::optional<Record> PostgresStore::lookup(const Key& key) {
                     [&](pqxx::nontransaction& nt) -> std::optional<Record> {
                       pqxx::result r = detail::exec_prepared(nt, kRead, key.id(), key.scope());
                       if (r.empty()) return std::nullopt;
-                      return parse_found(r[0], 0, key).record;
+                      Record record = parse_found(r[0], 0, key).record;
+                      record.fingerprint =
+                          detail::fingerprint_from_text(std::move(record.fingerprint));
+                      return record;
                     });
 }
 

@@ -280,6 +280,56 @@ TYPED_TEST_P(DurableStoreConformance, ResponsesAreByteIdentical) {
   }
 }
 
+// A fingerprint is any bytes (a raw digest, NUL bytes, invalid UTF-8): every store keeps it
+// exactly. The same bytes replay, any other bytes are a mismatch (a prefix, a value that spells
+// another's stored form), and lookup() gives the bytes back. PostgreSQL's text column holds
+// neither NUL bytes nor invalid UTF-8 (src/postgres/text_fingerprint.hpp says how it keeps them).
+TYPED_TEST_P(DurableStoreConformance, FingerprintsOfAnyBytesAreKeptExactly) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  std::string digest;
+  for (int i = 0; i < 32; ++i) digest.push_back(static_cast<char>(i * 37 + 200));
+  const std::vector<std::string> fps = {std::string("sha\0rest", 8),
+                                        "sha",
+                                        digest,
+                                        "\xC3\x28",  // invalid UTF-8
+                                        "caf\xC3\xA9",
+                                        "hi",
+                                        std::string("\x01") + "6869",  // the marker, then hex
+                                        std::string("\x01") + "016869",
+                                        "\x01"};
+  for (const std::string& fp : fps) {
+    auto k = this->key();
+    auto first = store.run_transactional(k, fp, OwnerToken::generate(), this->retention_,
+                                         [&](Tx&) { return std::string("r_") + k.id(); });
+    ASSERT_EQ(TransactionalStatus::kCommitted, first.status);
+    auto again = store.run_transactional(k, fp, OwnerToken::generate(), this->retention_,
+                                         [](Tx&) { return std::string("never"); });
+    EXPECT_EQ(TransactionalStatus::kReplayed, again.status);
+    EXPECT_EQ(std::string("r_") + k.id(), again.response);
+    for (const std::string& other : fps) {
+      if (other == fp) continue;
+      EXPECT_EQ(TransactionalStatus::kMismatch,
+                store
+                    .run_transactional(k, other, OwnerToken::generate(), this->retention_,
+                                       [](Tx&) { return std::string("never"); })
+                    .status);
+    }
+    auto rec = store.lookup(k);
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_TRUE(rec->fingerprint == fp);
+    // The two-phase claim compares the same way.
+    auto held = this->key();
+    ASSERT_EQ(ClaimStatus::kClaimed,
+              store.begin(held, fp, OwnerToken::generate(), this->lease_).status);
+    EXPECT_EQ(ClaimStatus::kBusy,
+              store.begin(held, fp, OwnerToken::generate(), this->lease_).status);
+    EXPECT_EQ(
+        ClaimStatus::kMismatch,
+        store.begin(held, fp == "sha" ? "hi" : "sha", OwnerToken::generate(), this->lease_).status);
+  }
+}
+
 TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
   using Tx = typename TestFixture::TxType;  // NOLINT
   auto& store = *this->store_;
@@ -573,9 +623,10 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance, TransactionalRunCommitsReco
                             HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
                             TwoPhaseLeaseExpiryFencesTheStaleOwner, TwoPhaseReleaseLetsARetryRun,
                             FailedRecordAndRetriedBeginFollowTheRulebook, ResponsesAreByteIdentical,
-                            HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
-                            GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
-                            GuardTwoPhaseStormRunsOnce, FastStoreFailingEveryCallStillExactlyOnce,
+                            FingerprintsOfAnyBytesAreKeptExactly, HostileIdsAreStoredVerbatim,
+                            PurgeDeletesExpiredCompletedRowsOnly, GuardDurableOnlyStormRunsOnce,
+                            GuardMemoryPlusDurableStormRunsOnce, GuardTwoPhaseStormRunsOnce,
+                            FastStoreFailingEveryCallStillExactlyOnce,
                             FastStoreThatLostTheRecordIsRefilled, GuardHandlerThrowsThenRetryRuns,
                             HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey,
                             ExpectedResponseHintNeverChangesAnAnswer,
