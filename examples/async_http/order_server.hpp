@@ -211,7 +211,21 @@ class OrderServer<Durable>::Session : public std::enable_shared_from_this<Sessio
 
  private:
   void on_read(beast::error_code ec) {
-    if (ec) {  // end_of_stream, a timeout, a malformed request: the connection ends
+    if (ec) {
+      // A request the parser refused is answered (as idem::http::Endpoint and cpp-httplib
+      // answer them), then the connection ends: the rest of it is unread. The peer closing,
+      // a timeout or a message cut short end the connection without an answer.
+      if (ec == bhttp::error::body_limit) {  // over Beast's 1 MiB: Endpoint's max_body_bytes
+        return refuse(problem(idem::errc::kPayloadTooLarge,
+                              "the request body is larger than this server accepts (1 MiB)"));
+      }
+      if (ec == bhttp::error::header_limit) {
+        return refuse(plain(431, "the request's header section is larger than 8 KiB"));
+      }
+      if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
+          ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+        return refuse(plain(400, "malformed HTTP request"));
+      }
       beast::error_code ignored;
       stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
       return;
@@ -220,6 +234,12 @@ class OrderServer<Durable>::Session : public std::enable_shared_from_this<Sessio
                    [self = this->shared_from_this()](idem::http::Response r) {
                      self->write(std::move(r));
                    });
+  }
+
+  // Answers a request the parser refused and ends the connection.
+  void refuse(idem::http::Response r) {
+    req_.keep_alive(false);
+    write(std::move(r));
   }
 
   void write(idem::http::Response r) {

@@ -49,6 +49,13 @@ class Client {
     bhttp::read(socket_, buffer_, res);
     return res;
   }
+  // Sends `raw` bytes as they are and reads one response.
+  Res send_raw(const std::string& raw) {
+    net::write(socket_, net::buffer(raw));
+    Res res;
+    bhttp::read(socket_, buffer_, res);
+    return res;
+  }
   Res post(const std::string& key_field, const std::string& body,
            std::vector<std::pair<std::string, std::string>> extra = {}) {
     if (!key_field.empty()) extra.emplace_back("Idempotency-Key", key_field);
@@ -176,6 +183,31 @@ TEST_F(AsyncHttpTest, KeyRulesReplaysAndMismatch) {
 // 8 clients on keep-alive connections, 1,000 requests over 700 keys (30 % duplicates), served
 // by one loop thread: every request is answered 201 (or 409 while its twin runs, then 201 on a
 // retry), every answer of a key carries the same order, and there is one order per key.
+// Requests the parser refuses are answered before the connection ends: a body over 1 MiB
+// (413 payload_too_large, as idem::http::Endpoint's default max_body_bytes), a header section
+// over 8 KiB (431), a malformed request line (400); nothing reaches the guard.
+TEST_F(AsyncHttpTest, RequestsTheParserRefusesAreAnswered) {
+  const std::string key = "Idempotency-Key: \"big-1\"\r\n";
+  Res big = Client(server_.port())
+                .send_raw("POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\n" + key +
+                          "Content-Length: 2097152\r\n\r\n{\"sku\":");
+  EXPECT_EQ(413, big.result_int());
+  EXPECT_EQ("payload_too_large", code_of(big));
+  EXPECT_FALSE(big.keep_alive());
+  Res just_over = Client(server_.port())
+                      .send_raw("POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\n" + key +
+                                "Content-Length: 1048577\r\n\r\n");
+  EXPECT_EQ(413, just_over.result_int());
+  Res header = Client(server_.port())
+                   .send_raw("POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: " +
+                             std::string(9000, 'c') + "\r\n\r\n");
+  EXPECT_EQ(431, header.result_int());
+  Res garbage = Client(server_.port()).send_raw("NOT HTTP AT ALL\r\n\r\n");
+  EXPECT_EQ(400, garbage.result_int());
+  EXPECT_EQ(0, orders());
+  EXPECT_EQ(0u, guard_.stats().snapshot().executed);
+}
+
 TEST_F(AsyncHttpTest, ManyClientsOnOneLoopThreadGetOneOrderPerKey) {
   constexpr int kKeys = 700, kRequests = 1000, kClients = 8;
   const std::string run = idem::test::unique_name("storm");
