@@ -308,6 +308,33 @@ TEST_F(ConsumerTest, ARedeliveryAfterAFailedHandOffIsDeadLetteredWithoutRunningA
   EXPECT_EQ(Verdict::kAckDuplicate, deliver(5));
   EXPECT_EQ(1u, sink.letters.size());
 
+  // A producer's copy (a new broker entry, delivery count 1) is not checked against the ledger
+  // (first deliveries read no ledger row, docs/mq.md): after a failed hand-off it runs the
+  // handler once more, and is dead-lettered with one attempt more than max_attempts.
+  sink_down = true;
+  for (std::uint32_t count : {1u, 2u}) {
+    (void)n.consumer.consume(Delivery{"bad3", "", "payload-bad3", count}, [&](Transaction&) {
+      ++runs;
+      throw std::runtime_error("cannot parse bad3");
+    });
+  }
+  EXPECT_THROW(n.consumer.consume(Delivery{"bad3", "", "payload-bad3", 3},
+                                  [&](Transaction&) {
+                                    ++runs;
+                                    throw std::runtime_error("cannot parse bad3");
+                                  }),
+               std::runtime_error);
+  sink_down = false;
+  EXPECT_EQ(Verdict::kDeadLetter,
+            n.consumer.consume(Delivery{"bad3", "", "payload-bad3", 1}, [&](Transaction&) {
+              ++runs;
+              throw std::runtime_error("cannot parse bad3");
+            }));
+  EXPECT_EQ(7, runs);
+  ASSERT_EQ(2u, sink.letters.size());
+  EXPECT_EQ(4u, sink.letters[1].attempts);
+  sink.letters.pop_back();
+
   // The same in a batch: a redelivered message with its attempts used up is dead-lettered
   // before the batch runs, and the others in the batch are applied.
   sink_down = true;
@@ -330,8 +357,9 @@ TEST_F(ConsumerTest, ARedeliveryAfterAFailedHandOffIsDeadLetteredWithoutRunningA
   ASSERT_EQ(2u, sink.letters.size());
   EXPECT_EQ("bad2", sink.letters[1].message_id);
   EXPECT_EQ(3u, sink.letters[1].attempts);
-  // Each dead letter counted once ("bad" at its fourth delivery, "bad2" in the batch).
-  EXPECT_EQ(2u, n.consumer.stats().snapshot().dead_lettered);
+  // Each dead letter counted once ("bad" at its fourth delivery, "bad3" at its copy, "bad2" in
+  // the batch).
+  EXPECT_EQ(3u, n.consumer.stats().snapshot().dead_lettered);
 }
 
 TEST_F(ConsumerTest, RetryableHandlerErrorsPropagateWithoutCounting) {
