@@ -77,6 +77,8 @@ struct BatchAnswer {
   std::string holder;
   /// Duplicates: when the record's first attempt began (epoch when unknown).
   TimePoint first_seen{};
+  /// kReplayed: when the record's retention ends (epoch when the store does not report it).
+  TimePoint expires_at{};
 };
 
 /// What run_batch did.

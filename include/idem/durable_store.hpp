@@ -152,6 +152,8 @@ struct TransactionalResult {
   std::string holder;
   /// kReplayed/kBusy/kMismatch: when the record was first created (epoch if unknown).
   TimePoint first_seen{};
+  /// kReplayed: when the record's retention ends (epoch if unknown).
+  TimePoint expires_at{};
 
   /// A run that committed `response`.
   static TransactionalResult committed(std::string response, bool took_over = false) {
@@ -171,6 +173,7 @@ struct TransactionalResult {
     r.failed = found.failed;
     r.holder = std::move(found.holder);
     r.first_seen = found.first_seen;
+    r.expires_at = found.expires_at;
     return r;
   }
 };

@@ -74,7 +74,8 @@ struct [[nodiscard]] GuardResult {
   TimePoint first_seen{};
   /// For duplicates: the owner token of the first attempt (empty when unknown).
   std::string holder;
-  /// For replays: when the stored record expires (epoch when the store does not report it).
+  /// For replays: when the stored record's retention ends (epoch when the store does not report
+  /// it: MemoryStore, SqliteStore, PostgresStore and MysqlStore do, RedisStore does not).
   TimePoint expires_at{};
 
   /// True for kExecuted and kReplayed: `value` holds the response.

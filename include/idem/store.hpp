@@ -101,6 +101,8 @@ struct ClaimResult {
   std::string holder;
   /// kBusy/kDone/kMismatch: when the record was first created (epoch when unknown).
   TimePoint first_seen{};
+  /// kDone: when the record's retention ends (epoch when the store does not report it).
+  TimePoint expires_at{};
   /// kClaimed by a fast store: what its completion may use (FastStore::complete_claimed).
   ClaimTicket ticket;
 };

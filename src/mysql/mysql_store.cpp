@@ -101,22 +101,24 @@ TimePoint time_field(const Field& f) {
 constexpr const char* kRecordColumns =
     "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
     " expires_at <= UTC_TIMESTAMP(3), lease_until, updated_at, expires_at";
-// What a claim needs: the first seven of them.
-constexpr std::size_t kProbeColumns = 7;
+constexpr std::size_t kFullColumns = 10;
+// What a claim needs: the first seven of them, and the expiry (what a replay reports).
+constexpr std::size_t kProbeColumns = 8;
 constexpr const char* kProbeColumnsText =
     "status, fingerprint, owner, response_body, created_at, lease_until > UTC_TIMESTAMP(3),"
-    " expires_at <= UTC_TIMESTAMP(3)";
+    " expires_at <= UTC_TIMESTAMP(3), expires_at";
 // What the read before a claim needs (it answers only a replay or a mismatch, which no lease
 // decides): the claim's columns without the lease flag. One column fewer for the server to
 // evaluate and send, and for the client to unpack, on every durable replay.
-constexpr std::size_t kPrecheckColumns = 6;
+constexpr std::size_t kPrecheckColumns = 7;
 constexpr const char* kPrecheckColumnsText =
-    "status, fingerprint, owner, response_body, created_at, expires_at <= UTC_TIMESTAMP(3)";
+    "status, fingerprint, owner, response_body, created_at, expires_at <= UTC_TIMESTAMP(3),"
+    " expires_at";
 
-// A record from a read's row; the row's bytes are moved out. Reads of the full record have
-// the three times after the probe's seven columns; the precheck's row has no lease flag
-// (kPrecheckColumns: `live` stays false). A status or time value idem did not write (an
-// adopted table may hold any) is CorruptRecord.
+// A record from a read's row; the row's bytes are moved out. Every shape ends with the expiry
+// time; reads of the full record have the lease and update times before it; the precheck's
+// row has no lease flag (kPrecheckColumns: `live` stays false). A status or time value idem
+// did not write (an adopted table may hold any) is CorruptRecord.
 Found parse_found(Row& row, const Key& key) {
   Found f;
   if (row.size() < kPrecheckColumns || row[0].is_null()) {
@@ -133,11 +135,11 @@ Found parse_found(Row& row, const Key& key) {
     f.live = with_lease && !row[5].is_null() && row[5].as_int64() != 0;
     f.expired = f.record.status != Record::Status::kInProgress && !row[expired].is_null() &&
                 row[expired].as_int64() != 0;
-    if (row.size() >= kProbeColumns + 3) {
+    if (row.size() >= kFullColumns) {
       f.record.lease_until = time_field(row[7]);
       f.record.updated_at = time_field(row[8]);
-      f.record.expires_at = time_field(row[9]);
     }
+    f.record.expires_at = time_field(row[row.size() - 1]);
   } catch (const StorageError& e) {
     throw idem::detail::corrupt_record("mysql", key.str(), e.what());
   }

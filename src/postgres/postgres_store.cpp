@@ -86,6 +86,7 @@ idem::detail::FoundRecord found_row(const pqxx::row& row, const Key& key, std::s
     found.response = response;
     found.created_at = millis_field(row[4]);
     found.retention_over = row[5].as<bool>();  // lease_live stays false: not read (kFoundColumns)
+    found.expires_at = millis_field(row[6]);
   } catch (const idem::Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -44,15 +44,17 @@ constexpr const char* kRecordColumns =
     " status <> 'in_progress' AND expires_at <= clock_timestamp()";
 
 // Columns of the read before a claim (the precheck: the record rulebook's FoundRecord), in
-// this order (see found_row): of the times, only created_at is converted (the retention is
-// compared on the server, as in kRecordColumns). Each extract() is numeric arithmetic on the
-// server: the precheck of every call without a granted fast claim (a replay while the fast
-// store is down) reads this instead of kRecordColumns. No lease flag: the precheck answers
-// only a replay or a mismatch, which no lease decides (decide_without_claim).
+// this order (see found_row): of the times, created_at and expires_at (what a replay reports)
+// are converted (the retention is compared on the server, as in kRecordColumns). Each
+// extract() is numeric arithmetic on the server: the precheck of every call without a granted
+// fast claim (a replay while the fast store is down) reads this instead of kRecordColumns. No
+// lease flag: the precheck answers only a replay or a mismatch, which no lease decides
+// (decide_without_claim).
 constexpr const char* kFoundColumns =
     "status, fingerprint, owner, response_body,"
     " (extract(epoch FROM created_at) * 1000)::bigint,"
-    " status <> 'in_progress' AND expires_at <= clock_timestamp()";
+    " status <> 'in_progress' AND expires_at <= clock_timestamp(),"
+    " (extract(epoch FROM expires_at) * 1000)::bigint";
 
 // The statements (name, SQL) of table `t` with key column `k` and scope column `s`, built once
 // from validated identifiers; every value is a bound parameter.

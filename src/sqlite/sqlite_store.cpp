@@ -611,6 +611,7 @@ idem::detail::FoundRecord found_row(const Statement& st, const Key& key, int lay
   if (with_lease && status == Record::Status::kInProgress) {
     f.lease_live = time_column(st, 6, "lease_until", key, false) > now;
   }
+  f.expires_at = expires_at;
   f.retention_over = status != Record::Status::kInProgress && expires_at <= now;
   return f;
 }

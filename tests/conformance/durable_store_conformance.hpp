@@ -330,6 +330,43 @@ TYPED_TEST_P(DurableStoreConformance, FingerprintsOfAnyBytesAreKeptExactly) {
   }
 }
 
+// A replay says when its record's retention ends, whichever read found the record (the read
+// before a claim, the claim's own read, a two-phase claim), and so does the guard's result.
+TYPED_TEST_P(DurableStoreConformance, ReplaysReportWhenTheirRecordExpires) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  const TimePoint before = system_now();
+  ASSERT_EQ(TransactionalStatus::kCommitted,
+            store
+                .run_transactional(k, "fp", OwnerToken::generate(), this->retention_,
+                                   [](Tx&) { return std::string("r"); })
+                .status);
+  const TimePoint after = system_now();
+  auto within = [&](TimePoint t) {
+    // The store's clock (a database server's) may differ a little from this process's, and a
+    // store may keep a record somewhat longer than asked (MySQL: up to a tenth more).
+    return t >= before + this->retention_ - std::chrono::seconds(5) &&
+           t <= after + this->retention_ + this->retention_ / 10 + std::chrono::seconds(5);
+  };
+  DurableHint claimed;  // the fast store granted the claim: no read before it
+  claimed.fast_claimed = true;
+  for (const DurableHint& h : {DurableHint{}, claimed}) {
+    auto r = store.run_transactional(
+        k, "fp", OwnerToken::generate(), this->retention_, [](Tx&) { return std::string("never"); },
+        h);
+    ASSERT_EQ(TransactionalStatus::kReplayed, r.status);
+    EXPECT_TRUE(within(r.expires_at)) << to_millis(r.expires_at);
+  }
+  auto c = store.begin(k, "fp", OwnerToken::generate(), this->lease_);
+  ASSERT_EQ(ClaimStatus::kDone, c.status);
+  EXPECT_TRUE(within(c.expires_at)) << to_millis(c.expires_at);
+  IdempotencyGuard<typename TypeParam::Store> guard{store};
+  auto g = guard.run(k, "fp", [](Tx&) { return std::string("never"); });
+  ASSERT_EQ(Outcome::kReplayed, g.outcome);
+  EXPECT_TRUE(within(g.expires_at)) << to_millis(g.expires_at);
+}
+
 TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
   using Tx = typename TestFixture::TxType;  // NOLINT
   auto& store = *this->store_;
@@ -623,7 +660,8 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance, TransactionalRunCommitsReco
                             HandlerThrowsRollsBackEverything, MismatchWinsOverReplayAndInProgress,
                             TwoPhaseLeaseExpiryFencesTheStaleOwner, TwoPhaseReleaseLetsARetryRun,
                             FailedRecordAndRetriedBeginFollowTheRulebook, ResponsesAreByteIdentical,
-                            FingerprintsOfAnyBytesAreKeptExactly, HostileIdsAreStoredVerbatim,
+                            FingerprintsOfAnyBytesAreKeptExactly,
+                            ReplaysReportWhenTheirRecordExpires, HostileIdsAreStoredVerbatim,
                             PurgeDeletesExpiredCompletedRowsOnly, GuardDurableOnlyStormRunsOnce,
                             GuardMemoryPlusDurableStormRunsOnce, GuardTwoPhaseStormRunsOnce,
                             FastStoreFailingEveryCallStillExactlyOnce,

@@ -77,6 +77,12 @@ TEST(GuardFastOnly, EveryOutcome) {
   EXPECT_EQ(idem::Outcome::kReplayed, second.outcome);
   EXPECT_EQ(idem::Source::kFastStore, second.source);
   EXPECT_EQ("pay_1", second.value.value());
+  // A replay says when its record's retention ends (GuardOptions::retention from the first
+  // call); the first execution has no record to report.
+  const auto retention = idem::GuardOptions{}.retention;
+  EXPECT_GE(second.expires_at, idem::system_now() + retention - std::chrono::seconds(60));
+  EXPECT_LE(second.expires_at, idem::system_now() + retention);
+  EXPECT_EQ(idem::TimePoint{}, first.expires_at);
   auto mismatch = guard.run(key, "fp2", [&] { ++runs; return std::string("pay_3"); });
   EXPECT_EQ(idem::Outcome::kFingerprintMismatch, mismatch.outcome);
   EXPECT_EQ(idem::errc::kFingerprintMismatch, mismatch.error());

@@ -47,10 +47,12 @@ TEST(RecordRules, CompletedAndFailedReplayEvenForTheirOwnOwner) {
   FoundRecord f = in_progress(false);
   f.status = Record::Status::kCompleted;
   f.response = "pay_1";
+  f.expires_at = idem::from_millis(5000);
   auto d = decide_claim(f, "fp", "holder");
   EXPECT_EQ(ClaimStatus::kDone, d.result.status);
   EXPECT_FALSE(d.result.failed);
   EXPECT_EQ("pay_1", d.result.response);
+  EXPECT_EQ(5000, idem::to_millis(d.result.expires_at));
   f.status = Record::Status::kFailed;
   d = decide_claim(f, "fp", "someone");
   EXPECT_EQ(ClaimStatus::kDone, d.result.status);

@@ -339,6 +339,7 @@ class BatchRun {
     a.response = std::move(c.response);
     a.holder = std::move(c.holder);
     a.first_seen = c.first_seen;
+    a.expires_at = c.expires_at;
   }
 
   // True for an idem error that says nothing about the call (e.g. the handler's own

@@ -178,6 +178,7 @@ inline ClaimResult claim_of(TransactionalResult& d) {
     c.failed = d.failed;
     c.holder = std::move(d.holder);
     c.first_seen = d.first_seen;
+    c.expires_at = d.expires_at;
   }
   return c;
 }
@@ -188,6 +189,7 @@ struct DuplicateAnswer {
   std::string response;
   std::string holder;
   TimePoint first_seen{};
+  TimePoint expires_at{};  ///< replays: when the record's retention ends (epoch if unknown)
   /// Consumes `c` (its strings move). @throws StorageError for kClaimed (not a duplicate).
   static DuplicateAnswer from(ClaimResult& c) {
     DuplicateAnswer a;
@@ -207,6 +209,7 @@ struct DuplicateAnswer {
     a.response = std::move(c.response);
     a.holder = std::move(c.holder);
     a.first_seen = c.first_seen;
+    a.expires_at = c.expires_at;
     return a;
   }
 };
@@ -388,6 +391,7 @@ class GuardCore {
     r.source = source;
     r.degraded = c.degraded;
     r.first_seen = a.first_seen;
+    r.expires_at = a.expires_at;
     if (a.outcome == Outcome::kReplayed) {
       try {
         if constexpr (std::is_same_v<R, std::string>) {

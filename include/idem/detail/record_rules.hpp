@@ -59,6 +59,8 @@ struct FoundRecord {
   std::string_view response;
   /// When the record was first created (epoch when unknown).
   TimePoint created_at{};
+  /// Completed / failed: when its retention ends (epoch when unknown).
+  TimePoint expires_at{};
   /// In progress and its lease has not ended, by the store's clock.
   bool lease_live = false;
   /// The record has ended for the protocol, by the store's clock (completed or failed past its
@@ -77,6 +79,7 @@ FoundRecord found_by_store_clock(const R& r, bool lease_live, bool retention_ove
   f.owner = r.owner;
   f.response = r.response;
   f.created_at = r.created_at;
+  f.expires_at = r.expires_at;
   f.lease_live = lease_live;
   f.retention_over = retention_over;
   return f;
@@ -127,6 +130,7 @@ inline ClaimDecision decide_claim(const FoundRecord& found, std::string_view fin
     c.status = ClaimStatus::kDone;
     c.failed = found.status == Record::Status::kFailed;
     c.response.assign(found.response.data(), found.response.size());
+    c.expires_at = found.expires_at;
   } else if (!owner.empty() && found.owner == owner) {
     d.action = ClaimAction::kKeep;  // claimed, not a takeover
     c.kept = true;
