@@ -585,24 +585,37 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         handler_threw = true;
         throw;
       }
+      // We inserted or took over the row in this transaction and hold its lock: nobody can
+      // have taken it over. A completion that finds no row held by this attempt, or a statement
+      // or COMMIT that libpqxx refuses to send, means the transaction itself is aborted: a
+      // statement of the handler failed and the handler caught the error and returned
+      // (libpqxx 6 then answers an empty result, or a usage_error).
+      auto aborted = [&] {
+        return StorageError("postgres: the transaction of record '" + key.str() +
+                            "' cannot complete: a statement of the handler failed and the "
+                            "handler went on (the transaction is aborted; nothing was "
+                            "committed). Let the error propagate, or run such a statement in "
+                            "a savepoint (pqxx::subtransaction)");
+      };
       long long xid = 0;
       if (completed && completed->inserted && response == completed->response) {
         xid = completed->xid;  // the record went in completed, with this response
       } else {
-        pqxx::result done = impl_->bounded(conn->get(), "complete", [&] {
-          if (completed && completed->inserted) {
-            return detail::exec_prepared(tx, kRewriteResponse, key.id(), key.scope(),
-                                         owner.str(), detail::bytea(response));
-          }
-          return detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
-                                       detail::bytea(response),
-                                       static_cast<long long>(retention.count()));
-        });
-        if (done.empty()) {
-          // We inserted or took over the row in this transaction and hold its lock.
-          throw LeaseLost("postgres: record '" + key.str() +
-                          "' is no longer held by this attempt");
+        pqxx::result done;
+        try {
+          done = impl_->bounded(conn->get(), "complete", [&] {
+            if (completed && completed->inserted) {
+              return detail::exec_prepared(tx, kRewriteResponse, key.id(), key.scope(), owner.str(),
+                                           detail::bytea(response));
+            }
+            return detail::exec_prepared(tx, kComplete, key.id(), key.scope(), owner.str(),
+                                         detail::bytea(response),
+                                         static_cast<long long>(retention.count()));
+          });
+        } catch (const pqxx::usage_error&) {
+          throw aborted();
         }
+        if (done.empty()) throw aborted();
         xid = done[0][0].as<long long>();
       }
       if (options_.before_commit) options_.before_commit(conn->get());
@@ -611,6 +624,8 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
         detail::DeadlineWatch::Armed armed(impl_->watch.get(), conn->get());
         tx.commit();
         if (armed.expired()) conn->mark_broken();  // a cancel may still be on its way
+      } catch (const pqxx::usage_error&) {
+        throw aborted();
       } catch (const pqxx::in_doubt_error& e) {
         conn->mark_broken();
         return impl_->resolve_commit(*pool_, key, owner, xid, std::move(response), c.took_over,

@@ -196,6 +196,51 @@ TEST_F(PostgresStoreTest, FastStoreCompleteFailingAfterCommitReplaysFromPostgres
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
+// A handler that catches the error of its own failed statement and returns leaves an aborted
+// transaction: the call is a StorageError that says so (it was a LeaseLost, which tells the
+// caller another attempt won), nothing commits, and a retry runs the handler again. With and
+// without the response told in advance (the record then goes in completed at the claim, and
+// the COMMIT is what refuses), twice each (statements prepared lazily, then already prepared).
+TEST_F(PostgresStoreTest, HandlerThatSwallowsItsOwnSqlErrorGetsAStorageErrorNotLeaseLost) {
+  idem::IdempotencyGuard guard{*store_};
+  for (bool told : {false, true}) {
+    for (int round = 0; round < 2; ++round) {
+      auto key = unique_key();
+      idem::CallOptions call;
+      if (told) call.expected_response = std::string_view("done");
+      int runs = 0;
+      try {
+        (void)guard.run(key, "fp", call, [&](pqxx::work& tx) {
+          ++runs;
+          pg::insert_effect(tx, key.id());
+          try {
+            tx.exec("SELECT 1 / 0");
+          } catch (const pqxx::sql_error&) {
+            // swallowed: the transaction is aborted
+          }
+          return std::string("done");
+        });
+        ADD_FAILURE() << "the aborted transaction was answered";
+      } catch (const idem::LeaseLost& e) {
+        ADD_FAILURE() << "LeaseLost: " << e.what();
+      } catch (const idem::StorageError& e) {
+        EXPECT_EQ(idem::errc::kStorageError, e.code());
+        EXPECT_NE(std::string::npos, std::string(e.what()).find("handler went on")) << e.what();
+      }
+      EXPECT_EQ(1, runs);
+      EXPECT_FALSE(store_->lookup(key).has_value());
+      EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", key.id()));
+      auto retry = guard.run(key, "fp", call, [&](pqxx::work& tx) {
+        ++runs;
+        pg::insert_effect(tx, key.id());
+        return std::string("done");
+      });
+      EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+      EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+    }
+  }
+}
+
 TEST_F(PostgresStoreTest, TwoPhaseProcessKilledBetweenPhasesIsTakenOverAfterTheLease) {
   auto key = unique_key();
   int fds[2];
