@@ -258,8 +258,9 @@ class Window {
   /// @throws WindowFull past a cap (the window is unchanged); ChunkOverlap (unchanged).
   Admission admit(std::uint64_t offset, std::uint64_t length) {
     const std::uint64_t end = detail::checked_end(offset, length);
-    if (end <= watermark_) {  // all seen (also the empty chunk)
-      if (length > 0) ++duplicates_;
+    if (length == 0) return {};  // nothing to see, wherever it lies; not a duplicate
+    if (end <= watermark_) {     // all seen
+      ++duplicates_;
       return {};
     }
     if (pending_.empty() && offset <= watermark_) {  // the hot path: in order (or overlapping)
@@ -305,24 +306,33 @@ class Window {
     const std::uint64_t b = std::max(offset, watermark_);
     auto cit = first_ending_after(b);  // first interval that ends after b
     auto it = pending_.begin() + (cit - pending_.cbegin());
-    std::uint64_t nb = b;
-    std::uint64_t ne = end;
-    if (it != pending_.end() && it->first < end) {  // overlaps *it
-      if (it->first <= b && it->second >= end) {
-        ++duplicates_;
-        return {};
+    // The unseen part of [b, end): the gaps the pending intervals from `it` leave in it. One
+    // gap is the new part (`it` then moves to the interval after it, the insertion point);
+    // none is a duplicate; two or more are refused (ChunkOverlap).
+    std::uint64_t nb = 0, ne = 0;
+    bool found = false;
+    for (std::uint64_t at = b; at < end;) {
+      std::uint64_t gap_end = end;  // the gap [at, gap_end), if any
+      if (it != pending_.end() && it->first <= at) {
+        at = it->second;  // covered up to the interval's end
+        ++it;
+        continue;
       }
-      if (b < it->first && end <= it->second) {
-        ne = it->first;  // new head before *it
-      } else if (b >= it->first && (std::next(it) == pending_.end() ||
-                                    std::next(it)->first >= end)) {
-        nb = it->second;  // new tail after *it
-        ++it;             // the insertion point of [nb, ne)
-      } else {
+      if (it != pending_.end() && it->first < end) gap_end = it->first;
+      if (found) {
         throw ChunkOverlap("idem::stream::Window: chunk [" + std::to_string(offset) + ", " +
                            std::to_string(end) + ") spans more than one unseen piece");
       }
+      found = true;
+      nb = at;
+      ne = gap_end;
+      at = gap_end;
     }
+    if (!found) {
+      ++duplicates_;
+      return {};
+    }
+    it = pending_.begin() + (first_ending_after(nb) - pending_.cbegin());  // after the gap
     Admission a{nb, ne, nb == offset && ne == end};
     if (nb == watermark_) {
       watermark_ = ne;

@@ -96,8 +96,9 @@ export class Window {
    */
   admit(offset, length) {
     const end = checkedEnd(offset, length);
+    if (length === 0) return kNothing;  // nothing to see, wherever it lies; not a duplicate
     if (end <= this.watermark) {
-      if (length > 0) ++this.duplicates;
+      ++this.duplicates;
       return kNothing;
     }
     if (this._b.length === 0 && offset <= this.watermark) {
@@ -146,24 +147,33 @@ export class Window {
   _admitSlow(offset, end) {
     const b = Math.max(offset, this.watermark);
     let i = this._firstEndingAfter(b);
-    let nb = b;
-    let ne = end;
     const n = this._b.length;
-    if (i < n && this._b[i] < end) {
-      if (this._b[i] <= b && this._e[i] >= end) {
-        ++this.duplicates;
-        return kNothing;
-      }
-      if (b < this._b[i] && end <= this._e[i]) {
-        ne = this._b[i];
-      } else if (b >= this._b[i] && (i + 1 === n || this._b[i + 1] >= end)) {
-        nb = this._e[i];
+    // The unseen part of [b, end): the gaps the pending intervals leave in it. One gap is the
+    // new part; none is a duplicate; two or more are refused (ChunkOverlap).
+    let nb = 0;
+    let ne = 0;
+    let found = false;
+    for (let at = b; at < end;) {
+      if (i < n && this._b[i] <= at) {
+        at = this._e[i];  // covered up to the interval's end
         ++i;
-      } else {
+        continue;
+      }
+      const gapEnd = i < n && this._b[i] < end ? this._b[i] : end;
+      if (found) {
         throw new ChunkOverlap(
           `chat_stream.Window: chunk [${offset}, ${end}) spans more than one unseen piece`);
       }
+      found = true;
+      nb = at;
+      ne = gapEnd;
+      at = gapEnd;
     }
+    if (!found) {
+      ++this.duplicates;
+      return kNothing;
+    }
+    i = this._firstEndingAfter(nb);  // the insertion point: the interval after the gap
     const a = { begin: nb, end: ne, whole: nb === offset && ne === end, fresh: true };
     if (nb === this.watermark) {
       this.watermark = ne;
