@@ -20,16 +20,68 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <pqxx/pqxx>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace idem::postgres::detail {
 
+/// The keyword/value pairs of a key=value conninfo string, read as libpq reads one: a
+/// keyword, optional blanks, '=', optional blanks, then a value in single quotes (backslash
+/// escapes any character) or up to the next blank (backslash escapes the next character). So
+/// `password= dbname=x` sets the password to "dbname=x", as libpq reads it, and a `password=`
+/// at the very end sets it empty. nullopt when the string is not well formed (libpq then
+/// refuses it with its own message).
+inline std::optional<std::vector<std::pair<std::string, std::string>>> conninfo_pairs(
+    std::string_view s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto blank = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  };
+  std::size_t i = 0;
+  const std::size_t n = s.size();
+  for (;;) {
+    while (i < n && blank(s[i])) ++i;
+    if (i == n) return out;
+    const std::size_t k = i;
+    while (i < n && !blank(s[i]) && s[i] != '=') ++i;
+    std::string key(s.substr(k, i - k));
+    while (i < n && blank(s[i])) ++i;
+    if (i == n || s[i] != '=' || key.empty()) return std::nullopt;
+    ++i;
+    while (i < n && blank(s[i])) ++i;
+    std::string value;
+    if (i < n && s[i] == '\'') {
+      for (++i;; ++i) {
+        if (i == n) return std::nullopt;  // unterminated quoted string
+        if (s[i] == '\\') {
+          if (++i == n) return std::nullopt;
+        } else if (s[i] == '\'') {
+          ++i;
+          break;
+        }
+        value.push_back(s[i]);
+      }
+    } else {
+      for (; i < n && !blank(s[i]); ++i) {
+        if (s[i] == '\\' && i + 1 < n) ++i;
+        value.push_back(s[i]);
+      }
+    }
+    out.emplace_back(std::move(key), std::move(value));
+  }
+}
+
 /// The libpq connection parameters that bound a wait on a dead peer to about `limit`:
 /// keepalives, tcp_user_timeout and connect_timeout, each added only when `conninfo` does not
-/// set it already (a key=value string gets " key=value", a postgresql:// URI "?key=value").
+/// set it already. A key=value string is written back as keyword='value' pairs (as libpq read
+/// it: `connect_timeout = 30` is the user's setting, and an empty value at the end cannot take
+/// the next pair as its value) followed by the added ones; a postgresql:// URI gets them as
+/// query parameters ("?key=value"). A string libpq cannot read is returned as it is.
 inline std::string with_client_bounds(const std::string& conninfo,
                                       std::chrono::milliseconds limit) {
   if (limit.count() <= 0) return conninfo;
@@ -44,9 +96,34 @@ inline std::string with_client_bounds(const std::string& conninfo,
       {"connect_timeout", std::to_string(std::max(2LL, (ms + 999) / 1000))},  // libpq: >= 2 s
   };
   const bool uri = conninfo.rfind("postgresql://", 0) == 0 || conninfo.rfind("postgres://", 0) == 0;
-  std::string out = conninfo;
+  std::vector<std::string> keys;  // what the user set
+  std::string out;
+  if (uri) {
+    const std::size_t q = conninfo.find('?');
+    for (std::size_t at = q; at != std::string::npos && at < conninfo.size();) {
+      const std::size_t next = conninfo.find('&', at + 1);
+      const std::string param =
+          conninfo.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+      keys.push_back(param.substr(0, param.find('=')));
+      at = next;
+    }
+    out = conninfo;
+  } else {
+    auto pairs = conninfo_pairs(conninfo);
+    if (!pairs) return conninfo;
+    for (const auto& [key, value] : *pairs) {
+      keys.push_back(key);
+      if (!out.empty()) out += ' ';
+      out.append(key).append("='");
+      for (char c : value) {
+        if (c == '\'' || c == '\\') out.push_back('\\');
+        out.push_back(c);
+      }
+      out.push_back('\'');
+    }
+  }
   for (const auto& [name, value] : bounds) {
-    if (conninfo.find(std::string(name) + "=") != std::string::npos) continue;  // the user's
+    if (std::find(keys.begin(), keys.end(), name) != keys.end()) continue;  // the user's
     if (uri) {
       out += out.find('?') == std::string::npos ? '?' : '&';
     } else if (!out.empty()) {

@@ -20,6 +20,7 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "pg_test_support.hpp"
+#include "postgres/deadline.hpp"
 #ifdef IDEM_TEST_WITH_REDIS
 #include "idem/redis/redis_store.hpp"
 #endif
@@ -239,6 +240,49 @@ TEST_F(PostgresStoreTest, HandlerThatSwallowsItsOwnSqlErrorGetsAStorageErrorNotL
       EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
     }
   }
+}
+
+// The connection parameters idem adds to bound its waits (client_timeout) are added only when
+// the conninfo does not set them, read as libpq reads it: blanks around '=' and quoted values
+// count, and a value that merely contains a keyword does not; an empty value at the end can
+// no longer take the first added pair as its value (`password=keepalives=1`).
+TEST(PostgresConninfo, ClientBoundsAreAddedOnlyWhereTheUserSetNone) {
+  using idem::postgres::detail::with_client_bounds;
+  const std::chrono::milliseconds limit{30'000};
+  auto count = [](const std::string& s, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto spaced = with_client_bounds("host=db connect_timeout = 30", limit);
+  EXPECT_EQ(1u, count(spaced, "connect_timeout")) << spaced;
+  EXPECT_NE(std::string::npos, spaced.find("connect_timeout='30'")) << spaced;
+  EXPECT_NE(std::string::npos, spaced.find("keepalives=1")) << spaced;
+  auto quoted = with_client_bounds("host=db application_name='tcp_user_timeout=5'", limit);
+  EXPECT_NE(std::string::npos, quoted.find("application_name='tcp_user_timeout=5'")) << quoted;
+  EXPECT_NE(std::string::npos, quoted.find(" tcp_user_timeout=30000")) << quoted;
+  auto empty = with_client_bounds("host= dbname=app password=", limit);
+  EXPECT_EQ(0u, empty.find("host='dbname=app' password='' keepalives=1")) << empty;
+  auto escaped = with_client_bounds("password='it\\'s' host=db", limit);
+  EXPECT_EQ(0u, escaped.find("password='it\\'s' host='db'")) << escaped;
+  auto uri = with_client_bounds("postgresql://u@db/app?connect_timeout=9&sslmode=disable", limit);
+  EXPECT_EQ(1u, count(uri, "connect_timeout")) << uri;
+  EXPECT_NE(std::string::npos, uri.find("&keepalives=1")) << uri;
+  // Not well formed: left to libpq, which names the fault in the user's own text.
+  EXPECT_EQ("host='db", with_client_bounds("host='db", limit));
+  EXPECT_EQ("host=db", with_client_bounds("host=db", std::chrono::milliseconds(0)));
+}
+
+// A conninfo ending in an empty value connects: the parameters idem adds no longer become that
+// value (`options=keepalives=1`, which the server refused as a command-line argument).
+TEST_F(PostgresStoreTest, AConninfoEndingInAnEmptyValueConnects) {
+  auto o = pg::options();
+  o.conninfo += " options=";
+  o.migrate = true;
+  idem::postgres::PostgresStore store(o);
+  auto key = unique_key();
+  EXPECT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(key, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
 }
 
 TEST_F(PostgresStoreTest, TwoPhaseProcessKilledBetweenPhasesIsTakenOverAfterTheLease) {
