@@ -143,7 +143,7 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   if (rc != SQLITE_OK) {
     std::string msg = err ? err : "";
     sqlite3_free(err);
-    throw_error(conn->db, rc, "setting pragmas (" + msg + ")");
+    throw_error(conn->db, rc, "opening '" + path + "': setting pragmas (" + msg + ")");
   }
   return conn;
 }

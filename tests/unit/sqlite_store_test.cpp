@@ -843,6 +843,26 @@ TEST(SqliteStore, UnopenablePathIsUnavailable) {
   EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"), idem::StorageUnavailable);
 }
 
+// A database that cannot be written (here: the connection set read-only, SQLITE_READONLY as a
+// read-only file or mount gives it) stays so until someone changes it: a StorageError (500),
+// not a retryable StorageUnavailable (503 with Retry-After).
+TEST(SqliteStore, ADatabaseThatCannotBeWrittenIsAStorageErrorNotRetryable) {
+  idem::test::TempDir dir;
+  idem::sqlite::Database db(dir.file("ro.sqlite"));
+  db.write([](idem::sqlite::Transaction& tx) {
+    tx.exec("CREATE TABLE t (v INTEGER)");
+    tx.exec("PRAGMA query_only = 1");
+  });
+  try {
+    db.write([](idem::sqlite::Transaction& tx) { tx.exec("INSERT INTO t (v) VALUES (1)"); });
+    ADD_FAILURE() << "a read-only database accepted a write";
+  } catch (const idem::StorageError& e) {
+    EXPECT_EQ(idem::errc::kStorageError, e.code()) << e.what();
+    EXPECT_FALSE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("readonly")) << e.what();
+  }
+}
+
 TEST(SqliteStore, FailedRecordReplaysItsReason) {
   idem::test::TempDir dir;
   idem::sqlite::SqliteStore store(dir.file("f.sqlite"));
