@@ -170,7 +170,10 @@ function(idem_dependency_hint out name)
   get_property(_ways GLOBAL PROPERTY IDEM_DEP_${name}_FIND)
   # No ';' in the text: it travels in lists.
   string(REPLACE ";" " | " _ways "${_ways}")
-  if(_deb)
+  if(_deb AND _ways MATCHES "PKG_CONFIG")
+    set(${out} "${name} not found (apt-get install ${_deb} pkg-config) - tried: ${_ways}"
+        PARENT_SCOPE)
+  elseif(_deb)
     set(${out} "${name} not found (apt-get install ${_deb}) - tried: ${_ways}" PARENT_SCOPE)
   else()
     set(${out} "${name} not found - tried: ${_ways}" PARENT_SCOPE)
