@@ -21,9 +21,10 @@
 //   |   +-- InvalidKey         a key broke a named rule (rule()); nothing was stored
 //   +-- StorageError           I/O, protocol, SQL; carries the backend's message
 //   |   +-- StorageUnavailable can't reach the store (refused, pool exhausted, loading) [retryable]
-//   |   +-- StorageTimeout     the store did not answer in time [retryable] |   +-- OutcomeUnknown
-//   a write may or may not have been applied (lost at COMMIT)  [retryable] |   +-- CorruptRecord a
-//   value under an idem key that idem did not write
+//   |   +-- StorageTimeout     the store did not answer in time                      [retryable]
+//   |   +-- OutcomeUnknown     a write may or may not have been applied (lost at COMMIT)
+//   |                                                                                 [retryable]
+//   |   +-- CorruptRecord      a value under an idem key that idem did not write
 //   +-- LeaseLost              this attempt's lease was taken over; its completion was refused
 //   +-- Cancelled              the caller cancelled an asynchronous call               [retryable]
 //   +-- DeadlineExceeded       an asynchronous call ran past its deadline              [retryable]
@@ -281,7 +282,7 @@ class IDEM_EXPORT InvalidKey : public UsageError {
       : UsageError(errc::kInvalidKey, "invalid idempotency key: " + rule + ": " + detail),
         rule_(std::move(rule)) {}
   /// The rule that failed: scope.empty, scope.too_long, scope.charset, id.empty, id.too_long,
-  /// id.charset, key.missing.
+  /// id.charset, key.missing, key.separator.
   const std::string& rule() const noexcept { return rule_; }
 
  private:
