@@ -53,6 +53,21 @@ void settle(const Executor& ex, Completion<T>& done, std::exception_ptr e, T val
   });
 }
 
+// The asynchronous store speaks plain TCP only (hiredis' asynchronous API, without the TLS layer
+// the synchronous RedisStore adds): a TLS address is refused, never connected to in cleartext.
+redis::detail::Topology plain_topology(const std::string& uri) {
+  redis::detail::Topology t = redis::detail::parse_topology(uri);
+  bool tls = t.node_template.tls;
+  for (const auto& e : t.endpoints) tls = tls || e.tls;
+  if (tls) {
+    throw UsageError(
+        "idem::async::AsyncRedisStore: TLS (rediss://) is not supported by the asynchronous "
+        "store, which would reach the server without it; use idem::redis::RedisStore, or a "
+        "local TLS tunnel (stunnel) with a redis:// address");
+  }
+  return t;
+}
+
 }  // namespace
 
 class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<AsyncRedisStore::Impl> {
@@ -60,7 +75,7 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
   Impl(Executor executor, AsyncRedisStoreOptions o)
       : options_(normalise(std::move(o))),
         strand_(net::make_strand(executor)),
-        client_(strand_, redis::detail::parse_topology(options_.uri), settings(options_)),
+        client_(strand_, plain_topology(options_.uri), settings(options_)),
         claim_(redis::detail::kClaimScript),
         complete_(redis::detail::kCompleteScript),
         release_(redis::detail::kReleaseScript),

@@ -46,7 +46,8 @@ namespace idem::async {
 /// Options of an AsyncRedisStore.
 struct AsyncRedisStoreOptions {
   /// Server address, in the forms of idem::redis::RedisStoreOptions::uri (one server,
-  /// `redis-sentinel://`, `redis-cluster://`).
+  /// `redis-sentinel://`, `redis-cluster://`), without TLS: a `rediss://` address is refused
+  /// with idem::UsageError (this store has no TLS; use a local TLS tunnel, or RedisStore).
   std::string uri = "redis://127.0.0.1:6379";
   /// Longest wait for a connect (and AUTH / SELECT). 0 means 500 ms.
   std::chrono::milliseconds connect_timeout{500};

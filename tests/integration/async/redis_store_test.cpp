@@ -241,6 +241,10 @@ TEST_F(AsyncRedisStoreTest, AForeignValueIsACorruptRecordAndUsageErrorsAreTyped)
       idem::UsageError);
   idem::test::LoopThread loop;
   EXPECT_THROW(AsyncRedisStore(loop.executor(), "redis://[bad"), idem::UsageError);
+  // No TLS in this store: a rediss:// address is refused, never reached in cleartext (with
+  // its password in the AUTH).
+  EXPECT_THROW(AsyncRedisStore(loop.executor(), "rediss://:secret@127.0.0.1:6380"),
+               idem::UsageError);
   AsyncRedisStoreOptions bad;
   bad.uri = url_;
   bad.key_prefix = "a{b";
