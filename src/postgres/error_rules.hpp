@@ -13,13 +13,15 @@ namespace idem::postgres::detail {
 
 // libpq quotes a malformed URI whole in its message ("... in URI: "postgresql://u:pw@[bad"")
 // and a message may carry conninfo text: every password is masked before it enters an idem
-// message ("://user:***@", "password=***").
+// message ("://user:***@", "password=***"). A malformed URI's password may hold any character
+// ('#', '?', '/', a blank): everything from the user name's ':' to the last '@' before the
+// quote or line ends is masked (more than the password, never less).
 inline std::string scrub(std::string s) {
   for (std::size_t p = s.find("://"); p != std::string::npos; p = s.find("://", p + 3)) {
     const std::size_t start = p + 3;
-    std::size_t end = s.find_first_of("/?#\" \n", start);
+    std::size_t end = s.find_first_of("\"\n", start);
     if (end == std::string::npos) end = s.size();
-    const std::size_t at = s.rfind('@', end);
+    const std::size_t at = end == start ? std::string::npos : s.rfind('@', end - 1);
     if (at == std::string::npos || at < start) continue;
     const std::size_t colon = s.find(':', start);
     if (colon != std::string::npos && colon < at) s.replace(colon + 1, at - colon - 1, "***");

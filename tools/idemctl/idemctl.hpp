@@ -401,7 +401,8 @@ inline std::string redact_dsn(const std::string& dsn) {
   std::string out = dsn;
   auto scheme = out.find("://");
   if (scheme != std::string::npos) {
-    auto at = out.find('@', scheme + 3);
+    // The last '@': the URI parsers split the userinfo there, so a password may hold a raw '@'.
+    auto at = out.rfind('@');
     auto colon = out.find(':', scheme + 3);
     if (at != std::string::npos && colon != std::string::npos && colon < at) {
       out.replace(colon + 1, at - colon - 1, "***");

@@ -195,7 +195,12 @@ TEST_F(Secrets, PostgresErrorsAndLogsNeverShowThePassword) {
             " connect_timeout=2",
         "postgresql://idem_pw:" + secret_ + "@127.0.0.1:1/idem_test?connect_timeout=2",
         "host=127.0.0.1 password=" + secret_ + " port=notaport",
-        "password='" + secret_ + "' nosuchoption=1", "postgresql://idem_pw:" + secret_ + "@[bad"}) {
+        "password='" + secret_ + "' nosuchoption=1", "postgresql://idem_pw:" + secret_ + "@[bad",
+        // A malformed URI's password holding '#', '?', '/' or a blank (libpq quotes the URI
+        // whole): masked all the same. (libpq takes a raw '@' as the end of the userinfo.)
+        "postgresql://idem_pw:x#" + secret_ + "@[bad",
+        "postgresql://idem_pw:a b?" + secret_ + "@[bad",
+        "postgresql://idem_pw:p/" + secret_ + "@[bad"}) {
     EXPECT_TRUE(said.error_of([&] { idem::postgres::PostgresStore store{opts(bad)}; })) << bad;
   }
   {
@@ -269,6 +274,10 @@ TEST_F(Secrets, IdemctlOutputNeverShowsThePassword) {
            " show s ctl",
        -1},
       {"--db " + quote("postgresql://idem_pw:" + secret_ + "@127.0.0.1:1/x") + " stats", 3},
+      // A raw '@' in the password: the URI parsers split at the last '@', and so does the mask.
+      {"--db " + quote(good_dsn) + table + " --fast " +
+           quote(redis_uri("Top@" + secret_, "127.0.0.1:1")) + " show s ctl",
+       -1},
       // The per-key commands name the stores they read in every message.
       {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
            " response s ctl",
