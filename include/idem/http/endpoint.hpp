@@ -503,10 +503,7 @@ class Endpoint {
         try {
           return ::idem::detail::run_plain_transaction(*guard_.durable_store(), body);
         } catch (const Error& e) {
-          if (handler_threw) {
-            if (!::idem::detail::is_store_failure(e)) throw;
-            return error_response(e.code(), errc_message(e.code()));
-          }
+          if (handler_threw) return handler_store_failure(e);
           if (auto* o = guard_.options().observer.get()) {
             o->on_store_error(
                 StoreErrorEvent{nullptr, StoreRole::kDurable, guard_.durable_store()->name(), e});
@@ -518,10 +515,16 @@ class Endpoint {
       try {
         return handler();
       } catch (const Error& e) {
-        if (!::idem::detail::is_store_failure(e)) throw;
-        return error_response(e.code(), errc_message(e.code()));
+        return handler_store_failure(e);
       }
     }
+  }
+
+  // In a catch block of the handler's idem error `e`: its storage failure answered as on the
+  // guarded path, anything else rethrown unchanged.
+  Response handler_store_failure(const Error& e) const {
+    if (!::idem::detail::is_store_failure(e)) throw;
+    return error_response(e.code(), errc_message(e.code()));
   }
 
   IdempotencyGuard<Durable>& guard_;
