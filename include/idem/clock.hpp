@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 
+#include "idem/export.hpp"  // says first when the build cannot compile idem
+
 namespace idem {
 
 /// Wall-clock milliseconds; what records store as lease_until, created_at, expires_at.

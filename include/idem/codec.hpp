@@ -27,6 +27,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "idem/export.hpp"  // says first when the build cannot compile idem
+
 namespace idem {
 
 /// Primary template: left undefined so a missing specialisation is a compile error that names

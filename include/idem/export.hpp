@@ -6,7 +6,17 @@
 // functions the headers declare and the libraries define. Everything else (the `detail`
 // helpers, each class's `Impl`, the copies of header-only code) stays inside the library.
 // Marking a declaration changes nothing for a static build.
+//
+// Also where a build that cannot compile idem is told why, first: idem needs C++17 and
+// exceptions (every failure it reports is thrown).
 #pragma once
+
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 201703L
+#error "idem needs C++17 or later (-std=c++17)"
+#endif
+#if !defined(__cpp_exceptions) && !defined(__EXCEPTIONS) && !defined(_CPPUNWIND)
+#error "idem needs exceptions: it reports every failure by throwing (remove -fno-exceptions)"
+#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 /// Exported from idem's shared libraries (default visibility).

@@ -205,10 +205,8 @@ class IdempotencyGuard {
     const auto retention = call_options.retention.value_or(core_.options().retention);
     const auto wait = call_options.wait_for_result.value_or(core_.options().wait_for_result);
     const bool beat = call_options.heartbeat.value_or(core_.options().heartbeat);
-    if (lease.count() <= 0) throw UsageError("idem::CallOptions::lease must be positive");
-    if (retention.count() <= 0) {
-      throw UsageError("idem::CallOptions::retention must be positive");
-    }
+    detail::check_term(lease, "idem::CallOptions::lease");
+    detail::check_term(retention, "idem::CallOptions::retention");
     if (wait.count() < 0) throw UsageError("idem::CallOptions::wait_for_result is negative");
     if (core_.options().bypass) return bypassed<R>(key, handler);
     const detail::CallTerms terms{lease, retention, beat, call_options.likely_new,

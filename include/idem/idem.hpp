@@ -9,6 +9,7 @@
 #include "idem/codec.hpp"
 #include "idem/consumer.hpp"
 #include "idem/errors.hpp"
+#include "idem/export.hpp"  // says first when the build cannot compile idem
 #include "idem/fingerprint.hpp"
 #include "idem/guard.hpp"
 #include "idem/key.hpp"

@@ -110,7 +110,7 @@ class MemoryStore final : public FastStore {
 
   /// Extends `owner`'s in-progress claim to `lease` from now. @return false if not held.
   bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) override {
-    if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
+    check_lease(lease);
     auto now = options_.clock();
     return with_held(key, owner, [&](Shard&, Map::iterator it) {
       it->second.lease_until = now + lease;
@@ -240,12 +240,10 @@ class MemoryStore final : public FastStore {
   }
 
   static void check_lease(std::chrono::milliseconds lease) {
-    if (lease.count() <= 0) throw UsageError("idem::MemoryStore: the lease must be positive");
+    detail::check_term(lease, "idem::MemoryStore: the lease");
   }
   static void check_retention(std::chrono::seconds retention) {
-    if (retention.count() <= 0) {
-      throw UsageError("idem::MemoryStore: the retention must be positive");
-    }
+    detail::check_term(retention, "idem::MemoryStore: the retention");
   }
 
   // A completed (or failed) record expires with its retention. An in-progress record whose

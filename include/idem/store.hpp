@@ -47,6 +47,30 @@ namespace idem {
 inline constexpr std::chrono::milliseconds kDefaultLease{30'000};
 /// Default retention of a completed record.
 inline constexpr std::chrono::seconds kDefaultRetention{24 * 3600};
+/// The longest lease and retention idem accepts: 100 years (36,500 days), which every store
+/// can represent as the time they end (MySQL's DATETIME ends in year 9999; "now" plus
+/// `std::chrono::seconds::max()` overflows). Pass it for "keep forever"; a longer one is a
+/// UsageError before anything runs.
+inline constexpr std::chrono::seconds kMaxTerm{std::chrono::hours(24 * 36'500)};
+
+namespace detail {
+/// Refuses a lease or retention (`what`, as a message names it) longer than kMaxTerm.
+/// @throws UsageError.
+template <class Rep, class Period>
+void check_not_longer(std::chrono::duration<Rep, Period> term, std::string_view what) {
+  if (term > kMaxTerm) {
+    throw UsageError(std::string(what) +
+                     " is longer than idem::kMaxTerm (100 years): use kMaxTerm for 'forever'");
+  }
+}
+/// Refuses a lease or retention that is not positive or longer than kMaxTerm.
+/// @throws UsageError.
+template <class Rep, class Period>
+void check_term(std::chrono::duration<Rep, Period> term, std::string_view what) {
+  if (term.count() <= 0) throw UsageError(std::string(what) + " must be positive");
+  check_not_longer(term, what);
+}
+}  // namespace detail
 
 /// What a claim found.
 enum class ClaimStatus {

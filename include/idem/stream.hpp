@@ -274,10 +274,10 @@ class Window {
   /// Unit offsets (one token per offset): true when `offset` was not seen before.
   bool admit(std::uint64_t offset) { return admit(offset, 1).fresh(); }
 
-  /// True if every byte of [offset, offset + length) was seen.
+  /// True if every byte of [offset, offset + length) was seen (an empty range: always).
   bool seen(std::uint64_t offset, std::uint64_t length = 1) const {
     const std::uint64_t end = detail::checked_end(offset, length);
-    if (end <= watermark_) return true;
+    if (length == 0 || end <= watermark_) return true;
     std::uint64_t b = std::max(offset, watermark_);
     auto it = first_ending_after(b);
     return it != pending_.end() && it->first <= b && it->second >= end;

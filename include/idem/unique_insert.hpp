@@ -361,15 +361,15 @@ class UniqueInsert {
 
   static bool is_valid_scope(std::string_view s) noexcept {
     if (s.empty() || s.size() > kMaxScopeLength) return false;
-    for (unsigned char c : s) {
-      if (!detail::is_scope_char(c)) return false;
+    for (char c : s) {
+      if (!detail::is_scope_char(static_cast<unsigned char>(c))) return false;
     }
     return true;
   }
   static bool is_valid_id(std::string_view s) noexcept {
     if (s.empty() || s.size() > kMaxIdLength) return false;
-    for (unsigned char c : s) {
-      if (!detail::is_id_char(c)) return false;
+    for (char c : s) {
+      if (!detail::is_id_char(static_cast<unsigned char>(c))) return false;
     }
     return true;
   }

@@ -266,9 +266,10 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
 
   void begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
              std::chrono::milliseconds lease, const Executor& ex, Completion<ClaimResult> done) {
-    if (lease.count() <= 0) {
-      return settle(ex, done, error<UsageError>("idem::postgres: the lease must be positive"),
-                    ClaimResult{});
+    try {
+      idem::detail::check_term(lease, "idem::postgres: the lease");
+    } catch (const UsageError&) {
+      return settle(ex, done, std::current_exception(), ClaimResult{});
     }
     auto op = std::make_shared<BeginOp>();
     op->id = key.id();
@@ -406,6 +407,11 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
   void finish(const char* statement, Record::Status target, const Key& key,
               const OwnerToken& owner, std::string_view response, std::chrono::seconds retention,
               const Executor& ex, Completion<bool> done) {
+    try {
+      idem::detail::check_term(retention, "idem::postgres: the retention");
+    } catch (const UsageError&) {
+      return settle(ex, done, std::current_exception(), false);
+    }
     auto op = std::make_shared<FinishOp>();
     op->statement = statement;
     op->op = target == Record::Status::kCompleted ? "complete" : "fail";

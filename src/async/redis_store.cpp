@@ -123,10 +123,10 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
 
   void claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
              std::chrono::milliseconds lease, const Executor& ex, Completion<ClaimResult> done) {
-    if (lease.count() <= 0) {
-      return settle(ex, done,
-                    std::make_exception_ptr(UsageError("idem::redis: the lease must be positive")),
-                    ClaimResult{});
+    try {
+      idem::detail::check_term(lease, "idem::redis: the lease");
+    } catch (const UsageError&) {
+      return settle(ex, done, std::current_exception(), ClaimResult{});
     }
     auto call = std::make_unique<ClaimCall>();
     RedisKey rk(options_.key_prefix, key);
@@ -214,11 +214,10 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
   void finish(const Key& key, const OwnerToken& owner, std::string_view response,
               std::chrono::seconds retention, const char* letter, const Executor& ex,
               Completion<bool> done) {
-    if (retention.count() <= 0) {
-      return settle(
-          ex, done,
-          std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
-          false);
+    try {
+      idem::detail::check_term(retention, "idem::redis: the retention");
+    } catch (const UsageError&) {
+      return settle(ex, done, std::current_exception(), false);
     }
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
@@ -248,11 +247,10 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention, const Executor& ex, Completion<bool> done) {
-    if (retention.count() <= 0) {
-      return settle(
-          ex, done,
-          std::make_exception_ptr(UsageError("idem::redis: the retention must be positive")),
-          false);
+    try {
+      idem::detail::check_term(retention, "idem::redis: the retention");
+    } catch (const UsageError&) {
+      return settle(ex, done, std::current_exception(), false);
     }
     RedisKey rk(options_.key_prefix, key);
     const Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());

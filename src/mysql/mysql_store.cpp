@@ -344,10 +344,33 @@ struct IDEM_LOCAL MysqlStore::Impl {
     return idem::detail::busy_claim();
   }
 
-  // Reads the response column's definition and the server's max_allowed_packet once.
+  // The schema version `idem_schema_version` records for the table (0: none, or no version
+  // table), after refusing one newer than this idem knows.
+  long long check_not_newer(detail::Connection& c, std::string_view context) {
+    Rows has_versions;
+    exec(c,
+         "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+         " AND TABLE_NAME = 'idem_schema_version'",
+         context, &has_versions);
+    if (has_versions.empty()) return 0;
+    Rows v;
+    exec(c, "SELECT version FROM `idem_schema_version` WHERE name = ?1", context, &v,
+         options.table);
+    const long long version = v.empty() ? 0 : v[0][0].as_int64();
+    if (version > kSchemaVersion) {
+      throw StorageError("mysql: table '" + options.table + "' has schema version " +
+                         std::to_string(version) + ", newer than this idem (" +
+                         std::to_string(kSchemaVersion) + ")");
+    }
+    return version;
+  }
+
+  // Reads the response column's definition and the server's max_allowed_packet once (and
+  // refuses a table of a newer schema version, whether or not this store migrated it).
   void load_column(detail::Connection& c) {
     std::lock_guard<std::mutex> lock(column_mutex);
     if (column_known.load()) return;
+    (void)check_not_newer(c, "read the table definition");
     Rows rows;
     exec(c,
          "SELECT DATA_TYPE, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH,"
@@ -577,6 +600,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
                                                        const OwnerToken& owner,
                                                        std::chrono::seconds retention,
                                                        HandlerRef handler, DurableHint hint) {
+  idem::detail::check_term(retention, "idem::mysql: the retention");
   const bool read_first = !hint.expects_absent();
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
@@ -700,7 +724,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
 
 ClaimResult MysqlStore::begin(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
                               std::chrono::milliseconds lease, DurableHint) {
-  if (lease.count() <= 0) throw UsageError("idem::mysql: the lease must be positive");
+  idem::detail::check_term(lease, "idem::mysql: the lease");
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
@@ -718,6 +742,7 @@ ClaimResult MysqlStore::begin(const Key& key, std::string_view fingerprint, cons
 
 bool MysqlStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
                           std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::mysql: the retention");
   auto update = [&](detail::Connection& c) {
     impl_->check_response(c, response);
     return impl_
@@ -753,6 +778,7 @@ bool MysqlStore::complete(const Key& key, const OwnerToken& owner, std::string_v
 
 bool MysqlStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,
                       std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::mysql: the retention");
   return impl_->autocommit(false, [&](detail::Connection& c) {
     impl_->check_response(c, reason);
     return impl_
@@ -770,7 +796,7 @@ bool MysqlStore::release(const Key& key, const OwnerToken& owner) {
 }
 
 bool MysqlStore::extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
-  if (lease.count() <= 0) throw UsageError("idem::mysql: the lease must be positive");
+  idem::detail::check_term(lease, "idem::mysql: the lease");
   const long long lease_us = lease.count() * 1000;
   return impl_->autocommit(true, [&](detail::Connection& c) {
     return impl_
@@ -782,6 +808,8 @@ bool MysqlStore::extend(const Key& key, const OwnerToken& owner, std::chrono::mi
 
 ClaimResult MysqlStore::claim_in(Transaction& tx, const Key& key, std::string_view fingerprint,
                                  const OwnerToken& owner, std::chrono::milliseconds lease) {
+  // 0: the claim of a transactional run, which holds no lease (its transaction is the lock).
+  idem::detail::check_not_longer(lease, "idem::mysql: the lease");
   if (fingerprint.size() > kMaxFingerprint) {
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
@@ -799,6 +827,7 @@ ClaimResult MysqlStore::claim_in(Transaction& tx, const Key& key, std::string_vi
 
 void MysqlStore::complete_in(Transaction& tx, const Key& key, const OwnerToken& owner,
                              std::string_view response, std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::mysql: the retention");
   detail::Connection& c = detail::connection_of(tx);
   impl_->check_response(c, response);
   auto done = impl_->exec(c, impl_->complete, "complete", nullptr, key.id(), key.scope(),
@@ -1005,15 +1034,7 @@ void MysqlStore::migrate() {
         " `version` int NOT NULL, `applied_at` datetime(3) NOT NULL"
         ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         "migrate");
-    Rows v;
-    impl_->exec(c, "SELECT version FROM `idem_schema_version` WHERE name = ?1", "migrate", &v,
-                table);
-    const long long version = v.empty() ? 0 : v[0][0].as_int64();
-    if (version > kSchemaVersion) {
-      throw StorageError("mysql: table '" + table + "' has schema version " +
-                         std::to_string(version) + ", newer than this idem (" +
-                         std::to_string(kSchemaVersion) + ")");
-    }
+    const long long version = impl_->check_not_newer(c, "migrate");
     if (version == kSchemaVersion) return;
     // The table's columns, if it exists.
     Rows cols;
@@ -1084,6 +1105,27 @@ void MysqlStore::migrate() {
         throw UsageError("idem::mysql: cannot adopt table '" + table +
                          "': its status column must be varchar(11) or longer");
       }
+      // No NOT NULL column without a default that idem does not write: every claim would fail.
+      std::string extra;
+      Rows required;
+      impl_->exec(c,
+                  "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA ="
+                  " DATABASE() AND TABLE_NAME = ?1 AND IS_NULLABLE = 'NO' AND COLUMN_DEFAULT IS"
+                  " NULL AND EXTRA NOT LIKE '%auto_increment%' AND EXTRA NOT LIKE '%GENERATED%'",
+                  "migrate", &required, table);
+      for (const Row& r : required) {
+        const std::string name = r[0].bytes();
+        const bool written = name == options_.key_column || name == options_.scope_column ||
+                             name == "status" || name == "created_at" || name == "updated_at" ||
+                             name == "response_body" || name == "fingerprint" || name == "owner" ||
+                             name == "lease_until" || name == "expires_at" || name == "attempts";
+        if (!written) extra += (extra.empty() ? "" : ", ") + name;
+      }
+      if (!extra.empty()) {
+        throw UsageError("idem::mysql: cannot adopt table '" + table +
+                         "': it has NOT NULL columns without a default that idem does not write (" +
+                         extra + "): give them a default or let them be NULL");
+      }
       // A unique index on exactly (key, scope).
       Rows idx;
       impl_->exec(c,
@@ -1106,15 +1148,28 @@ void MysqlStore::migrate() {
                (ci.collation.size() > 4 &&
                 ci.collation.compare(ci.collation.size() - 4, 4, "_bin") == 0);
       };
-      for (const auto* col : {&options_.key_column, &options_.scope_column}) {
-        const ColumnInfo& ci = *find(*col);
-        if (!binary(ci)) {
-          changes.push_back("MODIFY " + q(*col) + " " + ci.column_type + " CHARACTER SET " +
-                            ci.charset + " COLLATE " + ci.charset + "_bin NOT NULL");
+      // The key columns compare bytes and hold idem's longest key (Key: 128-byte ids, 64-byte
+      // scopes): a narrower column would refuse longer keys (strict mode) or, with sql_mode
+      // '', cut them, and two keys sharing their first bytes would become one record.
+      const std::pair<const ColumnInfo*, long long> widths[] = {
+          {&key_col, static_cast<long long>(kMaxIdLength)},
+          {&scope_col, static_cast<long long>(kMaxScopeLength)}};
+      for (const auto& [ci, width] : widths) {
+        const std::string& col = ci == &key_col ? options_.key_column : options_.scope_column;
+        const bool text = ci->data_type == "varchar" || ci->data_type == "char";
+        const bool bytes = ci->data_type == "varbinary" || ci->data_type == "binary";
+        if (!text && !bytes) {
+          throw UsageError("idem::mysql: cannot adopt table '" + table + "': its column '" + col +
+                           "' is " + ci->column_type + "; idem's keys need varchar or varbinary");
         }
+        const bool narrow = ci->max_chars < width;
+        if (!narrow && binary(*ci)) continue;
+        std::string type =
+            narrow ? std::string(text ? "varchar" : "varbinary") + "(" + std::to_string(width) + ")"
+                   : ci->column_type;
+        if (text) type += " CHARACTER SET " + ci->charset + " COLLATE " + ci->charset + "_bin";
+        changes.push_back("MODIFY " + q(col) + " " + type + " NOT NULL");
       }
-      (void)key_col;
-      (void)scope_col;
       if (const ColumnInfo* r = find("response_body")) {
         if (!is_binary_type(r->data_type) && r->charset != "binary") {
           changes.push_back("MODIFY `response_body` " + blob_for(r->data_type));

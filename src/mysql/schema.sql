@@ -33,8 +33,11 @@ CREATE TABLE IF NOT EXISTS api_idempotency (
   UNIQUE KEY uk_idem_key_biz_type (idem_key, biz_type),
   KEY idx_idem_expires_at (expires_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+-- The version row only for a table with idem's columns: one that existed in the seed's shape
+-- keeps none, so that MysqlStoreOptions::adopt_existing_table can still adopt it.
 INSERT INTO idem_schema_version (name, version, applied_at)
-  VALUES ('api_idempotency', 1, UTC_TIMESTAMP(3))
+  SELECT 'api_idempotency', 1, UTC_TIMESTAMP(3) FROM information_schema.COLUMNS
+   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'api_idempotency' AND COLUMN_NAME = 'lease_until'
   ON DUPLICATE KEY UPDATE name = name;
 
 -- MQ consume records: one row per (message id, consumer group).
@@ -55,6 +58,9 @@ CREATE TABLE IF NOT EXISTS mq_consume_record (
   UNIQUE KEY uk_msg_group (message_id, consumer_group),
   KEY idx_idem_expires_at (expires_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+-- The version row only for a table with idem's columns: one that existed in the seed's shape
+-- keeps none, so that MysqlStoreOptions::adopt_existing_table can still adopt it.
 INSERT INTO idem_schema_version (name, version, applied_at)
-  VALUES ('mq_consume_record', 1, UTC_TIMESTAMP(3))
+  SELECT 'mq_consume_record', 1, UTC_TIMESTAMP(3) FROM information_schema.COLUMNS
+   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'mq_consume_record' AND COLUMN_NAME = 'lease_until'
   ON DUPLICATE KEY UPDATE name = name;

@@ -73,11 +73,9 @@ ConnectionOptions parse_uri(std::string_view uri) {
     query = rest.substr(q + 1);
     rest = rest.substr(0, q);
   }
-  std::string_view path;
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    path = rest.substr(slash + 1);
-    rest = rest.substr(0, slash);
-  }
+  // The user information ends at the last '@' (as Redis's parser and libpq read it), before
+  // the path is split off: a raw '/' in a password must not end the host there (the password
+  // would be read as a port, echoed in the error, or sent as the database name).
   if (auto at = rest.rfind('@'); at != std::string_view::npos) {
     std::string_view userinfo = rest.substr(0, at);
     rest = rest.substr(at + 1);
@@ -87,6 +85,11 @@ ConnectionOptions parse_uri(std::string_view uri) {
     } else {
       o.user = decode(uri, userinfo);
     }
+  }
+  std::string_view path;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    path = rest.substr(slash + 1);
+    rest = rest.substr(0, slash);
   }
   std::string_view port;
   if (!rest.empty() && rest.front() == '[') {

@@ -68,7 +68,7 @@ inline std::optional<std::vector<std::pair<std::string, std::string>>> conninfo_
       }
     } else {
       for (; i < n && !blank(s[i]); ++i) {
-        if (s[i] == '\\' && i + 1 < n) ++i;
+        if (s[i] == '\\' && ++i == n) break;  // libpq drops a backslash that ends the string
         value.push_back(s[i]);
       }
     }

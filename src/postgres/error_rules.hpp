@@ -8,41 +8,91 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
+
+#include "idem/detail/redact.hpp"
 
 namespace idem::postgres::detail {
 
-// libpq quotes a malformed URI whole in its message ("... in URI: "postgresql://u:pw@[bad"")
-// and a message may carry conninfo text: every password is masked before it enters an idem
-// message ("://user:***@", "password=***"). A malformed URI's password may hold any character
-// ('#', '?', '/', a blank): everything from the user name's ':' to the last '@' before the
-// quote or line ends is masked (more than the password, never less).
+// libpq's errors for a conninfo or URI it cannot parse quote the offending token, which may be
+// a piece of a password: "invalid percent-encoded token: "Pa%ss"", "missing "=" after "secret"
+// in connection info string", "invalid integer value "pw" for connection option "port"" (a
+// password holding a raw '/'). In such a message every quoted token is masked but "=", a
+// connection option's name and a URI (whose password mask_passwords masks).
+inline std::string mask_parse_error_tokens(std::string s) {
+  static constexpr std::string_view kParseErrors[] = {"in connection info string",
+                                                      "invalid connection option",
+                                                      "invalid URI",
+                                                      "in URI",
+                                                      "URI query parameter",
+                                                      "percent-encoded",
+                                                      "invalid integer value",
+                                                      "invalid port number",
+                                                      "unterminated quoted string"};
+  bool parse_error = false;
+  for (std::string_view e : kParseErrors) parse_error = parse_error || s.find(e) != s.npos;
+  if (!parse_error) return s;
+  static constexpr std::string_view kKept[] = {"=",
+                                               "host",
+                                               "hostaddr",
+                                               "port",
+                                               "dbname",
+                                               "user",
+                                               "password",
+                                               "passfile",
+                                               "channel_binding",
+                                               "connect_timeout",
+                                               "client_encoding",
+                                               "options",
+                                               "application_name",
+                                               "fallback_application_name",
+                                               "keepalives",
+                                               "keepalives_idle",
+                                               "keepalives_interval",
+                                               "keepalives_count",
+                                               "tcp_user_timeout",
+                                               "replication",
+                                               "gssencmode",
+                                               "sslmode",
+                                               "requiressl",
+                                               "sslcompression",
+                                               "sslcert",
+                                               "sslkey",
+                                               "sslpassword",
+                                               "sslrootcert",
+                                               "sslcrl",
+                                               "sslcrldir",
+                                               "sslsni",
+                                               "requirepeer",
+                                               "ssl_min_protocol_version",
+                                               "ssl_max_protocol_version",
+                                               "krbsrvname",
+                                               "gsslib",
+                                               "service",
+                                               "target_session_attrs",
+                                               "load_balance_hosts"};
+  std::string out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t open = s.find('"', i);
+    const std::size_t close = open == s.npos ? s.npos : s.find('"', open + 1);
+    if (close == s.npos) break;
+    const std::string_view token(s.data() + open + 1, close - open - 1);
+    bool kept = token.find("://") != token.npos;
+    for (std::string_view k : kKept) kept = kept || token == k;
+    out.append(s, i, open + 1 - i);
+    out.append(kept ? token : std::string_view("***"));
+    out.push_back('"');
+    i = close + 1;
+  }
+  out.append(s, i, s.npos);
+  return out;
+}
+
+// Every password is masked before a message enters an idem error: the forms of
+// idem/detail/redact.hpp, and the tokens libpq's parse errors quote.
 inline std::string scrub(std::string s) {
-  for (std::size_t p = s.find("://"); p != std::string::npos; p = s.find("://", p + 3)) {
-    const std::size_t start = p + 3;
-    std::size_t end = s.find_first_of("\"\n", start);
-    if (end == std::string::npos) end = s.size();
-    const std::size_t at = end == start ? std::string::npos : s.rfind('@', end - 1);
-    if (at == std::string::npos || at < start) continue;
-    const std::size_t colon = s.find(':', start);
-    if (colon != std::string::npos && colon < at) s.replace(colon + 1, at - colon - 1, "***");
-  }
-  for (std::size_t p = s.find("password"); p != std::string::npos; p = s.find("password", p + 8)) {
-    std::size_t v = p + 8;
-    while (v < s.size() && s[v] == ' ') ++v;
-    if (v >= s.size() || s[v] != '=') continue;
-    ++v;
-    while (v < s.size() && s[v] == ' ') ++v;
-    std::size_t end;
-    if (v < s.size() && s[v] == '\'') {
-      end = s.find('\'', v + 1);
-      end = end == std::string::npos ? s.size() : end + 1;
-    } else {
-      end = s.find_first_of(" \n\"", v);
-      if (end == std::string::npos) end = s.size();
-    }
-    s.replace(v, end - v, "***");
-  }
-  return s;
+  return mask_parse_error_tokens(idem::detail::mask_passwords(std::move(s)));
 }
 
 // libpq's TLS checks refused the server: an untrusted certificate, one for another host name,

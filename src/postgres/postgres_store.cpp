@@ -27,6 +27,63 @@ namespace {
 // unchanged: no statement uses `id`, and their version row is left at 1, so an older idem that
 // still returns `id` keeps working on them and refuses version-2 tables.
 constexpr int kSchemaVersion = 2;
+
+// The schema version `versions` records for `table` (0: none, or no version table), after
+// refusing one newer than this idem knows (its layout may have changed under these statements).
+int check_not_newer(pqxx::transaction_base& tx, const std::string& versions,
+                    const std::string& table) {
+  if (detail::exec_params(tx, "SELECT to_regclass($1)::text", versions)[0][0].is_null()) return 0;
+  const pqxx::result r =
+      detail::exec_params(tx, "SELECT version FROM " + versions + " WHERE name = $1", table);
+  const int version = r.empty() ? 0 : r[0][0].as<int>();
+  if (version > kSchemaVersion) {
+    throw StorageError("postgres: table '" + table + "' has schema version " +
+                       std::to_string(version) + ", newer than this idem (" +
+                       std::to_string(kSchemaVersion) + ")");
+  }
+  return version;
+}
+// The schema version of an existing record table `t` that has no version row (1: it has an
+// `id` column, 2: it does not), after checking what every statement relies on: a unique key on
+// exactly (k, s) without a predicate (the claims' ON CONFLICT target) and no NOT NULL column
+// without a default that idem does not write. @throws UsageError naming what is wrong.
+int check_existing_table(pqxx::transaction_base& tx, const std::string& t, const std::string& k,
+                         const std::string& s) {
+  const bool unique =
+      !detail::exec_params(
+           tx,
+           "SELECT 1 FROM pg_index i WHERE i.indrelid = $1::regclass AND i.indisunique"
+           " AND i.indpred IS NULL AND i.indnkeyatts = 2 AND (SELECT count(*) FROM pg_attribute a"
+           " WHERE a.attrelid = i.indrelid AND a.attnum IN (i.indkey[0], i.indkey[1])"
+           " AND a.attname IN ($2, $3)) = 2",
+           t, k, s)
+           .empty();
+  if (!unique) {
+    throw UsageError("idem::postgres: table " + t + " exists without a version row and has no " +
+                     "unique key on exactly (" + k + ", " + s +
+                     "): idem's claims need one (docs/postgres.md), or use another table");
+  }
+  const pqxx::result extra = detail::exec_params(
+      tx,
+      "SELECT string_agg(attname, ', ' ORDER BY attnum) FROM pg_attribute"
+      " WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attnotnull"
+      " AND NOT atthasdef AND attidentity = '' AND attgenerated = ''"
+      " AND attname NOT IN ($2, $3, 'id', 'status', 'fingerprint', 'owner', 'response_body',"
+      " 'lease_until', 'expires_at', 'attempts', 'created_at', 'updated_at')",
+      t, k, s);
+  if (!extra[0][0].is_null()) {
+    throw UsageError("idem::postgres: table " + t + " has NOT NULL columns without a default " +
+                     "that idem does not write (" + extra[0][0].c_str() +
+                     "): give them a default or let them be NULL");
+  }
+  const bool has_id = !detail::exec_params(tx,
+                                           "SELECT 1 FROM pg_attribute WHERE attrelid = "
+                                           "$1::regclass AND attname = 'id' AND NOT attisdropped",
+                                           t)
+                           .empty();
+  return has_id ? 1 : 2;
+}
+
 // pg_advisory_xact_lock key of idem's migrations ("idem" + "mig" in ASCII).
 constexpr const char* kMigrationLockKey = "7306086965236950125";
 // The statements, their names, kRecordColumns and kClaimRounds (statements.hpp, shared with the
@@ -149,6 +206,10 @@ struct IDEM_LOCAL PostgresStore::Impl {
   std::vector<std::pair<std::string, std::string>> sql;  // name -> text
   // Bounds idem's waits on the server (null when client_timeout is 0).
   std::unique_ptr<detail::DeadlineWatch> watch;
+
+  // Whether a pooled connection has read the table's version row (once per store, whatever
+  // `migrate` says: a table a newer idem moved must not be used by this one).
+  std::atomic<bool> version_checked{false};
 
   explicit Impl(PostgresStoreOptions& o) : options(o) {}
 
@@ -382,11 +443,16 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   }
   pool_ = std::make_unique<ConnectionPool>(
       connect_info_, options_.pool_size, options_.pool_wait,
-      [impl = impl_.get(), statements, session](pqxx::connection& c) {
+      [impl = impl_.get(), statements, session, versions = schema + ".idem_schema_version",
+       table = options_.table](pqxx::connection& c) {
         impl->bounded(c, "connect", [&] {
           {
             pqxx::nontransaction nt(c);
             nt.exec(session);
+            if (!impl->version_checked.load(std::memory_order_acquire)) {
+              check_not_newer(nt, versions, table);
+              impl->version_checked.store(true, std::memory_order_release);
+            }
           }
           for (const auto& [name, sql] : statements) detail::prepare(c, name, sql);
         });
@@ -441,15 +507,13 @@ void PostgresStore::migrate() {
     tx.exec("CREATE TABLE IF NOT EXISTS " + versions +
             " (name text PRIMARY KEY, version integer NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())");
-    pqxx::result r = detail::exec_params(tx, "SELECT version FROM " + versions + " WHERE name = $1",
-                                         options_.table);
-    int version = r.empty() ? 0 : r[0][0].as<int>();
-    if (version > kSchemaVersion) {
-      throw StorageError("postgres: table '" + t + "' has schema version " +
-                         std::to_string(version) + ", newer than this idem (" +
-                         std::to_string(kSchemaVersion) + ")");
+    if (check_not_newer(tx, versions, options_.table) != 0) return;  // 1 and 2 work as they are
+    int version = kSchemaVersion;
+    if (!detail::exec_params(tx, "SELECT to_regclass($1)::text", t)[0][0].is_null()) {
+      // A table without a version row (made by hand, by schema.sql, or restored without its
+      // row): used as it is when idem can, recorded as the version its layout is.
+      version = check_existing_table(tx, t, k, s);
     }
-    if (version == 0) {
       // Keep in step with src/postgres/schema.sql. The unique key is the primary key (it
       // contains the partition columns, so partitioned tables have it too). Version 1 and 2
       // tables need nothing: both work as they are. The key columns compare bytes (COLLATE
@@ -493,8 +557,7 @@ void PostgresStore::migrate() {
                           "INSERT INTO " + versions +
                               " (name, version) VALUES ($1, $2) ON CONFLICT (name)"
                               " DO UPDATE SET version = EXCLUDED.version, applied_at = now()",
-                          options_.table, kSchemaVersion);
-    }
+                          options_.table, version);
   });
 }
 
@@ -533,6 +596,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
                                                           const OwnerToken& owner,
                                                           std::chrono::seconds retention,
                                                           HandlerRef handler, DurableHint hint) {
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   const bool read_first = !hint.expects_absent();
   // A key expected new is claimed with a plain INSERT (no speculative insertion); the first
   // 23505 sends the run back to the ON CONFLICT claim.
@@ -696,6 +760,8 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
 
 ClaimResult PostgresStore::claim_in(pqxx::work& tx, const Key& key, std::string_view fingerprint,
                                     const OwnerToken& owner, std::chrono::milliseconds lease) {
+  // 0: the claim of a transactional run, which holds no lease (its transaction is the lock).
+  idem::detail::check_not_longer(lease, "idem::postgres: the lease");
   // Plain SAVEPOINT statements rather than pqxx::subtransaction: libpqxx 6 sends a
   // subtransaction's SAVEPOINT lazily, only before exec(), not before exec_params().
   return impl_->bounded(tx.conn(), "claim", [&]() -> ClaimResult {
@@ -814,7 +880,7 @@ std::vector<bool> PostgresStore::insert_completed_batch_in(
     std::chrono::seconds retention) {
   std::vector<bool> out(requests.size(), false);
   if (requests.empty()) return out;
-  if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   BatchArrays a(requests, "insert_completed_batch_in");
   pqxx::result rows;
   try {
@@ -838,7 +904,7 @@ bool PostgresStore::insert_new_completed_batch_in(pqxx::work& tx,
                                                   std::string_view response,
                                                   std::chrono::seconds retention) {
   if (requests.empty()) return true;
-  if (retention.count() <= 0) throw UsageError("idem::postgres: the retention must be positive");
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   BatchArrays a(requests, "insert_new_completed_batch_in");
   try {
     impl_->bounded(tx.conn(), "insert records", [&] {
@@ -891,6 +957,7 @@ void PostgresStore::release_savepoint(pqxx::work& tx) {
 
 void PostgresStore::complete_in(pqxx::work& tx, const Key& key, const OwnerToken& owner,
                                 std::string_view response, std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   pqxx::result done;
   try {
     done = impl_->bounded(tx.conn(), "complete", [&] {
@@ -942,7 +1009,7 @@ auto autocommit(ConnectionPool& pool, detail::DeadlineWatch* watch, std::string_
 ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
                                  const OwnerToken& owner, std::chrono::milliseconds lease,
                                  DurableHint) {
-  if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
+  idem::detail::check_term(lease, "idem::postgres: the lease");
   // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
   return autocommit(*pool_, impl_->watch.get(), "begin", true, [&](pqxx::nontransaction& nt) {
     try {
@@ -957,6 +1024,7 @@ ClaimResult PostgresStore::begin(const Key& key, std::string_view fingerprint,
 
 bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,
                              std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   try {
     return autocommit(*pool_, impl_->watch.get(), "complete", false, [&](pqxx::nontransaction& nt) {
       return !detail::exec_prepared(nt, kComplete, key.id(), key.scope(), owner.str(),
@@ -990,6 +1058,7 @@ bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::strin
 
 bool PostgresStore::fail(const Key& key, const OwnerToken& owner, std::string_view reason,
                          std::chrono::seconds retention) {
+  idem::detail::check_term(retention, "idem::postgres: the retention");
   return autocommit(*pool_, impl_->watch.get(), "fail", false, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kFail, key.id(), key.scope(), owner.str(),
                                   detail::bytea(reason), static_cast<long long>(retention.count()))
@@ -1005,7 +1074,7 @@ bool PostgresStore::release(const Key& key, const OwnerToken& owner) {
 
 bool PostgresStore::extend(const Key& key, const OwnerToken& owner,
                            std::chrono::milliseconds lease) {
-  if (lease.count() <= 0) throw UsageError("idem::postgres: the lease must be positive");
+  idem::detail::check_term(lease, "idem::postgres: the lease");
   return autocommit(*pool_, impl_->watch.get(), "extend", true, [&](pqxx::nontransaction& nt) {
     return !detail::exec_prepared(nt, kExtend, key.id(), key.scope(), owner.str(),
                                   static_cast<long long>(lease.count()))

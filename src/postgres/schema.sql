@@ -74,7 +74,11 @@ CREATE TABLE IF NOT EXISTS :"schema".api_idempotency (
 \endif
 CREATE INDEX IF NOT EXISTS api_idempotency_expires_idx
   ON :"schema".api_idempotency (expires_at) WHERE status <> 'in_progress';
-INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('api_idempotency', 2)
+-- The version its layout is: 1 for a table that existed with a bigserial `id`.
+INSERT INTO :"schema".idem_schema_version (name, version)
+  SELECT 'api_idempotency', CASE WHEN EXISTS (SELECT 1 FROM pg_attribute
+      WHERE attrelid = format('%I.api_idempotency', :'schema')::regclass AND attname = 'id'
+        AND NOT attisdropped) THEN 1 ELSE 2 END
   ON CONFLICT (name) DO NOTHING;
 
 -- MQ consume records: one row per (message id, consumer group).
@@ -94,7 +98,11 @@ CREATE TABLE IF NOT EXISTS :"schema".mq_consume_record (
 );
 CREATE INDEX IF NOT EXISTS mq_consume_record_expires_idx
   ON :"schema".mq_consume_record (expires_at) WHERE status <> 'in_progress';
-INSERT INTO :"schema".idem_schema_version (name, version) VALUES ('mq_consume_record', 2)
+-- The version its layout is: 1 for a table that existed with a bigserial `id`.
+INSERT INTO :"schema".idem_schema_version (name, version)
+  SELECT 'mq_consume_record', CASE WHEN EXISTS (SELECT 1 FROM pg_attribute
+      WHERE attrelid = format('%I.mq_consume_record', :'schema')::regclass AND attname = 'id'
+        AND NOT attisdropped) THEN 1 ELSE 2 END
   ON CONFLICT (name) DO NOTHING;
 
 COMMIT;

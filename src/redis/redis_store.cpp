@@ -398,7 +398,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   ClaimResult claim(const Key& key, std::string_view fingerprint, const OwnerToken& owner,
                     std::chrono::milliseconds lease) {
-    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    idem::detail::check_term(lease, "idem::redis: the lease");
     RedisKey rk(options_.key_prefix, key);
     detail::LocalTier::Ticket ticket;
     if (tier_) {
@@ -602,7 +602,7 @@ class IDEM_LOCAL RedisStore::Impl {
   // nullopt: the caller claims one by one (server without SET NX GET).
   std::optional<std::vector<ClaimResult>> claim_batch(const std::vector<ClaimRequest>& requests,
                                                       std::chrono::milliseconds lease) {
-    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    idem::detail::check_term(lease, "idem::redis: the lease");
     // A cluster spreads a batch over nodes: claim one by one there (each call routed).
     if (!native_claim_.load(std::memory_order_relaxed) || router_.clustered()) return std::nullopt;
     std::vector<ClaimResult> out(requests.size());
@@ -677,7 +677,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   std::vector<bool> complete_batch(const std::vector<CompleteRequest>& requests,
                                    std::chrono::seconds retention) {
-    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    idem::detail::check_term(retention, "idem::redis: the retention");
     std::vector<bool> out(requests.size(), false);
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
@@ -783,7 +783,7 @@ class IDEM_LOCAL RedisStore::Impl {
   // `t`: the claim's ticket (complete_claimed), or null.
   bool complete(const Key& key, const OwnerToken& owner, std::string_view response,
                 std::chrono::seconds retention, const ClaimTicket* t) {
-    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    idem::detail::check_term(retention, "idem::redis: the retention");
     RedisKey rk(options_.key_prefix, key);
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
@@ -828,7 +828,7 @@ class IDEM_LOCAL RedisStore::Impl {
   // The general complete script writing a failed record ('F'): always owner-checked.
   bool fail(const Key& key, const OwnerToken& owner, std::string_view reason,
             std::chrono::seconds retention) {
-    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    idem::detail::check_term(retention, "idem::redis: the retention");
     RedisKey rk(options_.key_prefix, key);
     const long long ret_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(retention).count();
@@ -860,7 +860,7 @@ class IDEM_LOCAL RedisStore::Impl {
   }
 
   bool extend(const Key& key, const OwnerToken& owner, std::chrono::milliseconds lease) {
-    if (lease.count() <= 0) throw UsageError("idem::redis: the lease must be positive");
+    idem::detail::check_term(lease, "idem::redis: the lease");
     RedisKey rk(options_.key_prefix, key);
     ClaimPrefix mine(owner), mine_v1(owner, 1);
     Num ms(lease.count());
@@ -870,7 +870,7 @@ class IDEM_LOCAL RedisStore::Impl {
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) {
-    if (retention.count() <= 0) throw UsageError("idem::redis: the retention must be positive");
+    idem::detail::check_term(retention, "idem::redis: the retention");
     RedisKey rk(options_.key_prefix, key);
     if (tier_) tier_->forget(rk.view());  // this process's own write is seen at once
     Num ms(std::chrono::duration_cast<std::chrono::milliseconds>(retention).count());

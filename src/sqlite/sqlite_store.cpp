@@ -3,9 +3,11 @@
 #include "idem/sqlite/sqlite_store.hpp"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -40,7 +43,16 @@ class WriterLock {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!held_) {  // free, so nobody waits (unlock hands over to a waiter)
       held_ = true;
+      holder_ = std::this_thread::get_id();
       return true;
+    }
+    if (holder_ == std::this_thread::get_id()) {
+      // Waiting would wait for itself until busy_timeout, then report a retryable timeout
+      // that fails the same way every time.
+      throw UsageError(
+          "idem::sqlite: this thread already holds the database's write transaction: a write "
+          "(or a guarded call) inside a transactional handler must use the handler's "
+          "transaction, not the same Database again");
     }
     Waiter self;
     queue_.push_back(&self);
@@ -51,6 +63,7 @@ class WriterLock {
         return false;
       }
     }
+    holder_ = std::this_thread::get_id();
     return true;  // handed over: held_ stayed true
   }
   // Takes the lock only when it is free (then nobody waits for it): never queues.
@@ -58,10 +71,12 @@ class WriterLock {
     std::lock_guard<std::mutex> lock(mutex_);
     if (held_) return false;
     held_ = true;
+    holder_ = std::this_thread::get_id();
     return true;
   }
   void unlock() {
     std::lock_guard<std::mutex> lock(mutex_);
+    holder_ = std::thread::id();
     if (queue_.empty()) {
       held_ = false;
       return;
@@ -80,6 +95,7 @@ class WriterLock {
   std::mutex mutex_;
   std::deque<Waiter*> queue_;  // oldest first
   bool held_ = false;
+  std::thread::id holder_;  // the thread that holds it (none while handed over)
 };
 
 // One sqlite3 handle and its prepared-statement cache. Used by one thread at a time.
@@ -128,13 +144,22 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   if (rc != SQLITE_OK) {
     // open_v2 leaves a handle to report the error with, even on failure.
     std::string msg = conn->db ? sqlite3_errmsg(conn->db) : sqlite3_errstr(rc);
+    // Say when the directory is missing (SQLite says only "unable to open database file").
+    // Still StorageUnavailable: a volume may be mounted later.
+    const auto slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      msg += ": its directory '" + dir + "' does not exist";
+    }
     throw StorageUnavailable("sqlite: cannot open '" + path + "': " + msg);
   }
   sqlite3_extended_result_codes(conn->db, 1);
   sqlite3_busy_timeout(conn->db, static_cast<int>(o.busy_timeout.count()));
-  std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
-                        "; PRAGMA foreign_keys=ON; PRAGMA mmap_size=" +
-                        std::to_string(o.mmap_size) + ";";
+  std::string pragmas =
+      "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
+      "; PRAGMA foreign_keys=ON; PRAGMA mmap_size=" + std::to_string(o.mmap_size) +
+      "; PRAGMA journal_size_limit=" + std::to_string(o.journal_size_limit) + ";";
   if (o.cache_size_kib > 0) {
     pragmas += " PRAGMA cache_size=-" + std::to_string(o.cache_size_kib) + ";";
   }
@@ -327,8 +352,12 @@ void Transaction::commit() {
   auto* conn = lease_->conn;
   int rc = conn->control(conn->commit, "COMMIT");
   if (rc != SQLITE_OK) {
-    rollback();
-    detail::throw_error(conn->db, rc, "COMMIT");
+    try {
+      detail::throw_error(conn->db, rc, "COMMIT");  // its message, before ROLLBACK's replaces it
+    } catch (...) {
+      rollback();
+      throw;
+    }
   }
   lease_->open = false;
   lease_->unlock_writer();
@@ -360,6 +389,11 @@ class IDEM_LOCAL Database::Impl {
       throw UsageError("idem::sqlite: DatabaseOptions::mmap_size and cache_size_kib must not "
                        "be negative");
     }
+    if (options_.journal_size_limit < -1) {
+      throw UsageError(
+          "idem::sqlite: DatabaseOptions::journal_size_limit must be -1 (no limit) "
+          "or a size in bytes");
+    }
     memory_ = path_ == ":memory:" || path_.empty();
     writer_ = detail::open_connection(path_, options_);
     if (!memory_) {
@@ -381,7 +415,29 @@ class IDEM_LOCAL Database::Impl {
     int rc = writer_->control(writer_->begin, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) detail::throw_error(writer_->db, rc, "BEGIN IMMEDIATE");
     lease->open = true;
+    check_not_moved(*lease);
     return lease;
+  }
+
+  // A database file deleted or replaced under an open connection still takes its commits, into
+  // a file no other process opens again (a new process would start from an empty or another
+  // file, and run every key again): at most once a second (one stat of the path), a write
+  // transaction asks SQLite whether the file has moved, and refuses to go on if so.
+  void check_not_moved(Transaction::Lease& lease) {
+    if (memory_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - moved_checked_ < std::chrono::seconds(1)) return;
+    moved_checked_ = now;
+    int moved = 0;
+    if (sqlite3_file_control(writer_->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK ||
+        moved == 0) {
+      return;
+    }
+    writer_->control(writer_->rollback, "ROLLBACK");
+    lease.open = false;
+    throw StorageError("sqlite: the database file '" + path_ +
+                       "' was deleted or replaced while this process had it open: its writes "
+                       "would be lost to every other process; restart to open the file again");
   }
 
   Connection* acquire_reader(bool short_read) {
@@ -432,6 +488,7 @@ class IDEM_LOCAL Database::Impl {
   bool memory_ = false;
   detail::WriterLock writer_mutex_;
   std::unique_ptr<Connection> writer_;
+  std::chrono::steady_clock::time_point moved_checked_{};  // under writer_mutex_
   std::mutex pool_mutex_;
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Connection>> readers_;
@@ -572,6 +629,15 @@ std::string_view fingerprint_column(const Statement& st, int col, const Key& key
 
 // `sql` (a record read: WHERE key = ?1 AND scope = ?2) prepared on `s` with `key` bound. The
 // key is bound without SQLite copying it: every caller holds the key past the statement's use.
+// When a lease or retention (`what`) that starts at `t` ends, in the table's milliseconds.
+// @throws UsageError for a term that is not positive or longer than kMaxTerm (its end would
+// overflow).
+template <class Rep, class Period>
+std::int64_t ends(TimePoint t, std::chrono::duration<Rep, Period> term, std::string_view what) {
+  idem::detail::check_term(term, what);
+  return to_millis(t + term);
+}
+
 Statement keyed(Session& s, const std::string& sql, const Key& key) {
   Statement st = s.prepare(sql);
   st.borrow_values().bind_all(key.id(), key.scope());
@@ -689,10 +755,10 @@ void SqliteStore::init() {
   sql_->purge_expired_where = "status <> " + in_progress + " AND expires_at <= ?1";
   sql_->purge_older_where = "status <> " + in_progress + " AND updated_at < ?1";
   if (layout >= 3) return;
-  // Layout 2 has no id column: rows are named by their primary key.
-  const std::string cols = layout == 2 ? k + ", " + s : "id";
-  const std::string row = layout == 2 ? "(" + cols + ")" : cols;
-  sql_->purge = "DELETE FROM " + t + " WHERE " + row + " IN (SELECT " + cols + " FROM " + t +
+  // Rows are named by their key: every layout has a unique key on it (a table adopted by
+  // name need not have an `id` column).
+  const std::string cols = k + ", " + s;
+  sql_->purge = "DELETE FROM " + t + " WHERE (" + cols + ") IN (SELECT " + cols + " FROM " + t +
                 " WHERE status <> " + in_progress + " AND expires_at <= ?1 LIMIT ?2)";
 }
 
@@ -704,32 +770,147 @@ std::string SqliteStore::status_literal(Record::Status status) const {
   return status_sql(sql_->layout, status);
 }
 
+namespace {
+// The layout of an existing record table without a version row, read off the table itself:
+// one idem made (version 2 or 3) whose version row was lost on the way (a `.dump` of the table
+// alone, a copy into another file) is `WITHOUT ROWID`, has no `id` column and declares its
+// fingerprint BLOB, and version 3 declares its status INTEGER; any other table is version 1
+// (a table adopted by name keeps its layout). Reads only.
+int layout_of_unversioned(Session& session, const std::string& table) {
+  const std::string ddl =
+      session.query_text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", table)
+          .value_or("");
+  std::string upper = ddl;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  auto declared = [&](const char* column) {
+    return session
+        .query_text("SELECT upper(type) FROM pragma_table_info(?1) WHERE name = ?2", table, column)
+        .value_or("");
+  };
+  const bool has_id =
+      session.query_int64("SELECT count(*) FROM pragma_table_info(?1) WHERE name = 'id'", table)
+          .value_or(0) > 0;
+  if (upper.find("WITHOUT ROWID") == std::string::npos || has_id ||
+      declared("fingerprint") != "BLOB") {
+    return 1;
+  }
+  return declared("status") == "INTEGER" ? 3 : 2;
+}
+}  // namespace
+
+// What idem needs of a table it adopts by name (version 1 without a version row): the
+// columns its statements name, key columns that keep text as text (an INTEGER or NUMERIC
+// column turns '007' and '7.0' into 7: one record for three keys), and a unique index on
+// exactly (k, s) that compares bytes (the claims' conflict target; NOCASE or RTRIM would make
+// 'Abc' replay 'aBC''s answer), and no NOT NULL column without a default that idem does not
+// write (every claim would fail). @throws UsageError naming what is wrong.
+void check_adoptable(Session& session, const std::string& t, const std::string& k,
+                     const std::string& s) {
+  auto refuse = [&](const std::string& why) {
+    throw UsageError("idem::sqlite: cannot use the existing table '" + t + "': " + why +
+                     " (docs/versioning.md)");
+  };
+  for (const std::string& column :
+       {k, s, std::string("status"), std::string("fingerprint"), std::string("owner"),
+        std::string("response_body"), std::string("lease_until"), std::string("expires_at"),
+        std::string("attempts"), std::string("created_at"), std::string("updated_at")}) {
+    const auto type = session.query_text(
+        "SELECT upper(type) FROM pragma_table_info(?1) WHERE name = ?2", t, column);
+    if (!type) refuse("it has no column '" + column + "'");
+    if ((column == k || column == s) &&
+        (type->find("INT") != std::string::npos ||
+         (type->find("CHAR") == std::string::npos && type->find("CLOB") == std::string::npos &&
+          type->find("TEXT") == std::string::npos && type->find("BLOB") == std::string::npos &&
+          !type->empty()))) {
+      refuse("its key column '" + column + "' is declared " + *type +
+             ", which turns some keys into numbers; declare it TEXT");
+    }
+  }
+  const auto extra = session.query_text(
+      "SELECT group_concat(name, ', ') FROM pragma_table_info(?1) WHERE \"notnull\" = 1"
+      " AND dflt_value IS NULL AND pk = 0 AND name NOT IN (?2, ?3, 'status', 'fingerprint',"
+      " 'owner', 'response_body', 'lease_until', 'expires_at', 'attempts', 'created_at',"
+      " 'updated_at')",
+      t, k, s);
+  if (extra && !extra->empty()) {
+    refuse("it has NOT NULL columns without a default that idem does not write (" + *extra +
+           "): give them a default or let them be NULL");
+  }
+  const auto unique = session.query_int64(
+      "SELECT count(*) FROM pragma_index_list(?1) l WHERE l.\"unique\" = 1 AND l.partial = 0"
+      " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1) = 2"
+      " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1"
+      " AND x.name IN (?2, ?3) AND x.coll = 'BINARY') = 2",
+      t, k, s);
+  if (unique.value_or(0) == 0) {
+    refuse("it needs a unique key on exactly (" + k + ", " + s +
+           ") that compares bytes (no NOCASE or RTRIM collation)");
+  }
+}
+
 void SqliteStore::migrate() {
   const auto& t = options_.table;
   const auto& k = options_.key_column;
   const auto& s = options_.scope_column;
+  auto check_newer = [&](std::int64_t version) {
+    if (version > kSchemaVersion) {
+      throw StorageError("sqlite: table '" + t + "' has schema version " + std::to_string(version) +
+                         ", newer than this idem (" + std::to_string(kSchemaVersion) + ")");
+    }
+  };
+  if (!options_.migrate) {
+    // Reads only (no write lock, nothing created): the version row, or the table itself.
+    sql_->layout = database_->read([&](Session& session) {
+      const bool has_versions =
+          session
+              .query_int64(
+                  "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = "
+                  "'idem_schema_version'")
+              .value_or(0) > 0;
+      std::int64_t version =
+          has_versions
+              ? session.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", t)
+                    .value_or(0)
+              : 0;
+      check_newer(version);
+      if (version == 0) {
+        if (session
+                .query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                             "name = ?",
+                             t)
+                .value_or(0) == 0) {
+          throw StorageError("sqlite: " + database_->path() + " has no table '" + t +
+                             "' (SqliteStoreOptions::migrate is false: nothing is created)");
+        }
+        version = layout_of_unversioned(session, t);
+        if (version == 1) check_adoptable(session, t, options_.key_column, options_.scope_column);
+      }
+      return static_cast<int>(version);
+    });
+    return;
+  }
   database_->write([&](Transaction& tx) {
     tx.exec_script(
         "CREATE TABLE IF NOT EXISTS idem_schema_version ("
         " name TEXT PRIMARY KEY, version INTEGER NOT NULL, applied_at INTEGER NOT NULL)");
     auto version = tx.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", t)
                        .value_or(0);
-    if (version > kSchemaVersion) {
-      throw StorageError("sqlite: table '" + t + "' has schema version " +
-                         std::to_string(version) + ", newer than this idem (" +
-                         std::to_string(kSchemaVersion) + ")");
-    }
+    check_newer(version);
     if (version == 0) {
-      // A table of that name that idem did not create (adopted by name, e.g. the seed's
-      // api_idempotency) keeps its own layout: version 1.
       const bool exists =
           tx.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
                          t)
               .value_or(0) > 0;
       if (exists) {
-        tx.exec_script("CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
-                       " (expires_at) WHERE status <> 'in_progress';");
-        version = 1;
+        // A table idem made whose version row is gone is recognised by its layout; any other
+        // (adopted by name, e.g. the seed's api_idempotency) keeps its own: version 1.
+        version = layout_of_unversioned(tx, t);
+        if (version == 1) check_adoptable(tx, t, k, s);
+        if (version < 3) {  // versions 1 and 2 purge through the expiry index
+          tx.exec_script("CREATE INDEX IF NOT EXISTS " + t + "_expires_idx ON " + t +
+                         " (expires_at) WHERE status <> " +
+                         status_sql(static_cast<int>(version), Record::Status::kInProgress) + ";");
+        }
       } else {
         // clang-format off
         tx.exec_script("CREATE TABLE " + t + " (" +
@@ -773,7 +954,7 @@ ClaimResult SqliteStore::claim_in(Transaction& tx, const Key& key, std::string_v
   ClaimResult c = find_in(tx, key, fingerprint, owner);
   if (c.status != ClaimStatus::kClaimed || c.kept) return c;
   auto t = now();
-  auto lease_until = to_millis(t + lease);
+  auto lease_until = ends(t, lease, "idem::sqlite: the lease");
   if (!c.took_over) {  // absent (or its retention had ended): a new in-progress record
     with_stored_fingerprint(sql_->layout, fingerprint, [&](const auto& fp) {
       return tx.exec(sql_->insert, key.id(), key.scope(), fp, owner.str(), lease_until,
@@ -810,13 +991,13 @@ void SqliteStore::insert_completed_in(Transaction& tx, const Key& key,
   auto t = now();
   if (!took_over) {
     with_stored_fingerprint(sql_->layout, fingerprint, [&](const auto& fp) {
-      return tx.exec(sql_->insert_completed, key.id(), key.scope(), fp, owner.str(),
-                     Blob{response}, to_millis(t), to_millis(t + retention));
+      return tx.exec(sql_->insert_completed, key.id(), key.scope(), fp, owner.str(), Blob{response},
+                     to_millis(t), ends(t, retention, "idem::sqlite: the retention"));
     });
     return;
   }
   int n = tx.exec(sql_->takeover_completed, key.id(), key.scope(), owner.str(), Blob{response},
-                  to_millis(t + retention), to_millis(t));
+                  ends(t, retention, "idem::sqlite: the retention"), to_millis(t));
   if (n != 1) {
     throw LeaseLost("sqlite: record '" + key.str() + "' changed before it could be completed");
   }
@@ -836,7 +1017,7 @@ std::vector<bool> SqliteStore::insert_completed_batch_in(Transaction& tx,
     out[i] = with_stored_fingerprint(sql_->layout, r.fingerprint, [&](const auto& fp) {
                return tx.exec(sql_->insert_completed_if_absent, r.key->id(), r.key->scope(), fp,
                               r.owner->str(), Blob{response}, to_millis(t),
-                              to_millis(t + retention));
+                              ends(t, retention, "idem::sqlite: the retention"));
              }) == 1;
   }
   return out;
@@ -846,7 +1027,7 @@ void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken&
                               std::string_view response, std::chrono::seconds retention) {
   auto t = now();
   int n = tx.exec(sql_->complete, key.id(), key.scope(), owner.str(), Blob{response},
-                  to_millis(t + retention), to_millis(t));
+                  ends(t, retention, "idem::sqlite: the retention"), to_millis(t));
   if (n != 1) {
     throw LeaseLost("sqlite: record '" + key.str() + "' is no longer held by this attempt");
   }
@@ -855,7 +1036,7 @@ void SqliteStore::complete_in(Transaction& tx, const Key& key, const OwnerToken&
 ClaimResult SqliteStore::begin(const Key& key, std::string_view fingerprint,
                                const OwnerToken& owner, std::chrono::milliseconds lease,
                                DurableHint hint) {
-  if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
+  idem::detail::check_term(lease, "idem::sqlite: the lease");
   if (!hint.expects_absent()) {
     if (auto early = precheck(key, fingerprint)) return std::move(*early);
   }
@@ -868,7 +1049,7 @@ bool SqliteStore::complete(const Key& key, const OwnerToken& owner, std::string_
   auto t = now();
   return database_->write([&](Transaction& tx) {
     return tx.exec(sql_->complete, key.id(), key.scope(), owner.str(), Blob{response},
-                   to_millis(t + retention), to_millis(t)) == 1;
+                   ends(t, retention, "idem::sqlite: the retention"), to_millis(t)) == 1;
   });
 }
 
@@ -877,7 +1058,7 @@ bool SqliteStore::fail(const Key& key, const OwnerToken& owner, std::string_view
   auto t = now();
   return database_->write([&](Transaction& tx) {
     return tx.exec(sql_->fail, key.id(), key.scope(), owner.str(), Blob{reason},
-                   to_millis(t + retention), to_millis(t)) == 1;
+                   ends(t, retention, "idem::sqlite: the retention"), to_millis(t)) == 1;
   });
 }
 
@@ -889,11 +1070,11 @@ bool SqliteStore::release(const Key& key, const OwnerToken& owner) {
 
 bool SqliteStore::extend(const Key& key, const OwnerToken& owner,
                          std::chrono::milliseconds lease) {
-  if (lease.count() <= 0) throw UsageError("idem::sqlite: the lease must be positive");
+  idem::detail::check_term(lease, "idem::sqlite: the lease");
   return database_->write([&](Transaction& tx) {
     auto t = now();
-    return tx.exec(sql_->extend, key.id(), key.scope(), owner.str(), to_millis(t + lease),
-                   to_millis(t)) == 1;
+    return tx.exec(sql_->extend, key.id(), key.scope(), owner.str(),
+                   ends(t, lease, "idem::sqlite: the lease"), to_millis(t)) == 1;
   });
 }
 

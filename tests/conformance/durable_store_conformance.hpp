@@ -367,6 +367,51 @@ TYPED_TEST_P(DurableStoreConformance, ReplaysReportWhenTheirRecordExpires) {
   EXPECT_TRUE(within(g.expires_at)) << to_millis(g.expires_at);
 }
 
+// A lease or retention longer than kMaxTerm ("forever" spelled seconds::max()) is refused
+// before anything runs, by the store and by the guard: "now" plus it would overflow into the
+// past (a record born expired, a duplicate run again). kMaxTerm itself works.
+TYPED_TEST_P(DurableStoreConformance, TermsLongerThanTheLongestAreRefusedBeforeAnythingRuns) {
+  using Tx = typename TestFixture::TxType;  // NOLINT
+  auto& store = *this->store_;
+  auto k = this->key();
+  int ran = 0;
+  auto handler = [&](Tx&) {
+    ++ran;
+    return std::string("r");
+  };
+  const auto too_long = kMaxTerm + std::chrono::seconds(1);
+  EXPECT_THROW((void)store.run_transactional(k, "fp", OwnerToken::generate(),
+                                             std::chrono::seconds::max(), handler),
+               UsageError);
+  EXPECT_THROW((void)store.run_transactional(k, "fp", OwnerToken::generate(), too_long, handler),
+               UsageError);
+  EXPECT_THROW((void)store.begin(k, "fp", OwnerToken::generate(), std::chrono::milliseconds::max()),
+               UsageError);
+  EXPECT_EQ(0, ran);
+  EXPECT_FALSE(store.lookup(k).has_value());
+  const auto owner = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store.begin(k, "fp", owner, this->lease_).status);
+  EXPECT_THROW((void)store.complete(k, owner, "r", std::chrono::seconds::max()), UsageError);
+  EXPECT_THROW((void)store.fail(k, owner, "r", too_long), UsageError);
+  EXPECT_EQ(Record::Status::kInProgress, store.lookup(k)->status);
+  EXPECT_TRUE(store.complete(k, owner, "r", kMaxTerm));
+  auto replay = store.run_transactional(k, "fp", OwnerToken::generate(), kMaxTerm, handler);
+  EXPECT_EQ(TransactionalStatus::kReplayed, replay.status);
+  EXPECT_EQ(0, ran);
+
+  IdempotencyGuard<typename TypeParam::Store> guard{store};
+  CallOptions forever;
+  forever.retention = std::chrono::seconds::max();
+  EXPECT_THROW((void)guard.run(this->key("other"), "fp", forever, handler), UsageError);
+  CallOptions never_taken_over;
+  never_taken_over.lease = std::chrono::milliseconds::max();
+  EXPECT_THROW((void)guard.run(this->key("other"), "fp", never_taken_over, handler), UsageError);
+  GuardOptions options;
+  options.retention = too_long;
+  EXPECT_THROW((IdempotencyGuard<typename TypeParam::Store>{store, options}), UsageError);
+  EXPECT_EQ(0, ran);
+}
+
 TYPED_TEST_P(DurableStoreConformance, HostileIdsAreStoredVerbatim) {
   using Tx = typename TestFixture::TxType;  // NOLINT
   auto& store = *this->store_;
@@ -661,10 +706,11 @@ REGISTER_TYPED_TEST_SUITE_P(DurableStoreConformance, TransactionalRunCommitsReco
                             TwoPhaseLeaseExpiryFencesTheStaleOwner, TwoPhaseReleaseLetsARetryRun,
                             FailedRecordAndRetriedBeginFollowTheRulebook, ResponsesAreByteIdentical,
                             FingerprintsOfAnyBytesAreKeptExactly,
-                            ReplaysReportWhenTheirRecordExpires, HostileIdsAreStoredVerbatim,
-                            PurgeDeletesExpiredCompletedRowsOnly, GuardDurableOnlyStormRunsOnce,
-                            GuardMemoryPlusDurableStormRunsOnce, GuardTwoPhaseStormRunsOnce,
-                            FastStoreFailingEveryCallStillExactlyOnce,
+                            ReplaysReportWhenTheirRecordExpires,
+                            TermsLongerThanTheLongestAreRefusedBeforeAnythingRuns,
+                            HostileIdsAreStoredVerbatim, PurgeDeletesExpiredCompletedRowsOnly,
+                            GuardDurableOnlyStormRunsOnce, GuardMemoryPlusDurableStormRunsOnce,
+                            GuardTwoPhaseStormRunsOnce, FastStoreFailingEveryCallStillExactlyOnce,
                             FastStoreThatLostTheRecordIsRefilled, GuardHandlerThrowsThenRetryRuns,
                             HandlerReassigningItsKeyAndFingerprintCompletesTheAcquiredKey,
                             ExpectedResponseHintNeverChangesAnAnswer,

@@ -75,6 +75,27 @@ TEST_P(FastStoreConformance, CompleteThenReplay) {
   EXPECT_EQ("order_42", rec->response);
 }
 
+// A lease or retention longer than kMaxTerm is refused before the store is touched ("now" plus
+// seconds::max() overflows: a record born expired, or a crash converting it); kMaxTerm works.
+TEST_P(FastStoreConformance, TermsLongerThanTheLongestAreRefused) {
+  auto k = key();
+  auto a = OwnerToken::generate();
+  const auto too_long = kMaxTerm + std::chrono::seconds(1);
+  EXPECT_THROW((void)store_->claim(k, "fp", a, std::chrono::milliseconds::max()), UsageError);
+  EXPECT_FALSE(store_->lookup(k).has_value());
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", a, lease_).status);
+  EXPECT_THROW((void)store_->extend(k, a, std::chrono::milliseconds::max()), UsageError);
+  EXPECT_THROW((void)store_->complete(k, a, "r", std::chrono::seconds::max()), UsageError);
+  EXPECT_THROW((void)store_->fail(k, a, "r", too_long), UsageError);
+  EXPECT_THROW(store_->fill(Key::make("other", k.id()), "fp", "r", std::chrono::seconds::max()),
+               UsageError);
+  EXPECT_EQ(Record::Status::kInProgress, store_->lookup(k)->status);
+  EXPECT_TRUE(store_->complete(k, a, "r", kMaxTerm));
+  auto again = store_->claim(k, "fp", OwnerToken::generate(), kMaxTerm);
+  EXPECT_EQ(ClaimStatus::kDone, again.status);
+  EXPECT_EQ("r", again.response);
+}
+
 // fail() records a dead-lettered message: every store reports it as failed (ClaimResult::failed,
 // Record::Status::kFailed), never as a completed record with a marker in its response.
 TEST_P(FastStoreConformance, FailedRecordIsReportedAsFailed) {

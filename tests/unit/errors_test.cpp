@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
+#include "idem/errors.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <set>
 #include <string>
+#include <vector>
 
-#include "idem/errors.hpp"
+#include "idem/detail/redact.hpp"
 #include "idem/fingerprint.hpp"
 #include "idem/outcome.hpp"
 
@@ -83,6 +86,42 @@ TEST(Outcome, NamesAndStatuses) {
   EXPECT_EQ("in_progress", idem::outcome_name(idem::Outcome::kInProgress));
   EXPECT_EQ(409, idem::http_status(idem::Outcome::kInProgress));
   EXPECT_EQ(422, idem::http_status(idem::Outcome::kFingerprintMismatch));
+}
+
+// Every form libpq reads a password in, and URIs: the secret never survives, the rest does.
+TEST(MaskPasswords, HidesEveryFormOfAPassword) {
+  struct Case {
+    std::string text;
+    std::string masked;
+  };
+  const std::vector<Case> cases = {
+      {"host=h password=S3cret user=u", "host=h password=*** user=u"},
+      {"host=h password='Top S3cret' user=u", "host=h password=*** user=u"},
+      {"password = S3cret user=u", "password = *** user=u"},
+      {"password\t=\tS3cret", "password\t=\t***"},
+      {"sslpassword=K3y host=h password=S3cret", "sslpassword=*** host=h password=***"},
+      {R"(password='it\'s S3cret' user=u)", "password=*** user=u"},
+      {R"(password=a\ S3cret user=u)", "password=*** user=u"},
+      {"password='unterminated S3cret", "password=***"},
+      {"postgresql://u:S3cret@h/db?sslmode=require", "postgresql://u:***@h/db?sslmode=require"},
+      {"postgresql://u@h/db?password=S3cret&sslmode=require",
+       "postgresql://u@h/db?password=***&sslmode=require"},
+      {"mysql://u:S3c@ret#x@h:1/db", "mysql://u:***@h:1/db"},
+      {R"(invalid URI: "postgresql://u:S3 cret@[bad" in connection)",
+       R"(invalid URI: "postgresql://u:***@[bad" in connection)"},
+      // A raw '"' in a URI password: only a quote that opens the URI closes it.
+      {"redis:redis://:pa\"S3cret@cache:6379: refused", "redis:redis://:***@cache:6379: refused"},
+      {R"(in URI: "postgresql://u:pa"S3@[bad")", R"(in URI: "postgresql://u:***@[bad")"},
+      // A conninfo password may hold '&' (only a URI query ends a value there).
+      {"host=h password=S3&cret", "host=h password=***"},
+  };
+  for (const auto& c : cases) {
+    const std::string masked = idem::detail::mask_passwords(c.text);
+    EXPECT_EQ(c.masked, masked) << c.text;
+    EXPECT_EQ(std::string::npos, masked.find("S3")) << masked;
+  }
+  EXPECT_EQ("host=h user=u", idem::detail::mask_passwords("host=h user=u"));
+  EXPECT_EQ("a password is needed", idem::detail::mask_passwords("a password is needed"));
 }
 
 }  // namespace

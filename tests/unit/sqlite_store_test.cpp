@@ -9,6 +9,8 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -486,6 +488,265 @@ TEST(SqliteStore, SchemaTwoTablesStayReadableAndCompletable) {
   expect_older_table_purges_by_age(store, fp);
 }
 
+namespace {
+void drop_version_rows(const std::string& path) {
+  idem::sqlite::Database db(path);
+  db.write(
+      [](idem::sqlite::Transaction& tx) { tx.exec_script("DELETE FROM idem_schema_version"); });
+}
+
+std::optional<std::int64_t> version_row(idem::sqlite::SqliteStore& store) {
+  return store.database().read([](idem::sqlite::Session& s) {
+    return s.query_int64("SELECT version FROM idem_schema_version WHERE name = 'api_idempotency'");
+  });
+}
+}  // namespace
+
+// A table idem made whose version row is gone (a `.dump` of the table alone, copied into
+// another file) is read as the layout it is, and its version row written again.
+TEST(SqliteStore, TablesWithoutTheirVersionRowAreReadAsTheirLayout) {
+  idem::test::TempDir dir;
+  const std::string fp = idem::fingerprint("amount=10");
+  const std::string owner = idem::OwnerToken::generate().str();
+  {
+    const auto path = older_table_file(dir, "v2.sqlite", create_schema_two_table,
+                                       idem::sqlite::Blob{packed(fp)}, owner);
+    drop_version_rows(path);
+    idem::sqlite::SqliteStore store(path);
+    EXPECT_EQ(2, store.schema_version());
+    EXPECT_EQ(2, version_row(store).value_or(0));
+    expect_older_table_works(store, fp, owner, "blob");
+  }
+  {
+    const auto path = older_table_file(dir, "v1.sqlite", create_schema_one_table, fp, owner);
+    drop_version_rows(path);
+    idem::sqlite::SqliteStore store(path);
+    EXPECT_EQ(1, store.schema_version());
+    expect_older_table_works(store, fp, owner, "text");
+  }
+  const auto path = dir.file("v3.sqlite");
+  const auto k = idem::Key::make("pay", "made");
+  {
+    idem::sqlite::SqliteStore store(path);
+    ASSERT_EQ(idem::TransactionalStatus::kCommitted,
+              store
+                  .run_transactional(k, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                     [](idem::sqlite::Transaction&) { return std::string("r"); })
+                  .status);
+  }
+  drop_version_rows(path);
+  idem::sqlite::SqliteStore store(path);
+  EXPECT_EQ(3, store.schema_version());
+  EXPECT_EQ(3, version_row(store).value_or(0));
+  auto replay =
+      store.run_transactional(k, fp, idem::OwnerToken::generate(), std::chrono::seconds(60),
+                              [](idem::sqlite::Transaction&) { return std::string("again"); });
+  EXPECT_EQ(idem::TransactionalStatus::kReplayed, replay.status);
+  EXPECT_EQ("r", replay.response);
+}
+
+// A table adopted by name is checked before idem writes anything to the file: a key column
+// that turns keys into numbers, a unique key that does not compare bytes (or none), a missing
+// column are each a UsageError naming it.
+TEST(SqliteStore, TablesAdoptedByNameAreCheckedBeforeUse) {
+  const std::string rest =
+      " status TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL,"
+      " response_body BLOB, lease_until INTEGER NOT NULL, expires_at INTEGER,"
+      " attempts INTEGER NOT NULL DEFAULT 1, created_at INTEGER NOT NULL,"
+      " updated_at INTEGER NOT NULL";
+  struct Case {
+    std::string ddl;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"idem_key INTEGER NOT NULL, biz_type TEXT NOT NULL," + rest +
+           ", UNIQUE (idem_key, biz_type)",
+       "declared INTEGER"},
+      {"idem_key TEXT NOT NULL, biz_type NUMERIC NOT NULL," + rest +
+           ", UNIQUE (idem_key, biz_type)",
+       "declared NUMERIC"},
+      {"idem_key TEXT COLLATE NOCASE NOT NULL, biz_type TEXT NOT NULL," + rest +
+           ", UNIQUE (idem_key, biz_type)",
+       "compares bytes"},
+      {"idem_key TEXT NOT NULL, biz_type TEXT NOT NULL," + rest, "unique key"},
+      {"idem_key TEXT NOT NULL, biz_type TEXT NOT NULL," + rest +
+           ", UNIQUE (idem_key, biz_type, status)",
+       "unique key"},
+      {"idem_key TEXT NOT NULL, biz_type TEXT NOT NULL, status TEXT NOT NULL,"
+       " UNIQUE (idem_key, biz_type)",
+       "no column 'fingerprint'"},
+      {"idem_key TEXT NOT NULL, biz_type TEXT NOT NULL, tenant TEXT NOT NULL," + rest +
+           ", UNIQUE (idem_key, biz_type)",
+       "(tenant)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.ddl);
+    idem::test::TempDir dir;
+    const auto path = dir.file("adopt.sqlite");
+    {
+      idem::sqlite::Database db(path);
+      db.write([&](idem::sqlite::Transaction& tx) {
+        tx.exec_script("CREATE TABLE api_idempotency (" + c.ddl + ")");
+      });
+    }
+    try {
+      idem::sqlite::SqliteStore store(path);
+      ADD_FAILURE() << "adopted";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(c.says)) << e.what();
+    }
+    idem::sqlite::Database db(path);
+    EXPECT_EQ(0, db.read([](idem::sqlite::Session& s) {
+                     return s.query_int64(
+                         "SELECT count(*) FROM sqlite_master WHERE name IN"
+                         " ('idem_schema_version', 'api_idempotency_expires_idx')");
+                   }).value_or(-1));  // the migration's transaction rolled back
+  }
+}
+
+// A table adopted by name need not have an `id` column: its purge names rows by their key.
+TEST(SqliteStore, TablesAdoptedWithoutAnIdColumnArePurged) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("noid.sqlite");
+  {
+    idem::sqlite::Database db(path);
+    db.write([](idem::sqlite::Transaction& tx) {
+      tx.exec_script(
+          "CREATE TABLE api_idempotency (idem_key TEXT NOT NULL, biz_type TEXT NOT NULL,"
+          " status TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL,"
+          " response_body BLOB, lease_until INTEGER NOT NULL, expires_at INTEGER,"
+          " attempts INTEGER NOT NULL DEFAULT 1, created_at INTEGER NOT NULL,"
+          " updated_at INTEGER NOT NULL, PRIMARY KEY (idem_key, biz_type))");
+    });
+  }
+  idem::ManualClock clock;
+  idem::sqlite::SqliteStoreOptions o;
+  o.clock = clock.as_clock();
+  idem::sqlite::SqliteStore store(path, o);
+  EXPECT_EQ(1, store.schema_version());
+  const auto done = idem::Key::make("pay", "done");
+  const auto busy = idem::Key::make("pay", "busy");
+  ASSERT_EQ(
+      idem::TransactionalStatus::kCommitted,
+      store
+          .run_transactional(done, "fp", idem::OwnerToken::generate(), std::chrono::seconds(1),
+                             [](idem::sqlite::Transaction&) { return std::string("r"); })
+          .status);
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            store.begin(busy, "fp", idem::OwnerToken::generate(), std::chrono::hours(1)).status);
+  clock.advance(std::chrono::seconds(5));
+  EXPECT_EQ(1u, store.purge_expired(10));
+  EXPECT_FALSE(store.lookup(done).has_value());
+  EXPECT_TRUE(store.lookup(busy).has_value());
+}
+
+// migrate = false reads what is there and writes nothing: no table is created (a missing one
+// is a StorageError), a table without its version row keeps none, no write lock is taken; a
+// newer version is refused either way.
+TEST(SqliteStore, WithoutMigrationNothingIsCreatedOrLocked) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStoreOptions read_only;
+  read_only.migrate = false;
+  auto db = std::make_shared<idem::sqlite::Database>(dir.file("ro.sqlite"));
+  EXPECT_THROW(idem::sqlite::SqliteStore(db, read_only), idem::StorageError);
+  auto count = [&](const char* sql) {
+    return db->read([&](idem::sqlite::Session& s) { return s.query_int64(sql); }).value_or(-1);
+  };
+  EXPECT_EQ(0, count("SELECT count(*) FROM sqlite_master"));
+  const auto k = idem::Key::make("pay", "k");
+  {
+    idem::sqlite::SqliteStore made(db);
+    (void)made.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                 [](idem::sqlite::Transaction&) { return std::string("r"); });
+  }
+  db->write(
+      [](idem::sqlite::Transaction& tx) { tx.exec_script("DROP TABLE idem_schema_version"); });
+  {
+    auto held = db->begin();  // a writer: the store neither waits for it nor needs it
+    idem::sqlite::SqliteStore store(db, read_only);
+    EXPECT_EQ(3, store.schema_version());
+    ASSERT_TRUE(store.lookup(k).has_value());
+    EXPECT_EQ("r", store.lookup(k)->response);
+  }
+  EXPECT_EQ(0, count("SELECT count(*) FROM sqlite_master WHERE name = 'idem_schema_version'"));
+  db->write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE idem_schema_version (name TEXT PRIMARY KEY, version INTEGER NOT NULL,"
+        " applied_at INTEGER NOT NULL); INSERT INTO idem_schema_version VALUES"
+        " ('api_idempotency', 4, 0)");
+  });
+  for (bool migrate : {true, false}) {
+    idem::sqlite::SqliteStoreOptions o;
+    o.migrate = migrate;
+    try {
+      idem::sqlite::SqliteStore store(db, o);
+      ADD_FAILURE() << "a newer table was used, migrate=" << migrate;
+    } catch (const idem::StorageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("newer than this idem")) << e.what();
+    }
+  }
+}
+
+// A guarded call inside a transactional handler on the same Database would wait for its own
+// write lock: it is a UsageError at once, not a retryable timeout after busy_timeout.
+TEST(SqliteStore, AWriteInsideTheHandlersOwnTransactionIsAUsageError) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStoreOptions o;
+  o.database.busy_timeout = std::chrono::minutes(5);  // a wait would fail the test by timing out
+  idem::sqlite::SqliteStore store(dir.file("nested.sqlite"), o);
+  idem::IdempotencyGuard guard{store};
+  bool refused = false;
+  auto r = guard.run(idem::Key::make("order", "outer"), "fp", [&](idem::sqlite::Transaction&) {
+    try {
+      (void)guard.run(idem::Key::make("stock", "inner"), "fp",
+                      [](idem::sqlite::Transaction&) { return std::string("x"); });
+    } catch (const idem::UsageError& e) {
+      refused = std::string(e.what()).find("already holds") != std::string::npos;
+    }
+    return std::string("outer");
+  });
+  EXPECT_TRUE(refused);
+  EXPECT_TRUE(r.ok());
+  EXPECT_FALSE(store.lookup(idem::Key::make("stock", "inner")).has_value());
+}
+
+// A database file deleted under an open store: its next write (at most a second later) is a
+// StorageError rather than a commit into a file no other process will see.
+TEST(SqliteStore, AFileDeletedWhileOpenStopsItsWrites) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("gone.sqlite");
+  idem::sqlite::SqliteStore store(path);
+  idem::IdempotencyGuard guard{store};
+  ASSERT_TRUE(guard
+                  .run(idem::Key::make("pay", "1"), "fp",
+                       [](idem::sqlite::Transaction&) { return std::string("r"); })
+                  .ok());
+  ASSERT_EQ(0, std::remove(path.c_str()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past the once-a-second check
+  int ran = 0;
+  try {
+    (void)guard.run(idem::Key::make("pay", "2"), "fp", [&](idem::sqlite::Transaction&) {
+      ++ran;
+      return std::string("r");
+    });
+    ADD_FAILURE() << "wrote into a deleted file";
+  } catch (const idem::StorageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("deleted or replaced")) << e.what();
+  }
+  EXPECT_EQ(0, ran);
+}
+
+TEST(SqliteStore, TheWalIsCutBackToItsLimit) {
+  idem::test::TempDir dir;
+  idem::sqlite::DatabaseOptions bad;
+  bad.journal_size_limit = -2;
+  EXPECT_THROW(idem::sqlite::Database(dir.file("bad.sqlite"), bad), idem::UsageError);
+  idem::sqlite::Database db(dir.file("wal.sqlite"));
+  EXPECT_EQ(64 * 1024 * 1024, db.read([](idem::sqlite::Session& s) {
+                                  return s.query_int64("PRAGMA journal_size_limit");
+                                }).value_or(-1));
+}
+
 // The steps docs/versioning.md gives to move a version-2 table to version 3, verbatim.
 TEST(SqliteStore, SchemaTwoTableMovedToVersionThreeKeepsItsRecords) {
   idem::test::TempDir dir;
@@ -840,7 +1101,14 @@ TEST(SqliteStore, RejectsBadIdentifiers) {
 }
 
 TEST(SqliteStore, UnopenablePathIsUnavailable) {
-  EXPECT_THROW(idem::sqlite::SqliteStore("/nonexistent-dir/x/y.sqlite"), idem::StorageUnavailable);
+  try {
+    idem::sqlite::SqliteStore store("/nonexistent-dir/x/y.sqlite");
+    ADD_FAILURE() << "opened";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_NE(std::string::npos,
+              std::string(e.what()).find("directory '/nonexistent-dir/x/' does not exist"))
+        << e.what();
+  }
 }
 
 // A database that cannot be written (here: the connection set read-only, SQLITE_READONLY as a

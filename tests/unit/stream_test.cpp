@@ -103,6 +103,8 @@ TEST(StreamWindow, ReorderingIsHeldThenMerged) {
   EXPECT_FALSE(w.admit(20, 5).fresh());  // out-of-order replay
   EXPECT_TRUE(w.seen(21, 2));
   EXPECT_FALSE(w.seen(15, 1));
+  EXPECT_TRUE(w.seen(15, 0));  // an empty range, beyond the watermark too
+  EXPECT_TRUE(w.seen(100, 0));
   EXPECT_TRUE(w.admit(15, 5).fresh());  // joins the two pending intervals
   EXPECT_EQ(1u, w.pending());
   EXPECT_TRUE(w.admit(0, 10).fresh());  // closes the hole

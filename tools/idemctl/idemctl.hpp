@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/detail/redact.hpp"
 #include "idem/key.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "idem/store.hpp"
@@ -192,6 +193,7 @@ class SqliteSource final : public RecordSource, public Admin {
         throw StoreError("sqlite:" + path + " has no table '" + table_ +
                          "' (not an idem database, or use --table / --mq)");
       }
+      options_.migrate = false;  // reads what is there: creates, changes or locks nothing
       store_ = std::make_unique<idem::sqlite::SqliteStore>(db_, options_);
     } catch (const idem::Error& e) {
       throw StoreError("cannot open sqlite:" + path + ": " + e.what());
@@ -364,8 +366,20 @@ inline std::optional<std::string> log_field(std::string_view line, std::string_v
     if (c == '"') return out;
     if (c != '\\' || i + 1 >= line.size()) {
       out += c;
-    } else if (line[i + 1] == 'x' && i + 3 < line.size()) {
-      out += static_cast<char>(std::stoi(std::string(line.substr(i + 2, 2)), nullptr, 16));
+    } else if (line[i + 1] == 'x') {
+      // Exactly two hex digits, as quote_field writes them; anything else (a line cut or
+      // interleaved by another writer) is not LoggingObserver's, and is skipped.
+      auto hex = [&](std::size_t j) -> int {
+        if (j >= line.size()) return -1;
+        const char h = line[j];
+        if (h >= '0' && h <= '9') return h - '0';
+        if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+        if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+        return -1;
+      };
+      const int hi = hex(i + 2), lo = hex(i + 3);
+      if (hi < 0 || lo < 0) return std::nullopt;
+      out += static_cast<char>(hi * 16 + lo);
       i += 3;
     } else {
       out += line[++i];
@@ -395,26 +409,10 @@ inline std::map<std::string, DuplicateCount> count_duplicate_lines(std::istream&
   return counts;
 }
 
-/// `dsn` with any password replaced by "***" (URI userinfo, `password=` of a conninfo string
-/// or URI query), so names printed in errors and headers never leak it.
-inline std::string redact_dsn(const std::string& dsn) {
-  std::string out = dsn;
-  auto scheme = out.find("://");
-  if (scheme != std::string::npos) {
-    // The last '@': the URI parsers split the userinfo there, so a password may hold a raw '@'.
-    auto at = out.rfind('@');
-    auto colon = out.find(':', scheme + 3);
-    if (at != std::string::npos && colon != std::string::npos && colon < at) {
-      out.replace(colon + 1, at - colon - 1, "***");
-    }
-  }
-  auto p = out.find("password=");
-  if (p != std::string::npos) {
-    auto end = out.find_first_of(scheme != std::string::npos ? "&" : " ", p);
-    out.replace(p + 9, (end == std::string::npos ? out.size() : end) - p - 9, "***");
-  }
-  return out;
-}
+/// `dsn` with every password replaced by "***" (URI userinfo, `password` / `sslpassword` of a
+/// conninfo string, quoted or not, or of a URI query), so names printed in errors and headers
+/// never leak it: the rules of the PostgreSQL stores' messages (idem/detail/redact.hpp).
+inline std::string redact_dsn(const std::string& dsn) { return idem::detail::mask_passwords(dsn); }
 
 /// The fast store named by `url` as a RecordSource: `redis://`, `tcp://` or `unix://` opens an
 /// idem::redis::RedisStore whose keys start with `key_prefix` (the service's

@@ -45,6 +45,8 @@ class MysqlSource final : public RecordSource, public Admin {
         throw StoreError(name() + " has no table '" + o.table +
                          "' (not an idem database, or use --table / --mq)");
       }
+      // Reads the table's definition: refuses a schema version newer than this idemctl knows.
+      (void)store_->max_response_bytes();
     } catch (const idem::UsageError& e) {
       throw UsageError(e.what());  // a bad URI or option: exit status 2
     } catch (const idem::Error& e) {

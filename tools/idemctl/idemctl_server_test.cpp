@@ -118,6 +118,38 @@ TEST_F(IdemctlServerTest, StatsCountsByStatusOnPostgres) {
   EXPECT_TRUE(contains(r.out, "total        6  (2 past retention")) << r.out;
 }
 
+// --schema reads a table outside `public` and the headers name it; a table whose version row
+// is newer than this idemctl is refused, its records left untouched.
+TEST_F(IdemctlServerTest, SchemaNamesTheTableAndNewerTablesAreRefused) {
+  const std::string schema = idem::test::unique_name("ctl_schema");
+  idem::postgres::PostgresStoreOptions o;
+  o.conninfo = dsn_;
+  o.schema = schema;
+  o.table = "api_idempotency";
+  {
+    idem::postgres::PostgresStore store(o);
+    idem::IdempotencyGuard guard{store};
+    (void)guard.run(idem::Key::make("payment", "in_schema"), "",
+                    [](pqxx::work&) { return std::string("ok"); });
+  }
+  const std::string db = " --db " + quote(dsn_) + " --schema " + schema + " ";
+  auto r = idemctl(db + "stats");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "table " + schema + ".api_idempotency")) << r.out;
+  EXPECT_TRUE(contains(r.out, "completed    1\n")) << r.out;
+  EXPECT_EQ(2, idemctl(" --db /nonexistent/records.sqlite --schema s stats").status);  // not PG
+  store_->with_transaction([&](pqxx::work& tx) {
+    tx.exec("UPDATE " + schema + ".idem_schema_version SET version = 3");
+  });
+  auto newer = idemctl(db + "purge --older-than 1s");
+  EXPECT_EQ(3, newer.status) << newer.out;
+  EXPECT_TRUE(contains(newer.out, "newer than this idem")) << newer.out;
+  store_->with_transaction([&](pqxx::work& tx) {
+    EXPECT_EQ(1, tx.exec("SELECT count(*) FROM " + schema + ".api_idempotency")[0][0].as<int>());
+    tx.exec("DROP SCHEMA " + schema + " CASCADE");
+  });
+}
+
 TEST_F(IdemctlServerTest, PurgeOlderThanDeletesOnlyOldFinishedRecords) {
   auto dry = idemctl(db_ + "purge --older-than 7d --dry-run");
   EXPECT_EQ(0, dry.status) << dry.out;

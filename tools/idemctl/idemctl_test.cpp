@@ -138,6 +138,32 @@ TEST_F(IdemctlTest, ShowPrintsTheRecord) {
   EXPECT_TRUE(contains(absent.out, "(absent)"));
 }
 
+// idemctl reads a SQLite file as it is: it creates, changes and locks nothing (a table without
+// its version row stays without one), and a writer holding the file does not hold it up.
+TEST_F(IdemctlTest, ReadingChangesNothingAndWaitsForNoWriter) {
+  auto tables = [&] {
+    idem::sqlite::Database db(path_);
+    return db.read([](idem::sqlite::Session& s) {
+      return s.query_int64("SELECT count(*) FROM sqlite_master WHERE name = 'idem_schema_version'");
+    });
+  };
+  {
+    idem::sqlite::Database db(path_);
+    db.write(
+        [](idem::sqlite::Transaction& tx) { tx.exec_script("DROP TABLE idem_schema_version"); });
+  }
+  ASSERT_EQ(0, tables().value_or(-1));
+  idem::sqlite::DatabaseOptions o;
+  o.busy_timeout = std::chrono::seconds(60);
+  idem::sqlite::Database writer(path_, o);
+  auto held = writer.begin();  // another process would wait 60 s for it
+  auto r = idemctl(db_ + "show order.create abc");
+  EXPECT_EQ(0, r.status) << r.out;
+  EXPECT_TRUE(contains(r.out, "completed")) << r.out;
+  held.rollback();
+  EXPECT_EQ(0, tables().value_or(-1));
+}
+
 TEST_F(IdemctlTest, StatsCountsByStatus) {
   auto r = idemctl(db_ + "stats");
   EXPECT_EQ(0, r.status) << r.out;
@@ -458,6 +484,9 @@ TEST(IdemctlLog, ReadsQuotedFields) {
       "x idem duplicate key=\"s|a b\\x22\\\\\" source=fast_store outcome=in_progress owner=o\n"
       "idem duplicate key=s|plain source=unique_index outcome=replayed\n"
       "idem duplicate key=\"unterminated outcome=replayed\n"
+      // Cut or interleaved lines: an escape without its two hex digits is skipped, not fatal.
+      "idem duplicate key=\"payment|ab\\x]1c\" outcome=replayed\n"
+      "idem duplicate key=\"payment|ab\\x4\" outcome=replayed\n"
       "idem lease takeover key=s|plain store=fast\n");
   auto counts = idemctl::count_duplicate_lines(in);
   ASSERT_EQ(2u, counts.size());

@@ -54,6 +54,7 @@ constexpr const char* kUsage =
     "                   a mysql:// URI (env IDEMCTL_DB)\n"
     "  --mysql URI      the same as --db mysql://user:pass@host:port/database\n"
     "  --table NAME     record table (default api_idempotency)\n"
+    "  --schema NAME    PostgreSQL: the table's schema (default public)\n"
     "  --mq             the MQ consume record table (mq_consume_record)\n"
     "  --fast URL       also read the fast store at URL (redis://host:port[/db]) in the\n"
     "                   per-key commands (show, response, release, duplicates <scope> <id>)\n"
@@ -73,6 +74,7 @@ constexpr int kNeedsYes = 5;
 struct Args {
   std::string db;
   std::string table;
+  std::string schema;  // PostgreSQL only
   bool mq = false;
   std::string fast_url;
   std::string fast_prefix = "idem:";
@@ -97,6 +99,8 @@ Args parse_global(const std::vector<std::string>& argv) {
       if (a.db.find("://") == std::string::npos) a.db = "mysql://" + a.db;
     } else if (s == "--table") {
       a.table = take_value(argv, i);
+    } else if (s == "--schema") {
+      a.schema = take_value(argv, i);
     } else if (s == "--mq") {
       a.mq = true;
     } else if (s == "--fast" || s == "--redis") {
@@ -130,6 +134,11 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
                   : idem::mysql::MysqlStoreOptions{};
     o.uri = a.db;
     if (!a.table.empty()) o.table = a.table;
+    if (!a.schema.empty()) {
+      throw idemctl::UsageError(
+          "--schema names a PostgreSQL schema; a MySQL table is in the "
+          "URI's database");
+    }
     return std::make_unique<idemctl::MysqlSource>(std::move(o));
   }
 #else
@@ -144,6 +153,7 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
                   : idem::postgres::PostgresStoreOptions{};
     o.conninfo = a.db;
     if (!a.table.empty()) o.table = a.table;
+    if (!a.schema.empty()) o.schema = a.schema;
     return std::make_unique<idemctl::PostgresSource>(std::move(o));
   }
 #else
@@ -152,7 +162,17 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
                               ": this idemctl was built without PostgreSQL (idem::postgres)");
   }
 #endif
+  if (!a.schema.empty()) {
+    throw idemctl::UsageError("--schema names a PostgreSQL schema; " + idemctl::redact_dsn(a.db) +
+                              " is not a PostgreSQL database");
+  }
   return std::make_unique<idemctl::SqliteSource>(a.db, store_options(a));
+}
+
+// The record table as the headers print it: schema-qualified when --schema named one.
+std::string table_name(const Args& a) {
+  const std::string table = store_options(a).table;
+  return a.schema.empty() ? table : a.schema + "." + table;
 }
 
 idemctl::Admin& admin_of(idemctl::RecordSource& src) { return dynamic_cast<idemctl::Admin&>(src); }
@@ -482,7 +502,7 @@ int duplicates_in_store(const Args& a, std::size_t top) {
   if (a.db.empty()) throw idemctl::UsageError("no database: pass --db DB (or set IDEMCTL_DB)");
   auto src = open_durable(a);
   auto rows = admin_of(*src).most_attempts(top);
-  std::cout << "store " << src->name() << " table " << store_options(a).table << "\n"
+  std::cout << "store " << src->name() << " table " << table_name(a) << "\n"
             << "attempts  takeovers  key\n";
   for (const auto& r : rows) {
     std::cout << std::left << std::setw(10) << r.attempts << std::setw(11) << r.attempts - 1
@@ -518,7 +538,7 @@ int cmd_stats(const Args& a) {
   if (a.db.empty()) throw idemctl::UsageError("no database: pass --db DB (or set IDEMCTL_DB)");
   auto src = open_durable(a);
   auto s = admin_of(*src).stats(idem::system_now());
-  std::cout << "store " << src->name() << " table " << store_options(a).table << "\n"
+  std::cout << "store " << src->name() << " table " << table_name(a) << "\n"
             << "in_progress  " << s.in_progress << "  (" << s.stale_in_progress
             << " with an expired lease)\n"
             << "completed    " << s.completed << "\n"

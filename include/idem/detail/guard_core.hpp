@@ -237,19 +237,16 @@ class GuardCore {
  public:
   /// `has_fast`: the guard has a fast store. `who` names the guard in UsageError messages; the
   /// store names (FastStore::name, the durable store's name()) label StoreErrorEvent.
-  /// @throws UsageError when the lease or the retention is not positive.
+  /// @throws UsageError when the lease or the retention is not positive or longer than
+  /// kMaxTerm.
   GuardCore(bool has_fast, GuardOptions options, std::string_view who,
             std::string_view fast_name = "none", std::string_view durable_name = "none")
       : has_fast_(has_fast),
         options_(std::move(options)),
         fast_name_(fast_name),
         durable_name_(durable_name) {
-    if (options_.lease.count() <= 0) {
-      throw UsageError(std::string(who) + ": GuardOptions::lease must be positive");
-    }
-    if (options_.retention.count() <= 0) {
-      throw UsageError(std::string(who) + ": GuardOptions::retention must be positive");
-    }
+    check_term(options_.lease, std::string(who) + ": GuardOptions::lease");
+    check_term(options_.retention, std::string(who) + ": GuardOptions::retention");
   }
 
   /// The options in force.

@@ -80,7 +80,7 @@ struct FormTokenOptions {
   std::chrono::seconds ttl{30 * 60};
   /// Time source for the expiry (empty: the system clock). The store's own clock decides when
   /// it drops the record; give both the same clock in tests.
-  Clock clock;
+  Clock clock{};
 };
 
 /// A token as issued.

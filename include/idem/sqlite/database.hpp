@@ -234,6 +234,12 @@ struct DatabaseOptions {
   /// PRAGMA cache_size, in KiB: SQLite's own page cache, one per connection (the pool's readers
   /// and the writer each have theirs). 0 keeps SQLite's default (2,000 KiB).
   std::int64_t cache_size_kib = 0;
+  /// PRAGMA journal_size_limit, in bytes: the size the -wal file is cut back to when a
+  /// checkpoint has copied all of it into the database. A checkpoint cannot finish while any
+  /// connection (of any process: a report, a backup, a `sqlite3` shell) keeps a read
+  /// transaction open, so the -wal grows meanwhile by every commit; without a limit it keeps
+  /// that size on disk afterwards. -1: no limit (SQLite's default).
+  std::int64_t journal_size_limit = 64 * 1024 * 1024;
 };
 
 /// A SQLite database file with a connection pool and an in-process writer lock. Thread-safe.

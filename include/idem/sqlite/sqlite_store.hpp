@@ -71,6 +71,10 @@ struct SqliteStoreOptions {
   Clock clock;
   /// Options of the Database a path-constructed store opens.
   DatabaseOptions database;
+  /// Create the table (and its version row) when missing. false: the store only reads what
+  /// is there (no write lock, nothing created or changed; tools such as idemctl): the table's
+  /// version row, or, without one, its layout; a missing table is then a StorageError.
+  bool migrate = true;
 
   /// The MQ consume record: `mq_consume_record (message_id, consumer_group)`.
   static SqliteStoreOptions mq_consume_record() {
@@ -88,7 +92,8 @@ class IDEM_EXPORT SqliteStore {
   /// What transactional handlers receive.
   using Transaction = idem::sqlite::Transaction;
 
-  /// Opens `path` and migrates the table. @throws idem::StorageError, idem::UsageError for a
+  /// Opens `path` and migrates the table (unless `options.migrate` is false). @throws
+  /// idem::StorageError (also for a table of a newer schema version), idem::UsageError for a
   /// bad table or column name.
   explicit SqliteStore(std::string path, SqliteStoreOptions options = {});
   /// Uses a shared database (e.g. the one the business tables live in) and migrates the table.
@@ -106,6 +111,7 @@ class IDEM_EXPORT SqliteStore {
   TransactionalResult run_transactional(const Key& key, std::string_view fingerprint,
                                         const OwnerToken& owner, std::chrono::seconds retention,
                                         Handler&& handler, DurableHint hint = {}) {
+    idem::detail::check_term(retention, "idem::sqlite: the retention");  // before the handler
     // A completed duplicate or a mismatch needs no write lock: answer it from a read snapshot
     // (skipped when the fast store just granted the claim: the record is then almost surely
     // absent; the write transaction checks anyway).

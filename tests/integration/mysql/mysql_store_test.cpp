@@ -1149,6 +1149,17 @@ TEST(MysqlUri, ParsesEveryPart) {
     EXPECT_EQ(std::string::npos, std::string(e.what()).find("ret")) << e.what();
     EXPECT_NE(std::string::npos, std::string(e.what()).find("%3F")) << e.what();
   }
+  // A raw '/' in the password: the user information ends at the last '@', as URI parsers read
+  // it, so the password is neither a port in an error nor a database name.
+  auto slash = idem::mysql::parse_uri("mysql://app:QZ7/x@db.example:3306/orders");
+  EXPECT_EQ("QZ7/x", slash.password);
+  EXPECT_EQ("db.example", slash.host);
+  EXPECT_EQ(3306u, slash.port);
+  EXPECT_EQ("orders", slash.database);
+  auto two = idem::mysql::parse_uri("mysql://app:12/QZ7@db.example");
+  EXPECT_EQ("12/QZ7", two.password);
+  EXPECT_EQ("db.example", two.host);
+  EXPECT_EQ("", two.database);
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/db?read_timeout=0"), idem::UsageError);
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/a%2"), idem::UsageError);
 }
@@ -1224,6 +1235,91 @@ TEST_F(MysqlStoreTest, AdoptsTheSeedTable) {
                                  ".api_idempotency WHERE idem_key = 'old'")[0][0]);
   EXPECT_EQ(1, admin.scalar("SELECT version FROM " + db +
                             ".idem_schema_version WHERE name = 'api_idempotency'"));
+  admin.query("DROP DATABASE " + db);
+}
+
+// A seed table whose key columns are narrower than idem's keys is widened when adopted (a cut
+// key would make two keys one record); schema.sql leaves such a table to the adoption (no
+// version row); a key column that is not a string is refused; a version row newer than this
+// idem is refused by a store that does not migrate, at its first use.
+TEST_F(MysqlStoreTest, AdoptionWidensNarrowKeysAndTheVersionIsAlwaysChecked) {
+  const std::string db = idem::test::unique_name("idem_narrow");
+  my::RawConnection admin(my::connection(), false);
+  admin.query("CREATE DATABASE " + db);
+  admin.query("CREATE TABLE " + db +
+              ".api_idempotency (id bigint primary key auto_increment,"
+              " idem_key varchar(64) not null, biz_type varchar(32) not null,"
+              " status varchar(32) not null, response_body blob,"
+              " created_at datetime not null, updated_at datetime not null,"
+              " unique key uk_idem_key_biz_type (idem_key, biz_type))");
+  {
+    std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/src/mysql/schema.sql");
+    std::string sql((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    my::RawConnection c(my::connection(db));
+    c.query(sql);
+  }
+  EXPECT_EQ(0, admin.scalar("SELECT count(*) FROM " + db +
+                            ".idem_schema_version WHERE name = 'api_idempotency'"));
+  EXPECT_EQ(1, admin.scalar("SELECT count(*) FROM " + db +
+                            ".idem_schema_version WHERE name = 'mq_consume_record'"));
+  auto o = my::options();
+  o.connection.database = db;
+  o.adopt_existing_table = true;
+  {
+    MysqlStore store{o};
+    const std::string prefix(64, 'k');
+    const std::string scope(64, 's');
+    for (const auto& k :
+         {idem::Key::make(scope, prefix + "-first"), idem::Key::make(scope, prefix + "-second"),
+          idem::Key::make("payment", std::string(128, 'x'))}) {
+      auto r =
+          store.run_transactional(k, "", idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                  [&](Transaction&) { return "r_" + k.id(); });
+      EXPECT_EQ(idem::TransactionalStatus::kCommitted, r.status) << k.id();
+      EXPECT_EQ("r_" + k.id(), store.lookup(k)->response);
+    }
+  }
+  EXPECT_EQ(128,
+            admin.scalar("SELECT CHARACTER_MAXIMUM_LENGTH FROM information_schema.COLUMNS"
+                         " WHERE TABLE_SCHEMA = '" +
+                         db + "' AND TABLE_NAME = 'api_idempotency' AND COLUMN_NAME = 'idem_key'"));
+  admin.query("CREATE TABLE " + db +
+              ".int_keys (id bigint primary key auto_increment, idem_key bigint not null,"
+              " biz_type varchar(64) not null, status varchar(32) not null,"
+              " created_at datetime not null, unique key uk (idem_key, biz_type))");
+  auto ints = o;
+  ints.table = "int_keys";
+  try {
+    MysqlStore store{ints};
+    ADD_FAILURE() << "an integer key column was adopted";
+  } catch (const idem::UsageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("varchar or varbinary")) << e.what();
+  }
+  admin.query("CREATE TABLE " + db +
+              ".extra_cols (id bigint primary key auto_increment, idem_key varchar(128) not null,"
+              " biz_type varchar(64) not null, tenant varchar(16) not null,"
+              " status varchar(32) not null, created_at datetime not null,"
+              " unique key uk (idem_key, biz_type))");
+  auto extra = o;
+  extra.table = "extra_cols";
+  try {
+    MysqlStore store{extra};
+    ADD_FAILURE() << "a table with a NOT NULL column idem does not write was adopted";
+  } catch (const idem::UsageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("(tenant)")) << e.what();
+  }
+  admin.query("UPDATE " + db + ".idem_schema_version SET version = 2");
+  auto plain = o;
+  plain.migrate = false;
+  MysqlStore store{plain};
+  try {
+    (void)store.run_transactional(idem::Key::make("payment", "late"), "",
+                                  idem::OwnerToken::generate(), std::chrono::seconds(60),
+                                  [](Transaction&) { return std::string("x"); });
+    ADD_FAILURE() << "a newer table was used";
+  } catch (const idem::StorageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("newer than this idem")) << e.what();
+  }
   admin.query("DROP DATABASE " + db);
 }
 

@@ -265,6 +265,9 @@ TEST(PostgresConninfo, ClientBoundsAreAddedOnlyWhereTheUserSetNone) {
   EXPECT_EQ(0u, empty.find("host='dbname=app' password='' keepalives=1")) << empty;
   auto escaped = with_client_bounds("password='it\\'s' host=db", limit);
   EXPECT_EQ(0u, escaped.find("password='it\\'s' host='db'")) << escaped;
+  // A backslash that ends the string: libpq drops it, and so does the rewrite.
+  auto trailing = with_client_bounds("host=db password=abc\\", limit);
+  EXPECT_EQ(0u, trailing.find("host='db' password='abc' ")) << trailing;
   auto uri = with_client_bounds("postgresql://u@db/app?connect_timeout=9&sslmode=disable", limit);
   EXPECT_EQ(1u, count(uri, "connect_timeout")) << uri;
   EXPECT_NE(std::string::npos, uri.find("&keepalives=1")) << uri;
@@ -664,6 +667,81 @@ TEST_F(PostgresStoreTest, VersionOneTablesWithTheirIdColumnKeepWorking) {
   EXPECT_EQ(1, pg::scalar("SELECT version FROM " + schema + ".idem_schema_version"));
   pg::exec("UPDATE " + schema + ".idem_schema_version SET version = 3");
   EXPECT_THROW(PostgresStore{o}, idem::StorageError);
+  pg::exec("DROP SCHEMA " + schema + " CASCADE");
+}
+
+// A record table that exists without a version row (made by hand, restored without its row) is
+// checked before use and recorded as the version its layout is; a table whose version row is
+// newer is refused whether the store migrates or not.
+TEST_F(PostgresStoreTest, TablesWithoutAVersionRowAreCheckedAndRecordedAsTheirLayout) {
+  const std::string schema = idem::test::unique_name("idem_unver");
+  pg::exec("CREATE SCHEMA " + schema);
+  const std::string columns =
+      " status varchar(16) NOT NULL, fingerprint text NOT NULL DEFAULT '',"
+      " owner varchar(64) NOT NULL, response_body bytea, lease_until timestamptz NOT NULL,"
+      " expires_at timestamptz, attempts integer NOT NULL DEFAULT 1,"
+      " created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL"
+      " DEFAULT now()";
+  auto o = pg::options();
+  o.schema = schema;
+  auto version_of = [&](const std::string& table) {
+    return pg::scalar("SELECT coalesce((SELECT version FROM " + schema +
+                      ".idem_schema_version WHERE name = '" + table + "'), 0)");
+  };
+  // A version-1 layout (bigserial id) restored without its row: recorded as 1, and it works.
+  pg::exec("CREATE TABLE " + schema + ".api_idempotency (id bigserial PRIMARY KEY," +
+           " idem_key varchar(128) NOT NULL, biz_type varchar(64) NOT NULL," + columns +
+           ", UNIQUE (idem_key, biz_type))");
+  {
+    PostgresStore store(o);
+    EXPECT_EQ(1, version_of("api_idempotency"));
+    idem::IdempotencyGuard guard{store};
+    auto key = unique_key();
+    EXPECT_EQ(Outcome::kExecuted,
+              guard.run(key, "fp", [](pqxx::work&) { return std::string("ok"); }).outcome);
+    EXPECT_EQ(Outcome::kReplayed,
+              guard.run(key, "fp", [](pqxx::work&) { return std::string("no"); }).outcome);
+  }
+  // No unique key on (key, scope), or a NOT NULL column idem does not write: refused by name,
+  // nothing recorded.
+  struct Case {
+    std::string table, ddl, says;
+  };
+  const std::vector<Case> cases = {
+      {"no_unique", "idem_key varchar(128) NOT NULL, biz_type varchar(64) NOT NULL," + columns,
+       "unique key"},
+      {"wider_unique",
+       "idem_key varchar(128) NOT NULL, biz_type varchar(64) NOT NULL," + columns +
+           ", UNIQUE (idem_key, biz_type, status)",
+       "unique key"},
+      {"extra_column",
+       "idem_key varchar(128) NOT NULL, biz_type varchar(64) NOT NULL, tenant text NOT NULL," +
+           columns + ", PRIMARY KEY (idem_key, biz_type)",
+       "(tenant)"},
+  };
+  for (const auto& c : cases) {
+    pg::exec("CREATE TABLE " + schema + "." + c.table + " (" + c.ddl + ")");
+    auto oc = o;
+    oc.table = c.table;
+    try {
+      PostgresStore store(oc);
+      ADD_FAILURE() << c.table << " was used";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(c.says)) << e.what();
+    }
+    EXPECT_EQ(0, version_of(c.table)) << c.table;
+  }
+  // Newer than this idem: refused by a store that does not migrate too, at its first use.
+  pg::exec("UPDATE " + schema + ".idem_schema_version SET version = 3");
+  auto plain = o;
+  plain.migrate = false;
+  PostgresStore store(plain);
+  try {
+    (void)store.lookup(unique_key());
+    ADD_FAILURE() << "a newer table was read";
+  } catch (const idem::StorageError& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("newer than this idem")) << e.what();
+  }
   pg::exec("DROP SCHEMA " + schema + " CASCADE");
 }
 

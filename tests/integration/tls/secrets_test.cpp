@@ -200,7 +200,15 @@ TEST_F(Secrets, PostgresErrorsAndLogsNeverShowThePassword) {
         // whole): masked all the same. (libpq takes a raw '@' as the end of the userinfo.)
         "postgresql://idem_pw:x#" + secret_ + "@[bad",
         "postgresql://idem_pw:a b?" + secret_ + "@[bad",
-        "postgresql://idem_pw:p/" + secret_ + "@[bad"}) {
+        "postgresql://idem_pw:p/" + secret_ + "@[bad",
+        // Messages that quote only a token of the string: a raw '%' (an invalid
+        // percent-encoding), %00, a raw '/' read as the end of the host, a blank in a
+        // conninfo password, a bad percent-encoding in a URI query.
+        "postgresql://idem_pw:Pa%ss-" + secret_ + "@127.0.0.1:1/idem_test",
+        "postgresql://idem_pw:%00" + secret_ + "@127.0.0.1:1/idem_test",
+        "postgresql://idem_pw:" + secret_ + "/x@127.0.0.1:1/idem_test",
+        "host=127.0.0.1 port=1 password=my " + secret_ + " dbname=idem_test",
+        "postgresql://idem_pw@127.0.0.1:1/idem_test?password=%zz" + secret_}) {
     EXPECT_TRUE(said.error_of([&] { idem::postgres::PostgresStore store{opts(bad)}; })) << bad;
   }
   {
@@ -294,6 +302,18 @@ TEST_F(Secrets, IdemctlOutputNeverShowsThePassword) {
        0},
       {"--db " + quote(good_uri) + table + " duplicates --top 5", 0},
       {"--db " + quote("postgresql://idem_pw:" + secret_ + "@127.0.0.1:1/x") + " response s ctl",
+       3},
+      // Every form libpq reads a password in: quoted, blanks around '=', after sslpassword.
+      {"--db " + quote(pg_dsn_ + " user=idem_pw password='" + pg_password_ + "'") + table +
+           " stats",
+       0},
+      {"--db " + quote(pg_dsn_ + " user=idem_pw password = " + pg_password_) + table + " stats", 0},
+      {"--db " +
+           quote(pg_dsn_ + " user=idem_pw sslpassword=" + secret_ + " password=" + pg_password_) +
+           table + " stats",
+       0},
+      {"--db " + quote(pg_dsn_ + " user=idem_pw password='" + wrong_ + " " + secret_ + "'") +
+           table + " stats",
        3},
   };
   for (const auto& c : cases) {
