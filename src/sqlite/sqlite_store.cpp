@@ -139,7 +139,8 @@ struct Connection {
 
 std::unique_ptr<Connection> open_connection(const std::string& path, const DatabaseOptions& o) {
   auto conn = std::make_unique<Connection>();
-  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+  int flags = (o.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+              SQLITE_OPEN_NOMUTEX;
   int rc = sqlite3_open_v2(path.c_str(), &conn->db, flags, nullptr);
   if (rc != SQLITE_OK) {
     // open_v2 leaves a handle to report the error with, even on failure.
@@ -157,7 +158,8 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   sqlite3_extended_result_codes(conn->db, 1);
   sqlite3_busy_timeout(conn->db, static_cast<int>(o.busy_timeout.count()));
   std::string pragmas =
-      "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + o.synchronous +
+      std::string(o.read_only ? "" : "PRAGMA journal_mode=WAL; ") +
+      "PRAGMA synchronous=" + o.synchronous +
       "; PRAGMA foreign_keys=ON; PRAGMA mmap_size=" + std::to_string(o.mmap_size) +
       "; PRAGMA journal_size_limit=" + std::to_string(o.journal_size_limit) + ";";
   if (o.cache_size_kib > 0) {

@@ -172,7 +172,8 @@ class SqliteSource final : public RecordSource, public Admin {
  public:
   /// Opens an existing database file holding `options.table`. Never creates a file.
   /// @throws StoreError when the file or the table is missing or unreadable.
-  SqliteSource(const std::string& path, idem::sqlite::SqliteStoreOptions options)
+  SqliteSource(const std::string& path, idem::sqlite::SqliteStoreOptions options,
+               bool read_only = false)
       : path_(path), table_(options.table), options_(options) {
     if (path.empty()) throw UsageError("no database: pass --db PATH (or set IDEMCTL_DB)");
     if (path != ":memory:") {
@@ -183,7 +184,9 @@ class SqliteSource final : public RecordSource, public Admin {
       }
     }
     try {
-      db_ = std::make_shared<idem::sqlite::Database>(path);
+      idem::sqlite::DatabaseOptions o;
+      o.read_only = read_only;  // a command that only reads changes nothing, not even the mode
+      db_ = std::make_shared<idem::sqlite::Database>(path, o);
       bool has_table = db_->read([&](idem::sqlite::Session& s) {
         return s.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
                              table_)

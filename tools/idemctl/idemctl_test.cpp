@@ -3,6 +3,7 @@
 #include "idemctl.hpp"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -153,15 +154,37 @@ TEST_F(IdemctlTest, ReadingChangesNothingAndWaitsForNoWriter) {
         [](idem::sqlite::Transaction& tx) { tx.exec_script("DROP TABLE idem_schema_version"); });
   }
   ASSERT_EQ(0, tables().value_or(-1));
-  idem::sqlite::DatabaseOptions o;
-  o.busy_timeout = std::chrono::seconds(60);
-  idem::sqlite::Database writer(path_, o);
-  auto held = writer.begin();  // another process would wait 60 s for it
-  auto r = idemctl(db_ + "show order.create abc");
-  EXPECT_EQ(0, r.status) << r.out;
-  EXPECT_TRUE(contains(r.out, "completed")) << r.out;
-  held.rollback();
+  {
+    idem::sqlite::DatabaseOptions o;
+    o.busy_timeout = std::chrono::seconds(60);
+    idem::sqlite::Database writer(path_, o);
+    auto held = writer.begin();  // another process would wait 60 s for it
+    auto r = idemctl(db_ + "show order.create abc");
+    EXPECT_EQ(0, r.status) << r.out;
+    EXPECT_TRUE(contains(r.out, "completed")) << r.out;
+    held.rollback();
+  }  // closed: the journal mode can change below
   EXPECT_EQ(0, tables().value_or(-1));
+  // Nor its journal mode: a file in rollback-journal mode stays so (idem's own connections
+  // would set WAL).
+  auto journal_mode = [&](const char* set) {
+    sqlite3* raw = nullptr;
+    EXPECT_EQ(SQLITE_OK, sqlite3_open(path_.c_str(), &raw));
+    std::string mode;
+    sqlite3_stmt* st = nullptr;
+    EXPECT_EQ(SQLITE_OK,
+              sqlite3_prepare_v2(raw, set ? set : "PRAGMA journal_mode", -1, &st, nullptr));
+    if (sqlite3_step(st) == SQLITE_ROW) {
+      mode = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(raw);
+    return mode;
+  };
+  ASSERT_EQ("delete", journal_mode("PRAGMA journal_mode=DELETE"));
+  auto again = idemctl(db_ + "show order.create abc");
+  EXPECT_EQ(0, again.status) << again.out;
+  EXPECT_EQ("delete", journal_mode(nullptr));
 }
 
 TEST_F(IdemctlTest, StatsCountsByStatus) {

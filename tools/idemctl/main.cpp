@@ -166,7 +166,8 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
     throw idemctl::UsageError("--schema names a PostgreSQL schema; " + idemctl::redact_dsn(a.db) +
                               " is not a PostgreSQL database");
   }
-  return std::make_unique<idemctl::SqliteSource>(a.db, store_options(a));
+  const bool writes = !a.rest.empty() && (a.rest[0] == "release" || a.rest[0] == "purge");
+  return std::make_unique<idemctl::SqliteSource>(a.db, store_options(a), !writes);
 }
 
 // The record table as the headers print it: schema-qualified when --schema named one.

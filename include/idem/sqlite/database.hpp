@@ -240,6 +240,10 @@ struct DatabaseOptions {
   /// transaction open, so the -wal grows meanwhile by every commit; without a limit it keeps
   /// that size on disk afterwards. -1: no limit (SQLite's default).
   std::int64_t journal_size_limit = 64 * 1024 * 1024;
+  /// Opens the file read-only (SQLITE_OPEN_READONLY) and leaves its journal mode as it is: for
+  /// tools that only read (idemctl's show, stats, ...). The file must exist; a write
+  /// transaction fails with a StorageError.
+  bool read_only = false;
 };
 
 /// A SQLite database file with a connection pool and an in-process writer lock. Thread-safe.
