@@ -514,50 +514,50 @@ void PostgresStore::migrate() {
       // row): used as it is when idem can, recorded as the version its layout is.
       version = check_existing_table(tx, t, k, s);
     }
-      // Keep in step with src/postgres/schema.sql. The unique key is the primary key (it
-      // contains the partition columns, so partitioned tables have it too). Version 1 and 2
-      // tables need nothing: both work as they are. The key columns compare bytes (COLLATE
-      // "C"): keys are identifiers, not words, so the database's locale has nothing to add but
-      // cost (~25% more per record insert with an ICU collation) and a unique index that a
-      // glibc or ICU upgrade changing the collation's order would silently corrupt.
-      const bool partitioned = options_.partitions > 1;
-      tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (" + k +
-              " varchar(128) COLLATE \"C\" NOT NULL,"
-              " " +
-              s +
-              " varchar(64) COLLATE \"C\" NOT NULL,"
-              " status varchar(16) NOT NULL"
-              "  CHECK (status IN ('in_progress', 'completed', 'failed')),"
-              " fingerprint text NOT NULL DEFAULT '',"
-              " owner varchar(64) NOT NULL,"
-              " response_body bytea,"
-              " lease_until timestamptz NOT NULL,"
-              " expires_at timestamptz,"
-              " attempts integer NOT NULL DEFAULT 1,"
-              " created_at timestamptz NOT NULL DEFAULT now(),"
-              " updated_at timestamptz NOT NULL DEFAULT now(),"
-              " CONSTRAINT " +
-              options_.table + "_key_uq PRIMARY KEY (" + k + ", " + s + "))" +
-              (partitioned ? " PARTITION BY HASH (" + s + ", " + k + ")" : std::string()));
-      // A table that existed already (made by hand, without a version row) stays as it is.
-      const bool now_partitioned =
-          partitioned &&
-          !detail::exec_params(
-               tx, "SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1::regclass", t)
-               .empty();
-      for (std::size_t i = 0; now_partitioned && i < options_.partitions; ++i) {
-        const std::string modulus = std::to_string(options_.partitions);
-        const std::string remainder = std::to_string(i);
-        tx.exec("CREATE TABLE IF NOT EXISTS " + t + "_p" + remainder + " PARTITION OF " + t +
-                " FOR VALUES WITH (MODULUS " + modulus + ", REMAINDER " + remainder + ")");
-      }
-      tx.exec("CREATE INDEX IF NOT EXISTS " + options_.table + "_expires_idx ON " + t +
-              " (expires_at) WHERE status <> 'in_progress'");
-      detail::exec_params(tx,
-                          "INSERT INTO " + versions +
-                              " (name, version) VALUES ($1, $2) ON CONFLICT (name)"
-                              " DO UPDATE SET version = EXCLUDED.version, applied_at = now()",
-                          options_.table, version);
+    // Keep in step with src/postgres/schema.sql. The unique key is the primary key (it
+    // contains the partition columns, so partitioned tables have it too). Version 1 and 2
+    // tables need nothing: both work as they are. The key columns compare bytes (COLLATE
+    // "C"): keys are identifiers, not words, so the database's locale has nothing to add but
+    // cost (~25% more per record insert with an ICU collation) and a unique index that a
+    // glibc or ICU upgrade changing the collation's order would silently corrupt.
+    const bool partitioned = options_.partitions > 1;
+    tx.exec("CREATE TABLE IF NOT EXISTS " + t + " (" + k +
+            " varchar(128) COLLATE \"C\" NOT NULL,"
+            " " +
+            s +
+            " varchar(64) COLLATE \"C\" NOT NULL,"
+            " status varchar(16) NOT NULL"
+            "  CHECK (status IN ('in_progress', 'completed', 'failed')),"
+            " fingerprint text NOT NULL DEFAULT '',"
+            " owner varchar(64) NOT NULL,"
+            " response_body bytea,"
+            " lease_until timestamptz NOT NULL,"
+            " expires_at timestamptz,"
+            " attempts integer NOT NULL DEFAULT 1,"
+            " created_at timestamptz NOT NULL DEFAULT now(),"
+            " updated_at timestamptz NOT NULL DEFAULT now(),"
+            " CONSTRAINT " +
+            options_.table + "_key_uq PRIMARY KEY (" + k + ", " + s + "))" +
+            (partitioned ? " PARTITION BY HASH (" + s + ", " + k + ")" : std::string()));
+    // A table that existed already (made by hand, without a version row) stays as it is.
+    const bool now_partitioned =
+        partitioned &&
+        !detail::exec_params(tx,
+                             "SELECT 1 FROM pg_partitioned_table WHERE partrelid = $1::regclass", t)
+             .empty();
+    for (std::size_t i = 0; now_partitioned && i < options_.partitions; ++i) {
+      const std::string modulus = std::to_string(options_.partitions);
+      const std::string remainder = std::to_string(i);
+      tx.exec("CREATE TABLE IF NOT EXISTS " + t + "_p" + remainder + " PARTITION OF " + t +
+              " FOR VALUES WITH (MODULUS " + modulus + ", REMAINDER " + remainder + ")");
+    }
+    tx.exec("CREATE INDEX IF NOT EXISTS " + options_.table + "_expires_idx ON " + t +
+            " (expires_at) WHERE status <> 'in_progress'");
+    detail::exec_params(tx,
+                        "INSERT INTO " + versions +
+                            " (name, version) VALUES ($1, $2) ON CONFLICT (name)"
+                            " DO UPDATE SET version = EXCLUDED.version, applied_at = now()",
+                        options_.table, version);
   });
 }
 
