@@ -52,9 +52,10 @@ constexpr std::string_view step_name(Step s) noexcept {
 /// Options of an IdempotencyGuard.
 struct GuardOptions {
   /// How long an in-progress claim is honoured before another attempt may take it over.
-  /// Choose it longer than the slowest handler. Must be positive.
+  /// Choose it longer than the slowest handler. Positive, at most kMaxTerm (100 years).
   std::chrono::milliseconds lease = kDefaultLease;
-  /// How long a completed record (and its response) is kept. Must be positive.
+  /// How long a completed record (and its response) is kept. Positive, at most kMaxTerm (100
+  /// years: pass kMaxTerm for "keep forever").
   std::chrono::seconds retention = kDefaultRetention;
   /// Receives events for logs and metrics (null means none). Shared so adapters outlive calls.
   std::shared_ptr<Observer> observer;
@@ -111,9 +112,9 @@ struct GuardOptions {
 /// What one call may set differently from the guard's options (a refund keeps its record 30
 /// days, a cart 10 minutes). Unset fields take the GuardOptions value.
 struct CallOptions {
-  /// GuardOptions::lease for this call. Must be positive.
+  /// GuardOptions::lease for this call. Positive, at most kMaxTerm.
   std::optional<std::chrono::milliseconds> lease;
-  /// GuardOptions::retention for this call. Must be positive.
+  /// GuardOptions::retention for this call. Positive, at most kMaxTerm.
   std::optional<std::chrono::seconds> retention;
   /// GuardOptions::wait_for_result for this call (0: answer kInProgress at once).
   std::optional<std::chrono::milliseconds> wait_for_result;
