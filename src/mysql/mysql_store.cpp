@@ -11,6 +11,7 @@
 
 #include "connection.hpp"
 #include "errors.hpp"
+#include "idem/detail/record_columns.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/detail/rerun_pause.hpp"
 #include "idem/detail/utf8.hpp"
@@ -1115,11 +1116,9 @@ void MysqlStore::migrate() {
                   "migrate", &required, table);
       for (const Row& r : required) {
         const std::string name = r[0].bytes();
-        const bool written = name == options_.key_column || name == options_.scope_column ||
-                             name == "status" || name == "created_at" || name == "updated_at" ||
-                             name == "response_body" || name == "fingerprint" || name == "owner" ||
-                             name == "lease_until" || name == "expires_at" || name == "attempts";
-        if (!written) extra += (extra.empty() ? "" : ", ") + name;
+        if (!idem::detail::is_record_column(name, options_.key_column, options_.scope_column)) {
+          extra += (extra.empty() ? "" : ", ") + name;
+        }
       }
       if (!extra.empty()) {
         throw UsageError("idem::mysql: cannot adopt table '" + table +

@@ -12,6 +12,7 @@
 
 #include "deadline.hpp"
 #include "errors.hpp"
+#include "idem/detail/record_columns.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/detail/rerun_pause.hpp"
 #include "idem/postgres/detail/pqxx_compat.hpp"
@@ -63,18 +64,20 @@ int check_existing_table(pqxx::transaction_base& tx, const std::string& t, const
                      "unique key on exactly (" + k + ", " + s +
                      "): idem's claims need one (docs/postgres.md), or use another table");
   }
-  const pqxx::result extra = detail::exec_params(
-      tx,
-      "SELECT string_agg(attname, ', ' ORDER BY attnum) FROM pg_attribute"
-      " WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attnotnull"
-      " AND NOT atthasdef AND attidentity = '' AND attgenerated = ''"
-      " AND attname NOT IN ($2, $3, 'id', 'status', 'fingerprint', 'owner', 'response_body',"
-      " 'lease_until', 'expires_at', 'attempts', 'created_at', 'updated_at')",
-      t, k, s);
-  if (!extra[0][0].is_null()) {
+  std::string extra;
+  for (const auto& row : detail::exec_params(
+           tx,
+           "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0"
+           " AND NOT attisdropped AND attnotnull AND NOT atthasdef AND attidentity = ''"
+           " AND attgenerated = '' AND attname <> 'id' ORDER BY attnum",
+           t)) {
+    const std::string name = row[0].c_str();
+    if (!idem::detail::is_record_column(name, k, s)) extra += (extra.empty() ? "" : ", ") + name;
+  }
+  if (!extra.empty()) {
     throw UsageError("idem::postgres: table " + t + " has NOT NULL columns without a default " +
-                     "that idem does not write (" + extra[0][0].c_str() +
-                     "): give them a default or let them be NULL");
+                     "that idem does not write (" + extra + "): give them a default or let " +
+                     "them be NULL");
   }
   const bool has_id = !detail::exec_params(tx,
                                            "SELECT 1 FROM pg_attribute WHERE attrelid = "

@@ -23,6 +23,7 @@
 
 #include "errors.hpp"
 #include "idem/detail/packed_fingerprint.hpp"
+#include "idem/detail/record_columns.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/sql.hpp"
 
@@ -812,10 +813,9 @@ void check_adoptable(Session& session, const std::string& t, const std::string& 
     throw UsageError("idem::sqlite: cannot use the existing table '" + t + "': " + why +
                      " (docs/versioning.md)");
   };
-  for (const std::string& column :
-       {k, s, std::string("status"), std::string("fingerprint"), std::string("owner"),
-        std::string("response_body"), std::string("lease_until"), std::string("expires_at"),
-        std::string("attempts"), std::string("created_at"), std::string("updated_at")}) {
+  std::vector<std::string> columns{k, s};
+  for (std::string_view c : idem::detail::kRecordColumnNames) columns.emplace_back(c);
+  for (const std::string& column : columns) {
     const auto type = session.query_text(
         "SELECT upper(type) FROM pragma_table_info(?1) WHERE name = ?2", t, column);
     if (!type) refuse("it has no column '" + column + "'");
@@ -828,14 +828,19 @@ void check_adoptable(Session& session, const std::string& t, const std::string& 
              ", which turns some keys into numbers; declare it TEXT");
     }
   }
-  const auto extra = session.query_text(
-      "SELECT group_concat(name, ', ') FROM pragma_table_info(?1) WHERE \"notnull\" = 1"
-      " AND dflt_value IS NULL AND pk = 0 AND name NOT IN (?2, ?3, 'status', 'fingerprint',"
-      " 'owner', 'response_body', 'lease_until', 'expires_at', 'attempts', 'created_at',"
-      " 'updated_at')",
-      t, k, s);
-  if (extra && !extra->empty()) {
-    refuse("it has NOT NULL columns without a default that idem does not write (" + *extra +
+  std::string extra;
+  {
+    Statement st = session.prepare(
+        "SELECT name FROM pragma_table_info(?1) WHERE \"notnull\" = 1 AND dflt_value IS NULL"
+        " AND pk = 0");
+    st.bind(1, t);
+    while (st.step()) {
+      const std::string name = st.column_bytes(0);
+      if (!idem::detail::is_record_column(name, k, s)) extra += (extra.empty() ? "" : ", ") + name;
+    }
+  }
+  if (!extra.empty()) {
+    refuse("it has NOT NULL columns without a default that idem does not write (" + extra +
            "): give them a default or let them be NULL");
   }
   const auto unique = session.query_int64(
