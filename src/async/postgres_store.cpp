@@ -235,6 +235,9 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
                                              const postgres::PostgresStore& store) {
     using std::chrono::milliseconds;
     if (o.conninfo.empty()) o.conninfo = store.options().conninfo;
+    if (auto why = pgd::raw_at_in_uri_userinfo(o.conninfo); !why.empty()) {
+      throw UsageError("idem::AsyncPostgresStore: " + why);
+    }
     if (o.connections == 0) o.connections = 1;
     o.connect_timeout = positive_or(o.connect_timeout, milliseconds(2000), "connect_timeout");
     o.statement_timeout =

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <string>
 
+#include "idem/detail/redact.hpp"
 #include "idem/errors.hpp"
 #include "idem/mysql/client.hpp"
 
@@ -10,8 +11,10 @@ namespace idem::mysql {
 namespace {
 
 [[noreturn]] void bad(std::string_view uri, const std::string& why) {
-  // The password is never echoed.
-  std::string shown(uri.substr(0, uri.find('@') == std::string_view::npos ? uri.size() : 0));
+  // The password is never echoed: a URI with an '@' not at all, one without with everything
+  // after its first ':' masked ("mysql://idem:secret" reads as a host and a port).
+  std::string shown =
+      uri.find('@') == std::string_view::npos ? idem::detail::mask_refused_uri(uri) : "";
   throw UsageError("idem::mysql: bad connection URI" +
                    (shown.empty() ? std::string() : " '" + shown + "'") + ": " + why +
                    " (expected mysql://user:password@host:port/database?key=value)");
@@ -46,8 +49,7 @@ unsigned long number(std::string_view uri, std::string_view what, std::string_vi
   unsigned long n = 0;
   auto r = std::from_chars(v.data(), v.data() + v.size(), n);
   if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size() || n > max) {
-    bad(uri, std::string(what) + " '" + std::string(v) + "' is not a number up to " +
-                 std::to_string(max));
+    bad(uri, std::string(what) + " is not a number up to " + std::to_string(max));
   }
   return n;
 }

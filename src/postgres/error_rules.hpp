@@ -89,6 +89,22 @@ inline std::string mask_parse_error_tokens(std::string s) {
   return out;
 }
 
+// libpq ends a URI's user information at its first '@' (before any '/'): the rest of a
+// password holding a raw '@' becomes the host name, which "could not translate host name
+// \"...\"" then quotes, and no mask can tell it from a host. Such a URI (a second '@' after the
+// first, before the query) is refused up front. @return the message to refuse it with, or ""
+// when the string is not a URI or has no such '@'.
+inline std::string raw_at_in_uri_userinfo(std::string_view conninfo) {
+  if (conninfo.rfind("postgresql://", 0) != 0 && conninfo.rfind("postgres://", 0) != 0) return {};
+  const std::string_view rest = conninfo.substr(0, conninfo.find('?'));
+  const std::size_t first = rest.find('@');
+  if (first == std::string_view::npos || rest.find('@', first + 1) == std::string_view::npos) {
+    return {};
+  }
+  return "the postgresql:// URI has more than one '@': a '@' in the user name or password must "
+         "be percent-encoded as %40 (the URI is not shown: it holds a password)";
+}
+
 // Every password is masked before a message enters an idem error: the forms of
 // idem/detail/redact.hpp, and the tokens libpq's parse errors quote.
 inline std::string scrub(std::string s) {

@@ -15,6 +15,7 @@
 
 #include "errors.hpp"
 #include "idem/detail/readable_file.hpp"
+#include "idem/detail/redact.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::rabbitmq::detail {
@@ -57,7 +58,9 @@ Connection::Connection(const ConnectionOptions& options, std::string role)
   amqp_connection_info info{};
   amqp_default_connection_info(&info);
   if (url_buffer_.empty() || amqp_parse_url(url_buffer_.data(), &info) != AMQP_STATUS_OK) {
-    throw UsageError(who + "not an amqp:// URL: '" + options_.url + "'");
+    throw UsageError(who + "not an amqp:// URL: '" + idem::detail::mask_refused_uri(options_.url) +
+                     "' (expected amqp[s]://user:password@host:port/vhost, reserved characters "
+                     "of the user name and password percent-encoded)");
   }
   tls_ = info.ssl != 0;
   if (!tls_ && (!options_.tls_ca.empty() || !options_.tls_cert.empty())) {

@@ -121,8 +121,9 @@ void throw_error(const Failure& f) {
     case Kind::kTls:
       // Not retryable: the same certificate fails again until the configuration changes.
       throw StorageError(compose(f, "TLS"));
-    case Kind::kTlsDown:
-      throw StorageError(compose(f, "not tried: the last connect failed TLS checks"));
+    case Kind::kRefusedDown:
+      // As the refusal itself: the server or the credentials fail again until they change.
+      throw StorageError(compose(f, "not tried: the last connect was refused"));
   }
   throw StorageError(compose(f, "unknown failure"));
 }

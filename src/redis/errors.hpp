@@ -18,7 +18,7 @@ struct Failure {
     kServerDown,     ///< a connect failed moments ago (reconnect_backoff): `message` says why
     kCorrupt,        ///< a value under an idem key that idem did not write
     kTls,            ///< TLS refused: certificate not trusted, name mismatch, handshake error
-    kTlsDown,        ///< a connect failed TLS checks moments ago (reconnect_backoff): `message`
+    kRefusedDown,    ///< a connect was refused for good moments ago (TLS, AUTH): `message`
   };
   Kind kind;
   std::string_view context;      ///< what was being done, e.g. "claim idem:{payment|o1}"

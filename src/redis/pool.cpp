@@ -166,10 +166,10 @@ Pool::Lease Pool::acquire(std::string_view what) {
       if (down_ && (probing_ || now < next_probe_)) {
         ++stats_.fast_failures;
         std::string last = last_error_;
-        const bool tls = last_error_tls_;
+        const bool refused = last_error_refused_;
         lock.unlock();
-        throw_error(
-            Failure{tls ? Failure::Kind::kTlsDown : Failure::Kind::kServerDown, what, last});
+        throw_error(Failure{refused ? Failure::Kind::kRefusedDown : Failure::Kind::kServerDown,
+                            what, last});
       }
       const bool probe = down_;
       if (probe) probing_ = true;
@@ -192,7 +192,7 @@ Pool::Lease Pool::acquire(std::string_view what) {
         next_probe_ = Clock::now() + settings_.reconnect_backoff;
         last_error_ = e.what();
         const auto* error = dynamic_cast<const Error*>(&e);
-        last_error_tls_ = settings_.tls && error != nullptr && error->code() == errc::kStorageError;
+        last_error_refused_ = error != nullptr && error->code() == errc::kStorageError;
         lock.unlock();
         freed_.notify_one();
         throw;

@@ -146,7 +146,9 @@ class IDEM_EXPORT Pool {
   bool probing_ = false;
   std::chrono::steady_clock::time_point next_probe_{};
   std::string last_error_;
-  bool last_error_tls_ = false;  // the last connect failed TLS checks: not a server outage
+  // The last connect was refused for good (TLS checks, credentials): not a server outage, so
+  // the calls failed fast until the next try are not retryable either.
+  bool last_error_refused_ = false;
   RedisPoolStats stats_;
   std::unique_ptr<Pipeline> pipeline_;  // last: gives its connection back before the rest goes
 };

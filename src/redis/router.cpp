@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "errors.hpp"
+#include "idem/detail/redact.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::redis::detail {
@@ -23,7 +24,8 @@ std::int64_t steady_ns() noexcept {
 }
 
 [[noreturn]] void bad(std::string_view shown, const std::string& why) {
-  throw UsageError("idem::redis: invalid URI '" + std::string(shown) + "': " + why +
+  throw UsageError("idem::redis: invalid URI '" + idem::detail::mask_refused_uri(shown) +
+                   "': " + why +
                    " (expected redis-cluster://[[user]:password@]host:port[,host:port...] or "
                    "redis-sentinel://[[user]:password@]host:port[,host:port...]/service[/db])");
 }
@@ -62,7 +64,7 @@ Topology parse_topology(std::string_view uri) {
     bad(shown, "a cluster has no database number (only db 0 exists)");
   }
   if (hosts.empty()) bad(shown, "no host");
-  while (!hosts.empty()) {
+  for (int position = 1; !hosts.empty(); ++position) {
     auto comma = hosts.find(',');
     std::string_view one = hosts.substr(0, comma);
     if (one.empty()) bad(shown, "empty address in the list");
@@ -71,7 +73,8 @@ Topology parse_topology(std::string_view uri) {
       t.endpoints.push_back(
           parse_uri("redis://" + (cluster ? userinfo : std::string()) + std::string(one)));
     } catch (const UsageError&) {
-      bad(shown, "bad address '" + std::string(one) + "'");
+      // Named by its place, not echoed: without an '@' it may hold a password.
+      bad(shown, "bad address (number " + std::to_string(position) + " of the list)");
     }
     hosts = comma == std::string_view::npos ? std::string_view() : hosts.substr(comma + 1);
   }

@@ -4,13 +4,15 @@
 
 #include <charconv>
 
+#include "idem/detail/redact.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::redis::detail {
 namespace {
 
 [[noreturn]] void bad(std::string_view shown, const std::string& why) {
-  throw UsageError("idem::redis: invalid URI '" + std::string(shown) + "': " + why +
+  throw UsageError("idem::redis: invalid URI '" + idem::detail::mask_refused_uri(shown) +
+                   "': " + why +
                    " (expected redis://[[user]:password@]host[:port][/db], rediss://... (TLS) "
                    "or unix:///path[?db=N])");
 }
@@ -45,8 +47,9 @@ int parse_number(std::string_view s, int max, std::string_view shown, const char
   if (s.empty()) bad(shown, std::string("empty ") + what);
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
   if (ec != std::errc() || ptr != s.data() + s.size() || value < 0 || value > max) {
-    bad(shown, std::string("the ") + what + " '" + std::string(s) +
-                   "' is not a number between 0 and " + std::to_string(max));
+    // The value is not echoed: in a URI without '@' it may be a password ("redis://u:secret").
+    bad(shown,
+        std::string("the ") + what + " is not a number between 0 and " + std::to_string(max));
   }
   return value;
 }

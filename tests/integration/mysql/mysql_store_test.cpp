@@ -1162,6 +1162,16 @@ TEST(MysqlUri, ParsesEveryPart) {
   EXPECT_EQ("", two.database);
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/db?read_timeout=0"), idem::UsageError);
   EXPECT_THROW((void)idem::mysql::parse_uri("mysql://h/a%2"), idem::UsageError);
+  // No '@' (a forgotten host): the password reads as a port.
+  for (const char* uri : {"mysql://idem:QZ7secret", "mysql://idem:QZ7secret/db",
+                          "mysql://h:1?read_timeout=QZ7secret"}) {
+    try {
+      (void)idem::mysql::parse_uri(uri);
+      ADD_FAILURE() << uri;
+    } catch (const idem::UsageError& e) {
+      EXPECT_EQ(std::string::npos, std::string(e.what()).find("QZ7secret")) << e.what();
+    }
+  }
 }
 
 // The seed table exactly as services create it, adopted: idem adds its columns, its key
