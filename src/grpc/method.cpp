@@ -6,6 +6,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpcpp/security/auth_context.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -35,6 +36,18 @@ bool is_metadata_name(std::string_view name) noexcept {
 
 bool ends_with(std::string_view s, std::string_view suffix) noexcept {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Whether grpc++ sends this entry (it aborts the process on one it refuses): a metadata name,
+// and, unless the name ends in "-bin", a value of printable ASCII.
+bool sendable(std::string_view name, std::string_view value) noexcept {
+  if (!is_metadata_name(name)) return false;
+  if (ends_with(name, "-bin")) return true;
+  for (char ch : value) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
 }
 
 void check_metadata_name(std::string_view what, std::string_view name) {
@@ -282,6 +295,15 @@ bool MethodCore::stores(::grpc::StatusCode code) const {
   return options_.store_status ? options_.store_status(code) : is_final_status(code);
 }
 
+std::size_t MethodCore::drop_unsendable(Reply& reply) {
+  const auto before = reply.trailers.size();
+  reply.trailers.erase(
+      std::remove_if(reply.trailers.begin(), reply.trailers.end(),
+                     [](const Metadata& m) { return !sendable(m.first, m.second); }),
+      reply.trailers.end());
+  return before - reply.trailers.size();
+}
+
 // magic, code (u32), message, details, trailer count (u32), each name and value, body: every
 // string as a u32 big-endian length and its bytes (the helpers of idem::http's codec).
 std::string MethodCore::encode(const Reply& reply,
@@ -357,7 +379,8 @@ std::string MethodCore::encode(const Reply& reply,
   for (std::uint32_t i = 0; i < trailer_count; ++i) {
     std::string_view name = in.raw(in.u32());
     std::string_view value = in.raw(in.u32());
-    context.AddTrailingMetadata(std::string(name), std::string(value));
+    // A record stored before such entries were dropped: skipped, not sent (see Reply).
+    if (sendable(name, value)) context.AddTrailingMetadata(std::string(name), std::string(value));
   }
   context.AddTrailingMetadata(replayed_name(), replayed_value());
   return ::grpc::Status(static_cast<::grpc::StatusCode>(code), std::string(message),

@@ -102,7 +102,10 @@ struct Reply {
   /// The call's status (code, message, binary details).
   ::grpc::Status status;
   /// Trailing metadata sent with it. Those named in MethodOptions::replay_trailers are stored
-  /// and replayed; the others reach this caller only.
+  /// and replayed; the others reach this caller only. An entry gRPC would refuse (a name
+  /// outside lower-case [0-9a-z_.-], or, for a name not ending in "-bin", a value with a byte
+  /// outside printable ASCII 0x20-0x7E: a non-ASCII name, a line break) is dropped, neither
+  /// sent nor stored (grpc++ aborts the process on it); send such values in a "-bin" entry.
   std::vector<Metadata> trailers;
 
   /// OK, no trailers.
@@ -200,6 +203,10 @@ class IDEM_EXPORT MethodCore {
   Prepared prepare(::grpc::ServerContextBase& context,
                    const google::protobuf::MessageLite& request) const;
   bool stores(::grpc::StatusCode code) const;
+  /// Removes the trailers gRPC would refuse to send (grpc++ aborts the process on them): a
+  /// name that is not a metadata name, an ASCII entry's value outside printable ASCII.
+  /// @return how many were removed.
+  static std::size_t drop_unsendable(Reply& reply);
   /// The stored form of a reply: status, stored trailers and (when OK) the response bytes.
   std::string encode(const Reply& reply, const google::protobuf::MessageLite& response) const;
   /// Sends the handler's own reply (every trailer).
@@ -254,6 +261,7 @@ class IDEM_EXPORT Method {
     std::optional<Reply> first;  // the handler's full reply, for this caller
     auto keep = [&](Reply r) -> std::string {
       first = std::move(r);
+      detail::MethodCore::drop_unsendable(*first);
       if (!core_.stores(first->status.error_code())) throw detail::DoNotStore{};
       return core_.encode(*first, *response);
     };
@@ -275,7 +283,12 @@ class IDEM_EXPORT Method {
         case Outcome::kExecuted:
           return core_.executed(context, *first);
         case Outcome::kReplayed:
-          return core_.replay(context, *r.value, response);
+          try {
+            return core_.replay(context, *r.value, response);
+          } catch (const CorruptRecord& e) {
+            report_corrupt(*prepared.key, r.source, e);  // as the guard reports its own
+            throw;
+          }
         case Outcome::kInProgress:
           return core_.refuse(context, errc::kInProgress);
         case Outcome::kFingerprintMismatch:
@@ -310,6 +323,24 @@ class IDEM_EXPORT Method {
     const auto left =
         std::chrono::duration_cast<milliseconds>(deadline - std::chrono::system_clock::now());
     return std::max(milliseconds{0}, std::min(wait, left));
+  }
+
+  // A stored reply that cannot be decoded, told to the observer as a store's failure.
+  void report_corrupt(const Key& key, Source source, const Error& e) const noexcept {
+    Observer* o = guard_.options().observer.get();
+    if (o == nullptr) return;
+    const bool fast = source == Source::kFastStore;
+    std::string_view name = "unknown";
+    if (fast && guard_.fast_store() != nullptr) name = guard_.fast_store()->name();
+    if constexpr (IdempotencyGuard<Durable>::kHasDurable) {
+      if (!fast && guard_.durable_store() != nullptr) name = guard_.durable_store()->name();
+    }
+    try {
+      o->on_store_error(
+          StoreErrorEvent{&key, fast ? StoreRole::kFast : StoreRole::kDurable, name, e});
+    } catch (...) {
+      // An observer's failure changes no answer.
+    }
   }
 
   IdempotencyGuard<Durable>& guard_;

@@ -286,7 +286,7 @@ class Scripted : public ::testing::Test {
     durable_->database().write([](Tx& tx) {
       tx.exec("CREATE TABLE IF NOT EXISTS effect (id INTEGER PRIMARY KEY, note TEXT)");
     });
-    guard_ = std::make_unique<Guard>(fast_, *durable_);
+    guard_ = std::make_unique<Guard>(fast_, *durable_, guard_options_);
     service_ = std::make_unique<Service>(*guard_, std::move(options), std::move(h), transactional);
     server_ = std::make_unique<Server>(std::vector<grpc::Service*>{service_.get()});
     stub_ = pb::Payments::NewStub(grpc_payment::make_channel(server_->address(), ""));
@@ -311,6 +311,7 @@ class Scripted : public ::testing::Test {
   }
 
   idem::test::TempDir dir_;
+  idem::GuardOptions guard_options_;
   idem::MemoryStore fast_;
   std::unique_ptr<idem::sqlite::SqliteStore> durable_;
   std::unique_ptr<Guard> guard_;
@@ -382,7 +383,23 @@ TEST_F(Scripted, ADuplicateWaitsForTheFirstResultButNotPastItsDeadline) {
   EXPECT_EQ(1, service_->runs());
 }
 
+// Store failures the observer hears of (a log line, idem_store_errors_total).
+struct StoreErrors final : idem::Observer {
+  void on_store_error(const idem::StoreErrorEvent& e) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex);
+    codes.push_back(std::string(idem::errc_name(e.error.code())) + "@" + std::string(e.store));
+  }
+  std::vector<std::string> seen() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return codes;
+  }
+  std::mutex mutex;
+  std::vector<std::string> codes;
+};
+
 TEST_F(Scripted, DamagedStoredReplyIsInternalAndSendsNoneOfItsTrailers) {
+  auto observer = std::make_shared<StoreErrors>();
+  guard_options_.observer = observer;
   idem::grpc::MethodOptions o;
   o.method = grpc_payment::kChargeMethod;
   o.replay_trailers = {"x-stored"};
@@ -426,6 +443,9 @@ TEST_F(Scripted, DamagedStoredReplyIsInternalAndSendsNoneOfItsTrailers) {
     EXPECT_EQ("", a.trailer("x-stored"));  // nothing of the record reached the answer
     EXPECT_EQ("", a.trailer("idempotent-replayed"));
   }
+  // Each is told to the observer as the store's failure (as the HTTP layer's are), not only
+  // counted as a replay.
+  EXPECT_EQ(std::vector<std::string>(3, "corrupt_record@memory"), observer->seen());
   // The same record intact replays with its trailer (the test's encoding is the stored one).
   fast_.fill(k, fp, record("", ""), std::chrono::seconds(60));
   auto ok = call("broken");
@@ -470,6 +490,36 @@ TEST_F(Scripted, OnlyTheChosenTrailersAreReplayed) {
   EXPECT_EQ(0u, second.trailers.count("x-dropped"));
   EXPECT_EQ("true", second.trailer("idempotent-replayed"));
   EXPECT_EQ("PAY-T", second.reply.payment_no());
+}
+
+// A trailer grpc++ would refuse (it aborts the process on one: a non-ASCII value, a line break,
+// an upper-case name) is dropped, neither sent nor stored, so neither the call nor any replay
+// of its key takes the server down; a record stored with one replays without it.
+TEST_F(Scripted, UnsendableTrailersAreDroppedNeitherSentNorStored) {
+  auto o = charge_options();
+  o.replay_trailers = {"x-name", "x-note", "x-ok", "x-bin"};
+  start(o, [](Tx*, int, const pb::ChargeRequest&, pb::ChargeReply* reply) {
+    reply->set_payment_no("PAY-U");
+    return idem::grpc::Reply{grpc::Status::OK,
+                             {{"x-name", "Jos\xc3\xa9"},
+                              {"x-note", "line1\nline2"},
+                              {"X-Upper", "v"},
+                              {"x-ok", "fine"},
+                              {"x-bin", "Jos\xc3\xa9\n"}}};
+  });
+  auto first = call("u-1");
+  auto second = call("u-1");
+  for (const auto* a : {&first, &second}) {
+    ASSERT_TRUE(a->status.ok()) << a->status.error_message();
+    EXPECT_EQ("PAY-U", a->reply.payment_no());
+    EXPECT_EQ("fine", a->trailer("x-ok"));
+    EXPECT_EQ("Jos\xc3\xa9\n", a->trailer("x-bin"));
+    EXPECT_EQ(0u, a->trailers.count("x-name"));
+    EXPECT_EQ(0u, a->trailers.count("x-note"));
+    EXPECT_EQ(0u, a->trailers.count("x-upper"));
+  }
+  EXPECT_TRUE(second.replayed());
+  EXPECT_EQ(1, service_->runs());
 }
 
 TEST_F(Scripted, HandlerThatThrowsIsUnknownAndTheRetryRuns) {
