@@ -220,6 +220,17 @@ TEST_F(EndpointTest, ReplaysStatusChosenHeadersAndBodyByteForByte) {
   EXPECT_EQ(expected, again.headers);
 }
 
+TEST_F(EndpointTest, NegativeWaitsAndRetryAfterAreRefused) {
+  for (auto spoil : std::initializer_list<void (*)(idem::http::EndpointOptions&)>{
+           [](auto& o) { o.retry_after = std::chrono::seconds(-1); },
+           [](auto& o) { o.wait_for_result = std::chrono::milliseconds(-1); },
+           [](auto& o) { o.max_prefer_wait = std::chrono::milliseconds(-5); }}) {
+    auto options = endpoint_options();
+    spoil(options);
+    EXPECT_THROW((idem::http::Endpoint<idem::NoDurableStore>{guard_, options}), idem::UsageError);
+  }
+}
+
 TEST_F(EndpointTest, ChangedPayloadIs422AndInFlightIs409WithRetryAfter) {
   auto options = endpoint_options();
   options.retry_after = std::chrono::seconds(3);

@@ -229,12 +229,15 @@ class Endpoint {
   /// @param guard   the guard (must outlive the endpoint)
   /// @param options the endpoint's options
   /// @throws idem::InvalidKey when options.scope breaks a scope rule; idem::UsageError when
-  ///         retry_after is negative.
+  ///         retry_after, wait_for_result or max_prefer_wait is negative.
   Endpoint(IdempotencyGuard<Durable>& guard, EndpointOptions options)
       : guard_(guard), options_(std::move(options)) {
     Key::validate_scope(options_.scope);
-    if (options_.retry_after.count() < 0) {
-      throw UsageError("idem::http::Endpoint: retry_after must not be negative");
+    if (options_.retry_after.count() < 0 || options_.wait_for_result.count() < 0 ||
+        options_.max_prefer_wait.count() < 0) {
+      throw UsageError(
+          "idem::http::Endpoint: retry_after, wait_for_result and max_prefer_wait must not be "
+          "negative");
     }
   }
 
