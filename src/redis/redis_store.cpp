@@ -6,6 +6,7 @@
 #include <hiredis/sds.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -687,6 +688,7 @@ class IDEM_LOCAL RedisStore::Impl {
     // buffer.
     std::vector<std::string_view> keys(requests.size()), values(requests.size()),
         expected(requests.size());
+    std::vector<std::chrono::milliseconds> leases(requests.size());
     std::vector<std::size_t> value_slot(requests.size());
     BatchBuffer buffer(requests.size(), requests.size() * 192);
     for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -697,6 +699,7 @@ class IDEM_LOCAL RedisStore::Impl {
         SmallBuf completed;
         completed_record(completed, *h, requests[i].response);
         keys[i] = h->redis_key();
+        leases[i] = h->lease;
         value_slot[i] = buffer.add(completed.view());
         expected[i] = h->record();
         native.push_back(i);
@@ -727,7 +730,7 @@ class IDEM_LOCAL RedisStore::Impl {
           auto run = [&](int argc, const char** argv, const std::size_t* lens) {
             return exec(conn, argc, argv, lens, Op::kComplete, keys[i]);
           };
-          out[i] = settle_native(run, replies[j].get(), expected[i], keys[i], ms.view());
+          out[i] = settle_native(run, replies[j].get(), expected[i], keys[i], ms.view(), leases[i]);
         } catch (const CorruptRecord&) {
           if (!first_error) first_error = std::current_exception();
         }
@@ -749,7 +752,8 @@ class IDEM_LOCAL RedisStore::Impl {
   // `run(argc, argv, lens)` sends the put-back command.
   template <class Run>
   bool settle_native(Run&& run, const redisReply* r, std::string_view expected,
-                     std::string_view key, std::string_view retention_ms) {
+                     std::string_view key, std::string_view retention_ms,
+                     std::chrono::milliseconds own_lease) {
     if (r->type == REDIS_REPLY_NIL) return false;
     if (r->type == REDIS_REPLY_STRING && text_of(r) == expected) return true;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -762,9 +766,22 @@ class IDEM_LOCAL RedisStore::Impl {
     const bool ours = decode(old, d);
     ReplyUPtr back;
     if (ours && d.deadline > 0) {
-      Num at(d.deadline);
-      const char* argv[] = {"SET", key.data(), old.data(), "PXAT", at.view().data()};
-      const std::size_t lens[] = {3, key.size(), old.size(), 4, at.view().size()};
+      // Another attempt's claim: its time to live went with the SET and cannot be read back.
+      // The deadline it keeps is not that: a heartbeat (extend) moved only the time to live,
+      // and it is of its claimant's clock, not this host's nor the server's. Put back for the
+      // longest it may have had left: its whole lease (deadline - created, one clock), this
+      // claim's lease (a guard's attempts share one), or the rest by the deadline on this
+      // host's clock, whichever is longest. A live claim is never cut short; a crashed
+      // claimant is taken over at most a lease later.
+      const long long now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+      const long long keep =
+          std::max({d.deadline - d.created, static_cast<long long>(own_lease.count()),
+                    d.deadline - now_ms, 1LL});
+      Num px(keep);
+      const char* argv[] = {"SET", key.data(), old.data(), "PX", px.view().data()};
+      const std::size_t lens[] = {3, key.size(), old.size(), 2, px.view().size()};
       back = run(5, argv, lens);
     } else if (ours) {  // a completed record of format 2 keeps no deadline: the retention
       const char* argv[] = {"SET", key.data(), old.data(), "PX", retention_ms.data()};
@@ -812,7 +829,7 @@ class IDEM_LOCAL RedisStore::Impl {
         };
         ReplyUPtr r = run(7, argv, lens);
         native_completes_.fetch_add(1, std::memory_order_relaxed);
-        return settle_native(run, r.get(), h->record(), rk.view(), ms.view());
+        return settle_native(run, r.get(), h->record(), rk.view(), ms.view(), h->lease);
       }
       script_completes_.fetch_add(1, std::memory_order_relaxed);
       ReplyUPtr r =

@@ -449,6 +449,29 @@ TEST_F(RedisStoreTest, ATicketCompletesNativelyOnAnotherThreadAndOnlyForItsOwnCl
   EXPECT_EQ(before.native_completes + 2, store_->command_stats().native_completes);
 }
 
+// A native complete that finds another attempt's claim (its own was lost: FLUSHALL, eviction,
+// an operator's release) puts that claim back for the longest it may have had left, not until
+// the deadline the record keeps: a heartbeat extended only its time to live. The other attempt
+// keeps its key (a third is refused) and completes.
+TEST_F(RedisStoreTest, ANativeCompleteThatMeetsAnotherClaimPutsItBackUncut) {
+  auto k = key();
+  auto c = OwnerToken::generate();
+  auto c_claim = store_->claim(k, "fp", c, 30'000ms);
+  ASSERT_EQ(ClaimStatus::kClaimed, c_claim.status);
+  raw_->cmd({"DEL", store_->redis_key(k)});  // c's claim lost
+  auto d = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", d, 2'000ms).status);
+  ASSERT_TRUE(store_->extend(k, d, 20'000ms));  // d's heartbeat
+  const auto before = store_->command_stats();
+  EXPECT_FALSE(store_->complete_claimed(k, c, c_claim.ticket, "c's", std::chrono::seconds(60)));
+  EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
+  EXPECT_GT(raw_->integer({"PTTL", store_->redis_key(k)}), 19'000);
+  std::this_thread::sleep_for(2'200ms);  // past the deadline d's record keeps
+  EXPECT_EQ(ClaimStatus::kBusy, store_->claim(k, "fp", OwnerToken::generate(), 2'000ms).status);
+  EXPECT_TRUE(store_->complete(k, d, "d's", std::chrono::seconds(60)));
+  EXPECT_EQ("d's", store_->claim(k, "fp", OwnerToken::generate(), 2'000ms).response);
+}
+
 // Past the margin (here: fraction 0.5 of a 2 s lease, completed after 1.2 s, the lease still
 // live), complete takes the owner-checked script, and still succeeds.
 TEST_F(RedisStoreTest, CompletePastTheLeaseMarginTakesTheScript) {
@@ -507,7 +530,8 @@ TEST_F(RedisStoreTest, StaleOwnersCompleteTakesTheScriptAndIsRefused) {
 
 // If the margin's assumption fails (here: a foreign writer replaces the claim within the
 // margin), the native complete notices from the value SET ... GET returns, puts that value
-// back with its own deadline, and answers "lease lost".
+// back for the longest it may have had left (here this claim's 30 s lease, over the other's
+// 20 s: never shorter than its own), and answers "lease lost".
 TEST_F(RedisStoreTest, NativeCompleteThatFindsAnotherRecordPutsItBack) {
   auto k = key();
   auto rk = store_->redis_key(k);
@@ -525,8 +549,8 @@ TEST_F(RedisStoreTest, NativeCompleteThatFindsAnotherRecordPutsItBack) {
   EXPECT_EQ(before.native_completes + 1, store_->command_stats().native_completes);
   EXPECT_EQ(b_record, raw_->text({"GET", rk}));
   long long ttl = raw_->integer({"PTTL", rk});
-  EXPECT_GT(ttl, 10'000);
-  EXPECT_LE(ttl, 20'000);
+  EXPECT_GT(ttl, 25'000);
+  EXPECT_LE(ttl, 30'000);
 }
 
 // claim_batch and complete_batch are one pipeline each, and completes within the margin are
@@ -833,17 +857,23 @@ TEST(RedisStoreUnixSocket, ClaimCompleteAuthAndSelectDbOverAUnixSocket) {
   raw.cmd({"SELECT", "3"});
   EXPECT_NE("<nil>", raw.text({"GET", store.redis_key(k)}));  // db 3: there
 
-  // A wrong password is a configuration error, not an outage; the password is not echoed.
-  RedisStore wrong(RedisStoreOptions{"unix://:not-it@" + sock});
-  try {
-    (void)wrong.lookup(k);
-    ADD_FAILURE() << "no exception";
-  } catch (const idem::StorageUnavailable& e) {
-    ADD_FAILURE() << "a refused AUTH is not unavailability: " << e.what();
-  } catch (const idem::StorageError& e) {
-    EXPECT_EQ(idem::errc::kStorageError, e.code());
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("authentication")) << e.what();
-    EXPECT_EQ(std::string::npos, std::string(e.what()).find("not-it")) << e.what();
+  // A wrong password is a configuration error, not an outage; the password is not echoed. The
+  // calls failed fast until the next connect (reconnect_backoff) say the same: they were typed
+  // as an outage (retryable) after a first non-retryable refusal.
+  RedisStoreOptions wrong_options{"unix://:not-it@" + sock};
+  wrong_options.reconnect_backoff = std::chrono::seconds(30);
+  RedisStore wrong(wrong_options);
+  for (int i = 0; i < 3; ++i) {
+    try {
+      (void)wrong.lookup(k);
+      ADD_FAILURE() << "no exception";
+    } catch (const idem::StorageUnavailable& e) {
+      ADD_FAILURE() << "a refused AUTH is not unavailability (call " << i << "): " << e.what();
+    } catch (const idem::StorageError& e) {
+      EXPECT_EQ(idem::errc::kStorageError, e.code());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("authentication")) << e.what();
+      EXPECT_EQ(std::string::npos, std::string(e.what()).find("not-it")) << e.what();
+    }
   }
 }
 
