@@ -39,14 +39,32 @@ class IDEM_LOCAL Publisher::Impl {
     });
   }
 
-  void publish(const std::vector<OutgoingMessage>& messages) {
-    for (const auto& m : messages) {
-      if (m.message_id.empty()) {
-        throw UsageError(
-            "idem::rabbitmq::Publisher: a message needs a message_id (its global "
-            "id, the same on every publish of it)");
-      }
+  // Refuses, before anything of the call is sent, what the broker would refuse after the
+  // messages before it went out: AMQP's short strings (the message id, the content type, the
+  // exchange, the routing key, header names) hold at most 255 bytes; a longer one made the
+  // broker close the connection with the earlier messages of the call sent but unconfirmed.
+  static void check(const OutgoingMessage& m, std::size_t index) {
+    const std::string which = "idem::rabbitmq::Publisher: message " + std::to_string(index);
+    if (m.message_id.empty()) {
+      throw UsageError(which +
+                       " needs a message_id (its global id, the same on every publish of it)");
     }
+    auto short_string = [&](std::string_view what, std::string_view value) {
+      if (value.size() > 255) {
+        throw UsageError(which + ": its " + std::string(what) + " has " +
+                         std::to_string(value.size()) +
+                         " bytes, at most 255 (an AMQP short string)");
+      }
+    };
+    short_string("message_id", m.message_id);
+    short_string("content_type", m.content_type);
+    short_string("exchange", m.exchange);
+    short_string("routing_key", m.routing_key);
+    for (const auto& header : m.headers) short_string("header name", header.first);
+  }
+
+  void publish(const std::vector<OutgoingMessage>& messages) {
+    for (std::size_t i = 0; i < messages.size(); ++i) check(messages[i], i);
     if (messages.empty()) return;
     auto lock = conn_.lock();
     const std::size_t n = messages.size();

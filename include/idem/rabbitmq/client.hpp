@@ -334,7 +334,8 @@ class IDEM_EXPORT Publisher {
   /// @throws idem::OutcomeUnknown when some were sent but never confirmed (they may be in the
   ///         queue: publish them again), idem::StorageUnavailable when none could be sent,
   ///         idem::StorageError for an unroutable mandatory message (after the others were
-  ///         confirmed), idem::UsageError for an empty message id.
+  ///         confirmed), idem::UsageError for an empty message id or a message id, content
+  ///         type, exchange, routing key or header name over 255 bytes (before anything is sent).
   void publish(const std::vector<OutgoingMessage>& messages);
 
   /// Declares a queue (see QueueOptions).

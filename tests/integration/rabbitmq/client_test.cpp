@@ -361,6 +361,44 @@ TEST(RabbitClientOptions, BadOptionsAreUsageErrors) {
   EXPECT_THROW(idem::rabbitmq::Publisher{po}, idem::UsageError);
   idem::rabbitmq::Publisher p{idem::rabbitmq::PublisherOptions{}};
   EXPECT_THROW(p.publish(OutgoingMessage{}), idem::UsageError);  // no message id
+  // AMQP short strings: refused before anything of the call is sent (no broker is needed).
+  OutgoingMessage ok;
+  ok.message_id = "m-1";
+  for (auto spoil : std::initializer_list<void (*)(OutgoingMessage&)>{
+           [](OutgoingMessage& m) { m.message_id = std::string(256, 'm'); },
+           [](OutgoingMessage& m) { m.content_type = std::string(256, 't'); },
+           [](OutgoingMessage& m) { m.routing_key = std::string(256, 'r'); },
+           [](OutgoingMessage& m) { m.exchange = std::string(256, 'x'); },
+           [](OutgoingMessage& m) { m.headers.emplace_back(std::string(256, 'h'), "v"); }}) {
+    OutgoingMessage bad = ok;
+    spoil(bad);
+    try {
+      p.publish(std::vector<OutgoingMessage>{ok, bad});
+      ADD_FAILURE() << "accepted";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("message 1")) << e.what();
+    }
+  }
+  EXPECT_EQ(0u, p.stats().published);
+}
+
+// A URL the parser refuses (a password with a reserved character left unencoded, a forgotten
+// host) is named in the error with its password masked.
+TEST(RabbitClientOptions, ARefusedUrlNeverShowsItsPassword) {
+  for (const std::string url :
+       {"amqp://guest:QZ7@ecret@127.0.0.1:5672", "amqp://guest:QZ7/ecret@127.0.0.1:5672",
+        "amqp://guest:QZ7#ecret@127.0.0.1", "amqp://guest:QZ7ecret", "ampq://guest:QZ7ecret@h",
+        "amqp://guest:QZ7ecret@[::1"}) {
+    idem::rabbitmq::PublisherOptions po;
+    po.connection.url = url;
+    try {
+      idem::rabbitmq::Publisher p{po};
+      ADD_FAILURE() << "accepted";
+    } catch (const idem::UsageError& e) {
+      EXPECT_EQ(std::string::npos, std::string(e.what()).find("ecret")) << e.what();
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("not an amqp")) << e.what();
+    }
+  }
 }
 
 // amqps:// against the test node's TLS listener (the test-made certificates name localhost
