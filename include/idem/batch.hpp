@@ -40,8 +40,9 @@ namespace idem {
 struct BatchCall {
   /// The call's key (the batch owns it: run_batch takes the calls by value).
   Key key;
-  /// The payload's fingerprint ("" skips the check). run_batch copies the bytes before any
-  /// handler runs, so a handler that rewrites them changes nothing the records store.
+  /// The payload's fingerprint ("" for no payload check, compared like any other: see
+  /// IdempotencyGuard::run). run_batch copies the bytes before any handler runs, so a handler
+  /// that rewrites them changes nothing the records store.
   std::string_view fingerprint;
   /// A retry or a redelivery: a record of the key may exist although the fast store grants
   /// the claim (the durable store then skips the insert that assumes fresh keys).

@@ -157,6 +157,7 @@ class IdempotentConsumer {
       throw UsageError("idem::IdempotentConsumer: max_attempts must be positive");
     }
     if (!options_.attempts) options_.attempts = std::make_shared<MemoryAttemptLedger>();
+    memory_ledger_ = dynamic_cast<MemoryAttemptLedger*>(options_.attempts.get()) != nullptr;
   }
 
   IdempotentConsumer(const IdempotentConsumer&) = delete;
@@ -220,7 +221,7 @@ class IdempotentConsumer {
       if (!handler_error) throw;
       return failed(key, own, handler_error);
     }
-    if (r.outcome == Outcome::kExecuted && delivery.delivery_count > 1) forget_failures(key);
+    if (r.outcome == Outcome::kExecuted && may_have_failures(delivery)) forget_failures(key);
     return count(verdict_of(r.outcome));
   }
 
@@ -265,13 +266,16 @@ class IdempotentConsumer {
     std::vector<BatchCall> calls;
     std::vector<std::size_t> index;  // calls[j] is batch[index[j]]
     std::vector<Delivery> own(batch);
+    // Every delivery is counted before anything of the batch can throw (a store failing in
+    // exhausted() or in the batch), as consume() counts its one.
+    for (const Delivery& d : batch) arrive(d);
     for (std::size_t i = 0, at = 0; i < n; ++i) {
       Delivery& d = own[i];
       d.message_id = std::string_view(own_bytes.data() + at, d.message_id.size());
       at += d.message_id.size();
       d.fingerprint = std::string_view(own_bytes.data() + at, d.fingerprint.size());
       at += d.fingerprint.size();
-      std::optional<Key> key = start(d);
+      std::optional<Key> key = key_of(d);
       if (!key) {
         verdicts[i] = Verdict::kDeadLetter;
         continue;
@@ -301,7 +305,7 @@ class IdempotentConsumer {
         continue;
       }
       verdicts[i] = count(verdict_of(r.answers[j].outcome));
-      if (verdicts[i] == Verdict::kAck && own[i].delivery_count > 1) {
+      if (verdicts[i] == Verdict::kAck && may_have_failures(own[i])) {
         forget_failures(Key::make(group_, own[i].message_id));
       }
     }
@@ -355,6 +359,12 @@ class IdempotentConsumer {
   // A delivery arrives: counted; its key, or nullopt (answer kDeadLetter) when the message id
   // is not a valid key id: it cannot be recorded and goes straight to the sink.
   std::optional<Key> start(const Delivery& d) {
+    arrive(d);
+    return key_of(d);
+  }
+
+  // A delivery arrives: counted (deliveries, redeliveries, the observer's on_redelivery).
+  void arrive(const Delivery& d) {
     stats_.deliveries.fetch_add(1, std::memory_order_relaxed);
     if (d.delivery_count > 1) {
       stats_.redeliveries.fetch_add(1, std::memory_order_relaxed);
@@ -362,6 +372,10 @@ class IdempotentConsumer {
         o->on_redelivery(RedeliveryEvent{group_, d.message_id, d.delivery_count});
       }
     }
+  }
+
+  // The delivery's key, or nullopt (counted as a dead letter) for an invalid message id.
+  std::optional<Key> key_of(const Delivery& d) {
     std::optional<Key> key = make_key(d);
     if (!key) count(Verdict::kDeadLetter);
     return key;
@@ -451,6 +465,15 @@ class IdempotentConsumer {
         DeadLetter{group_, key.id(), std::string(d.payload), error, attempts});
   }
 
+  // Whether a success must clear the message's failures. A redelivery may have some. A first
+  // delivery (as the transport counts: `consume(id, fp, handler)` and transports without a
+  // delivery count say 1 every time) may too; the in-process ledger is cleared then as well,
+  // at the cost of a map lookup, so that it does not keep a count for every message that once
+  // failed. A durable ledger is not asked (a statement per message): docs/mq.md.
+  bool may_have_failures(const Delivery& d) const noexcept {
+    return d.delivery_count > 1 || memory_ledger_;
+  }
+
   void forget_failures(const Key& key) noexcept {
     try {
       options_.attempts->clear(key);
@@ -462,6 +485,7 @@ class IdempotentConsumer {
   IdempotencyGuard<Durable>* guard_;
   std::string group_;
   ConsumerOptions options_;
+  bool memory_ledger_ = false;  // options_.attempts is a MemoryAttemptLedger
   ConsumerStats stats_;
 };
 

@@ -47,7 +47,8 @@ struct Delivery {
   /// The message's global id (not the broker's entry id): a producer retry keeps it. When the
   /// message has none, build one with idem::make_message_id(biz_no, event_type, version).
   std::string_view message_id;
-  /// idem::fingerprint(payload), or "" to skip the payload check.
+  /// idem::fingerprint(payload), or "" for no payload check: every delivery of the message then
+  /// passes "" (a record stored with "" and a delivery with a fingerprint are a mismatch).
   std::string_view fingerprint;
   /// The payload, handed to the dead-letter sink (may be empty).
   std::string_view payload = {};

@@ -71,16 +71,24 @@
 //                                                      std::string_view response,
 //                                                      std::chrono::seconds retention,
 //                                                      DurableHint hint);
-//     // One savepoint level inside `tx`, so one message of a batch can fail alone.
+//     // One savepoint level inside `tx`, so one message of a batch can fail alone. When a
+//     // failed statement of a handler has ended `tx` (a driver that aborts the transaction on
+//     // any error), rollback_to_savepoint throws a StorageError that is not retryable: the batch
+//     // then runs again without that call.
 //     void savepoint(Transaction& tx);
 //     void rollback_to_savepoint(Transaction& tx);   // then release_savepoint
 //     void release_savepoint(Transaction& tx);
+//     // Optional: the idem error for an exception a handler's statement threw on `tx` (a
+//     // driver's own exception type), so that the batch tells a retryable failure (a lock wait,
+//     // a lost connection) from the message's own; `e` itself when there is none.
+//     std::exception_ptr typed_error(std::exception_ptr e) const noexcept;
 //   };
 // @endcode
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -89,8 +97,8 @@
 #include <vector>
 
 #include "idem/clock.hpp"
-#include "idem/key.hpp"
 #include "idem/fingerprint.hpp"
+#include "idem/key.hpp"
 #include "idem/store.hpp"
 
 namespace idem {
@@ -268,6 +276,9 @@ IDEM_DETAIL_MEMBER_CHECK(has_rollback_to_savepoint, void,
 IDEM_DETAIL_MEMBER_CHECK(has_release_savepoint, void,
                          std::declval<D&>().release_savepoint(
                              std::declval<typename D::Transaction&>()));
+
+IDEM_DETAIL_MEMBER_CHECK(has_typed_error, std::exception_ptr,
+                         std::declval<const D&>().typed_error(std::exception_ptr{}));
 
 #undef IDEM_DETAIL_MEMBER_CHECK
 

@@ -175,8 +175,12 @@ class IdempotencyGuard {
   /// Runs `handler` at most once for `key`, or answers the duplicate.
   ///
   /// @param key         the operation's key (validated by idem::Key)
-  /// @param fingerprint the payload's fingerprint (idem::fingerprint(body)), or "" to skip
-  ///                    the payload check
+  /// @param fingerprint the payload's fingerprint (idem::fingerprint(body)), or "" for no
+  ///                    payload check. "" is compared like any fingerprint: calls of one key
+  ///                    that all pass "" never mismatch, but a key first called with a
+  ///                    fingerprint and then with "" (or the reverse) is a mismatch, as two
+  ///                    payloads are: a client that sometimes sends its payload's fingerprint
+  ///                    and sometimes not cannot be told from one that reuses its key.
   /// @param handler     `R(Transaction&)` for transactional mode, `R()` for two-phase (or
   ///                    fast-only) mode. R is std::string, void, or a type with an idem::Codec.
   /// @return the outcome and, for executed/replayed, the response.
@@ -433,7 +437,7 @@ class IdempotencyGuard {
       value.emplace(detail::invoke_stored<R>(handler));
     } catch (...) {
       call.handler = call.since(t0);
-      handler_failed(call);
+      handler_failed(call, std::current_exception());
       throw;
     }
     call.handler = call.since(t0);
@@ -500,7 +504,7 @@ class IdempotencyGuard {
       call.handler = handler_time;
       call.durable = call.since(t0) - handler_time;
       if (handler_threw) {
-        handler_failed(call);
+        handler_failed(call, std::current_exception());
       } else {
         durable_failed(call.key());
         release_fast(call);
@@ -554,7 +558,7 @@ class IdempotencyGuard {
         // The record stays in progress until its lease ends; a retry then takes over.
         durable_failed(call.key());
       }
-      handler_failed(call);
+      handler_failed(call, std::current_exception());
       throw;
     }
     call.handler = call.since(h0);
@@ -638,9 +642,9 @@ class IdempotencyGuard {
     }
   }
 
-  void handler_failed(detail::CallState& call) {
+  void handler_failed(detail::CallState& call, const std::exception_ptr& error) {
     release_fast(call);
-    core_.handler_failed(call);
+    core_.handler_failed(call, error);
     notify_waiters();  // the key is free again: a waiter may run it
   }
 

@@ -19,7 +19,8 @@
 //   info  idem fast store recovered failed_calls=<n>
 //   warn  idem lease takeover key=<key> store=<fast|durable>
 //   error idem lease lost key=<key> store=<fast|durable>
-//   warn  idem handler error key=<key>
+//   warn  idem handler error key=<key> [code=<errc name>] error="<what()>"
+//               (code: when the handler threw an idem::Error, e.g. its own SQL's StorageError)
 //   debug idem durable retry key=<key> reason="<reason>"
 //   warn  idem store error key=<key|-> role=<fast|durable> store=<name> code=<errc name>
 //               error="<what()>"                       (every store failure)
@@ -192,11 +193,26 @@ class LoggingObserver final : public Observer {
     });
   }
 
-  /// warn: `idem handler error key=...`.
-  void on_handler_error(const Key& key) noexcept override {
+  /// warn: `idem handler error key=... [code=...] error="..."` (the cause: a handler's own
+  /// SQL that failed is answered as a store failure, and this line is where it shows).
+  void on_handler_exception(const Key& key, const std::exception_ptr& error) noexcept override {
     if (!enabled(LogLevel::kWarn)) return;
-    emit(LogLevel::kWarn,
-         [&] { return "idem handler error key=" + log::quote_field(key.str()); });
+    emit(LogLevel::kWarn, [&] {
+      std::string line = "idem handler error key=" + log::quote_field(key.str());
+      try {
+        if (error) std::rethrow_exception(error);
+        line += " error=\"unknown\"";
+      } catch (const Error& e) {
+        line += " code=";
+        line += errc_name(e.code());
+        line += " error=" + log::quote_field(e.what());
+      } catch (const std::exception& e) {
+        line += " error=" + log::quote_field(e.what());
+      } catch (...) {
+        line += " error=\"not a std::exception\"";
+      }
+      return line;
+    });
   }
 
   /// debug: `idem durable retry key=... reason="..."`.

@@ -6,6 +6,7 @@
 // Records live as long as the process; a restart forgets them (the durable store remembers).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -33,6 +34,14 @@ struct MemoryStoreOptions {
   /// Expired records of a shard are swept after this many writes to it (0 means never: expired
   /// records are then dropped only when their key is touched, or by purge_expired()).
   std::size_t sweep_every = 1024;
+  /// The most records held at once (0 means no limit). A claim of a new key when the store is
+  /// full first drops the expired records of the key's shard, then, if still full, throws
+  /// idem::StorageUnavailable: a guard with a durable store runs that call on the durable store
+  /// alone (degraded), a guard without one answers it as a retryable failure. A `fill` (the
+  /// copy of a durable record) is skipped when full. Concurrent claims may overshoot the limit
+  /// by one record per thread. Bound it when keys come from clients: each record holds its
+  /// key, fingerprint and response for the whole retention.
+  std::size_t max_records = 0;
 };
 
 /// Thread-safe in-memory FastStore.
@@ -76,9 +85,13 @@ class MemoryStore final : public FastStore {
           e.updated_at = now;
           return std::move(d.result);
         case detail::ClaimAction::kReplace:
-          shard.map.erase(it);
+          erase(shard, it);
           break;
       }
+    }
+    if (full(shard, now)) {
+      throw StorageUnavailable("idem::MemoryStore: full (MemoryStoreOptions::max_records = " +
+                               std::to_string(options_.max_records) + " records held)");
     }
     Entry e;
     e.status = Record::Status::kInProgress;
@@ -88,6 +101,7 @@ class MemoryStore final : public FastStore {
     e.created_at = now;
     e.updated_at = now;
     shard.map.emplace(std::move(composed), std::move(e));
+    records_.fetch_add(1, std::memory_order_relaxed);
     result.status = ClaimStatus::kClaimed;
     return result;
   }
@@ -105,7 +119,7 @@ class MemoryStore final : public FastStore {
   }
 
   bool release(const Key& key, const OwnerToken& owner) override {
-    return with_held(key, owner, [](Shard& shard, Map::iterator it) { shard.map.erase(it); });
+    return with_held(key, owner, [this](Shard& shard, Map::iterator it) { erase(shard, it); });
   }
 
   /// Extends `owner`'s in-progress claim to `lease` from now. @return false if not held.
@@ -125,7 +139,13 @@ class MemoryStore final : public FastStore {
     auto composed = key.str();
     Shard& shard = shard_for(composed);
     std::lock_guard<std::mutex> lock(shard.mutex);
-    Entry& e = shard.map[composed];
+    auto it = shard.map.find(composed);
+    if (it == shard.map.end()) {
+      if (full(shard, now)) return;  // a copy: the durable store still answers
+      it = shard.map.emplace(std::move(composed), Entry{}).first;
+      records_.fetch_add(1, std::memory_order_relaxed);
+    }
+    Entry& e = it->second;
     if (e.created_at == TimePoint{}) e.created_at = now;
     e.status = Record::Status::kCompleted;
     e.fingerprint = std::string(fingerprint);
@@ -172,6 +192,7 @@ class MemoryStore final : public FastStore {
   void clear() {
     for (auto& shard : shards_) {
       std::lock_guard<std::mutex> lock(shard.mutex);
+      records_.fetch_sub(shard.map.size(), std::memory_order_relaxed);
       shard.map.clear();
     }
   }
@@ -263,7 +284,7 @@ class MemoryStore final : public FastStore {
     if (++shard.writes % options_.sweep_every == 0) sweep(shard, now);
   }
 
-  static std::size_t sweep(Shard& shard, TimePoint now) {
+  std::size_t sweep(Shard& shard, TimePoint now) {
     std::size_t dropped = 0;
     for (auto it = shard.map.begin(); it != shard.map.end();) {
       if (expired(it->second, now)) {
@@ -273,11 +294,27 @@ class MemoryStore final : public FastStore {
         ++it;
       }
     }
+    records_.fetch_sub(dropped, std::memory_order_relaxed);
     return dropped;
+  }
+
+  void erase(Shard& shard, Map::iterator it) {
+    shard.map.erase(it);
+    records_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // Whether a new record may not be added (max_records reached once `shard`'s expired records
+  // are dropped). Called under the shard's lock.
+  bool full(Shard& shard, TimePoint now) {
+    if (options_.max_records == 0) return false;
+    if (records_.load(std::memory_order_relaxed) < options_.max_records) return false;
+    sweep(shard, now);
+    return records_.load(std::memory_order_relaxed) >= options_.max_records;
   }
 
   MemoryStoreOptions options_;
   std::vector<Shard> shards_;
+  std::atomic<std::size_t> records_{0};  // records held, expired ones not yet dropped included
 };
 
 }  // namespace idem

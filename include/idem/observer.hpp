@@ -193,6 +193,11 @@ class Observer {
   virtual void on_lease_lost(const Key&, std::string_view /*store*/) noexcept {}
   /// The handler threw; the claim was released and the exception rethrown.
   virtual void on_handler_error(const Key&) noexcept {}
+  /// The same, with the handler's exception (to log its cause): by default calls
+  /// on_handler_error(key). Override one of the two.
+  virtual void on_handler_exception(const Key& key, const std::exception_ptr& /*error*/) noexcept {
+    on_handler_error(key);
+  }
   /// The durable store's transaction was retried (serialization failure, deadlock).
   virtual void on_durable_retry(const Key&, std::string_view /*reason*/) noexcept {}
   /// A store failed (every failure; see StoreErrorEvent).
@@ -230,6 +235,9 @@ class ObserverList final : public Observer {
   }
   void on_handler_error(const Key& k) noexcept override {
     for (auto& o : list_) o->on_handler_error(k);
+  }
+  void on_handler_exception(const Key& k, const std::exception_ptr& e) noexcept override {
+    for (auto& o : list_) o->on_handler_exception(k, e);
   }
   void on_durable_retry(const Key& k, std::string_view r) noexcept override {
     for (auto& o : list_) o->on_durable_retry(k, r);

@@ -17,6 +17,7 @@
 #include "idem/detail/rerun_pause.hpp"
 #include "idem/postgres/detail/pqxx_compat.hpp"
 #include "idem/sql.hpp"
+#include "identifiers.hpp"
 #include "statements.hpp"
 #include "text_fingerprint.hpp"
 
@@ -407,10 +408,11 @@ PostgresStore::PostgresStore(std::string conninfo)
       }()) {}
 
 PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(options)) {
-  const auto& schema = check_sql_identifier("schema", options_.schema);
-  const auto& t = check_sql_identifier("table", options_.table);
-  const auto& k = check_sql_identifier("key column", options_.key_column);
-  const auto& s = check_sql_identifier("scope column", options_.scope_column);
+  const auto& schema = detail::check_pg_identifier("schema", options_.schema);
+  // The table names its constraint and index: "<table>_expires_idx" must fit in 63 bytes.
+  const auto& t = detail::check_pg_identifier("table", options_.table, 63 - 12);
+  const auto& k = detail::check_pg_identifier("key column", options_.key_column);
+  const auto& s = detail::check_pg_identifier("scope column", options_.scope_column);
   if (k == s) throw UsageError("idem::postgres: key and scope columns must differ");
   if (options_.pool_size == 0) options_.pool_size = 16;
   if (options_.pool_wait.count() <= 0) options_.pool_wait = std::chrono::seconds(5);
@@ -427,6 +429,9 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   qualified_table_ = schema + "." + t;
   if (options_.client_timeout.count() < 0) {
     throw UsageError("idem::postgres: client_timeout must not be negative");
+  }
+  if (auto why = detail::raw_at_in_uri_userinfo(options_.conninfo); !why.empty()) {
+    throw UsageError("idem::postgres: " + why);
   }
   // keepalives, tcp_user_timeout and connect_timeout end a wait on a peer that stopped
   // answering on the TCP level; the deadline watch bounds every idem statement above it.
@@ -948,6 +953,21 @@ void PostgresStore::rollback_to_savepoint(pqxx::work& tx) {
   } catch (...) {
     detail::rethrow_translated("rollback to savepoint");
   }
+}
+
+std::exception_ptr PostgresStore::typed_error(std::exception_ptr e) const noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    if (!detail::is_pqxx_exception(x)) return e;
+    try {
+      detail::rethrow_translated("transaction");
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+  }
+  return e;
 }
 
 void PostgresStore::release_savepoint(pqxx::work& tx) {

@@ -77,14 +77,15 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
                              k + ", " + s + ") DO NOTHING RETURNING true");
   // The claim of a transactional run whose response is known before its handler
   // (DurableHint::expected_response): the record goes in completed, as the completion would
-  // leave it (now() is the transaction's time, as there), and no completion statement follows.
+  // leave it, and no completion statement follows: its retention counts from this insert (the
+  // completion's from the completion: clock_timestamp(), not now(), the transaction's start).
   // Nobody sees the row before the COMMIT, so a duplicate meets it exactly as it would meet an
   // in-progress one: waiting on the unique index. txid_current() as in kComplete.
   const std::string claim_completed =
       "INSERT INTO " + t + " (" + k + ", " + s +
       ", status, fingerprint, owner, response_body, lease_until,"
       " expires_at) VALUES ($1, $2, 'completed', $3, $4, $5,"
-      " now(), now() + $6::bigint * interval '1 second')";
+      " now(), clock_timestamp() + $6::bigint * interval '1 second')";
   v.emplace_back(kClaimCompleted, claim_completed + " ON CONFLICT (" + k + ", " + s +
                                       ") DO NOTHING RETURNING txid_current()");
   // The claims of a transactional run whose key is expected new (DurableHint::expects_absent):
@@ -113,7 +114,7 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
       "INSERT INTO " + t + " (" + k + ", " + s +
       ", status, fingerprint, owner, response_body, lease_until, expires_at)"
       " SELECT u.k, u.s, 'completed', u.f, u.o, $5, now(),"
-      " now() + $6::bigint * interval '1 second'"
+      " clock_timestamp() + $6::bigint * interval '1 second'"
       " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
       " AS u(k, s, f, o) ORDER BY u.s, u.k";
   v.emplace_back(kInsertCompletedBatch, insert_batch + " ON CONFLICT (" + k + ", " + s +
@@ -137,16 +138,17 @@ inline std::vector<std::pair<std::string, std::string>> statements(const std::st
                                      " AND expires_at <= clock_timestamp()");
   // txid_current() identifies the transaction, so a COMMIT lost with its connection can be
   // resolved with txid_status() on another connection.
-  v.emplace_back(kComplete, "UPDATE " + t +
-                                " SET status = 'completed', response_body = $4,"
-                                " expires_at = now() + $5::bigint * interval '1 second',"
-                                " updated_at = now()" +
-                                where +
-                                " AND owner = $3 AND status = 'in_progress'"
-                                " RETURNING txid_current()");
+  v.emplace_back(kComplete,
+                 "UPDATE " + t +
+                     " SET status = 'completed', response_body = $4,"
+                     " expires_at = clock_timestamp() + $5::bigint * interval '1 second',"
+                     " updated_at = now()" +
+                     where +
+                     " AND owner = $3 AND status = 'in_progress'"
+                     " RETURNING txid_current()");
   v.emplace_back(kFail, "UPDATE " + t +
                             " SET status = 'failed', response_body = $4,"
-                            " expires_at = now() + $5::bigint * interval '1 second',"
+                            " expires_at = clock_timestamp() + $5::bigint * interval '1 second',"
                             " updated_at = now()" +
                             where + " AND owner = $3 AND status = 'in_progress' RETURNING true");
   v.emplace_back(kRelease, "DELETE FROM " + t + where +

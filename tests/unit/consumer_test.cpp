@@ -276,6 +276,69 @@ TEST_F(ConsumerTest, AThrowingSinkKeepsTheMessageWithTheBroker) {
 
 // The broker connection drops while the last failure is handed to the sink: the count is
 // kept, the message comes back redelivered, and it goes to the sink without a fourth run.
+// A transport without a delivery count (and `consume(id, fingerprint, handler)`) says 1 on every
+// delivery: the in-process ledger still forgets a message once it succeeds, in `consume` and in
+// `consume_batch`, so it does not grow with every message that ever failed.
+TEST_F(ConsumerTest, MemoryLedgerForgetsAMessageThatSucceedsOnAFirstDelivery) {
+  auto ledger = std::make_shared<idem::MemoryAttemptLedger>();
+  idem::ConsumerOptions o;
+  o.attempts = ledger;
+  Node n{db(), o};
+  const auto key_of = [](const std::string& id) { return idem::Key::make("billing", id); };
+  bool fail = true;
+  auto handler = [&](Transaction& tx) {
+    if (fail) throw std::runtime_error("not yet");
+    tx.exec("INSERT INTO effect (message_id) VALUES ('m1')");
+  };
+  EXPECT_EQ(Verdict::kRetryLater, n.consumer.consume("m1", "", handler));
+  EXPECT_EQ(1u, ledger->failures(key_of("m1")));
+  fail = false;
+  EXPECT_EQ(Verdict::kAck, n.consumer.consume("m1", "", handler));
+  EXPECT_EQ(0u, ledger->failures(key_of("m1")));
+  EXPECT_EQ(1, n.effects("m1"));
+
+  fail = true;
+  std::vector<Delivery> batch{Delivery{"m2", ""}, Delivery{"m3", ""}};
+  auto run_batch = [&] {
+    return n.consumer.consume_batch(batch, [&](Transaction& tx, std::size_t i) {
+      if (fail && i == 0) throw std::runtime_error("not yet");
+      tx.exec("INSERT INTO effect (message_id) VALUES (?)", std::string(batch[i].message_id));
+    });
+  };
+  auto first = run_batch();
+  EXPECT_EQ(Verdict::kRetryLater, first[0]);
+  EXPECT_EQ(Verdict::kAck, first[1]);
+  EXPECT_EQ(1u, ledger->failures(key_of("m2")));
+  fail = false;
+  batch = {Delivery{"m2", ""}};
+  EXPECT_EQ(Verdict::kAck, run_batch()[0]);
+  EXPECT_EQ(0u, ledger->failures(key_of("m2")));
+  EXPECT_EQ(1, n.effects("m2"));
+  EXPECT_EQ(1, n.effects("m3"));
+}
+
+// A store failing part-way through a batch (here the attempt ledger, read for redeliveries)
+// leaves every delivery of the batch counted, as consume() counts its one.
+TEST_F(ConsumerTest, ABatchCountsEveryDeliveryEvenWhenAStoreFails) {
+  struct DownLedger final : idem::AttemptLedger {
+    std::uint32_t record_failure(const idem::Key&, std::string_view) override { return 1; }
+    std::uint32_t failures(const idem::Key&) override {
+      throw idem::StorageUnavailable("ledger down");
+    }
+    void clear(const idem::Key&) override {}
+  };
+  idem::ConsumerOptions o;
+  o.attempts = std::make_shared<DownLedger>();
+  Node n{db(), o};
+  std::vector<Delivery> batch{Delivery{"r1", "", "", 1}, Delivery{"r2", "", "", 2},
+                              Delivery{"r3", "", "", 3}, Delivery{"r4", "", "", 2}};
+  EXPECT_THROW(n.consumer.consume_batch(batch, [](Transaction&, std::size_t) {}),
+               idem::StorageUnavailable);
+  auto stats = n.consumer.stats().snapshot();
+  EXPECT_EQ(4u, stats.deliveries);
+  EXPECT_EQ(3u, stats.redeliveries);
+}
+
 TEST_F(ConsumerTest, ARedeliveryAfterAFailedHandOffIsDeadLetteredWithoutRunningAgain) {
   Sink sink;
   idem::ConsumerOptions o;

@@ -118,6 +118,21 @@ TEST(GuardFastOnly, TypedResponsesGoThroughTheCodec) {
   (void)a;
 }
 
+// "" is a fingerprint like any other (IdempotencyGuard::run): calls that all pass it never
+// mismatch; a key used with and without a fingerprint is a mismatch, either way round.
+TEST(GuardFastOnly, AnEmptyFingerprintIsComparedLikeAnyOther) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto run = [&](const char* id, const char* fp) {
+    return guard.run(idem::Key::make("s", id), fp, [] { return std::string("r"); }).outcome;
+  };
+  EXPECT_EQ(idem::Outcome::kExecuted, run("none", ""));
+  EXPECT_EQ(idem::Outcome::kReplayed, run("none", ""));
+  EXPECT_EQ(idem::Outcome::kFingerprintMismatch, run("none", "fp"));
+  EXPECT_EQ(idem::Outcome::kExecuted, run("some", "fp"));
+  EXPECT_EQ(idem::Outcome::kFingerprintMismatch, run("some", ""));
+}
+
 // `return "ok";` and string views store a std::string (a pointer or view would dangle).
 TEST(GuardFastOnly, CStringAndStringViewResponsesAreStoredAsStrings) {
   idem::MemoryStore fast;

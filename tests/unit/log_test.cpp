@@ -235,8 +235,20 @@ TEST(LoggingObserver, HandlerErrorAndThrowingSinkNeverBreakTheCall) {
   EXPECT_THROW(
       (void)guard.run(key, "", []() -> std::string { throw std::logic_error("boom"); }),
       std::logic_error);
-  EXPECT_EQ(std::vector<std::string>{"idem handler error key=s|throwing"},
+  EXPECT_EQ(std::vector<std::string>{"idem handler error key=s|throwing error=boom"},
             capture.containing("handler error"));
+  // The cause of an idem::Error a handler throws (its own SQL's failure, answered to the
+  // client as a store failure) shows with its code.
+  auto other = idem::Key::make("s", "own-sql");
+  EXPECT_THROW((void)guard.run(other, "",
+                               []() -> std::string {
+                                 throw idem::StorageError("UNIQUE constraint failed: payment.no");
+                               }),
+               idem::StorageError);
+  EXPECT_EQ(1u, capture
+                    .containing("code=storage_error error=\"UNIQUE constraint failed: "
+                                "payment.no\"")
+                    .size());
   ASSERT_TRUE(guard.run(key, "", [] { return std::string("x"); }).ok());
   ASSERT_EQ(idem::Outcome::kReplayed, guard.run(key, "", [] { return std::string("x"); }).outcome);
 }

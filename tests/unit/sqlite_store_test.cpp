@@ -145,6 +145,28 @@ TEST(SqliteStore, ReadmeQuickStartCreatesBusinessTablesAndChargesOnce) {
   });
 }
 
+// A MemoryStore at its max_records in front of SQLite: new keys run on the durable store alone
+// (degraded), once each, and their duplicates are answered from it.
+TEST(SqliteStore, AFullMemoryStoreInFrontDegradesToTheDurableStore) {
+  idem::MemoryStoreOptions mo;
+  mo.max_records = 1;
+  idem::MemoryStore fast{mo};
+  idem::sqlite::SqliteStore durable{":memory:"};
+  idem::IdempotencyGuard guard{fast, durable};
+  int runs = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (const char* id : {"a", "b", "c"}) {
+      auto r = guard.run(idem::Key::make("s", id), "",
+                         [&](idem::sqlite::Transaction&) { return std::to_string(++runs); });
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(round == 0 ? idem::Outcome::kExecuted : idem::Outcome::kReplayed, r.outcome) << id;
+      EXPECT_EQ(std::string(id) != "a", r.degraded) << id;
+    }
+  }
+  EXPECT_EQ(3, runs);
+  EXPECT_EQ(1u, fast.size());
+}
+
 // The write lock is first come first served: a thread that commits and writes again at once
 // (the purge's batches, a batch consumer) queues behind a writer that was already waiting,
 // instead of taking the lock back ahead of it for as long as it keeps writing.

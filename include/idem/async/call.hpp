@@ -7,12 +7,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/async/function.hpp"
 #include "idem/codec.hpp"
@@ -33,14 +35,14 @@ class CancelSignal {
   /// Requests cancellation (idempotent, thread-safe). Calls given this signal afterwards are
   /// cancelled as soon as they start.
   void emit() {
-    Function<void()> slot;
+    std::vector<std::pair<std::uint64_t, Function<void()>>> listeners;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (emitted_) return;
       emitted_ = true;
-      slot = std::move(slot_);
+      listeners = std::move(listeners_);
     }
-    if (slot) slot();
+    for (auto& [id, on_emit] : listeners) on_emit();
   }
 
   /// Whether emit() was called.
@@ -50,28 +52,37 @@ class CancelSignal {
   }
 
   /// For AsyncGuard: `on_emit` runs once, on the thread that emits (or at once if emitted
-  /// already). One listener at a time: a later install replaces the earlier one.
-  void install(Function<void()> on_emit) {
+  /// already). Every call given the signal has its own listener (one signal may serve all the
+  /// calls of a connection). @return the listener's id, for remove(); 0 when it ran at once.
+  std::uint64_t install(Function<void()> on_emit) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!emitted_) {
-        slot_ = std::move(on_emit);
-        return;
+        listeners_.emplace_back(++last_id_, std::move(on_emit));
+        return last_id_;
       }
     }
     on_emit();
+    return 0;
   }
-  /// For AsyncGuard: forgets the listener (the call ended).
-  void clear() {
-    Function<void()> old;
+  /// For AsyncGuard: forgets listener `id` (its call ended); other listeners stay.
+  void remove(std::uint64_t id) {
+    Function<void()> old;  // destroyed after the lock is released
     std::lock_guard<std::mutex> lock(mutex_);
-    old = std::move(slot_);
+    for (auto it = listeners_.begin(); it != listeners_.end(); ++it) {
+      if (it->first == id) {
+        old = std::move(it->second);
+        listeners_.erase(it);
+        break;
+      }
+    }
   }
 
  private:
   mutable std::mutex mutex_;
   bool emitted_ = false;
-  Function<void()> slot_;
+  std::uint64_t last_id_ = 0;
+  std::vector<std::pair<std::uint64_t, Function<void()>>> listeners_;
 };
 
 /// Options of one asynchronous call.

@@ -43,7 +43,9 @@
 //   the durable store has committed        not cancelled: the result is delivered
 //
 // Threading: each call runs on its own strand of the guard's executor, so one guard serves an
-// io_context run by one thread or many. The stores must outlive the guard and its calls.
+// io_context run by one thread or many. The stores must outlive the guard and its calls, and the
+// guard its calls: destroy it once the loop is stopped, or once every call was answered (a call
+// still running, a handler's Reply answered later, would use a destroyed guard).
 #pragma once
 
 #include <atomic>
@@ -379,7 +381,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (call.cancel) {
       cancel_signal_ = call.cancel;
       std::weak_ptr<RunOp> weak = this->shared_from_this();
-      cancel_signal_->install([weak, strand = strand_] {
+      cancel_listener_ = cancel_signal_->install([weak, strand = strand_] {
         net::post(strand, [weak] {
           if (auto op = weak.lock()) op->cancel(false);
         });
@@ -490,6 +492,16 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
+  static bool refused_by_pool(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const WorkerPoolFull&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   // A durable step failed with `e`: told to the observer, as the worker pool's when the pool
   // refused the work (an overload of idem's own threads, not a failure of the durable store).
   void durable_failed(const std::exception_ptr& e) noexcept {
@@ -513,7 +525,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       // The caller's cancellation (counted as such when it was answered) is not a store
       // failure.
       if (handler_threw_) {
-        g_.core_.handler_failed(call_);
+        g_.core_.handler_failed(call_, e);
       } else if (!cancelled_in_body_) {
         durable_failed(e);
       }
@@ -639,7 +651,13 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
     if (e || !v) {
       if (!e) e = std::make_exception_ptr(StorageError("idem::async: the handler gave no value"));
-      g_.core_.handler_failed(call_);
+      // A full worker pool refused to run the handler: idem's overload, not the handler's
+      // failure (told as the pool's, as for the durable work it refuses).
+      if (refused_by_pool(e)) {
+        durable_failed(e);
+      } else {
+        g_.core_.handler_failed(call_, e);
+      }
       // Two-phase: release the durable claim first (a retry may then run at once).
       if constexpr (kHasDurable) {
         phase_ = Phase::kFollowUp;
@@ -896,7 +914,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 #if defined(IDEM_ASIO_HAS_CANCELLATION_SLOT)
     if (slot_clear_) slot_clear_();
 #endif
-    if (cancel_signal_) cancel_signal_->clear();
+    if (cancel_signal_) cancel_signal_->remove(cancel_listener_);
     Final f = std::move(final_);
     f(std::move(e), std::move(r));
     if (!abandoned_) finish();
@@ -906,7 +924,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     phase_ = Phase::kDone;
     timer_.cancel();
     if (cancel_signal_) {
-      cancel_signal_->clear();
+      cancel_signal_->remove(cancel_listener_);
       cancel_signal_.reset();
     }
   }
@@ -922,6 +940,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   std::shared_ptr<std::atomic<bool>> cancel_flag_;
   net::steady_timer timer_;
   std::shared_ptr<CancelSignal> cancel_signal_;
+  std::uint64_t cancel_listener_ = 0;  // this call's listener on cancel_signal_
 #if defined(IDEM_ASIO_HAS_CANCELLATION_SLOT)
   Function<void()> slot_clear_;
 #if defined(IDEM_ASIO_HAS_CO_AWAIT)

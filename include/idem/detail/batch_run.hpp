@@ -49,6 +49,9 @@ struct BatchRerun {};
 // Thrown inside the first transaction when the insert that assumes fresh keys found a record:
 // the transaction rolls back and the first run starts again with the tolerant insert.
 struct BatchRecordsExist {};
+// Thrown out of a careful pass whose transaction a failing handler statement ended: the pass
+// runs again without that call.
+struct CarefulRestart {};
 
 /// One run_batch call: its state, per call, and the three steps.
 template <class Durable>
@@ -159,7 +162,21 @@ class BatchRun {
     if (committed) return;
     roll_back();
     result_.rerun = true;
-    durable_.with_transaction([&](Tx& tx) { careful_pass(tx, handler); });
+    // A handler's failed statement that ended the whole transaction (a driver that aborts it
+    // on any error) leaves no savepoint to go back to: the pass runs again without that call,
+    // its error kept. Each such run fails one more call, so at most one per call.
+    std::unordered_set<std::string> failed;  // keys whose first call failed
+    for (;;) {
+      try {
+        durable_.with_transaction([&](Tx& tx) { careful_pass(tx, handler, failed); });
+        return;
+      } catch (const CarefulRestart&) {
+        for (std::size_t i = 0; i < n_; ++i) {
+          if (to_durable_[i] != 0 && !answer(i).error) answer(i) = before[i];
+        }
+        std::fill(took_over_.begin(), took_over_.end(), 0);
+      }
+    }
   }
 
   // Whether every call whose record the batch writes said its key is likely new (and none is
@@ -242,7 +259,8 @@ class BatchRun {
       try {
         run_handler(handler, tx, i);
       } catch (...) {
-        if (retryable(std::current_exception())) throw;
+        const std::exception_ptr error = typed(std::current_exception());
+        if (retryable(error)) std::rethrow_exception(error);
         throw BatchRerun{};
       }
       if (recorded[i] == 0) record(tx, i, c);
@@ -255,10 +273,10 @@ class BatchRun {
   // A later call of a key whose first call failed here is not run again (the key runs once
   // per batch): it answers in progress, as a duplicate beside a failing run() call would.
   template <class Fn>
-  void careful_pass(Tx& tx, Fn& handler) {
-    std::unordered_set<std::string> failed;  // keys whose first call failed in this pass
+  void careful_pass(Tx& tx, Fn& handler, std::unordered_set<std::string>& failed) {
     for (std::size_t i = 0; i < n_; ++i) {
       if (to_durable_[i] == 0) continue;
+      if (answer(i).error) continue;  // failed in an earlier run of this pass
       if (first_[i] == 0 && !failed.empty() && failed.count(calls_[i].key.str()) != 0) {
         BatchAnswer& a = answer(i);
         a.outcome = Outcome::kInProgress;
@@ -274,12 +292,18 @@ class BatchRun {
       try {
         run_handler(handler, tx, i);
       } catch (...) {
-        if (retryable(std::current_exception())) throw;  // rolls the whole batch back
-        durable_.rollback_to_savepoint(tx);
-        durable_.release_savepoint(tx);
+        const std::exception_ptr error = typed(std::current_exception());
+        if (retryable(error)) std::rethrow_exception(error);  // rolls the whole batch back
         took_over_[i] = 0;
-        answer(i).error = std::current_exception();
+        answer(i).error = error;
         failed.insert(calls_[i].key.str());
+        try {
+          durable_.rollback_to_savepoint(tx);
+        } catch (const StorageError& e) {
+          if (e.retryable()) throw;
+          throw CarefulRestart{};  // the handler's failure ended `tx` (see run_durable)
+        }
+        durable_.release_savepoint(tx);
         continue;
       }
       record(tx, i, c);
@@ -340,6 +364,16 @@ class BatchRun {
     a.holder = std::move(c.holder);
     a.first_seen = c.first_seen;
     a.expires_at = c.expires_at;
+  }
+
+  // The store's idem error for a driver exception a handler's statement threw (the durable
+  // store contract's optional typed_error), else `e`.
+  std::exception_ptr typed(std::exception_ptr e) const noexcept {
+    if constexpr (has_typed_error<Durable>::value) {
+      return durable_.typed_error(std::move(e));
+    } else {
+      return e;
+    }
   }
 
   // True for an idem error that says nothing about the call (e.g. the handler's own
@@ -434,7 +468,7 @@ class BatchRun {
         c.total = end - start_;
       }
       if (a.error) {
-        core_.report_batch_handler_error(c);
+        core_.report_batch_handler_error(c, a.error);
         continue;
       }
       if (took_over_[i] != 0) core_.takeover(calls_[i].key, "durable");

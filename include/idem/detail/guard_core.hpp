@@ -21,7 +21,7 @@
 //   fast complete answered       fast_complete_answered(c,ok) kFill when the claim was lost
 //   fast record filled           fast_filled(c)               refill counted
 //   fast follow-up failed        fast_follow_up_failed(c, e)  the burst of failures
-//   handler threw                handler_failed(c)            counted; then release (release_next)
+//   handler threw                handler_failed(c, e)         counted; then release (release_next)
 //   lease lost                   lease_lost(c, store)         the idem::LeaseLost to throw
 //   the answer                   executed<R>(c, v) /          the GuardResult, counted and
 //                                duplicate<R>(c, a, ...)      reported (on_duplicate, on_call)
@@ -87,7 +87,7 @@ class CallState {
 
   /// The call's key.
   const Key& key() const noexcept { return key_copy_ ? *key_copy_ : *key_; }
-  /// The payload's fingerprint ("" skips the check).
+  /// The payload's fingerprint ("" is one like any other: see IdempotencyGuard::run).
   std::string_view fingerprint() const noexcept {
     return owned_ ? std::string_view(fingerprint_copy_) : fingerprint_;
   }
@@ -338,12 +338,14 @@ class GuardCore {
   /// next duplicate refills it (a release that failed ends with its lease).
   void fast_follow_up_failed(CallState& c, const Error& e) noexcept { fast_failed(c.key(), e); }
 
-  /// The handler threw (the driver releases the claims).
-  void handler_failed(const CallState& c) noexcept { handler_error(c.key()); }
-  /// The handler of the call on `key` threw.
-  void handler_error(const Key& key) noexcept {
+  /// The handler threw `error` (the driver releases the claims).
+  void handler_failed(const CallState& c, const std::exception_ptr& error) noexcept {
+    handler_error(c.key(), error);
+  }
+  /// The handler of the call on `key` threw `error`.
+  void handler_error(const Key& key, const std::exception_ptr& error) noexcept {
     stats_.handler_errors.fetch_add(1, std::memory_order_relaxed);
-    if (auto* o = options_.observer.get()) o->on_handler_error(key);
+    if (auto* o = options_.observer.get()) o->on_handler_exception(key, error);
   }
   /// A store took over an expired lease.
   void takeover(const Key& key, std::string_view store) noexcept {
@@ -353,9 +355,11 @@ class GuardCore {
   /// The call's lease was lost before it completed: counted, reported; the error to throw.
   LeaseLost lease_lost(const CallState& c, std::string_view store) noexcept {
     note_lease_lost(c.key(), store);
-    return LeaseLost("idem: the lease on '" + c.key().str() +
-                     "' expired and was taken over before the handler completed; "
-                     "raise GuardOptions::lease above the handler's duration");
+    return LeaseLost("idem: the claim on '" + c.key().str() +
+                     "' was lost before the handler completed: its lease expired and another "
+                     "attempt took it over (raise GuardOptions::lease above the handler's "
+                     "duration), or it was released or removed from the store (idemctl "
+                     "release, a fast store that lost its data)");
   }
   /// The claim of `key` in `store` was found lost (taken over): counted, reported.
   void note_lease_lost(const Key& key, std::string_view store) noexcept {
@@ -438,9 +442,10 @@ class GuardCore {
   }
   /// The handler of the batch call `c` threw (its writes rolled back): counted as a run()
   /// call whose handler threw (on_handler_error, no on_call).
-  void report_batch_handler_error(const BatchCallReport& c) noexcept {
+  void report_batch_handler_error(const BatchCallReport& c,
+                                  const std::exception_ptr& error) noexcept {
     count_call(c.fast_claimed, c.degraded);
-    handler_error(c.key);
+    handler_error(c.key, error);
   }
 
   /// What every call counts before its outcome is known.

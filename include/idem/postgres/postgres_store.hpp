@@ -67,6 +67,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -338,6 +339,10 @@ class IDEM_EXPORT PostgresStore {
   void rollback_to_savepoint(pqxx::work& tx);
   /// Contract: `RELEASE SAVEPOINT idem_batch`.
   void release_savepoint(pqxx::work& tx);
+  /// Contract: the idem error for a libpqxx exception a batch handler's statement threw (as
+  /// run_transactional types them: a lock wait StorageTimeout, a lost connection
+  /// StorageUnavailable, ...); any other exception as it is.
+  std::exception_ptr typed_error(std::exception_ptr e) const noexcept;
 
   /// The connection pool (business code may share it).
   ConnectionPool& pool() noexcept { return *pool_; }

@@ -601,6 +601,59 @@ TYPED_TEST_P(AsyncGuardSuite, CancelledDuringTheTransactionCommitsNothingAndFree
   EXPECT_EQ(0, store_errors->count.load());
 }
 
+// One signal given to several calls (all the calls of a client connection) cancels every one
+// still running when it is emitted; a call that ended before leaves the others' listeners in
+// place.
+TYPED_TEST_P(AsyncGuardSuite, OneSignalCancelsEveryCallItWasGivenTo) {
+  auto g = this->guard();
+  auto cancel = std::make_shared<idem::async::CancelSignal>();
+  idem::async::CallOptions co;
+  co.cancel = cancel;
+  std::vector<std::shared_ptr<idem::async::Reply<std::string>>> pending(3);
+  std::vector<Answer<>> calls(3);
+  std::vector<idem::Key> keys;
+  keys.reserve(3);  // the calls keep references to their keys
+  for (std::size_t i = 0; i < 3; ++i) {
+    keys.push_back(this->key());
+    this->start(*g, keys[i], "fp", idem::async::with_reply<std::string>([&, i](auto reply) {
+      pending[i] = std::make_shared<idem::async::Reply<std::string>>(std::move(reply));
+    }),
+                calls[i], co);
+  }
+  for (int i = 0; i < 500; ++i) {
+    bool all = false;
+    this->loop_.run([&] { all = pending[0] && pending[1] && pending[2]; });
+    if (all) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  this->loop_.run([&] { (*pending[0])("first"); });
+  EXPECT_EQ("first", calls[0].wait().result.value.value_or("")) << what_of(calls[0].wait().error);
+  cancel->emit();
+  for (std::size_t i = 1; i < 3; ++i) {
+    EXPECT_TRUE(holds<Cancelled>(calls[i].wait().error))
+        << i << " " << what_of(calls[i].wait().error);
+  }
+  EXPECT_EQ(2u, g->async_stats().cancelled.load());
+  this->loop_.run([&] {
+    (*pending[1])("late 1");
+    (*pending[2])("late 2");
+    pending.clear();
+  });
+  // The late answers are recorded (and the guard outlives the calls that record them).
+  for (std::size_t i = 1; i < 3; ++i) {
+    GuardResult<std::string> replay;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      Answer<> r;
+      this->start(
+          *g, keys[i], "fp", [] { return std::string("never"); }, r);
+      replay = r.wait().result;
+      if (replay.outcome == Outcome::kReplayed) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ("late " + std::to_string(i), replay.value.value_or("")) << i;
+  }
+}
+
 // Past its deadline while the two-phase handler has not answered: answered at once; the record
 // stays in progress (the handler's outcome is unknown); its late answer is recorded.
 TYPED_TEST_P(AsyncGuardSuite, DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer) {
@@ -934,20 +987,16 @@ TYPED_TEST_P(AsyncGuardSuite, TheLoopNeverStallsWhileDurableWorkRuns) {
   ::testing::Test::RecordProperty("refused_by_the_pool", refused);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(AsyncGuardSuite, TransactionalRunsOnAWorkerCommitsOnceAndReplays,
-                            StormOnOneKeyFromOneLoopRunsOnce,
-                            MismatchWinsOverReplayAndInProgress,
-                            HandlerFailuresRollBackReleaseAndPropagateUnchanged,
-                            ResponsesAreByteIdentical,
-                            AFastStoreThatLostTheRecordIsRefilledFromTheDurableStore,
-                            AsynchronousAndOnLoopHandlersHoldNoThread,
-                            ATwoPhaseAttemptThatLostItsLeaseIsRefused,
-                            CancelledDuringTheTransactionCommitsNothingAndFreesTheKey,
-                            DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
-                            CancellationAfterTheCommitDeliversTheResult,
-                            CancelledAtEachStepNeverLiesAndNeverSticks,
-                            FuturesAndThreadsOffTheLoop,
-                            AThousandRequestsOnOneLoopLeaveOneEffectPerKey,
-                            TheLoopNeverStallsWhileDurableWorkRuns);
+REGISTER_TYPED_TEST_SUITE_P(
+    AsyncGuardSuite, TransactionalRunsOnAWorkerCommitsOnceAndReplays,
+    StormOnOneKeyFromOneLoopRunsOnce, MismatchWinsOverReplayAndInProgress,
+    HandlerFailuresRollBackReleaseAndPropagateUnchanged, ResponsesAreByteIdentical,
+    AFastStoreThatLostTheRecordIsRefilledFromTheDurableStore,
+    AsynchronousAndOnLoopHandlersHoldNoThread, ATwoPhaseAttemptThatLostItsLeaseIsRefused,
+    CancelledDuringTheTransactionCommitsNothingAndFreesTheKey,
+    OneSignalCancelsEveryCallItWasGivenTo, DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
+    CancellationAfterTheCommitDeliversTheResult, CancelledAtEachStepNeverLiesAndNeverSticks,
+    FuturesAndThreadsOffTheLoop, AThousandRequestsOnOneLoopLeaveOneEffectPerKey,
+    TheLoopNeverStallsWhileDurableWorkRuns);
 
 }  // namespace idem::test

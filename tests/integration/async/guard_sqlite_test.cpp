@@ -70,6 +70,26 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Embedded, AsyncGuardSuite, SqliteEnvs);
 
 namespace {
 
+// Takes the one thread and the one queue place of `pool` (sized {1, 1}) until the returned
+// promise is set.
+std::promise<void> fill(idem::async::WorkerPool& pool, idem::async::net::io_context& io) {
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  auto ignore = [](std::exception_ptr) {};
+  pool.submit(
+      io.get_executor(),
+      [gate, started] {
+        *started = true;
+        gate.wait();
+      },
+      ignore);
+  while (!*started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  pool.submit(
+      io.get_executor(), [gate] { gate.wait(); }, ignore);
+  return release;
+}
+
 // A worker pool with no room refuses the call's transaction: the caller gets WorkerPoolFull
 // (retryable), nothing runs, and the observer hears of it as the pool's refusal
 // ("worker_pool"), not as a failure of the durable store. Once the pool has room, the retry
@@ -91,21 +111,7 @@ TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
   options.guard.observer = seen;
   idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), durable, options};
 
-  // The pool's one thread and its one queue place, taken.
-  std::promise<void> release;
-  std::shared_future<void> gate = release.get_future().share();
-  std::atomic<bool> started{false};
-  auto ignore = [](std::exception_ptr) {};
-  pool.submit(
-      io.get_executor(),
-      [&] {
-        started = true;
-        gate.wait();
-      },
-      ignore);
-  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  pool.submit(
-      io.get_executor(), [&] { gate.wait(); }, ignore);
+  std::promise<void> release = fill(pool, io);
 
   int runs = 0;
   auto handler = [&runs](idem::sqlite::Transaction&) {
@@ -141,6 +147,67 @@ TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
   EXPECT_EQ(idem::Outcome::kExecuted, retried.outcome);
   EXPECT_EQ(1, runs);
   EXPECT_EQ(1u, seen->stores.size());
+}
+
+// The same for a two-phase handler the handlers' pool (AsyncGuardOptions::pool) has no room
+// for: the pool's refusal, not a handler error; the key is free at once.
+TEST(AsyncGuardPoolTest, ATwoPhaseHandlerRefusedByAFullPoolIsNotAHandlerError) {
+  struct Seen : idem::Observer {
+    std::vector<std::string> stores;
+    int handler_errors = 0;
+    void on_store_error(const idem::StoreErrorEvent& e) noexcept override {
+      stores.emplace_back(e.store);
+    }
+    void on_handler_error(const idem::Key&) noexcept override { ++handler_errors; }
+  };
+  idem::async::net::io_context io;
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast{memory};
+  SqliteStore sqlite{":memory:"};
+  idem::async::WorkerPool durable_pool{{1, 8}};
+  idem::async::WorkerPool handler_pool{{1, 1}};
+  PooledDurable<SqliteStore> durable{sqlite, durable_pool};
+  auto seen = std::make_shared<Seen>();
+  idem::async::AsyncGuardOptions options;
+  options.pool = &handler_pool;
+  options.guard.observer = seen;
+  idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable,
+                                                            options};
+  std::promise<void> release = fill(handler_pool, io);
+
+  const auto key = idem::Key::make("pay", "full-handler-pool");
+  std::exception_ptr error;
+  bool answered = false;
+  int runs = 0;
+  auto handler = [&runs] {
+    ++runs;
+    return std::string("sent");
+  };
+  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string>) {
+    error = e;
+    answered = true;
+  });
+  for (int i = 0; i < 500 && !answered; ++i) io.run_one_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(answered);
+  EXPECT_THROW(std::rethrow_exception(error), idem::async::WorkerPoolFull);
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(0, seen->handler_errors);
+  EXPECT_EQ(0u, guard.stats().snapshot().handler_errors);
+  EXPECT_EQ(std::vector<std::string>{"worker_pool"}, seen->stores);
+  release.set_value();
+  io.restart();
+  io.run();
+  idem::GuardResult<std::string> retried;
+  error = nullptr;
+  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
+    error = e;
+    retried = std::move(r);
+  });
+  io.restart();
+  io.run();
+  ASSERT_FALSE(error);
+  EXPECT_EQ(idem::Outcome::kExecuted, retried.outcome);
+  EXPECT_EQ(1, runs);
 }
 
 // GuardOptions the asynchronous guard does not implement are refused at construction, typed,

@@ -447,6 +447,61 @@ TEST_P(ConsumerPg, BatchWithAFailingHandlerRerunsWithSavepoints) {
   EXPECT_EQ((std::vector<Verdict>{Verdict::kAckDuplicate}), pg_batch(consumer, {bad}, bad));
 }
 
+// A handler whose own statement fails (a division by zero, a constraint, a bad cast: the
+// usual poison message of a database handler). libpqxx ends the whole transaction on a failed
+// statement, so no savepoint is left to go back to: the batch runs again without that
+// message, the others commit, the poison message counts its attempts and is dead-lettered.
+// A lock wait of a handler's statement is a retryable StorageTimeout of the whole batch.
+TEST_P(ConsumerPg, BatchWithAFailingHandlerStatementIsolatesItsMessage) {
+  std::vector<idem::DeadLetter> dead;
+  idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};
+  const std::string u = idem::test::unique_name("s");
+  const std::string a = u + "-a", bad = u + "-bad", b = u + "-b", bad2 = u + "-bad2";
+  std::map<std::string, int> calls;
+  auto run = [&](const std::vector<std::string>& ids) {
+    std::vector<idem::Delivery> batch;
+    for (const auto& id : ids) batch.push_back(idem::Delivery{id, ""});
+    return consumer.consume_batch(batch, [&](pqxx::work& tx, std::size_t i) {
+      ++calls[ids[i]];
+      pg::insert_effect(tx, ids[i]);
+      if (ids[i] == bad || ids[i] == bad2) tx.exec("SELECT 1/0");
+    });
+  };
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kAck, Verdict::kRetryLater, Verdict::kAck,
+                                  Verdict::kRetryLater}),
+            run({a, bad, b, bad2}));
+  EXPECT_EQ(1, effects_of(a));
+  EXPECT_EQ(1, effects_of(b));
+  EXPECT_EQ(0, effects_of(bad));
+  EXPECT_EQ(0, effects_of(bad2));
+  PostgresAttemptLedger ledger(*durable_);
+  EXPECT_EQ(1u, ledger.failures(idem::Key::make(group_, bad)));
+  EXPECT_EQ(1u, ledger.failures(idem::Key::make(group_, bad2)));
+  (void)run({bad, a});
+  EXPECT_EQ((std::vector<Verdict>{Verdict::kDeadLetter, Verdict::kAckDuplicate}), run({bad, a}));
+  ASSERT_EQ(1u, dead.size());
+  EXPECT_EQ(bad, dead[0].message_id);
+  EXPECT_NE(std::string::npos, dead[0].error.find("division by zero")) << dead[0].error;
+  EXPECT_EQ(1, effects_of(a));
+  EXPECT_EQ(0, effects_of(bad));
+
+  // A business row locked by another transaction past lock_timeout: retryable, nothing
+  // committed, nothing counted against the message.
+  const std::string c = u + "-c";
+  pqxx::connection other{pg::dsn()};
+  pqxx::work holder{other};
+  holder.exec("LOCK TABLE " + pg::table("idem_test_effects") + " IN EXCLUSIVE MODE");
+  std::vector<idem::Delivery> locked{idem::Delivery{c, ""}};
+  EXPECT_THROW(consumer.consume_batch(locked,
+                                      [&](pqxx::work& tx, std::size_t) {
+                                        tx.exec("SET LOCAL lock_timeout = '100ms'");
+                                        pg::insert_effect(tx, c);
+                                      }),
+               idem::StorageTimeout);
+  holder.abort();
+  EXPECT_EQ(0u, ledger.failures(idem::Key::make(group_, c)));
+}
+
 TEST_P(ConsumerPg, EightThreadsOfOverlappingBatchesApplyEachIdOnce) {
   std::vector<idem::DeadLetter> dead;
   idem::IdempotentConsumer<PostgresStore> consumer{*guard_, group_, options(&dead)};

@@ -197,6 +197,31 @@ TEST_F(PostgresStoreTest, FastStoreCompleteFailingAfterCommitReplaysFromPostgres
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
+// A record is kept `retention` after its completion, not after its transaction began: a
+// handler that runs longer than the retention still leaves a record its duplicates replay
+// (now() in the completion made it expire before its COMMIT). Transactional and two-phase.
+TEST_F(PostgresStoreTest, RetentionCountsFromTheCompletionNotTheTransactionsStart) {
+  idem::GuardOptions go;
+  go.retention = std::chrono::seconds(1);
+  idem::IdempotencyGuard guard{*store_, go};
+  for (bool transactional : {true, false}) {
+    auto key = unique_key();
+    int runs = 0;
+    auto slow = [&] {
+      ++runs;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+      return std::string("r");
+    };
+    auto call = [&] {
+      return transactional ? guard.run(key, "fp", [&](pqxx::work&) { return slow(); })
+                           : guard.run(key, "fp", slow);
+    };
+    EXPECT_EQ(idem::Outcome::kExecuted, call().outcome);
+    EXPECT_EQ(idem::Outcome::kReplayed, call().outcome) << transactional;
+    EXPECT_EQ(1, runs) << transactional;
+  }
+}
+
 // A handler that catches the error of its own failed statement and returns leaves an aborted
 // transaction: the call is a StorageError that says so (it was a LeaseLost, which tells the
 // caller another attempt won), nothing commits, and a retry runs the handler again. With and
@@ -858,6 +883,38 @@ TEST_F(PostgresStoreTest, RejectsBadIdentifiersBeforeConnecting) {
   o = pg::options();
   o.table = "1table";
   EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  // What PostgreSQL itself refuses or changes in an unquoted name: a reserved word (a syntax
+  // error at the first statement), upper case (folded, so its catalog lookups missed it), a
+  // table name whose "_expires_idx" index name PostgreSQL would cut to the primary key's.
+  for (auto set : std::initializer_list<void (*)(idem::postgres::PostgresStoreOptions&)>{
+           [](auto& x) { x.schema = "select"; }, [](auto& x) { x.schema = "Public"; },
+           [](auto& x) { x.table = "Orders"; }, [](auto& x) { x.table = "user"; },
+           [](auto& x) { x.key_column = "order"; }, [](auto& x) { x.scope_column = "Scope"; },
+           [](auto& x) { x.table = std::string(52, 't'); }}) {
+    o = pg::options();
+    set(o);
+    EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  }
+  o = pg::options();
+  o.table = std::string(51, 't');
+  o.migrate = false;  // the longest table name is accepted
+  EXPECT_NO_THROW(PostgresStore{o});
+}
+
+TEST_F(PostgresStoreTest, AUriPasswordWithARawAtIsRefusedWithoutShowingIt) {
+  // libpq ends the user information at the first '@': the rest of the password would be the
+  // host name that its "could not translate host name" quotes.
+  auto o = pg::options();
+  o.conninfo = "postgresql://idem:first@SecretTail@127.0.0.1:1/idem_test";
+  try {
+    PostgresStore store{o};
+    ADD_FAILURE() << "accepted";
+  } catch (const idem::UsageError& e) {
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("SecretTail")) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("%40")) << e.what();
+  }
+  o.conninfo = "postgresql://idem:first%40SecretTail@127.0.0.1:1/idem_test?connect_timeout=2";
+  EXPECT_THROW(PostgresStore{o}, idem::StorageUnavailable);  // encoded: parsed, then unreachable
 }
 
 TEST_F(PostgresStoreTest, UnreachableServerIsUnavailable) {

@@ -124,7 +124,11 @@ TEST_F(Secrets, RedisErrorsAndLogsNeverShowThePassword) {
         "rediss://" + user_ + ":" + secret_ + "@" + tls_url_.substr(tls_url_.find("://") + 3),
         "redis-sentinel://" + user_ + ":" + secret_ + "@127.0.0.1:1/master",
         "redis-cluster://" + user_ + ":" + secret_ + "@127.0.0.1:1",
-        "unix://" + user_ + ":" + secret_ + "@/nonexistent.sock"}) {
+        "unix://" + user_ + ":" + secret_ + "@/nonexistent.sock",
+        // No '@' (forgotten host): the password reads as a port, or a raw '/' in it as a db.
+        "redis://" + user_ + ":" + secret_, "redis://" + user_ + ":pw/" + secret_,
+        "redis-sentinel://:" + secret_, "redis-cluster://:" + secret_,
+        "redis-cluster://127.0.0.1:1,:" + secret_}) {
     bool threw = said.error_of([&] {
       idem::redis::RedisStoreOptions o;
       o.uri = uri;
@@ -208,7 +212,9 @@ TEST_F(Secrets, PostgresErrorsAndLogsNeverShowThePassword) {
         "postgresql://idem_pw:%00" + secret_ + "@127.0.0.1:1/idem_test",
         "postgresql://idem_pw:" + secret_ + "/x@127.0.0.1:1/idem_test",
         "host=127.0.0.1 port=1 password=my " + secret_ + " dbname=idem_test",
-        "postgresql://idem_pw@127.0.0.1:1/idem_test?password=%zz" + secret_}) {
+        "postgresql://idem_pw@127.0.0.1:1/idem_test?password=%zz" + secret_,
+        // A raw '@' in the password: libpq would make its rest the host name.
+        "postgresql://idem_pw:x@" + secret_ + "@127.0.0.1:1/idem_test"}) {
     EXPECT_TRUE(said.error_of([&] { idem::postgres::PostgresStore store{opts(bad)}; })) << bad;
   }
   {
