@@ -6,6 +6,7 @@
 #include <cctype>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "idem/detail/redact.hpp"
@@ -122,6 +123,24 @@ TEST(MaskPasswords, HidesEveryFormOfAPassword) {
   }
   EXPECT_EQ("host=h user=u", idem::detail::mask_passwords("host=h user=u"));
   EXPECT_EQ("a password is needed", idem::detail::mask_passwords("a password is needed"));
+}
+
+// A URI its parser refused: besides mask_passwords, a URI without '@' after "://" (a forgotten
+// host: the password reads as a port) and one without "://" (a typo in the scheme) hide all
+// after their first ':'.
+TEST(MaskPasswords, ARefusedUriHidesWhatCouldBeAPassword) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"amqp://guest:S3cret@h:5672", "amqp://guest:***@h:5672"},
+      {"amqp://guest:S3cret", "amqp://guest:***"},
+      {"redis-cluster://:S3cret", "redis-cluster://:***"},
+      {"amqp:/guest:S3cret@127.0.0.1", "amqp:***"},
+      {"amqp:guest:S3cret@127.0.0.1", "amqp:***"},
+      {"mysql://idem:S3cret/db", "mysql://idem:***"},
+  };
+  for (const auto& [uri, masked] : cases) {
+    EXPECT_EQ(masked, idem::detail::mask_refused_uri(uri)) << uri;
+  }
+  EXPECT_EQ("redis://cache/2", idem::detail::mask_refused_uri("redis://cache/2"));
 }
 
 }  // namespace

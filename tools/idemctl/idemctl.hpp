@@ -417,6 +417,13 @@ inline std::map<std::string, DuplicateCount> count_duplicate_lines(std::istream&
 /// never leak it: the rules of the PostgreSQL stores' messages (idem/detail/redact.hpp).
 inline std::string redact_dsn(const std::string& dsn) { return idem::detail::mask_passwords(dsn); }
 
+/// `dsn` as an error that it could not be opened shows it: redact_dsn, and, without an '@',
+/// everything after its first ':' too (idem::detail::mask_refused_uri: "redis://user:secret",
+/// a forgotten host, reads as a host and a port).
+inline std::string redact_refused_dsn(const std::string& dsn) {
+  return idem::detail::mask_refused_uri(dsn);
+}
+
 /// The fast store named by `url` as a RecordSource: `redis://`, `tcp://` or `unix://` opens an
 /// idem::redis::RedisStore whose keys start with `key_prefix` (the service's
 /// RedisStoreOptions::key_prefix). Connects lazily: an unreachable server shows up as a
@@ -428,7 +435,7 @@ inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url,
   const bool redis =
       url.rfind("redis://", 0) == 0 || url.rfind("tcp://", 0) == 0 || url.rfind("unix://", 0) == 0;
   if (!redis) {
-    throw StoreError("cannot open fast store '" + redact_dsn(url) +
+    throw StoreError("cannot open fast store '" + redact_refused_dsn(url) +
                      "': unknown scheme (expected redis://, tcp:// or unix://)");
   }
   try {
@@ -437,11 +444,11 @@ inline std::unique_ptr<RecordSource> open_fast_source(const std::string& url,
     return std::make_unique<FastStoreSource>("redis:" + redact_dsn(url),
                                              std::make_unique<idem::redis::RedisStore>(options));
   } catch (const idem::Error& e) {
-    throw StoreError("cannot open fast store '" + redact_dsn(url) + "': " + e.what());
+    throw StoreError("cannot open fast store '" + redact_refused_dsn(url) + "': " + e.what());
   }
 #else
   (void)key_prefix;
-  throw StoreError("cannot open fast store '" + redact_dsn(url) +
+  throw StoreError("cannot open fast store '" + redact_refused_dsn(url) +
                    "': this idemctl was built without a Redis adapter (idem::redis)");
 #endif
 }

@@ -143,7 +143,7 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
   }
 #else
   if (a.db.rfind("mysql://", 0) == 0 || a.db.rfind("mariadb://", 0) == 0) {
-    throw idemctl::StoreError("cannot open " + idemctl::redact_dsn(a.db) +
+    throw idemctl::StoreError("cannot open " + idemctl::redact_refused_dsn(a.db) +
                               ": this idemctl was built without MySQL (idem::mysql)");
   }
 #endif
@@ -158,7 +158,7 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
   }
 #else
   if (a.db.rfind("postgresql://", 0) == 0 || a.db.rfind("postgres://", 0) == 0) {
-    throw idemctl::StoreError("cannot open " + idemctl::redact_dsn(a.db) +
+    throw idemctl::StoreError("cannot open " + idemctl::redact_refused_dsn(a.db) +
                               ": this idemctl was built without PostgreSQL (idem::postgres)");
   }
 #endif

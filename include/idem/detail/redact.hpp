@@ -73,13 +73,14 @@ inline std::string mask_passwords(std::string s) {
 /// `mask_passwords`, and, when no '@' follows the "://", everything from the first ':' after it
 /// to the end as well. Without an '@' a parser reads "scheme://user:secret" as a host and a
 /// port, so the part after that ':' may be a password (with a raw '/' or '?' in it too); a
-/// refused URI's port is shown as "***" rather than risk it.
+/// refused URI's port is shown as "***" rather than risk it. Without "://" at all (a typo:
+/// "amqp:/user:secret@host"), nothing of it can be told apart: everything after its first ':'
+/// is masked.
 inline std::string mask_refused_uri(std::string_view uri) {
   std::string s = mask_passwords(std::string(uri));
   const std::size_t sep = s.find("://");
-  const std::size_t from = sep == std::string::npos ? 0 : sep + 3;
-  if (s.find('@', from) != std::string::npos) return s;
-  const std::size_t colon = s.find(':', from);
+  if (sep != std::string::npos && s.find('@', sep + 3) != std::string::npos) return s;
+  const std::size_t colon = s.find(':', sep == std::string::npos ? 0 : sep + 3);
   if (colon != std::string::npos && colon + 1 < s.size()) s.replace(colon + 1, s.npos, "***");
   return s;
 }

@@ -388,7 +388,8 @@ TEST(RabbitClientOptions, ARefusedUrlNeverShowsItsPassword) {
   for (const std::string url :
        {"amqp://guest:QZ7@ecret@127.0.0.1:5672", "amqp://guest:QZ7/ecret@127.0.0.1:5672",
         "amqp://guest:QZ7#ecret@127.0.0.1", "amqp://guest:QZ7ecret", "ampq://guest:QZ7ecret@h",
-        "amqp://guest:QZ7ecret@[::1"}) {
+        "amqp://guest:QZ7ecret@[::1", "amqp:/guest:QZ7ecret@127.0.0.1",
+        "amqp:guest:QZ7ecret@127.0.0.1"}) {
     idem::rabbitmq::PublisherOptions po;
     po.connection.url = url;
     try {

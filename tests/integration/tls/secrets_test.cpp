@@ -292,6 +292,13 @@ TEST_F(Secrets, IdemctlOutputNeverShowsThePassword) {
       {"--db " + quote(good_dsn) + table + " --fast " +
            quote(redis_uri("Top@" + secret_, "127.0.0.1:1")) + " show s ctl",
        -1},
+      // Refused fast-store URLs without '@' (a forgotten host, an unknown scheme).
+      {"--db " + quote(good_dsn) + table + " --fast " + quote("redis://u:" + secret_) +
+           " show s ctl",
+       -1},
+      {"--db " + quote(good_dsn) + table + " --fast " + quote("redis-cluster://:" + secret_) +
+           " show s ctl",
+       -1},
       // The per-key commands name the stores they read in every message.
       {"--db " + quote(good_dsn) + table + " --fast " + quote(redis_uri(secret_, host_port_)) +
            " response s ctl",
