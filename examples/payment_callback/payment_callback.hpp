@@ -116,10 +116,15 @@ class CallbackLogic {
     });
     if (answer.transition == Transition::kAlreadyThere && observer_) {
       // "Why are there two identical callbacks?": one line per duplicate, like the guard's.
-      auto key = idem::Key::make("payment.callback", cb.order_no);
-      observer_->on_duplicate(idem::DuplicateEvent{
-          key, idem::Outcome::kReplayed, idem::DuplicateSource::kStateMachine,
-          idem::from_millis(first_paid_at.value_or(0)), ""});
+      // After the commit nothing may throw: an order number that is no key id ("ORD 1") is
+      // simply not reported (the gateway must still get its "success").
+      try {
+        auto key = idem::Key::make("payment.callback", cb.order_no);
+        observer_->on_duplicate(idem::DuplicateEvent{
+            key, idem::Outcome::kReplayed, idem::DuplicateSource::kStateMachine,
+            idem::from_millis(first_paid_at.value_or(0)), ""});
+      } catch (const idem::InvalidKey&) {
+      }
     }
     return answer;
   }

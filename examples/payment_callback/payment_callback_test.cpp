@@ -74,6 +74,19 @@ TEST_F(PaymentCallbackTest, RepeatedCallbackPaysOnceAndKeepsTheFirstPaidAt) {
   EXPECT_EQ(4u, duplicate_lines());
 }
 
+// An order number that is not a valid key id ("ORD 1": a blank) is still paid once, and its
+// repeated callback still answers "success" (the duplicate's log line, keyed by it, is skipped;
+// it threw after the commit, and the gateway would have retried for ever).
+TEST_F(PaymentCallbackTest, AnOrderNumberThatIsNoKeyIdStillAnswersItsDuplicates) {
+  set_order("ORD 1", "WAIT_PAY");
+  for (int i = 0; i < 3; ++i) {
+    auto a = handler_->handle(Callback{"ORD 1", "T-9", 1999, 1000 + i});
+    EXPECT_EQ("success", a.body);
+    EXPECT_EQ(i == 0 ? Transition::kTransitioned : Transition::kAlreadyThere, a.transition);
+  }
+  EXPECT_EQ(1, count("SELECT count(*) FROM payments WHERE order_no = 'ORD 1'"));
+}
+
 TEST_F(PaymentCallbackTest, ThirtyTwoConcurrentCallbacksPayOnceAndAllSucceed) {
   std::atomic<int> success{0}, transitioned{0}, already{0};
   std::vector<std::thread> threads;

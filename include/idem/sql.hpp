@@ -32,4 +32,17 @@ inline const std::string& check_sql_identifier(std::string_view what, const std:
   return name;
 }
 
+/// Whether two identifiers name the same column: unquoted SQL names compare without regard
+/// to ASCII case ("STATUS" is status).
+inline bool same_sql_identifier(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto lower = [](char c) {
+      return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+    };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
 }  // namespace idem

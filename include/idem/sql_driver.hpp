@@ -72,12 +72,14 @@ struct has_sql_driver : std::false_type {};
 template <class Tx>
 struct has_sql_driver<Tx, std::void_t<decltype(SqlDriver<Tx>::kDialect)>> : std::true_type {};
 
-/// True when an argument is a NULL value (nullptr or an empty std::optional).
+/// True when an argument is a NULL value (nullptr, a null C string, which every adapter binds
+/// as NULL, or an empty std::optional).
 template <class T>
 bool is_null_value(const T&) noexcept {
   return false;
 }
 inline bool is_null_value(std::nullptr_t) noexcept { return true; }
+inline bool is_null_value(const char* text) noexcept { return text == nullptr; }
 template <class T>
 bool is_null_value(const std::optional<T>& v) noexcept {
   return !v.has_value();

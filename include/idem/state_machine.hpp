@@ -120,7 +120,7 @@ class StateMachine {
     check_sql_identifier("table", table_);
     check_sql_identifier("id column", id_column_);
     check_sql_identifier("status column", status_column_);
-    if (id_column_ == status_column_) {
+    if (same_sql_identifier(id_column_, status_column_)) {
       throw UsageError("idem::StateMachine: id and status columns must differ");
     }
     if (edges_.empty()) throw UsageError("idem::StateMachine: no transitions declared");
@@ -162,11 +162,18 @@ class StateMachine {
                                                    std::string(to)};
     std::string sql =
         "UPDATE " + table_ + " SET " + status_column_ + " = " + Driver::placeholder(3);
-    for (const auto& a : extra) {
+    for (std::size_t i = 0; i < extra.size(); ++i) {
+      const auto& a = extra[i];
       check_sql_identifier("column", a.column);
-      if (a.column == status_column_ || a.column == id_column_) {
+      if (same_sql_identifier(a.column, status_column_) ||
+          same_sql_identifier(a.column, id_column_)) {
         throw UsageError("idem::StateMachine: extra assignment to '" + a.column +
                          "' is not allowed");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (same_sql_identifier(a.column, extra[j].column)) {
+          throw UsageError("idem::StateMachine: extra assignment to '" + a.column + "' twice");
+        }
       }
       params.push_back(a.value);
       sql += ", " + a.column + " = " + Driver::placeholder(static_cast<int>(params.size()));

@@ -14,8 +14,11 @@
 // (one writer at a time) or on PostgreSQL (the second UPDATE waits for the first's row lock, then
 // re-evaluates `qty >= n` against the committed row under READ COMMITTED), or on MySQL (an
 // UPDATE reads the latest committed row whatever the isolation level; there the new quantity
-// comes back through `qty = LAST_INSERT_ID(qty - ?2)`, MySQL having no RETURNING). No
-// read-modify-write, no SELECT ... FOR UPDATE, no negative stock.
+// comes back through `qty = LAST_INSERT_ID(qty - ?2)`, MySQL having no RETURNING: a deduction
+// therefore sets the connection's LAST_INSERT_ID() to the quantity left, so read an order's
+// AUTO_INCREMENT id before deducting, not after). No read-modify-write, no SELECT ... FOR
+// UPDATE, no negative stock (keep the quantity column an integer: a row whose quantity is NULL
+// is answered kUnknownItem).
 //
 // What the conditional UPDATE alone does *not* give is "applied once": a retried or
 // double-clicked order runs it again. Run it inside a transactional IdempotencyGuard handler:
@@ -51,7 +54,7 @@ namespace idem {
 enum class DeductStatus {
   kDeducted,      ///< the quantity was taken; `remaining` is what is left
   kInsufficient,  ///< fewer than requested (sold out when `remaining` is 0); nothing changed
-  kUnknownItem,   ///< no row for this item; nothing changed
+  kUnknownItem,   ///< no row for this item (or its quantity is NULL); nothing changed
 };
 
 /// Stable name: deducted, insufficient, unknown_item.
@@ -92,7 +95,7 @@ class StockTable {
     check_sql_identifier("table", table_);
     check_sql_identifier("item column", item_);
     check_sql_identifier("quantity column", quantity_);
-    if (item_ == quantity_) {
+    if (same_sql_identifier(item_, quantity_)) {
       throw UsageError("idem::StockTable: item and quantity columns must differ");
     }
     for (std::size_t d = 0; d < kSqlDialects; ++d) {

@@ -182,7 +182,7 @@ class UniqueInsert {
     for (const auto& c : value_columns_) all.push_back(&check_sql_identifier("value column", c));
     for (std::size_t i = 0; i < all.size(); ++i) {
       for (std::size_t j = i + 1; j < all.size(); ++j) {
-        if (*all[i] == *all[j]) {
+        if (same_sql_identifier(*all[i], *all[j])) {
           throw UsageError("idem::UniqueInsert: column '" + *all[i] + "' named twice");
         }
       }

@@ -9,6 +9,7 @@ namespace idem::postgres::detail {
 
 long long state_machine_update(pqxx::transaction_base& tx, const std::string& sql,
                                const std::vector<std::optional<std::string>>& params) {
+  for (const auto& p : params) refuse_nul_in("idem::StateMachine", p);
   try {
     return static_cast<long long>(exec_dynamic(tx, sql, params).affected_rows());
   } catch (const pqxx::transaction_rollback&) {
@@ -20,6 +21,7 @@ long long state_machine_update(pqxx::transaction_base& tx, const std::string& sq
 
 std::optional<std::string> state_machine_current(pqxx::transaction_base& tx, const std::string& sql,
                                                  const std::string& id) {
+  refuse_nul("idem::StateMachine", id);
   try {
     pqxx::result r = exec_params(tx, sql, id);
     if (r.empty()) return std::nullopt;

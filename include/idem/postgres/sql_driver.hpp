@@ -34,6 +34,7 @@ struct SqlDriver<Tx, std::enable_if_t<std::is_base_of_v<pqxx::transaction_base, 
   template <class... Args>
   static std::optional<std::int64_t> query_int64(Tx& tx, const std::string& sql,
                                                  const Args&... args) {
+    (postgres::detail::refuse_nul_in("idem (PostgreSQL)", args), ...);
     pqxx::result r = postgres::detail::exec_params(tx, sql, args...);
     if (r.empty() || r[0][0].is_null()) return std::nullopt;
     return r[0][0].template as<std::int64_t>();

@@ -58,13 +58,16 @@ class IDEM_EXPORT Statement {
   ///@{
   /// Binds parameter `index` (1-based): an integer, a double, text (string, view, C string,
   /// bound without a copy: it must stay valid until the statement is stepped), a Blob, NULL
-  /// (nullptr), or an optional (nullopt binds NULL). @throws idem::StorageError.
+  /// (nullptr, or a null C string, as libpq and the MySQL adapter read it), or an optional
+  /// (nullopt binds NULL). @throws idem::StorageError.
   Statement& bind(int index, std::int64_t value);
   Statement& bind(int index, double value);
   Statement& bind(int index, std::string_view text);
   Statement& bind(int index, Blob blob);
   Statement& bind(int index, std::nullptr_t);
-  Statement& bind(int index, const char* text) { return bind(index, std::string_view(text)); }
+  Statement& bind(int index, const char* text) {
+    return text == nullptr ? bind(index, nullptr) : bind(index, std::string_view(text));
+  }
   Statement& bind(int index, const std::string& text) {
     return bind(index, std::string_view(text));
   }

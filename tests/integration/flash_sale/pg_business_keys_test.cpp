@@ -75,6 +75,21 @@ TEST_F(PgBusinessKeys, DuplicateKeepsTheTransactionUsable) {
   EXPECT_EQ(2, count("SELECT count(*) FROM " + coupons_));
 }
 
+// libpq sends text parameters as C strings: a value with a NUL byte would reach the server cut
+// short ("GIFT\0userB" as "GIFT", answered as "GIFT\0userA"'s row; "a\0zzz" deducting from "a").
+TEST_F(PgBusinessKeys, TextWithANulByteIsRefusedNotCutShort) {
+  idem::UniqueInsert claim{coupons_, {"user_id", "coupon_id"}, {"channel"}};
+  idem::StockTable stock{stock_};
+  pqxx::connection c{dsn_};
+  pqxx::work tx{c};
+  tx.exec("INSERT INTO " + stock_ + " VALUES ('a', 5)");
+  EXPECT_THROW((void)claim.insert(tx, 7, std::string("GIFT\0userA", 10), "app"), idem::UsageError);
+  EXPECT_THROW((void)stock.deduct(tx, std::string("a\0zzz", 5), 1), idem::UsageError);
+  EXPECT_EQ(InsertStatus::kInserted, claim.insert(tx, 7, "GIFT", "app").status);
+  tx.commit();
+  EXPECT_EQ(5, count("SELECT qty FROM " + stock_ + " WHERE sku = 'a'"));
+}
+
 TEST_F(PgBusinessKeys, CouponClaimFrom32ConnectionsMakesOneRowAnd32SuccessesWithOneId) {
   idem::UniqueInsert claim{coupons_, {"user_id", "coupon_id"}, {"channel"}};
   constexpr int kThreads = 32;

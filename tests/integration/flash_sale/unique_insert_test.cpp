@@ -162,6 +162,9 @@ TEST_F(UniqueInsertTest, RejectsNullKeysAndWrongArity) {
                idem::UsageError);
   EXPECT_THROW(db_->write([&](Transaction& tx) { (void)claim.insert(tx, 1, nullptr, "a"); }),
                idem::UsageError);
+  const char* no_coupon = nullptr;  // a null C string is NULL to every adapter (SQLite crashed)
+  EXPECT_THROW(db_->write([&](Transaction& tx) { (void)claim.insert(tx, 1, no_coupon, "a"); }),
+               idem::UsageError);
   EXPECT_THROW(db_->write([&](Transaction& tx) { (void)claim.insert(tx, 1, "C"); }),
                idem::UsageError);
   EXPECT_THROW(db_->write([&](Transaction& tx) { (void)claim.insert(tx, 1, "C", "a", "b"); }),
@@ -178,6 +181,7 @@ TEST(UniqueInsert, ValidatesIdentifiers) {
   EXPECT_THROW(UniqueInsert("t", {"a"}, {"1v"}), idem::UsageError);
   EXPECT_THROW(UniqueInsert("t", {}), idem::UsageError);
   EXPECT_THROW(UniqueInsert("t", {"a"}, {"a"}), idem::UsageError);
+  EXPECT_THROW(UniqueInsert("t", {"a"}, {"A"}), idem::UsageError);  // one column to SQL
   idem::UniqueInsertOptions o;
   o.id_column = "id)--";
   EXPECT_THROW(UniqueInsert("t", {"a"}, {}, o), idem::UsageError);

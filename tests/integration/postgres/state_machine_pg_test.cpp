@@ -176,6 +176,13 @@ TEST_F(PgStateMachine, HostileIdsAndValuesAreBound) {
     EXPECT_EQ("PAID", status(id)) << id;
   }
   EXPECT_EQ(5, pg::scalar("SELECT count(*) FROM " + pg::table(table_)));
+  // libpq sends text as C strings: "a\0evil" would have matched (and moved) row "a".
+  insert("a", "WAIT_PAY");
+  EXPECT_THROW(in_tx([&](pqxx::work& tx) {
+                 return orders.transition(tx, std::string("a\0evil", 6), "WAIT_PAY", "PAID");
+               }),
+               idem::UsageError);
+  EXPECT_EQ("WAIT_PAY", status("a"));
 }
 
 TEST(StateMachineDecl, RejectsBadIdentifiersAndGraphs) {

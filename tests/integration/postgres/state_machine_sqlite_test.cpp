@@ -128,6 +128,15 @@ TEST(StateMachineUndeclared, IsRefusedWithoutAnyStatement) {
   EXPECT_THROW(orders.transition(tx, "o1", "WAIT_PAY", "SHIPPED"), idem::UsageError);
   EXPECT_THROW(orders.transition(tx, "o1", "WAIT_PAY", "PAID", {{"bad col", "1"}}),
                idem::UsageError);
+  // Unquoted names ignore case: "STATUS" is the status column, "ORDER_NO" the id (they set
+  // a state outside the graph, or moved the row's key); a column assigned twice is refused.
+  EXPECT_THROW(orders.transition(tx, "o1", "WAIT_PAY", "PAID", {{"STATUS", "REFUNDED"}}),
+               idem::UsageError);
+  EXPECT_THROW(orders.transition(tx, "o1", "WAIT_PAY", "PAID", {{"Order_No", "HIJACK"}}),
+               idem::UsageError);
+  EXPECT_THROW(orders.transition(tx, "o1", "WAIT_PAY", "PAID", {{"note", "a"}, {"NOTE", "b"}}),
+               idem::UsageError);
+  EXPECT_THROW((idem::StateMachine{"orders", "id", "ID", {{"A", "B"}}}), idem::UsageError);
   EXPECT_EQ(0, tx.statements);
   EXPECT_EQ(Transition::kTransitioned, orders.transition(tx, "o1", "WAIT_PAY", "PAID").kind);
   EXPECT_EQ(1, tx.statements);

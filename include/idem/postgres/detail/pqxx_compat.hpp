@@ -11,8 +11,11 @@
 #include <pqxx/pqxx>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "idem/errors.hpp"
 
 #if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
 #define IDEM_PQXX_EXEC_PARAMS 1  // exec(query, pqxx::params), exec(pqxx::prepped, ...)
@@ -44,6 +47,31 @@ inline std::string read_bytea(const pqxx::field& f) {
   return pqxx::binarystring(f).str();
 }
 #endif
+
+/// Refuses a text value holding a NUL byte: libpq sends text parameters as C strings, so
+/// "a\0b" would reach the server as "a" and match (or write) another row. The business helpers
+/// (StateMachine, UniqueInsert, StockTable) check every text value they bind.
+/// @throws idem::UsageError naming `who`.
+inline void refuse_nul(std::string_view who, std::string_view text) {
+  if (text.find('\0') != std::string_view::npos) {
+    throw UsageError(std::string(who) +
+                     ": a text value holds a NUL byte, which PostgreSQL text cannot store "
+                     "(libpq would cut the value there)");
+  }
+}
+template <class T>
+void refuse_nul_in(std::string_view who, const T& value) {
+  using V = std::decay_t<T>;
+  if constexpr (std::is_convertible_v<const V&, std::string_view> &&
+                !std::is_same_v<V, std::nullptr_t>) {
+    if constexpr (std::is_pointer_v<V>) {
+      if (value == nullptr) return;
+    }
+    refuse_nul(who, std::string_view(value));
+  } else if constexpr (std::is_same_v<V, std::optional<std::string>>) {
+    if (value) refuse_nul(who, *value);
+  }
+}
 
 #if IDEM_PQXX_EXEC_PARAMS
 /// Runs a prepared statement.
