@@ -33,6 +33,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -149,6 +151,27 @@ class ChatServer {
     load_web();
     server_.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(n); };
     server_.set_tcp_nodelay(true);
+    // A store failure in a route (the database down) answers a typed problem, as POST /chats
+    // does, not cpp-httplib's bare 500.
+    server_.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+          int status = 500;
+          std::string code = "internal";
+          try {
+            std::rethrow_exception(error);
+          } catch (const idem::Error& e) {
+            status = idem::http_status(e.code());
+            code = std::string(idem::errc_name(e.code()));
+          } catch (...) {
+          }
+          res.status = status;
+          if (status == 503) res.set_header("Retry-After", "1");
+          res.set_content(nlohmann::json{{"type", "urn:ai-chat:" + code},
+                                         {"title", "the chat store failed"},
+                                         {"status", status}}
+                              .dump(),
+                          "application/problem+json");
+        });
     server_.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
       // The page may stream from another process (another origin).
       res.set_header("Access-Control-Allow-Origin", "*");
@@ -275,7 +298,16 @@ class ChatServer {
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
     workers_.push_back({std::thread([this, request_id, done] {
-                          generate(request_id);
+                          try {
+                            generate(request_id);
+                          } catch (const std::exception& e) {
+                            // The store failed (the database restarted): this generation
+                            // stops; its lease ends and a stream takes the chat over once
+                            // the store answers again.
+                            std::fprintf(stderr, "ai_chat: generation of %s stopped: %s\n",
+                                         request_id.c_str(), e.what());
+                            abandon_tail(request_id);
+                          }
                           *done = true;
                         }),
                         done});
@@ -429,6 +461,19 @@ class ChatServer {
     return out;
   }
 
+  // After a failed generation: streams holding its tail go back to the table.
+  void abandon_tail(const std::string& request_id) {
+    {
+      std::lock_guard<std::mutex> lock(hub_mutex_);
+      auto it = tails_.find(request_id);
+      if (it != tails_.end()) {
+        it->second->lost = true;
+        tails_.erase(it);
+      }
+    }
+    wake();
+  }
+
   // The generation thread: the model's pieces through ProducerDedup into the chunk table.
   void generate(const std::string& request_id) {
     auto chat = chats_.find(request_id);
@@ -551,7 +596,14 @@ class ChatServer {
       delta = ChatCounters{};
     };
     bool ended = false;  // the done event was written, or the drop counted
-    const bool complete = stream(request_id, after, faults, sink, delta, flush, ended);
+    bool complete = false;
+    try {
+      complete = stream(request_id, after, faults, sink, delta, flush, ended);
+    } catch (const std::exception&) {
+      // The store failed mid-stream: the connection ends, the client resumes from its
+      // Last-Event-ID (counted as a broken stream).
+      complete = false;
+    }
     if (!ended) ++delta.broken;
     flush();
     return complete;
@@ -586,6 +638,7 @@ class ChatServer {
       }
     }
     std::shared_ptr<LiveTail> tail;
+    bool done_seen = false;  // the chat was found done once: its rows are read once more
     while (!stopping_) {
       const std::uint64_t seen = version();
       if (!tail) tail = find_tail(request_id);
@@ -618,6 +671,12 @@ class ChatServer {
       if (!rows.empty()) continue;
       auto chat = chats_.find(request_id);
       if (!chat) return false;
+      if (chat->status == "done" && !done_seen) {
+        // The rows were read before the status: the generator may have committed its last
+        // rows and finished in between. Read them once more before the done event.
+        done_seen = true;
+        continue;
+      }
       if (chat->status == "done") {
         if (held && !send(*held)) return false;
         out.clear();

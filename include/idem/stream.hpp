@@ -142,6 +142,22 @@ inline std::uint64_t checked_end(std::uint64_t offset, std::uint64_t length) {
   }
   return offset + length;
 }
+
+/// What every durable ChunkStore refuses before it stores a chunk: an empty body (stored, it
+/// took the offset of the chunk that carries those bytes, which was then answered as a repeat
+/// and never stored: the stream stopped there) and a chunk whose end does not fit a BIGINT.
+/// @throws idem::UsageError naming `store`.
+inline void check_stored_chunk(std::string_view store, std::uint64_t offset, std::size_t size) {
+  const auto max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (size == 0) {
+    throw UsageError(std::string(store) + ": an empty chunk at offset " + std::to_string(offset) +
+                     " (nothing to store: a chunk carries at least one byte)");
+  }
+  if (offset > max || size > max - offset) {
+    throw UsageError(std::string(store) + ": chunk [" + std::to_string(offset) + ", +" +
+                     std::to_string(size) + ") ends beyond a BIGINT offset");
+  }
+}
 }  // namespace detail
 
 /// Producer side: lets through each offset of one request once, also across retried ranges.

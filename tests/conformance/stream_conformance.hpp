@@ -151,12 +151,27 @@ TYPED_TEST_P(StreamConformance, BadRequestIdsAreRefused) {
   EXPECT_THROW(chunks.append("has space", 0, "x"), InvalidKey);
   EXPECT_THROW(chunks.append("", 0, "x"), InvalidKey);
   EXPECT_THROW(chunks.append("ok_id", static_cast<std::uint64_t>(INT64_MAX) + 1, "x"), UsageError);
+  // A chunk ending beyond a BIGINT; every call checks the request id.
+  EXPECT_THROW(chunks.append("ok_id", static_cast<std::uint64_t>(INT64_MAX), "xy"), UsageError);
+  EXPECT_THROW((void)chunks.count(std::string(129, 'r')), InvalidKey);
+  EXPECT_THROW((void)chunks.erase(""), InvalidKey);
+}
+
+// An empty chunk is refused: stored, it took the offset of the chunk that carries those bytes,
+// which was then answered as a repeat and never stored (the stream stopped there for good).
+TYPED_TEST_P(StreamConformance, AnEmptyChunkIsRefusedAndBlocksNothing) {
+  auto& chunks = *this->chunks_;
+  const std::string rid = unique_name("empty");
+  EXPECT_THROW(chunks.append(rid, 0, ""), UsageError);
+  EXPECT_TRUE(chunks.append(rid, 0, "Hello"));
+  EXPECT_EQ("Hello", chunks.resume(rid).text);
+  EXPECT_EQ(1u, chunks.count(rid));
 }
 
 REGISTER_TYPED_TEST_SUITE_P(StreamConformance, AppendStoresOnceAndResumeReturnsThePrefix,
                             ResumeStopsAtTheFirstHoleAndBodiesAreBytes,
                             SixteenWritersOfTheSameChunksStoreEachOnce,
                             AppendInsideTheGuardsTransactionCommitsOrRollsBackWithIt,
-                            BadRequestIdsAreRefused);
+                            BadRequestIdsAreRefused, AnEmptyChunkIsRefusedAndBlocksNothing);
 
 }  // namespace idem::test

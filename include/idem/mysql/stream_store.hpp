@@ -84,12 +84,12 @@ class ChunkStore {
 
   /// Stores a chunk inside the caller's transaction (e.g. the guard's Transaction).
   /// @return true when this call stored it, false when (request_id, offset) was stored before.
-  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an offset beyond
-  ///         BIGINT; idem::StorageError subclasses.
+  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an empty chunk
+  ///         or one ending beyond BIGINT; idem::StorageError subclasses.
   bool append(Session& tx, std::string_view request_id, std::uint64_t offset,
               std::string_view body) {
     Key::validate_id(request_id);
-    check_offset(offset);
+    check_chunk(offset, body.size());
     try {
       return tx.exec(insert_, request_id, static_cast<std::int64_t>(offset), Blob{body}) == 1;
     } catch (const DuplicateKey&) {
@@ -100,7 +100,7 @@ class ChunkStore {
   /// Stores a chunk in its own (autocommit) statement. @return as the transactional overload.
   bool append(std::string_view request_id, std::uint64_t offset, std::string_view body) {
     Key::validate_id(request_id);
-    check_offset(offset);
+    check_chunk(offset, body.size());
     return store_.with_session([&](Session& s) { return append(s, request_id, offset, body); });
   }
 
@@ -119,6 +119,7 @@ class ChunkStore {
 
   /// Rows stored for `request_id`.
   std::uint64_t count(std::string_view request_id) {
+    Key::validate_id(request_id);
     return store_.with_session([&](Session& s) {
       return static_cast<std::uint64_t>(s.query_int64(count_, request_id).value_or(0));
     });
@@ -126,6 +127,7 @@ class ChunkStore {
 
   /// Deletes every chunk of `request_id` (the answer was delivered). @return rows deleted.
   std::uint64_t erase(std::string_view request_id) {
+    Key::validate_id(request_id);
     return store_.with_session([&](Session& s) { return s.exec(erase_, request_id); });
   }
 
@@ -133,11 +135,8 @@ class ChunkStore {
   const std::string& table() const noexcept { return options_.table; }
 
  private:
-  static void check_offset(std::uint64_t offset) {
-    if (offset > static_cast<std::uint64_t>(INT64_MAX)) {
-      throw UsageError("idem::mysql::ChunkStore: offset " + std::to_string(offset) +
-                       " does not fit a BIGINT");
-    }
+  static void check_chunk(std::uint64_t offset, std::size_t size) {
+    stream::detail::check_stored_chunk("idem::mysql::ChunkStore", offset, size);
   }
 
   MysqlStore& store_;

@@ -88,12 +88,13 @@ class ChunkStore {
 
   /// Stores a chunk inside the caller's transaction (e.g. the guard's `pqxx::work`).
   /// @return true when this call stored it, false when (request_id, offset) was stored before.
-  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an offset beyond
-  ///         BIGINT; libpqxx errors of `tx` propagate (the caller's transaction handles them).
+  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an empty chunk
+  ///         or one ending beyond BIGINT; libpqxx errors of `tx` propagate (the caller's
+  ///         transaction handles them).
   bool append(pqxx::work& tx, std::string_view request_id, std::uint64_t offset,
               std::string_view body) {
     Key::validate_id(request_id);
-    check_offset(offset);
+    check_chunk(offset, body.size());
     pqxx::binarystring bytes(body.data(), body.size());
     return tx.exec_params(insert_, std::string(request_id), static_cast<std::int64_t>(offset),
                           bytes)
@@ -109,7 +110,7 @@ class ChunkStore {
   template <class Chunks>
   std::uint64_t append_all(pqxx::work& tx, std::string_view request_id, const Chunks& chunks) {
     Key::validate_id(request_id);
-    for (const auto& c : chunks) check_offset(c.offset);
+    for (const auto& c : chunks) check_chunk(c.offset, c.body.size());
     std::uint64_t stored = 0;
     for (const auto& c : chunks) stored += append(tx, request_id, c.offset, c.body) ? 1 : 0;
     return stored;
@@ -119,7 +120,7 @@ class ChunkStore {
   /// @throws idem::StorageError subclasses.
   bool append(std::string_view request_id, std::uint64_t offset, std::string_view body) {
     Key::validate_id(request_id);
-    check_offset(offset);
+    check_chunk(offset, body.size());
     return store_.with_transaction(
         [&](pqxx::work& tx) { return append(tx, request_id, offset, body); });
   }
@@ -141,6 +142,7 @@ class ChunkStore {
 
   /// Rows stored for `request_id`.
   std::uint64_t count(std::string_view request_id) {
+    Key::validate_id(request_id);
     return store_.with_transaction([&](pqxx::work& tx) {
       return static_cast<std::uint64_t>(
           tx.exec_params1(count_, std::string(request_id))[0].as<std::int64_t>());
@@ -149,6 +151,7 @@ class ChunkStore {
 
   /// Deletes every chunk of `request_id` (the answer was delivered). @return rows deleted.
   std::uint64_t erase(std::string_view request_id) {
+    Key::validate_id(request_id);
     return store_.with_transaction([&](pqxx::work& tx) {
       return static_cast<std::uint64_t>(
           tx.exec_params(erase_, std::string(request_id)).affected_rows());
@@ -159,11 +162,8 @@ class ChunkStore {
   const std::string& table() const noexcept { return table_; }
 
  private:
-  static void check_offset(std::uint64_t offset) {
-    if (offset > static_cast<std::uint64_t>(INT64_MAX)) {
-      throw UsageError("idem::postgres::ChunkStore: offset " + std::to_string(offset) +
-                       " does not fit a BIGINT");
-    }
+  static void check_chunk(std::uint64_t offset, std::size_t size) {
+    stream::detail::check_stored_chunk("idem::postgres::ChunkStore", offset, size);
   }
 
   PostgresStore& store_;

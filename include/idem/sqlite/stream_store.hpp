@@ -94,7 +94,7 @@ class ChunkStore {
   bool append(Transaction& tx, std::string_view request_id, std::uint64_t offset,
               std::string_view body) {
     Key::validate_id(request_id);
-    check_offset(offset);
+    check_chunk(offset, body.size());
     return tx.exec(insert_, request_id, static_cast<std::int64_t>(offset), Blob{body},
                    to_millis(options_.clock())) == 1;
   }
@@ -112,12 +112,12 @@ class ChunkStore {
   /// @param chunks a range of elements with `offset` (unsigned) and `body` (bytes) members, as
   ///               idem::stream::Chunk
   /// @return how many were stored (the others were stored before)
-  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an offset beyond
-  ///         BIGINT (nothing of the call is then written), idem::StorageError.
+  /// @throws idem::InvalidKey for a bad request id, idem::UsageError for an empty chunk
+  ///         or one ending beyond BIGINT (nothing of the call is then written), idem::StorageError.
   template <class Chunks>
   std::uint64_t append_all(Transaction& tx, std::string_view request_id, const Chunks& chunks) {
     Key::validate_id(request_id);
-    for (const auto& c : chunks) check_offset(c.offset);
+    for (const auto& c : chunks) check_chunk(c.offset, c.body.size());
     const std::int64_t now = to_millis(options_.clock());
     std::uint64_t stored = 0;
     auto it = std::begin(chunks);
@@ -161,6 +161,7 @@ class ChunkStore {
 
   /// Rows stored for `request_id`.
   std::uint64_t count(std::string_view request_id) {
+    Key::validate_id(request_id);
     return database_->read([&](Session& s) {
       return static_cast<std::uint64_t>(s.query_int64(count_, request_id).value_or(0));
     });
@@ -168,6 +169,7 @@ class ChunkStore {
 
   /// Deletes every chunk of `request_id` (the answer was delivered). @return rows deleted.
   std::uint64_t erase(std::string_view request_id) {
+    Key::validate_id(request_id);
     return database_->write(
         [&](Transaction& tx) { return static_cast<std::uint64_t>(tx.exec(erase_, request_id)); });
   }
@@ -225,11 +227,8 @@ class ChunkStore {
     });
   }
 
-  static void check_offset(std::uint64_t offset) {
-    if (offset > static_cast<std::uint64_t>(INT64_MAX)) {
-      throw UsageError("idem::sqlite::ChunkStore: offset " + std::to_string(offset) +
-                       " does not fit a BIGINT");
-    }
+  static void check_chunk(std::uint64_t offset, std::size_t size) {
+    stream::detail::check_stored_chunk("idem::sqlite::ChunkStore", offset, size);
   }
 
   static constexpr std::size_t kRowsPerInsert = 64;
