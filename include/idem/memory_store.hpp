@@ -314,7 +314,17 @@ class MemoryStore final : public FastStore {
 
   MemoryStoreOptions options_;
   std::vector<Shard> shards_;
-  std::atomic<std::size_t> records_{0};  // records held, expired ones not yet dropped included
+  // Records held, expired ones not yet dropped included. Movable (as the store is): a moved-from
+  // store is not used again.
+  struct Count {
+    std::atomic<std::size_t> n{0};
+    Count() = default;
+    Count(Count&& other) noexcept : n(other.n.load(std::memory_order_relaxed)) {}
+    void fetch_add(std::size_t d, std::memory_order o) noexcept { n.fetch_add(d, o); }
+    void fetch_sub(std::size_t d, std::memory_order o) noexcept { n.fetch_sub(d, o); }
+    std::size_t load(std::memory_order o) const noexcept { return n.load(o); }
+  };
+  Count records_;
 };
 
 }  // namespace idem

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <type_traits>
+
 #include "conformance/fast_store_conformance.hpp"
 #include "idem/guard.hpp"
 
@@ -12,6 +14,9 @@ IDEM_FAST_STORE_CONFORMANCE(Memory, (idem::test::FastStoreFactory{
                                         }}))
 
 namespace {
+
+// A store can be returned by value and kept in a container (max_records' counter moves too).
+static_assert(std::is_move_constructible_v<idem::MemoryStore>);
 
 TEST(MemoryStore, LeaseExpiryOnAFakeClockIsATakeover) {
   idem::ManualClock clock;
