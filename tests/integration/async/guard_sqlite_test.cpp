@@ -90,6 +90,20 @@ std::promise<void> fill(idem::async::WorkerPool& pool, idem::async::net::io_cont
   return release;
 }
 
+// Runs one call of `handler` on `key` until `io` has nothing left: its error and result.
+template <class Guard, class Handler>
+std::pair<std::exception_ptr, idem::GuardResult<std::string>> run_to_end(
+    idem::async::net::io_context& io, Guard& guard, const idem::Key& key, Handler& handler) {
+  std::pair<std::exception_ptr, idem::GuardResult<std::string>> out;
+  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
+    out.first = e;
+    out.second = std::move(r);
+  });
+  io.restart();
+  io.run();
+  return out;
+}
+
 // A worker pool with no room refuses the call's transaction: the caller gets WorkerPoolFull
 // (retryable), nothing runs, and the observer hears of it as the pool's refusal
 // ("worker_pool"), not as a failure of the durable store. Once the pool has room, the retry
@@ -135,15 +149,8 @@ TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
   release.set_value();
   io.restart();
   io.run();  // the two held jobs end
-  idem::GuardResult<std::string> retried;
-  error = nullptr;
-  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
-    error = e;
-    retried = std::move(r);
-  });
-  io.restart();
-  io.run();
-  ASSERT_FALSE(error);
+  auto [retry_error, retried] = run_to_end(io, guard, key, handler);
+  ASSERT_FALSE(retry_error);
   EXPECT_EQ(idem::Outcome::kExecuted, retried.outcome);
   EXPECT_EQ(1, runs);
   EXPECT_EQ(1u, seen->stores.size());
@@ -196,16 +203,9 @@ TEST(AsyncGuardPoolTest, ATwoPhaseHandlerRefusedByAFullPoolIsNotAHandlerError) {
   EXPECT_EQ(std::vector<std::string>{"worker_pool"}, seen->stores);
   release.set_value();
   io.restart();
-  io.run();
-  idem::GuardResult<std::string> retried;
-  error = nullptr;
-  guard.async_run(key, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
-    error = e;
-    retried = std::move(r);
-  });
-  io.restart();
-  io.run();
-  ASSERT_FALSE(error);
+  io.run();  // the two held jobs end
+  auto [retry_error, retried] = run_to_end(io, guard, key, handler);
+  ASSERT_FALSE(retry_error);
   EXPECT_EQ(idem::Outcome::kExecuted, retried.outcome);
   EXPECT_EQ(1, runs);
 }
