@@ -64,7 +64,7 @@ void refuse_nul_in(std::string_view who, const T& value) {
   using V = std::decay_t<T>;
   if constexpr (std::is_convertible_v<const V&, std::string_view> &&
                 !std::is_same_v<V, std::nullptr_t>) {
-    if constexpr (std::is_pointer_v<V>) {
+    if constexpr (std::is_pointer_v<T>) {  // a C string (an array never is null)
       if (value == nullptr) return;
     }
     refuse_nul(who, std::string_view(value));
