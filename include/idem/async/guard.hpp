@@ -492,24 +492,27 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
-  static bool refused_by_pool(const std::exception_ptr& e) noexcept {
+  // Whether `e` is the worker pool's refusal (an overload of idem's own threads, not a failure
+  // of the durable store nor of the handler); if so, told to the observer as the pool's.
+  bool pool_refused(const std::exception_ptr& e) noexcept {
     try {
       std::rethrow_exception(e);
-    } catch (const WorkerPoolFull&) {
+    } catch (const WorkerPoolFull& full) {
+      if (g_.core_.options().observer != nullptr) {
+        g_.core_.store_error(key_, StoreRole::kDurable, "worker_pool", full);
+      }
       return true;
     } catch (...) {
       return false;
     }
   }
 
-  // A durable step failed with `e`: told to the observer, as the worker pool's when the pool
-  // refused the work (an overload of idem's own threads, not a failure of the durable store).
+  // A durable step failed with `e`: told to the observer (as the pool's when the pool refused
+  // the work).
   void durable_failed(const std::exception_ptr& e) noexcept {
-    if (!e || g_.core_.options().observer == nullptr) return;
+    if (!e || pool_refused(e) || g_.core_.options().observer == nullptr) return;
     try {
       std::rethrow_exception(e);
-    } catch (const WorkerPoolFull& full) {
-      g_.core_.store_error(key_, StoreRole::kDurable, "worker_pool", full);
     } catch (const Error& x) {
       g_.core_.store_error(key_, StoreRole::kDurable, x);
     } catch (...) {  // not an idem::Error: not reported (as GuardCore::store_failed)
@@ -653,11 +656,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       if (!e) e = std::make_exception_ptr(StorageError("idem::async: the handler gave no value"));
       // A full worker pool refused to run the handler: idem's overload, not the handler's
       // failure (told as the pool's, as for the durable work it refuses).
-      if (refused_by_pool(e)) {
-        durable_failed(e);
-      } else {
-        g_.core_.handler_failed(call_, e);
-      }
+      if (!pool_refused(e)) g_.core_.handler_failed(call_, e);
       // Two-phase: release the durable claim first (a retry may then run at once).
       if constexpr (kHasDurable) {
         phase_ = Phase::kFollowUp;
