@@ -458,7 +458,11 @@ class IDEM_LOCAL AsyncPostgresStore::Impl : public std::enable_shared_from_this<
       }
       return settle(op->ex, op->done, result_error(rs[0].get(), op->op, op->key), false);
     }
-    if (PQntuples(rs[0].get()) > 0) return settle(op->ex, op->done, nullptr, true);
+    if (PQntuples(rs[0].get()) > 0) {
+      // Written once more after a read found it still in progress: the lost answer is settled.
+      if (op->rewritten) outcomes_resolved_.fetch_add(1, std::memory_order_relaxed);
+      return settle(op->ex, op->done, nullptr, true);
+    }
     if (op->rewritten) return resolve(std::move(op));  // a late first write, perhaps
     settle(op->ex, op->done, nullptr, false);
   }

@@ -119,7 +119,8 @@ struct AsyncPostgresStats {
   std::uint64_t failed_batches = 0;       ///< batches that got no results (connection, deadline)
   std::uint64_t lock_timeouts = 0;        ///< begins answered kBusy after lock_timeout
   std::uint64_t retries = 0;              ///< begins, releases, lookups sent again after a break
-  std::uint64_t outcomes_resolved = 0;    ///< completions whose lost answer a read settled
+  std::uint64_t outcomes_resolved = 0;    ///< completions whose lost answer was settled (a
+                                          ///< read, or the write sent once more after it)
   std::uint64_t outcomes_unknown = 0;     ///< ... that no read could settle (OutcomeUnknown)
 };
 

@@ -61,6 +61,9 @@ class CommitDroppingProxy {
   /// What drop_next_commit looks for (set it before setting drop_next_commit): "COMMIT", or
   /// e.g. the name of a prepared statement its Bind message carries.
   std::string drop_pattern = "COMMIT";
+  /// With drop_next_commit: the chunk is not forwarded either (the request is lost on its way,
+  /// not its answer; the server never runs it).
+  std::atomic<bool> lose_request{false};
   /// Connections dropped that way.
   std::atomic<int> dropped{0};
   /// While true nothing is forwarded, on open connections and new ones; nothing is closed.
@@ -99,13 +102,17 @@ class CommitDroppingProxy {
       if (::poll(p, 2, 100) <= 0) continue;
       if (p[0].revents != 0) {
         ssize_t n = ::recv(client, buf, sizeof buf, 0);
-        if (n <= 0 || !send_all(server, buf, n)) break;
+        if (n <= 0) break;
         if (drop_next_commit.load() &&
             std::string(buf, static_cast<std::size_t>(n)).find(drop_pattern) != std::string::npos) {
           drop_next_commit = false;
           ++dropped;
-          break;  // the server got COMMIT; the client never gets the answer
+          // The server got COMMIT; the client never gets the answer (or, losing the request,
+          // neither gets anything).
+          if (!lose_request.load()) (void)send_all(server, buf, n);
+          break;
         }
+        if (!send_all(server, buf, n)) break;
       }
       if (p[1].revents != 0) {
         ssize_t n = ::recv(server, buf, sizeof buf, 0);
