@@ -120,8 +120,10 @@ if [ "$regular" -eq 1 ] && [ "${#ctest_args[@]}" -eq 0 ]; then
   ./tests/package/check.sh "$BUILD" >"$package_log" 2>&1 &
   package_pid=$!
 fi
+ctest_failed=0
 if [ "$regular" -eq 1 ]; then
-  (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || status=1
+  (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 600 "${ctest_args[@]}") || ctest_failed=1
+  [ "$ctest_failed" -eq 0 ] || status=1
 fi
 touch "$IDEM_PACKAGE_SERVERS_FREE"
 if [ -n "${package_pid:-}" ]; then
@@ -158,6 +160,17 @@ if [ "$sanitize" -eq 1 ]; then
   done
 fi
 
+# The failed tests' own output once more, last (CI logs are often read from the end, and the
+# package check's output follows ctest's): the end of each failed test's output, five at most.
+if [ "$ctest_failed" -eq 1 ] && [ -f "$BUILD/Testing/Temporary/LastTestsFailed.log" ]; then
+  cut -d: -f2- "$BUILD/Testing/Temporary/LastTestsFailed.log" | head -n 5 | while IFS= read -r name; do
+    echo "test.sh: the end of the output of the failed test $name:"
+    awk -v t="$name" '$0 ~ /^[0-9]+\/[0-9]+ Test: / { sub(/^[0-9]+\/[0-9]+ Test: /, ""); on = ($0 == t); next }
+                      on && /^Output:/ { out = 1; getline; next }
+                      on && out && /^<end of output>/ { out = 0; on = 0; next }
+                      on && out { print }' "$BUILD/Testing/Temporary/LastTest.log" | tail -n 40 | sed 's/^/  | /'
+  done || true
+fi
 if [ "$status" -ne 0 ]; then
   echo "test.sh: FAILED" >&2
 else
