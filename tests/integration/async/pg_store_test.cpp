@@ -4,12 +4,11 @@
 // thread, lock waits, deadlines (connect, server-side statement, client-side), a completion whose
 // answer was lost, the store destroyed with calls in flight, and a row idem did not write. (The
 // conformance and guard suites through it: pg_store_conformance_test.cpp, pg_store_guard_test.cpp.)
-#include "idem/async/postgres_store.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <optional>
@@ -19,6 +18,7 @@
 
 #include "async_guard_suite.hpp"
 #include "async_support.hpp"
+#include "idem/async/postgres_store.hpp"
 #include "pg_store_support.hpp"
 #include "tcp_proxy.hpp"
 
@@ -369,38 +369,30 @@ TEST_F(AsyncPostgresStoreTest, LostAnswersAreResolvedAndASilentServerTimesOut) {
   Blocking a = blocking(h);
   PostgresStore& s = h.sync;
 
-  auto k = key("lost");
-  auto o = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, a.begin(k, "fp", o, 30s).status);
+  // A completion whose connection the proxy cuts at it: its answer lost (the server ran it) or,
+  // with `lose_request`, the request itself (the server never saw it; the read finds the record
+  // still ours and in progress, and the completion is written once more). Settled either way:
+  // true, counted as resolved (the read may also come before the server ran the first write,
+  // on a loaded machine), never as unknown.
+  auto cut_completion = [&](const std::string& tag, bool lose_request, int nth) {
+    auto k = key(tag);
+    auto o = OwnerToken::generate();
+    ASSERT_EQ(ClaimStatus::kClaimed, a.begin(k, "fp", o, 30s).status);
+    proxy.lose_request = lose_request;
+    proxy.drop_next_commit = true;
+    EXPECT_TRUE(a.complete(k, o, tag, std::chrono::seconds(60)));
+    EXPECT_EQ(nth, proxy.dropped.load());
+    EXPECT_EQ(static_cast<std::uint64_t>(nth), h.stats().outcomes_resolved);
+    EXPECT_EQ(0u, h.stats().outcomes_unknown);
+    auto rec = s.lookup(k);
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(Record::Status::kCompleted, rec->status);
+    EXPECT_EQ(tag, rec->response);
+  };
   proxy.drop_pattern = "idem_complete";
-  proxy.drop_next_commit = true;  // the completion reaches the server; its answer never returns
-  EXPECT_TRUE(a.complete(k, o, "applied", std::chrono::seconds(60)));
-  EXPECT_EQ(1, proxy.dropped.load());
-  // Settled by the read (the write had applied) or, when the server had not run it yet, by
-  // the write sent once more after the read; either way once, and not as unknown.
-  EXPECT_EQ(1u, h.stats().outcomes_resolved);
-  EXPECT_EQ(0u, h.stats().outcomes_unknown);
-  auto rec = s.lookup(k);
-  ASSERT_TRUE(rec);
-  EXPECT_EQ(Record::Status::kCompleted, rec->status);
-  EXPECT_EQ("applied", rec->response);
-
-  // The request lost on its way instead (the server never ran it): the read finds the record
-  // still ours and in progress, and the completion is written once more.
-  auto k1 = key("lost_request");
-  auto o1 = OwnerToken::generate();
-  ASSERT_EQ(ClaimStatus::kClaimed, a.begin(k1, "fp", o1, 30s).status);
-  proxy.lose_request = true;
-  proxy.drop_next_commit = true;
-  EXPECT_TRUE(a.complete(k1, o1, "sent again", std::chrono::seconds(60)));
+  cut_completion("lost_answer", false, 1);
+  cut_completion("lost_request", true, 2);
   proxy.lose_request = false;
-  EXPECT_EQ(2, proxy.dropped.load());
-  EXPECT_EQ(2u, h.stats().outcomes_resolved);
-  EXPECT_EQ(0u, h.stats().outcomes_unknown);
-  auto rec1 = s.lookup(k1);
-  ASSERT_TRUE(rec1);
-  EXPECT_EQ(Record::Status::kCompleted, rec1->status);
-  EXPECT_EQ("sent again", rec1->response);
 
   auto k2 = key("silent");
   auto o2 = OwnerToken::generate();
