@@ -126,7 +126,9 @@ class AsyncPaymentService final : public pb::Payments::CallbackService {
   // The stored form of the handler's reply, or DoNotStore (the guard releases the key).
   std::string keep(Call& call, idem::grpc::Reply r) {
     call.first = std::move(r);
-    if (!core_.stores(call.first->status.error_code())) throw idem::grpc::detail::DoNotStore{};
+    if (!core_.stores(call.first->status.error_code())) {
+      throw idem::grpc::detail::DoNotStore{static_cast<int>(call.first->status.error_code())};
+    }
     return core_.encode(*call.first, call.reply);
   }
 

@@ -215,17 +215,21 @@ class IdempotencyGuard {
     if (core_.options().bypass) return bypassed<R>(key, handler);
     const detail::CallTerms terms{lease, retention, beat, call_options.likely_new,
                                   call_options.expected_response};
-    GuardResult<R> r = run_once<R>(key, fingerprint, terms, handler);
-    if (r.outcome != Outcome::kInProgress || wait.count() == 0) return r;
-    return wait_for_first<R>(key, fingerprint, terms, wait, handler, std::move(r));
+    if (wait.count() == 0) return run_once<R>(key, fingerprint, terms, handler, nullptr);
+    detail::WaitTurn turn{detail::SteadyClock::now() + wait};
+    GuardResult<R> r = run_once<R>(key, fingerprint, terms, handler, &turn);
+    if (!turn.deferred) return r;
+    return wait_for_first<R>(key, fingerprint, terms, handler, turn, std::move(r));
   }
 
  private:
+  // One attempt of a call (`turn`: the waiting call's, whose attempts count as one call).
   template <class R, class Fn>
   GuardResult<R> run_once(const Key& key, std::string_view fingerprint,
-                          const detail::CallTerms& terms, Fn& handler) {
+                          const detail::CallTerms& terms, Fn& handler, detail::WaitTurn* turn) {
     using Tx = detail::transaction_t<Durable>;
     Call<R> call{key, fingerprint, Mode::kFastOnly, terms, core_.observed()};
+    call.wait = turn;
     core_.start(call);
     if constexpr (!kHasDurable) {
       call.mode = Mode::kFastOnly;
@@ -248,8 +252,11 @@ class IdempotencyGuard {
         }
       } catch (const StorageError& e) {
         call.fast_claim = call.since(t0);
+        if constexpr (!kHasDurable) {
+          core_.fast_burst(key, e);  // a fast-only call fails: not degraded
+          throw;
+        }
         core_.fast_claim_failed(call, e);
-        if constexpr (!kHasDurable) throw;
       }
     }
 
@@ -297,22 +304,24 @@ class IdempotencyGuard {
   }
 
   // GuardOptions::wait_for_result: tries again until the key is no longer in progress or the
-  // bound passes. Woken early by completions of this guard (notify_waiters).
+  // bound (from the call's start) passes. Woken early by completions of this guard
+  // (notify_waiters). The attempts are one call: counted and reported once, with the answer
+  // the caller gets (an attempt's kInProgress before the bound is held back: turn.deferred).
   template <class R, class Fn>
   GuardResult<R> wait_for_first(const Key& key, std::string_view fingerprint,
-                                const detail::CallTerms& terms, std::chrono::milliseconds wait,
-                                Fn& handler, GuardResult<R> r) {
+                                const detail::CallTerms& terms, Fn& handler, detail::WaitTurn& turn,
+                                GuardResult<R> r) {
     core_.counters().waits.fetch_add(1, std::memory_order_relaxed);
-    const auto deadline = detail::SteadyClock::now() + wait;
+    const auto deadline = turn.until;
     std::chrono::milliseconds step{5};
     waiting_.fetch_add(1, std::memory_order_relaxed);
     struct Leave {
       std::atomic<int>& n;
       ~Leave() { n.fetch_sub(1, std::memory_order_relaxed); }
     } leave{waiting_};
-    while (r.outcome == Outcome::kInProgress) {
+    while (turn.deferred) {
+      turn.deferred = false;
       const auto now = detail::SteadyClock::now();
-      if (now >= deadline) break;
       auto pause = std::chrono::duration_cast<std::chrono::milliseconds>(
           jittered(step) + std::chrono::milliseconds{1});
       pause = std::min(pause, std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -323,7 +332,7 @@ class IdempotencyGuard {
         wait_cv_.wait_for(lock, pause, [&] { return completions_ != seen; });
       }
       step = std::min(step * 2, std::chrono::milliseconds{100});
-      r = run_once<R>(key, fingerprint, terms, handler);
+      r = run_once<R>(key, fingerprint, terms, handler, &turn);
     }
     return r;
   }
@@ -359,6 +368,7 @@ class IdempotencyGuard {
         if (handler_threw != nullptr && *handler_threw) throw;
         store_error(key, StoreRole::kDurable, e);
         core_.counters().store_retries.fetch_add(1, std::memory_order_relaxed);
+        if (auto* o = core_.options().observer.get()) o->on_durable_retry(key, errc_name(e.code()));
         std::this_thread::sleep_for(
             jittered(core_.options().store_retry_backoff * (1u << std::min(attempt - 1, 3u))));
       }
@@ -740,12 +750,14 @@ class IdempotencyGuard {
   }
 
   // One extension of `b`'s claims; failures are reported, a lost claim is no longer extended.
+  // A lost claim is not reported here: the completion that it refuses reports it (LeaseLost),
+  // once; a call whose answer stands without that claim (a transactional call's fast claim)
+  // lost nothing it needed.
   void beat_once(Beat& b) noexcept {
     if (b.fast) {
       try {
         if (!fast_->extend(b.key, b.owner, b.lease)) {
           b.fast = false;
-          core_.note_lease_lost(b.key, "fast");
         }
       } catch (const UsageError& e) {
         b.fast = false;  // this fast store cannot extend leases
@@ -758,10 +770,7 @@ class IdempotencyGuard {
     if constexpr (kHasDurable && detail::has_extend<Durable>::value) {
       if (b.durable) {
         try {
-          if (!durable_->extend(b.key, b.owner, b.lease)) {
-            b.durable = false;
-            core_.note_lease_lost(b.key, "durable");
-          }
+          if (!durable_->extend(b.key, b.owner, b.lease)) b.durable = false;
         } catch (const Error& e) {
           store_error(b.key, StoreRole::kDurable, e);
         } catch (...) {

@@ -77,7 +77,9 @@ struct GuardOptions {
   /// handler itself), instead of answering kInProgress at once. 0 (the default) does not wait.
   /// Waiters in one process wake as soon as a call of this guard completes the key; across
   /// processes they try again after a backoff with jitter (5 ms doubling up to 100 ms), so a
-  /// waiter costs a claim per backoff step, not a busy loop. Per call: CallOptions.
+  /// waiter costs a claim per backoff step, not a busy loop. The wait counts from the call's
+  /// start; the waiting call is one call (GuardStats, the Observer) with the answer it returns.
+  /// Per call: CallOptions.
   std::chrono::milliseconds wait_for_result{0};
   /// Transient failures (idem::StorageUnavailable, StorageTimeout, OutcomeUnknown) of the
   /// durable store's begin, complete and run_transactional are tried again up to this many

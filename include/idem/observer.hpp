@@ -198,7 +198,10 @@ class Observer {
   virtual void on_handler_exception(const Key& key, const std::exception_ptr& /*error*/) noexcept {
     on_handler_error(key);
   }
-  /// The durable store's transaction was retried (serialization failure, deadlock).
+  /// The durable store's transaction was retried: by the store (serialization failure,
+  /// deadlock; where its options' on_retry calls this, reason the SQLSTATE) or by the guard
+  /// after a transient failure (GuardOptions::store_attempts; reason the error's errc name,
+  /// e.g. "store_unavailable").
   virtual void on_durable_retry(const Key&, std::string_view /*reason*/) noexcept {}
   /// A store failed (every failure; see StoreErrorEvent).
   virtual void on_store_error(const StoreErrorEvent&) noexcept {}

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// A FastStore wrapper that can be switched to fail every call (a Redis outage in a unit test).
+// A FastStore wrapper that can be switched to fail every call (a Redis outage in a unit test), or
+// to refuse lease extensions.
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,8 @@ class SwitchableFastStore final : public FastStore {
  public:
   explicit SwitchableFastStore(FastStore& inner) : inner_(inner) {}
   std::atomic<bool> failing{false};
+  /// extend() answers false (the claim is gone, as after a takeover elsewhere).
+  std::atomic<bool> refuse_extend{false};
   std::atomic<int> calls{0};
 
   ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
@@ -37,6 +40,10 @@ class SwitchableFastStore final : public FastStore {
   bool release(const Key& k, const OwnerToken& o) override {
     hit();
     return inner_.release(k, o);
+  }
+  bool extend(const Key& k, const OwnerToken& o, std::chrono::milliseconds lease) override {
+    hit();
+    return !refuse_extend.load() && inner_.extend(k, o, lease);
   }
   void fill(const Key& k, std::string_view fp, std::string_view r,
             std::chrono::seconds ret) override {

@@ -220,6 +220,55 @@ TEST_F(GuardBatchTest, AnotherPayloadUnderAKeyIsAMismatchAndRunsNothing) {
   EXPECT_EQ(1, effects("a"));
 }
 
+// What the observer hears of a batch's takeovers and store failures.
+struct BatchObserver final : idem::Observer {
+  std::atomic<int> takeovers{0}, store_errors{0};
+  void on_takeover(const Key&, std::string_view) noexcept override { ++takeovers; }
+  void on_store_error(const idem::StoreErrorEvent&) noexcept override { ++store_errors; }
+};
+
+// A fast claim of the batch that takes an expired lease over (a consumer that died) is
+// counted and reported as run() reports it.
+TEST_F(GuardBatchTest, AFastTakeoverIsReportedAsRunReportsIt) {
+  idem::MemoryStore fast;
+  auto observer = std::make_shared<BatchObserver>();
+  idem::GuardOptions o;
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, durable_, o};
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            fast.claim(Key::make("orders", "x"), idem::fingerprint("x"),
+                       idem::OwnerToken::generate(), std::chrono::milliseconds(50))
+                .status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  BatchResult r = run(guard, {"x"});
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(1u, guard.stats().snapshot().takeovers);
+  EXPECT_EQ(1, observer->takeovers.load());
+  EXPECT_EQ(1, effects("x"));
+}
+
+// A batch whose transaction fails (here a handler's retryable store error, which fails the
+// whole batch): every call is counted, the failure told to the observer once, the fast claims
+// released (the next delivery runs at once).
+TEST_F(GuardBatchTest, AFailedTransactionIsCountedAndReportedOnce) {
+  idem::MemoryStore fast;
+  auto observer = std::make_shared<BatchObserver>();
+  idem::GuardOptions o;
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, durable_, o};
+  EXPECT_THROW(guard.run_batch(calls({"a", "b"}), "done",
+                               [](Transaction&, std::size_t) -> void {
+                                 throw idem::StorageTimeout("test: a lock wait ran out");
+                               }),
+               idem::StorageTimeout);
+  EXPECT_EQ(2u, guard.stats().snapshot().calls);
+  EXPECT_EQ(1, observer->store_errors.load());
+  BatchResult r = run(guard, {"a", "b"});
+  EXPECT_EQ(Outcome::kExecuted, r.answers[0].outcome);
+  EXPECT_EQ(Outcome::kExecuted, r.answers[1].outcome);
+  EXPECT_EQ(1, effects("a"));
+}
+
 TEST_F(GuardBatchTest, AFastStoreThatFailsLeavesTheBatchToTheDatabase) {
   idem::MemoryStore inner;
   idem::test::SwitchableFastStore fast{inner};

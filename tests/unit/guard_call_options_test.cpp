@@ -302,6 +302,95 @@ TEST(WaitForResultTest, AWaiterRunsTheHandlerWhenTheFirstAttemptFails) {
   EXPECT_EQ(1, successes.load());
 }
 
+// What the observer hears of calls: on_call per outcome, on_duplicate, the total times.
+struct CallCounter final : idem::Observer {
+  std::atomic<int> executed{0}, replayed{0}, in_progress{0}, duplicates{0};
+  std::atomic<std::int64_t> longest_total_ms{0};
+  void on_call(const idem::CallEvent& e) noexcept override {
+    if (e.outcome == Outcome::kExecuted) ++executed;
+    if (e.outcome == Outcome::kReplayed) ++replayed;
+    if (e.outcome == Outcome::kInProgress) ++in_progress;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(e.total).count();
+    if (ms > longest_total_ms) longest_total_ms = ms;
+  }
+  void on_duplicate(const idem::DuplicateEvent&) noexcept override { ++duplicates; }
+};
+
+// A waiting call is one call however often it asks: counted, timed and reported once, with
+// the answer its caller gets (its attempts' kInProgress answers are not duplicates of their
+// own), on the fast store and on the durable store alike; a wait that runs out is reported
+// once as kInProgress.
+TEST(WaitForResultTest, AWaitingCallIsCountedAndReportedOnce) {
+  for (const bool durable_only : {false, true}) {
+    SCOPED_TRACE(durable_only ? "durable store alone" : "fast store");
+    idem::MemoryStore fast;
+    idem::test::TempDir dir;
+    idem::sqlite::SqliteStore durable{dir.file("wait_once.sqlite")};
+    auto observer = std::make_shared<CallCounter>();
+    GuardOptions o;
+    o.observer = observer;
+    o.wait_for_result = 10s;
+    auto check = [&](auto& guard) {
+      const Key key = Key::make("order", "once");
+      Gate gate;
+      std::thread first([&] {
+        EXPECT_EQ(Outcome::kExecuted, guard
+                                          .run(key, "fp",
+                                               [&] {
+                                                 gate.enter_and_wait();
+                                                 return std::string("order_no_1");
+                                               })
+                                          .outcome);
+      });
+      gate.wait_entered();
+      std::thread waiter([&] {
+        auto r = guard.run(key, "fp", [] { return std::string("never"); });
+        EXPECT_EQ(Outcome::kReplayed, r.outcome);
+      });
+      wait_for_waits(guard, 1);
+      std::this_thread::sleep_for(150ms);  // the waiter asks again several times meanwhile
+      gate.release();
+      first.join();
+      waiter.join();
+      CallOptions brief;
+      brief.wait_for_result = 100ms;
+      Gate second_gate;
+      const Key busy = Key::make("order", "busy");
+      std::thread holder([&] {
+        (void)guard.run(busy, "fp", [&] {
+          second_gate.enter_and_wait();
+          return std::string("late");
+        });
+      });
+      second_gate.wait_entered();
+      EXPECT_EQ(Outcome::kInProgress,
+                guard.run(busy, "fp", brief, [] { return std::string("never"); }).outcome);
+      second_gate.release();
+      holder.join();
+
+      auto s = guard.stats().snapshot();
+      EXPECT_EQ(4u, s.calls) << "two holders, two waiting calls";
+      EXPECT_EQ(2u, s.waits);
+      EXPECT_EQ(2u, s.executed);
+      EXPECT_EQ(1u, s.replayed);
+      EXPECT_EQ(1u, s.in_progress) << "the wait that ran out, once";
+      EXPECT_EQ(2u, s.fast_hits + s.durable_conflicts) << "one duplicate each";
+      EXPECT_EQ(2, observer->executed.load());
+      EXPECT_EQ(1, observer->replayed.load());
+      EXPECT_EQ(1, observer->in_progress.load());
+      EXPECT_EQ(2, observer->duplicates.load());
+      EXPECT_GE(observer->longest_total_ms.load(), 150) << "timed from the call's start";
+    };
+    if (durable_only) {
+      idem::IdempotencyGuard guard{durable, o};
+      check(guard);
+    } else {
+      idem::IdempotencyGuard guard{fast, o};
+      check(guard);
+    }
+  }
+}
+
 // A durable store whose begin, complete and run_transactional fail with a transient error a
 // set number of times before reaching SQLite (a dropped connection, a failover).
 class FlakyDurable {
@@ -424,7 +513,16 @@ TEST_F(StoreRetryTest, LikelyNewReachesTheDurableStoreAndChangesNoAnswer) {
 }
 
 TEST_F(StoreRetryTest, TwoPhaseBeginAndCompleteAreRetriedAndTheHandlerRunsOnce) {
-  idem::IdempotencyGuard guard{flaky_, retrying(3)};
+  struct Retries final : idem::Observer {
+    std::vector<std::string> reasons;  // one thread: the guard's call
+    void on_durable_retry(const Key&, std::string_view reason) noexcept override {
+      reasons.emplace_back(reason);
+    }
+  };
+  auto observer = std::make_shared<Retries>();
+  GuardOptions o = retrying(3);
+  o.observer = observer;
+  idem::IdempotencyGuard guard{flaky_, o};
   flaky_.fail_begin = 2;
   flaky_.fail_complete = 2;
   int runs = 0;
@@ -435,6 +533,10 @@ TEST_F(StoreRetryTest, TwoPhaseBeginAndCompleteAreRetriedAndTheHandlerRunsOnce) 
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
   EXPECT_EQ(1, runs);
   EXPECT_EQ(4u, guard.stats().snapshot().store_retries);
+  // Each retry told to the observer (idem_durable_retries_total), the reason its error's code.
+  EXPECT_EQ((std::vector<std::string>{"store_timeout", "store_timeout", "store_unavailable",
+                                      "store_unavailable"}),
+            observer->reasons);
   auto rec = sqlite_.lookup(Key::make("payment", "p1"));
   ASSERT_TRUE(rec);
   EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
@@ -625,6 +727,62 @@ TEST(HeartbeatTest, ExtendIsOwnerCheckedOnEveryStore) {
 
 // A failed fast store is skipped for fast_store_retry_after: the calls meanwhile go to the
 // durable store alone (degraded, every answer right), then one tries it again.
+// What the observer hears of leases.
+struct LeaseCounter final : idem::Observer {
+  std::atomic<int> lost{0}, takeovers{0};
+  void on_lease_lost(const Key&, std::string_view) noexcept override { ++lost; }
+  void on_takeover(const Key&, std::string_view) noexcept override { ++takeovers; }
+};
+
+// A heartbeat whose extension is refused stops extending and reports nothing itself: the
+// completion that the lost claim refuses reports the loss, once (LeaseLost); a call whose
+// answer stands without that claim (a transactional call's fast claim) lost nothing.
+TEST(HeartbeatTest, ALostClaimIsReportedOnceByTheRefusedCompletion) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  fast.refuse_extend = true;
+  auto observer = std::make_shared<LeaseCounter>();
+  GuardOptions o;
+  o.lease = 100ms;
+  o.heartbeat = true;
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, o};
+  const Key key = Key::make("report", "beat-lost");
+  std::atomic<bool> running{false};
+  std::thread first([&] {
+    EXPECT_THROW(guard.run(key, "",
+                           [&] {
+                             running = true;
+                             std::this_thread::sleep_for(400ms);  // four leases, none extended
+                             return std::string("late");
+                           }),
+                 idem::LeaseLost);
+  });
+  while (!running) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(200ms);  // the lease ended: the next call takes the key over
+  EXPECT_EQ(Outcome::kExecuted, guard.run(key, "", [] { return std::string("second"); }).outcome);
+  first.join();
+  auto s = guard.stats().snapshot();
+  EXPECT_EQ(1u, s.leases_lost);
+  EXPECT_EQ(1, observer->lost.load());
+  EXPECT_EQ(1u, s.takeovers);
+  EXPECT_EQ(1, observer->takeovers.load());
+
+  // Transactional: the fast claim's extension is refused, the durable transaction decides.
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("beat_lost.sqlite")};
+  auto tx_observer = std::make_shared<LeaseCounter>();
+  o.observer = tx_observer;
+  idem::IdempotencyGuard tx_guard{fast, durable, o};
+  auto r = tx_guard.run(Key::make("report", "beat-tx"), "", [](idem::sqlite::Transaction&) {
+    std::this_thread::sleep_for(300ms);
+    return std::string("committed");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(0u, tx_guard.stats().snapshot().leases_lost);
+  EXPECT_EQ(0, tx_observer->lost.load());
+}
+
 class DownObserver : public idem::Observer {
  public:
   std::atomic<int> downs{0}, recoveries{0}, errors{0};
@@ -727,9 +885,42 @@ TEST(FastStoreRetryAfterTest, AFastOnlyGuardNeverSkipsItsStore) {
   fast.failing = true;
   EXPECT_THROW(guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); }),
                idem::StorageUnavailable);
+  EXPECT_EQ(0u, guard.stats().snapshot().degraded) << "it failed: no store decided it";
   fast.failing = false;
   auto r = guard.run(Key::make("pay", "a"), "", [] { return std::string("r"); });
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
+}
+
+// The fast store fails after the durable store decided (its completion): a failure of the
+// burst, told to the observer; the call is not degraded, in its result, its CallEvent and the
+// guard's counters alike.
+TEST(FastStoreRetryAfterTest, AFailedFollowUpDoesNotMakeADecidedCallDegraded) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("follow_up.sqlite")};
+  struct Degraded final : idem::Observer {
+    std::atomic<int> degraded_calls{0}, calls{0}, downs{0};
+    void on_call(const idem::CallEvent& e) noexcept override {
+      ++calls;
+      if (e.degraded) ++degraded_calls;
+    }
+    void on_fast_store_down(const Key&, const idem::Error&) noexcept override { ++downs; }
+  };
+  auto observer = std::make_shared<Degraded>();
+  GuardOptions o;
+  o.observer = observer;
+  idem::IdempotencyGuard guard{fast, durable, o};
+  auto r = guard.run(Key::make("pay", "follow"), "", [&] {
+    fast.failing = true;  // the fast complete after the durable one fails
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_FALSE(r.degraded);
+  EXPECT_EQ(0u, guard.stats().snapshot().degraded);
+  EXPECT_EQ(1, observer->calls.load());
+  EXPECT_EQ(0, observer->degraded_calls.load());
+  EXPECT_EQ(1, observer->downs.load()) << "the failure is the burst's";
 }
 
 }  // namespace

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: MIT
 // idem::http: Idempotency-Key parsing (RFC 8941 sf-string), key scoping, the response codec and
 // every answer of Endpoint (400/409/422/replay/5xx not stored), with MemoryStore and SQLite.
-#include "idem/http/endpoint.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <exception>
+#include <memory>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "idem/http/endpoint.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/failing_store.hpp"
@@ -331,6 +334,41 @@ TEST_F(EndpointTest, ServerErrorsAreNotStoredSoARetryRunsAgain) {
   auto replay = endpoint.handle(req.view(), [&] { return created("x"); });
   EXPECT_EQ("ok", replay.body);
   EXPECT_EQ(2, runs_.load());
+}
+
+// An answer kept out of the store is told to the observer as the guard's handler error (its
+// claim released), with a text that says which status was not stored (the "idem handler error"
+// log line quotes it).
+TEST(EndpointObserved, AnUnstoredAnswerIsAHandlerErrorThatNamesItsStatus) {
+  struct Heard final : idem::Observer {
+    std::vector<std::string> texts;
+    void on_handler_exception(const idem::Key&, const std::exception_ptr& e) noexcept override {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        texts.emplace_back(x.what());
+      } catch (...) {
+        texts.emplace_back("not a std::exception");
+      }
+    }
+  };
+  auto heard = std::make_shared<Heard>();
+  idem::MemoryStore fast;
+  idem::GuardOptions o;
+  o.observer = heard;
+  idem::IdempotencyGuard guard{fast, o};
+  idem::http::Endpoint endpoint{guard, endpoint_options()};
+  auto req = Req::with_key("\"busy\"");
+  auto answer = endpoint.handle(req.view(), [] {
+    Response r;
+    r.status = 429;
+    return r;
+  });
+  EXPECT_EQ(429, answer.status);
+  ASSERT_EQ(1u, heard->texts.size());
+  EXPECT_NE(std::string::npos, heard->texts[0].find("(status 429) is not stored"))
+      << heard->texts[0];
+  EXPECT_EQ(1u, guard.stats().snapshot().handler_errors);
 }
 
 // 408, 425 and 429 say "try again later": by default they are not stored, so the retry runs;

@@ -409,10 +409,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       try {
         std::rethrow_exception(e);
       } catch (const StorageError& x) {
-        g_.core_.fast_claim_failed(call_, x);
         if constexpr (!kHasDurable) {
+          g_.core_.fast_burst(key_, x);  // a fast-only call fails: not degraded
           return fail(e);
         } else {
+          g_.core_.fast_claim_failed(call_, x);
           if (abandoned_) return finish();
           return durable_phase();
         }

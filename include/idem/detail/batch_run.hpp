@@ -110,6 +110,10 @@ class BatchRun {
         run_durable(handler);
       }
     } catch (...) {
+      // The batch's transaction failed: every call is counted (as a run() call that fails)
+      // and the failure told to the observer once, under the first key.
+      for (std::size_t i = 0; i < n_; ++i) core_.count_call(fast_claimed_[i] != 0, degraded_);
+      if (n_ > 0) core_.durable_failed(calls_[0].key);
       if (fast_ != nullptr) {
         for (std::size_t i = 0; i < n_; ++i) {
           if (fast_claimed_[i] != 0) release_fast(i);
@@ -211,6 +215,7 @@ class BatchRun {
           tickets_[i] = std::move(c.ticket);
           // A takeover or a retry may find a record its earlier holder committed.
           if (c.took_over || calls_[i].retried) fresh_claims_ = false;
+          if (c.took_over) core_.takeover(calls_[i].key, "fast");  // as run() reports it
           continue;
         }
         to_durable_[i] = 0;
@@ -402,7 +407,7 @@ class BatchRun {
       // false: the claim expired meanwhile; the durable record answers from now on.
       (void)fast_->fail(calls_[i].key, owner_, reason, core_.options().retention);
     } catch (const StorageError& e) {
-      degraded_ = true;
+      // A follow-up's failure: the calls were decided (not degraded, as in run()).
       core_.fast_burst(calls_[i].key, e);
     } catch (...) {
     }
@@ -441,8 +446,8 @@ class BatchRun {
         core_.count_refill();
       }
     } catch (const StorageError& e) {
-      // The durable store replays from now on; a later duplicate refills the fast store.
-      degraded_ = true;
+      // The durable store replays from now on; a later duplicate refills the fast store. The
+      // calls were decided before: not degraded (as a run() call's failed follow-up).
       core_.fast_burst(*requests.front().key, e, requests.size());
     }
   }

@@ -68,6 +68,18 @@ struct CallTerms {
   std::optional<std::string_view> expected_response = std::nullopt;
 };
 
+/// A call that waits for the first attempt's result (GuardOptions::wait_for_result): its
+/// attempts share this. The call is counted and reported once, with its final answer: an
+/// attempt answered kInProgress before `until` is neither counted nor reported (`deferred`
+/// says so, and the driver asks again); the first attempt's start is the call's.
+struct WaitTurn {
+  explicit WaitTurn(SteadyClock::time_point u) noexcept : until(u) {}
+  SteadyClock::time_point until;  ///< after this, a kInProgress answer is the call's answer
+  SteadyClock::time_point began{};
+  unsigned attempts = 0;
+  bool deferred = false;  ///< the last attempt's kInProgress answer was held back
+};
+
 /// The state of one guarded call, passed to every GuardCore step.
 ///
 /// The key and fingerprint are views of the caller's (a blocking call outlives its steps);
@@ -106,6 +118,7 @@ class CallState {
   bool fast_claimed = false;  ///< the fast store granted this call's claim
   bool degraded = false;      ///< the fast store failed for this call
   ClaimTicket fast_ticket;    ///< the fast claim's ticket, for its completion
+  WaitTurn* wait = nullptr;   ///< a waiting call's turn (null: the call does not wait)
   // Timings feed only the observer's CallEvent: without an observer the clock is not read.
   bool timed = false;
   SteadyClock::time_point start{};
@@ -264,20 +277,22 @@ class GuardCore {
   /// The label of duplicates the durable store catches.
   DuplicateSource durable_source() const noexcept { return options_.durable_source; }
 
-  /// A call begins.
+  /// A call begins (or, for a waiting call, another of its attempts: counted once).
   void start(CallState& c) noexcept {
+    if (c.wait != nullptr && c.wait->attempts++ > 0) {
+      c.start = c.wait->began;
+      return;
+    }
     stats_.calls.fetch_add(1, std::memory_order_relaxed);
     c.start = c.now();
+    if (c.wait != nullptr) c.wait->began = c.start;
   }
 
   /// The fast store answered the claim: true when it was granted (go on: its ticket moves into
   /// the call), false when `r` is a duplicate to answer. Throws what the step hook throws.
   bool fast_claim_answered(CallState& c, ClaimResult& r) {
     fast_ok();
-    if (r.status != ClaimStatus::kClaimed) {
-      stats_.fast_hits.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
+    if (r.status != ClaimStatus::kClaimed) return false;  // counted by duplicate()
     c.fast_claimed = true;
     c.fast_ticket = std::move(r.ticket);
     stats_.fast_claims.fetch_add(1, std::memory_order_relaxed);
@@ -303,10 +318,8 @@ class GuardCore {
   }
 
   /// The durable store decided: what the fast store does next.
+  /// (A duplicate is counted by duplicate(), which answers it.)
   FastNext durable_answered(const CallState& c, DurableAnswer a) noexcept {
-    if (a != DurableAnswer::kExecuted) {
-      stats_.durable_conflicts.fetch_add(1, std::memory_order_relaxed);
-    }
     if (a == DurableAnswer::kBusy || a == DurableAnswer::kMismatch) return release_next(c);
     return write_next(c);
   }
@@ -335,8 +348,9 @@ class GuardCore {
     step(Step::kFastCompleted, c.key());
   }
   /// A fast complete, fill or release failed: the durable store replays from now on and the
-  /// next duplicate refills it (a release that failed ends with its lease).
-  void fast_follow_up_failed(CallState& c, const Error& e) noexcept { fast_failed(c.key(), e); }
+  /// next duplicate refills it (a release that failed ends with its lease). A failure of the
+  /// burst; the call, decided before, is not degraded (GuardStats::degraded, CallEvent agree).
+  void fast_follow_up_failed(CallState& c, const Error& e) noexcept { fast_burst(c.key(), e); }
 
   /// The handler threw `error` (the driver releases the claims).
   void handler_failed(const CallState& c, const std::exception_ptr& error) noexcept {
@@ -383,7 +397,9 @@ class GuardCore {
     emit_call(c, r.outcome, r.source);
     return r;
   }
-  /// The answer of a duplicate. @throws CorruptRecord if a stored response cannot be decoded.
+  /// The answer of a duplicate, counted (a fast-store hit or a durable conflict, by `source`)
+  /// and reported; a waiting call's kInProgress before its turn ends is neither (the call asks
+  /// again: WaitTurn). @throws CorruptRecord if a stored response cannot be decoded.
   template <class R>
   GuardResult<R> duplicate(CallState& c, DuplicateAnswer&& a, Source source,
                            DuplicateSource dup_source) {
@@ -393,6 +409,14 @@ class GuardCore {
     r.degraded = c.degraded;
     r.first_seen = a.first_seen;
     r.expires_at = a.expires_at;
+    if (a.outcome == Outcome::kInProgress && c.wait != nullptr &&
+        SteadyClock::now() < c.wait->until) {
+      c.wait->deferred = true;
+      r.holder = std::move(a.holder);
+      return r;
+    }
+    if (source == Source::kFastStore) count_fast_hit();
+    if (source == Source::kDurableStore) count_durable_conflict();
     if (a.outcome == Outcome::kReplayed) {
       try {
         if constexpr (std::is_same_v<R, std::string>) {

@@ -66,6 +66,7 @@
 #include <grpcpp/support/status.h>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -191,8 +192,15 @@ struct Prepared {
   }
 };
 
-// Thrown through the guard to keep a reply out of the store (rolled back, released).
-struct DoNotStore {};
+// Thrown through the guard to keep a reply out of the store (rolled back, released). The
+// guard counts it as a handler error; its text says why in the "idem handler error" line.
+struct DoNotStore : std::exception {
+  explicit DoNotStore(int code)
+      : text("idem::grpc: the handler's reply (status code " + std::to_string(code) +
+             ") is not stored: sent to this caller only, a retry runs the handler again") {}
+  const char* what() const noexcept override { return text.c_str(); }
+  std::string text;
+};
 
 /// Everything of a Method that does not depend on the durable store (src/grpc/method.cpp).
 class IDEM_EXPORT MethodCore {
@@ -262,7 +270,9 @@ class IDEM_EXPORT Method {
     auto keep = [&](Reply r) -> std::string {
       first = std::move(r);
       detail::MethodCore::drop_unsendable(*first);
-      if (!core_.stores(first->status.error_code())) throw detail::DoNotStore{};
+      if (!core_.stores(first->status.error_code())) {
+        throw detail::DoNotStore{static_cast<int>(first->status.error_code())};
+      }
       return core_.encode(*first, *response);
     };
     try {

@@ -61,6 +61,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -217,8 +218,15 @@ struct EndpointOptions {
 };
 
 namespace detail {
-// Thrown through the guard to keep a response out of the store (rolled back, released).
-struct DoNotStore {};
+// Thrown through the guard to keep a response out of the store (rolled back, released). The
+// guard counts it as a handler error; its text says why in the "idem handler error" line.
+struct DoNotStore : std::exception {
+  explicit DoNotStore(int status, const char* why = "is not stored")
+      : text("idem::http: the handler's response (status " + std::to_string(status) + ") " + why +
+             ": sent to this caller only, a retry runs the handler again") {}
+  const char* what() const noexcept override { return text.c_str(); }
+  std::string text;
+};
 }  // namespace detail
 
 /// Idempotency-Key handling for one route (see the file comment). Thread-safe; cheap to call.
@@ -283,7 +291,7 @@ class Endpoint {
       if (!options_.admit_key) return;
       if (auto refusal = options_.admit_key(request, client_key)) {
         first = std::move(*refusal);
-        throw detail::DoNotStore{};
+        throw detail::DoNotStore{first->status, "refuses the key (admit_key)"};
       }
     };
     auto keep = [&](Response r) -> Response {
@@ -293,7 +301,7 @@ class Endpoint {
                    (options_.store_response ? options_.store_response(r.status)
                                             : default_stored(r.status));
       first = std::move(r);
-      if (!store) throw detail::DoNotStore{};
+      if (!store) throw detail::DoNotStore{first->status};
       return stored_part(*first);
     };
 
