@@ -570,32 +570,44 @@ void PostgresStore::migrate() {
 }
 
 void PostgresStore::run_in_transaction(const std::function<void(pqxx::work&)>& fn) {
-  PooledConnection c = pool_->acquire();
-  // While fn runs, the *_in calls on `tx` know it is one of ours (however fn ends).
-  struct Mark {
-    Impl::OpenConnections& open;
-    const void* connection;
-    Mark(Impl::OpenConnections& o, const void* c) : open(o), connection(c) { open.add(c); }
-    ~Mark() { open.remove(connection); }
-  } mark{impl_->open_connections, &static_cast<Impl::Connection&>(c.get())};
-  try {
-    std::optional<pqxx::work> tx;
-    impl_->bounded(c.get(), "begin", [&] { tx.emplace(c.get()); });
-    fn(*tx);
-    impl_->bounded(
-        c.get(), "commit", [&] { tx->commit(); }, true);
-  } catch (const ConnectionCut&) {
-    c.mark_broken();
-    throw;
-  } catch (const pqxx::broken_connection&) {
-    c.mark_broken();
-    detail::rethrow_translated("transaction");
-  } catch (const pqxx::in_doubt_error&) {
-    c.mark_broken();
-    detail::rethrow_translated("commit");
-  } catch (const std::exception& e) {
-    if (detail::is_pqxx_exception(e)) detail::rethrow_translated("transaction");
-    throw;
+  // A pooled connection that died while idle (a server restart) fails at BEGIN, before fn
+  // ran: replaced, and the transaction begun once more on a fresh one.
+  for (int attempt = 0;; ++attempt) {
+    PooledConnection c = pool_->acquire();
+    // While fn runs, the *_in calls on `tx` know it is one of ours (however fn ends).
+    struct Mark {
+      Impl::OpenConnections& open;
+      const void* connection;
+      Mark(Impl::OpenConnections& o, const void* c) : open(o), connection(c) { open.add(c); }
+      ~Mark() { open.remove(connection); }
+    } mark{impl_->open_connections, &static_cast<Impl::Connection&>(c.get())};
+    bool began = false;
+    try {
+      std::optional<pqxx::work> tx;
+      impl_->bounded(c.get(), "begin", [&] { tx.emplace(c.get()); });
+      began = true;
+      fn(*tx);
+      impl_->bounded(
+          c.get(), "commit", [&] { tx->commit(); }, true);
+      return;
+    } catch (const ConnectionCut&) {
+      c.mark_broken();
+      throw;
+    } catch (const pqxx::broken_connection&) {
+      c.mark_broken();
+      if (!began && attempt == 0) continue;
+      detail::rethrow_translated("transaction");
+    } catch (const pqxx::in_doubt_error&) {
+      c.mark_broken();
+      detail::rethrow_translated("commit");
+    } catch (const std::exception& e) {
+      if (!detail::is_pqxx_exception(e)) throw;
+      if (!c.get().is_open()) {
+        c.mark_broken();
+        if (!began && attempt == 0) continue;
+      }
+      detail::rethrow_translated("transaction");
+    }
   }
 }
 

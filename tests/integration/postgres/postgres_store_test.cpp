@@ -1002,6 +1002,21 @@ TEST_F(PostgresStoreTest, PoolIsBoundedAndReplacesBrokenConnections) {
   EXPECT_EQ(Outcome::kExecuted, r.outcome);
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
   EXPECT_EQ(1u, store.pool().open_connections());
+  // The same for a plain transaction (with_transaction): its BEGIN finds the connection dead
+  // before the function ran, so it begins once more on a fresh one (a server restart left
+  // every pooled connection so).
+  {
+    auto held = store.pool().acquire();
+    pid = held.get().backendpid();
+  }
+  pg::exec("SELECT pg_terminate_backend(" + std::to_string(pid) + ", 10000)");
+  int runs = 0;
+  store.with_transaction([&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+  });
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(2, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
 TEST_F(PostgresStoreTest, StatementTimeoutIsAStorageTimeout) {
