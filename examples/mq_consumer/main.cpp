@@ -390,6 +390,18 @@ int main(int argc, char** argv) try {
     } catch (const idem::StorageError& e) {
       // Redis or SQLite hiccup: nothing was acked that did not commit; back off and go on.
       std::fprintf(stderr, "%s: %s (retrying)\n", cfg.consumer.c_str(), e.what());
+      // A Redis that came back without its data (no persistence, a failover to an empty
+      // replica) has no group: made again, from the start of what the stream holds now. The
+      // consume records in SQLite keep every message that already ran from running again.
+      if (std::string(e.what()).find("NOGROUP") != std::string::npos) {
+        try {
+          if (redis.create_group(cfg.stream, cfg.group, "0")) {
+            std::fprintf(stderr, "%s: group %s made again\n", cfg.consumer.c_str(),
+                         cfg.group.c_str());
+          }
+        } catch (const idem::StorageError&) {  // still down: the next round tries again
+        }
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }

@@ -130,6 +130,10 @@ class OrderServer {
         checkout_(guard, checkout_options(tokens_, guard)) {
     server_.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(n); };
     server_.set_tcp_nodelay(true);  // small responses: do not wait for delayed ACKs
+    // A body over the endpoint's limit is refused before it is read (not held in memory), and
+    // what cpp-httplib refuses itself (an over-long key line, that body) is problem+json too.
+    server_.set_payload_max_length(create_.options().max_body_bytes);
+    server_.set_error_handler(idem::http::problem_error_handler(create_));
     server_.Post("/orders", idem::http::httplib_handler(
                                 create_, "/orders", principal_of,
                                 [this](const httplib::Request& req,
@@ -161,7 +165,16 @@ class OrderServer {
                                   }));
     server_.Get(R"(/orders/([A-Za-z0-9_-]+))",
                 [this](const httplib::Request& req, httplib::Response& res) {
-                  auto order = orders_.find(req.matches[1]);
+                  std::optional<Order> order;
+                  try {
+                    order = orders_.find(req.matches[1]);
+                  } catch (const idem::Error& e) {
+                    // The database failed: a typed problem (503 + Retry-After for an outage),
+                    // never its text.
+                    idem::http::write_response(
+                        create_.problem(e.code(), idem::errc_message(e.code())), res);
+                    return;
+                  }
                   if (!order) {
                     idem::http::write_response(
                         idem::http::Response{404, {{"Content-Type", "application/json"}},
@@ -240,17 +253,27 @@ class OrderServer {
     return "anonymous";
   }
 
+  // A SKU without control characters (a NUL would be cut short by PostgreSQL's C strings: the
+  // order would store another SKU than the one it answers).
+  static bool printable(const std::string& s) {
+    for (unsigned char c : s) {
+      if (c < 0x20 || c == 0x7f) return false;
+    }
+    return true;
+  }
+
   idem::http::Response create_order(const httplib::Request& req,
                                     typename Durable::Transaction& tx) {
     auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded() || !body.is_object() || !body.contains("sku") ||
-        !body["sku"].is_string() || !body.contains("qty") || !body["qty"].is_number_integer() ||
+        !body["sku"].is_string() || !printable(body["sku"].get<std::string>()) ||
+        !body.contains("qty") || !body["qty"].is_number_integer() ||
         body["qty"].get<long long>() <= 0) {
       return idem::http::Response{
           400,
           {{"Content-Type", "application/problem+json"}},
           R"({"type":"urn:order:bad-request","title":"invalid order","status":400,)"
-          R"("detail":"expected {\"sku\": string, \"qty\": positive integer}"})"};
+          R"("detail":"expected {\"sku\": string without control characters, \"qty\": positive integer}"})"};
     }
     Order order = orders_.create(tx, principal_of(req), body["sku"].get<std::string>(),
                                  body["qty"].get<long long>());

@@ -10,6 +10,7 @@
 // snapshot would have shown WAIT_PAY). No second payment row.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -97,7 +98,7 @@ class GuardedPaymentCallbackHandler {
  public:
   GuardedPaymentCallbackHandler(idem::FastStore& fast, idem::mysql::MysqlStore& records,
                                 MysqlPaymentCallbackHandler& handler)
-      : guard_(fast, records), handler_(handler) {}
+      : guard_(fast, records, guard_options()), handler_(handler) {}
 
   /// Handles one callback: kTransitioned when this call paid the order; a replayed answer is
   /// reported as kAlreadyThere.
@@ -110,7 +111,7 @@ class GuardedPaymentCallbackHandler {
     });
     if (ran) return *ran;
     Answer a;
-    a.body = r.ok() ? *r.value : "fail";  // in progress elsewhere: the gateway retries
+    a.body = r.ok() ? *r.value : "fail";  // still in progress after the wait: the gateway retries
     a.transition = Transition::kAlreadyThere;
     a.status = r.ok() ? "replayed" : "in progress";
     return a;
@@ -120,6 +121,14 @@ class GuardedPaymentCallbackHandler {
   const idem::GuardStats& stats() const noexcept { return guard_.stats(); }
 
  private:
+  // A callback that finds the same trade in progress (the gateway's concurrent retries) waits
+  // for the first one's answer and replays it ("success"), rather than answering "fail", which
+  // only makes the gateway call again.
+  static idem::GuardOptions guard_options() {
+    idem::GuardOptions o;
+    o.wait_for_result = std::chrono::seconds(10);
+    return o;
+  }
   idem::IdempotencyGuard<idem::mysql::MysqlStore> guard_;
   MysqlPaymentCallbackHandler& handler_;
 };

@@ -120,7 +120,7 @@ TEST_F(PaymentCallbackMysqlTest, GuardedWithRedisPaysOnce) {
   idem::redis::RedisStore fast{ro};
   payment_callback::GuardedPaymentCallbackHandler guarded{fast, *store_, *handler_};
   const std::string trade = idem::test::unique_name("T");
-  std::atomic<int> transitioned{0}, other{0};
+  std::atomic<int> transitioned{0}, other{0}, failed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 32; ++i) {
     threads.emplace_back([&] {
@@ -130,6 +130,7 @@ TEST_F(PaymentCallbackMysqlTest, GuardedWithRedisPaysOnce) {
           (a.transition == Transition::kTransitioned ? transitioned : other).fetch_add(1);
           return;
         }
+        ++failed;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       ADD_FAILURE() << "no success";
@@ -138,6 +139,9 @@ TEST_F(PaymentCallbackMysqlTest, GuardedWithRedisPaysOnce) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(1, transitioned.load());
   EXPECT_EQ(31, other.load());
+  // The concurrent callbacks waited for the first one's answer (wait_for_result): none was
+  // answered "fail" (which only makes the gateway call again).
+  EXPECT_EQ(0, failed.load());
   EXPECT_EQ(1, count("SELECT count(*) FROM " + tables_.payments));
   EXPECT_GE(guarded.stats().snapshot().fast_hits, 1u);
   EXPECT_EQ(1, count("SELECT count(*) FROM api_idempotency WHERE biz_type = 'payment.callback'"

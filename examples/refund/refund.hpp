@@ -75,8 +75,9 @@ struct Tables {
   /// order_no, amount, paid, refunded, status.
   std::string orders = "refund_orders";
   /// One row per accepted refund request: request_id (unique), order_no, amount, status
-  /// (PENDING -> SUCCEEDED), provider_ref.
-  std::string refunds = "refunds";
+  /// (PENDING -> SUCCEEDED), provider_ref. Not "refunds": examples/payment_callback has a
+  /// table of that name of another shape, and both may share one database.
+  std::string refunds = "refund_requests";
 };
 
 /// The payment provider failed or did not answer: the refund may or may not have been applied.

@@ -183,6 +183,9 @@ std::map<std::string, CallbackAnswers> send_callbacks(Backend& backend, const Co
         }
       } catch (const idem::Error& e) {
         if (!e.retryable()) answer = "!" + std::string(e.what());
+        // An outage (a database restart): back off, as a gateway retrying its callback does,
+        // so that the 500 attempts span seconds, not a few milliseconds.
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 + 10 * attempt, 200)));
       }
     }
     out[s.payment_no].answers.push_back(answer.empty() ? "!no answer" : answer);

@@ -54,6 +54,16 @@ TEST(OrderHttpBinary, QuickStartFlowAndArguments) {
   EXPECT_EQ("true", b.replayed);
   EXPECT_EQ(a.body, b.body);
   EXPECT_EQ(1, metric(scrape(port), "idem_calls_total", {{"outcome", "replayed"}}));
+  // What cpp-httplib refuses before the endpoint sees the request (a header line over its
+  // limit) is answered problem+json too (problem_error_handler), not a bare 400.
+  httplib::Client client("127.0.0.1", port);
+  auto long_key =
+      client.Post("/orders", {{"Idempotency-Key", "\"" + std::string(9000, 'k') + "\""}}, kBody,
+                  "application/json");
+  ASSERT_TRUE(long_key);
+  EXPECT_TRUE(long_key->status == 400 || long_key->status == 431) << long_key->status;
+  EXPECT_EQ("application/problem+json", long_key->get_header_value("Content-Type"));
+  EXPECT_NE(std::string::npos, long_key->body.find("\"status\"")) << long_key->body;
 
   kill(server.pid, SIGTERM);
   EXPECT_EQ(0, server.wait());  // stops cleanly on SIGTERM
