@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/guard.hpp"
@@ -227,14 +229,18 @@ struct BatchObserver final : idem::Observer {
   void on_store_error(const idem::StoreErrorEvent&) noexcept override { ++store_errors; }
 };
 
+idem::GuardOptions observed_by(std::shared_ptr<idem::Observer> observer) {
+  idem::GuardOptions o;
+  o.observer = std::move(observer);
+  return o;
+}
+
 // A fast claim of the batch that takes an expired lease over (a consumer that died) is
 // counted and reported as run() reports it.
 TEST_F(GuardBatchTest, AFastTakeoverIsReportedAsRunReportsIt) {
   idem::MemoryStore fast;
   auto observer = std::make_shared<BatchObserver>();
-  idem::GuardOptions o;
-  o.observer = observer;
-  idem::IdempotencyGuard guard{fast, durable_, o};
+  idem::IdempotencyGuard guard{fast, durable_, observed_by(observer)};
   ASSERT_EQ(idem::ClaimStatus::kClaimed,
             fast.claim(Key::make("orders", "x"), idem::fingerprint("x"),
                        idem::OwnerToken::generate(), std::chrono::milliseconds(50))
@@ -253,9 +259,7 @@ TEST_F(GuardBatchTest, AFastTakeoverIsReportedAsRunReportsIt) {
 TEST_F(GuardBatchTest, AFailedTransactionIsCountedAndReportedOnce) {
   idem::MemoryStore fast;
   auto observer = std::make_shared<BatchObserver>();
-  idem::GuardOptions o;
-  o.observer = observer;
-  idem::IdempotencyGuard guard{fast, durable_, o};
+  idem::IdempotencyGuard guard{fast, durable_, observed_by(observer)};
   EXPECT_THROW(guard.run_batch(calls({"a", "b"}), "done",
                                [](Transaction&, std::size_t) -> void {
                                  throw idem::StorageTimeout("test: a lock wait ran out");
