@@ -391,6 +391,44 @@ TEST(WaitForResultTest, AWaitingCallIsCountedAndReportedOnce) {
   }
 }
 
+// A waiting call that finds the fast store down on every attempt is one degraded call.
+TEST(WaitForResultTest, AWaitingCallWithTheFastStoreDownIsDegradedOnce) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore durable{dir.file("wait_degraded.sqlite")};
+  GuardOptions o;
+  o.wait_for_result = 10s;
+  idem::IdempotencyGuard guard{fast, durable, o};
+  const Key key = Key::make("order", "down");
+  Gate gate;
+  std::thread first([&] {
+    EXPECT_EQ(Outcome::kExecuted, guard
+                                      .run(key, "fp",
+                                           [&] {
+                                             gate.enter_and_wait();
+                                             return std::string("order_no_1");
+                                           })
+                                      .outcome);
+  });
+  gate.wait_entered();
+  fast.failing = true;
+  std::thread waiter([&] {
+    auto r = guard.run(key, "fp", [] { return std::string("never"); });
+    EXPECT_EQ(Outcome::kReplayed, r.outcome);
+    EXPECT_TRUE(r.degraded);
+  });
+  wait_for_waits(guard, 1);
+  const int before = fast.calls.load();
+  while (fast.calls.load() < before + 3) std::this_thread::sleep_for(1ms);  // attempts, all down
+  gate.release();
+  first.join();
+  waiter.join();
+  auto s = guard.stats().snapshot();
+  EXPECT_EQ(2u, s.calls);
+  EXPECT_EQ(1u, s.degraded) << "the waiter, once; the first call was decided with its claim";
+}
+
 // A durable store whose begin, complete and run_transactional fail with a transient error a
 // set number of times before reaching SQLite (a dropped connection, a failover).
 class FlakyDurable {

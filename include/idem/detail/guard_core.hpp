@@ -78,6 +78,7 @@ struct WaitTurn {
   SteadyClock::time_point began{};
   unsigned attempts = 0;
   bool deferred = false;  ///< the last attempt's kInProgress answer was held back
+  bool degraded = false;  ///< an attempt went on without the fast store (counted once)
 };
 
 /// The state of one guarded call, passed to every GuardCore step.
@@ -302,8 +303,8 @@ class GuardCore {
   }
   /// The fast claim failed: the call goes on degraded (a fast-only guard fails instead).
   void fast_claim_failed(CallState& c, const Error& e) noexcept {
-    c.degraded = true;
-    fast_failed(c.key(), e);
+    count_degraded(c);
+    fast_burst(c.key(), e);
   }
   /// Whether the call skips the fast store (GuardOptions::fast_store_retry_after: it failed
   /// less than that long ago). A skipped call goes on degraded, as after a failure. Only for
@@ -311,8 +312,7 @@ class GuardCore {
   bool skip_fast(CallState& c) noexcept {
     const std::int64_t until = fast_retry_at_.load(std::memory_order_relaxed);
     if (until == 0 || steady_ns() >= until) return false;
-    c.degraded = true;
-    stats_.degraded.fetch_add(1, std::memory_order_relaxed);
+    count_degraded(c);
     burst_failures_.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
@@ -569,10 +569,13 @@ class GuardCore {
       o->on_call(e);
     }
   }
-  // Degraded-mode bookkeeping: count every failing call, report once per burst.
-  void fast_failed(const Key& key, const Error& e) noexcept {
+  // Degraded-mode bookkeeping: the call goes on without the fast store, counted once (a waiting
+  // call's later attempts are the same call); the burst is reported once (fast_burst).
+  void count_degraded(CallState& c) noexcept {
+    c.degraded = true;
+    if (c.wait != nullptr && c.wait->degraded) return;
+    if (c.wait != nullptr) c.wait->degraded = true;
     stats_.degraded.fetch_add(1, std::memory_order_relaxed);
-    fast_burst(key, e);
   }
 
   static std::int64_t steady_ns() noexcept {
