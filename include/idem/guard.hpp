@@ -561,9 +561,12 @@ class IdempotencyGuard {
       step(Step::kHandlerReturned, call.key());
     } catch (...) {
       call.handler = call.since(h0);
-      // Release the durable claim first: once it is gone a retry may run at once.
+      // Release the durable claim first: once it is gone a retry may run at once. A transient
+      // failure of the release is tried again as a completion's is (store_attempts: the
+      // release is owner-checked, so repeating it is safe).
       try {
-        durable_->release(call.key(), call.owner());
+        (void)with_store_retry(call.key(),
+                               [&] { return durable_->release(call.key(), call.owner()); });
       } catch (...) {
         // The record stays in progress until its lease ends; a retry then takes over.
         durable_failed(call.key());

@@ -82,7 +82,8 @@ struct GuardOptions {
   /// Per call: CallOptions.
   std::chrono::milliseconds wait_for_result{0};
   /// Transient failures (idem::StorageUnavailable, StorageTimeout, OutcomeUnknown) of the
-  /// durable store's begin, complete and run_transactional are tried again up to this many
+  /// durable store's begin, complete, release (after a handler failed) and run_transactional
+  /// are tried again up to this many
   /// times in all (1: no retry), after a backoff with full jitter between
   /// `store_retry_backoff` and 8 times it. Safe because the call keeps its owner token: a claim
   /// or commit that was applied before the failure is recognised as this attempt's own (a

@@ -435,7 +435,7 @@ class FlakyDurable {
  public:
   using Transaction = idem::sqlite::Transaction;
   explicit FlakyDurable(idem::sqlite::SqliteStore& inner) : inner_(inner) {}
-  int fail_begin = 0, fail_complete = 0, fail_transactional = 0;
+  int fail_begin = 0, fail_complete = 0, fail_transactional = 0, fail_release = 0;
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
   idem::DurableHint last_hint;     // what the guard passed last
 
@@ -472,7 +472,13 @@ class FlakyDurable {
     }
     return inner_.complete(k, o, r, retention);
   }
-  bool release(const Key& k, const idem::OwnerToken& o) { return inner_.release(k, o); }
+  bool release(const Key& k, const idem::OwnerToken& o) {
+    if (fail_release > 0) {
+      --fail_release;
+      throw idem::StorageUnavailable("test: connection reset");
+    }
+    return inner_.release(k, o);
+  }
   bool fail(const Key& k, const idem::OwnerToken& o, std::string_view reason,
             std::chrono::seconds retention) {
     return inner_.fail(k, o, reason, retention);
@@ -578,6 +584,22 @@ TEST_F(StoreRetryTest, TwoPhaseBeginAndCompleteAreRetriedAndTheHandlerRunsOnce) 
   auto rec = sqlite_.lookup(Key::make("payment", "p1"));
   ASSERT_TRUE(rec);
   EXPECT_EQ(idem::Record::Status::kCompleted, rec->status);
+}
+
+// A handler that fails while the database is briefly away: the release of its claim is tried
+// again too, so a retry runs at once instead of waiting for the lease to end.
+TEST_F(StoreRetryTest, TheReleaseAfterAFailedHandlerIsRetried) {
+  idem::IdempotencyGuard guard{flaky_, retrying(3)};
+  flaky_.fail_release = 2;
+  const Key key = Key::make("payment", "released");
+  EXPECT_THROW(
+      guard.run(key, "", []() -> std::string { throw std::runtime_error("gateway timeout"); }),
+      std::runtime_error);
+  EXPECT_EQ(0, flaky_.fail_release);
+  EXPECT_FALSE(sqlite_.lookup(key).has_value()) << "released: nothing in progress";
+  EXPECT_EQ(2u, guard.stats().snapshot().store_retries);
+  auto r = guard.run(key, "", [] { return std::string("paid"); });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome) << "the retry ran at once";
 }
 
 TEST_F(StoreRetryTest, WithoutRetriesTheFirstTransientFailureIsThrownTyped) {
