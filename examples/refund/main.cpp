@@ -133,6 +133,9 @@ refund::Tables tables_of(const Args& a) {
 idem::GuardOptions guard_options() {
   idem::GuardOptions o;
   o.lease = std::chrono::seconds(10);  // far above the slowest provider call
+  // A database that goes away for a moment (a failover, a restart): the record's statements,
+  // and the release after a failed handler, are tried again rather than failing the request.
+  o.store_attempts = 4;
   return o;
 }
 

@@ -111,17 +111,24 @@ inline constexpr const char* kAbandoned = "~abandoned";
 
 /// Sends one request until it gets a final answer (or its client gives up): in progress
 /// elsewhere and retryable errors wait and retry, a provider failure retries with the same
-/// request (or gives up if `abandon`). @return the answer text, kAbandoned, or "!<error>".
+/// request (or gives up if `abandon`). The client retries for longer than a lease (kRetryFor):
+/// a handler that failed during a database outage cannot release its claim either, and the
+/// record then stays in progress until its lease ends. @return the answer text, kAbandoned, or
+/// "!<error>".
+inline constexpr std::chrono::seconds kRetryFor{30};
 template <class Desk>
 std::string send_until_final(Desk& desk, const Request& req, bool abandon, WorkerStats& st) {
-  for (int attempt = 0; attempt < 400; ++attempt) {
+  const auto give_up_at = std::chrono::steady_clock::now() + kRetryFor;
+  for (int attempt = 0; std::chrono::steady_clock::now() < give_up_at; ++attempt) {
     ++st.attempts;
+    // Short pauses first (another thread finishes within milliseconds), then up to 100 ms.
+    const auto pause = std::chrono::milliseconds(std::min(3 + attempt, 100));
     try {
       auto r = desk.refund(req);
       if (r.ok()) return *r.value;
       if (r.outcome == idem::Outcome::kFingerprintMismatch) return "!fingerprint_mismatch";
       ++st.in_progress;  // another process or thread runs it now
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      std::this_thread::sleep_for(pause);
     } catch (const ProviderError&) {
       ++st.provider_failures;
       if (abandon) {
@@ -132,12 +139,12 @@ std::string send_until_final(Desk& desk, const Request& req, bool abandon, Worke
     } catch (const idem::Error& e) {
       if (!e.retryable()) return "!" + std::string(idem::errc_name(e.code())) + ": " + e.what();
       ++st.retryable_errors;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(pause);
     } catch (const std::exception& e) {
       return std::string("!") + e.what();
     }
   }
-  return "!gave up after 400 attempts";
+  return "!gave up after " + std::to_string(kRetryFor.count()) + " s";
 }
 
 /// One send's answer, as a worker reports it.
