@@ -302,6 +302,21 @@ TEST(WaitForResultTest, AWaiterRunsTheHandlerWhenTheFirstAttemptFails) {
   EXPECT_EQ(1, successes.load());
 }
 
+// Runs `key` on another thread, its handler held at `gate` (the key in progress meanwhile);
+// returns once the handler runs. The call executes when the gate opens.
+template <class G>
+std::thread hold(G& guard, const Key& key, Gate& gate) {
+  std::thread t([&guard, key, &gate] {
+    auto r = guard.run(key, "fp", [&] {
+      gate.enter_and_wait();
+      return std::string("order_no_1");
+    });
+    EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  });
+  gate.wait_entered();
+  return t;
+}
+
 // What the observer hears of calls: on_call per outcome, on_duplicate, the total times.
 struct CallCounter final : idem::Observer {
   std::atomic<int> executed{0}, replayed{0}, in_progress{0}, duplicates{0};
@@ -333,16 +348,7 @@ TEST(WaitForResultTest, AWaitingCallIsCountedAndReportedOnce) {
     auto check = [&](auto& guard) {
       const Key key = Key::make("order", "once");
       Gate gate;
-      std::thread first([&] {
-        EXPECT_EQ(Outcome::kExecuted, guard
-                                          .run(key, "fp",
-                                               [&] {
-                                                 gate.enter_and_wait();
-                                                 return std::string("order_no_1");
-                                               })
-                                          .outcome);
-      });
-      gate.wait_entered();
+      std::thread first = hold(guard, key, gate);
       std::thread waiter([&] {
         auto r = guard.run(key, "fp", [] { return std::string("never"); });
         EXPECT_EQ(Outcome::kReplayed, r.outcome);
@@ -356,13 +362,7 @@ TEST(WaitForResultTest, AWaitingCallIsCountedAndReportedOnce) {
       brief.wait_for_result = 100ms;
       Gate second_gate;
       const Key busy = Key::make("order", "busy");
-      std::thread holder([&] {
-        (void)guard.run(busy, "fp", [&] {
-          second_gate.enter_and_wait();
-          return std::string("late");
-        });
-      });
-      second_gate.wait_entered();
+      std::thread holder = hold(guard, busy, second_gate);
       EXPECT_EQ(Outcome::kInProgress,
                 guard.run(busy, "fp", brief, [] { return std::string("never"); }).outcome);
       second_gate.release();
@@ -402,16 +402,7 @@ TEST(WaitForResultTest, AWaitingCallWithTheFastStoreDownIsDegradedOnce) {
   idem::IdempotencyGuard guard{fast, durable, o};
   const Key key = Key::make("order", "down");
   Gate gate;
-  std::thread first([&] {
-    EXPECT_EQ(Outcome::kExecuted, guard
-                                      .run(key, "fp",
-                                           [&] {
-                                             gate.enter_and_wait();
-                                             return std::string("order_no_1");
-                                           })
-                                      .outcome);
-  });
-  gate.wait_entered();
+  std::thread first = hold(guard, key, gate);
   fast.failing = true;
   std::thread waiter([&] {
     auto r = guard.run(key, "fp", [] { return std::string("never"); });
