@@ -86,24 +86,27 @@ inline void copy_trailers(const ::grpc::ClientContext& ctx, Answer& a) {
   }
 }
 
+/// @throws std::invalid_argument naming `what` when `value` is no gRPC metadata value
+/// (printable ASCII): grpc++ would abort the process on it.
+inline void require_metadata_value(const std::string& value, const std::string& what) {
+  for (char ch : value) {
+    if (ch < 0x20 || ch > 0x7e) {
+      throw std::invalid_argument(what + " must be printable ASCII (a gRPC metadata value)");
+    }
+  }
+}
+
 /// The metadata of a Charge call. The call waits for the channel to be ready (within its
 /// deadline) instead of failing at once while the channel is reconnecting: after one failed
 /// connection attempt grpc++ waits about a second before the next, and a fail-fast call (and
 /// every retry the policy makes, 50 ms .. 1 s apart) would get UNAVAILABLE in that window. A
 /// charge carries its idempotency key, so waiting and then sending it is safe.
-/// @throws std::invalid_argument for a key or principal that is no metadata value (printable
-/// ASCII): grpc++ would abort the process on it.
+/// @throws std::invalid_argument for a key or principal that is no metadata value
+/// (require_metadata_value).
 inline void prepare(::grpc::ClientContext& ctx, const std::string& key,
                     std::chrono::milliseconds timeout, const std::string& principal) {
-  for (const std::string* v : {&key, &principal}) {
-    for (char ch : *v) {
-      if (ch < 0x20 || ch > 0x7e) {
-        throw std::invalid_argument(
-            std::string(v == &key ? "the idempotency key" : "the principal") +
-            " must be printable ASCII (a gRPC metadata value)");
-      }
-    }
-  }
+  require_metadata_value(key, "the idempotency key");
+  require_metadata_value(principal, "the principal");
   ctx.AddMetadata("idempotency-key", key);
   if (!principal.empty()) ctx.AddMetadata("authorization", "Bearer " + principal);
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);

@@ -173,11 +173,7 @@ Config parse(int argc, char** argv) {
   if (c.mode == "demo" && !slow_given) c.service.slow = 5ms;
   if (c.port > 65535) throw std::invalid_argument("--port must be 0..65535");
   if (c.mode == "call" && c.key.empty()) throw std::invalid_argument("--call needs --key");
-  for (char ch : c.key) {
-    if (ch < 0x20 || ch > 0x7e) {
-      throw std::invalid_argument("--key must be printable ASCII (a gRPC metadata value)");
-    }
-  }
+  grpc_payment::require_metadata_value(c.key, "--key");
   if (c.postgres.empty() && !c.redis.empty()) {
     throw std::invalid_argument("--redis goes with --postgres");
   }

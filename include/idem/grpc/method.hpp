@@ -66,7 +66,7 @@
 #include <grpcpp/support/status.h>
 
 #include <chrono>
-#include <exception>
+#include <stdexcept>
 #include <functional>
 #include <optional>
 #include <string>
@@ -194,12 +194,11 @@ struct Prepared {
 
 // Thrown through the guard to keep a reply out of the store (rolled back, released). The
 // guard counts it as a handler error; its text says why in the "idem handler error" line.
-struct DoNotStore : std::exception {
+struct DoNotStore : std::runtime_error {
   explicit DoNotStore(int code)
-      : text("idem::grpc: the handler's reply (status code " + std::to_string(code) +
-             ") is not stored: sent to this caller only, a retry runs the handler again") {}
-  const char* what() const noexcept override { return text.c_str(); }
-  std::string text;
+      : std::runtime_error("idem::grpc: the handler's reply (status code " + std::to_string(code) +
+                           ") is not stored: sent to this caller only, a retry runs the handler "
+                           "again") {}
 };
 
 /// Everything of a Method that does not depend on the durable store (src/grpc/method.cpp).

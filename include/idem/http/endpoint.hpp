@@ -61,7 +61,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
+#include <stdexcept>
 #include <functional>
 #include <optional>
 #include <string>
@@ -220,12 +220,11 @@ struct EndpointOptions {
 namespace detail {
 // Thrown through the guard to keep a response out of the store (rolled back, released). The
 // guard counts it as a handler error; its text says why in the "idem handler error" line.
-struct DoNotStore : std::exception {
+struct DoNotStore : std::runtime_error {
   explicit DoNotStore(int status, const char* why = "is not stored")
-      : text("idem::http: the handler's response (status " + std::to_string(status) + ") " + why +
-             ": sent to this caller only, a retry runs the handler again") {}
-  const char* what() const noexcept override { return text.c_str(); }
-  std::string text;
+      : std::runtime_error("idem::http: the handler's response (status " +
+                           std::to_string(status) + ") " + why +
+                           ": sent to this caller only, a retry runs the handler again") {}
 };
 }  // namespace detail
 
