@@ -32,7 +32,9 @@ inline idem::http::Response create_order(idem::sqlite::Transaction& tx, std::str
   const long long id = tx.query_int64("SELECT last_insert_rowid()").value_or(0);
   r.status = 201;
   r.headers.push_back({"Content-Type", "application/json"});
-  r.headers.push_back({"Location", "/orders/" + std::to_string(id)});
+  // The order's id as a header too (stored and replayed with the body). No Location: this
+  // example serves no GET route for an order.
+  r.headers.push_back({"X-Order-Id", std::to_string(id)});
   r.body = "{\"order_id\":" + std::to_string(id) + ",\"status\":\"created\"}";
   return r;
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The order service of examples/order_http: POST /orders through idem::http, GET /orders/{no},
+// The order service of examples/order_http: POST /orders through idem::http, GET /orders/{no}
+// (the caller's own orders only),
 // GET /metrics, and a checkout form with server-issued tokens (GET/POST /checkout). The
 // business tables live behind an `Orders` repository and the guard's durable store is a
 // template parameter, so another database plugs in with its own repository.
@@ -74,11 +75,12 @@ class SqliteOrders {
     return Order{no, sku, qty, "WAIT_PAY"};
   }
 
-  /// Reads an order by number.
-  std::optional<Order> find(const std::string& order_no) {
+  /// Reads an order by number, if `principal` placed it.
+  std::optional<Order> find(const std::string& principal, const std::string& order_no) {
     return db_.read([&](idem::sqlite::Session& s) -> std::optional<Order> {
-      auto st = s.prepare("SELECT order_no, sku, qty, status FROM orders WHERE order_no = ?");
-      st.bind_all(order_no);
+      auto st = s.prepare(
+          "SELECT order_no, sku, qty, status FROM orders WHERE order_no = ? AND principal = ?");
+      st.bind_all(order_no, principal);
       if (!st.step()) return std::nullopt;
       return Order{st.column_bytes(0), st.column_bytes(1), st.column_int64(2),
                    st.column_bytes(3)};
@@ -165,9 +167,11 @@ class OrderServer {
                                   }));
     server_.Get(R"(/orders/([A-Za-z0-9_-]+))",
                 [this](const httplib::Request& req, httplib::Response& res) {
+                  // Only the caller's own orders: another principal's order number is
+                  // answered as unknown (404), not shown.
                   std::optional<Order> order;
                   try {
-                    order = orders_.find(req.matches[1]);
+                    order = orders_.find(principal_of(req), req.matches[1]);
                   } catch (const idem::Error& e) {
                     // The database failed: a typed problem (503 + Retry-After for an outage),
                     // never its text.

@@ -55,11 +55,12 @@ class PostgresOrders {
     return Order{row[0].as<std::string>(), sku, qty, "WAIT_PAY"};
   }
 
-  /// Reads an order by number.
-  std::optional<Order> find(const std::string& order_no) {
+  /// Reads an order by number, if `principal` placed it.
+  std::optional<Order> find(const std::string& principal, const std::string& order_no) {
     return store_.with_transaction([&](pqxx::work& tx) -> std::optional<Order> {
-      auto r = tx.exec_params(
-          "SELECT order_no, sku, qty, status FROM " + table_ + " WHERE order_no = $1", order_no);
+      auto r = tx.exec_params("SELECT order_no, sku, qty, status FROM " + table_ +
+                                  " WHERE order_no = $1 AND principal = $2",
+                              order_no, principal);
       if (r.empty()) return std::nullopt;
       return Order{r[0][0].as<std::string>(), r[0][1].as<std::string>(), r[0][2].as<long long>(),
                    r[0][3].as<std::string>()};

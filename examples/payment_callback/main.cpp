@@ -54,6 +54,7 @@ int demo(Handler& handler, Reset reset, Payments payments) {
 int main(int argc, char** argv) {
   std::string path = ":memory:";
   std::string dsn, mysql_uri, redis_url;
+  int backends = 0;  // --db, --postgres, --mysql: at most one
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -63,10 +64,13 @@ int main(int argc, char** argv) {
     }
     if (a == "--db" && i + 1 < argc) {
       path = argv[++i];
+      ++backends;
     } else if (a == "--postgres" && i + 1 < argc) {
       dsn = argv[++i];
+      ++backends;
     } else if (a == "--mysql" && i + 1 < argc) {
       mysql_uri = argv[++i];
+      ++backends;
     } else if (a == "--redis" && i + 1 < argc) {
       redis_url = argv[++i];
     } else {
@@ -74,6 +78,15 @@ int main(int argc, char** argv) {
                    "URL]]\n";
       return 2;
     }
+  }
+  // --redis is the fast store of the MySQL backend only: anywhere else it would be ignored.
+  if (!redis_url.empty() && mysql_uri.empty()) {
+    std::cerr << "payment_callback: --redis needs --mysql (the fast store of the MySQL backend)\n";
+    return 2;
+  }
+  if (backends > 1) {
+    std::cerr << "payment_callback: choose one of --db, --postgres, --mysql\n";
+    return 2;
   }
   try {
     auto logger = std::make_shared<idem::LoggingObserver>(idem::log::stderr_sink());

@@ -76,9 +76,11 @@ TEST(OrderHttpBinary, QuickStartOnPostgresAndRedis) {
   EXPECT_EQ("true", b.replayed);
   EXPECT_EQ(a.body, b.body);
   httplib::Client client("127.0.0.1", port);
-  auto got = client.Get(("/orders/" + order_no_of(a.body)).c_str());
+  auto got = client.Get(("/orders/" + order_no_of(a.body)).c_str(),
+                        {{"Authorization", "Bearer " + principal}});
   ASSERT_TRUE(got);
   EXPECT_EQ(200, got->status);
+  EXPECT_EQ(order_no_of(a.body), order_no_of(got->body));
   kill(server.pid, SIGTERM);
   EXPECT_EQ(0, server.wait());
 }

@@ -164,12 +164,16 @@ void duplicate_storm(idem::IdempotencyGuard<Durable>& guard, Orders& orders,
   EXPECT_EQ(400, bare.status);
   EXPECT_EQ(1, orders.count());
 
-  // The order is readable.
+  // The order is readable by whoever placed it, and by no one else (404, as if unknown).
   httplib::Client client("127.0.0.1", port);
-  auto got = client.Get(("/orders/" + first_no).c_str());
+  auto got = client.Get(("/orders/" + first_no).c_str(), {{"Authorization", "Bearer alice"}});
   ASSERT_TRUE(got);
   EXPECT_EQ(200, got->status);
   EXPECT_EQ(first_no, order_no_of(got->body));
+  auto foreign = client.Get(("/orders/" + first_no).c_str(), {{"Authorization", "Bearer bob"}});
+  ASSERT_TRUE(foreign);
+  EXPECT_EQ(404, foreign->status);
+  EXPECT_EQ(std::string::npos, foreign->body.find(first_no));
 
   // Another principal with the same key string gets its own order, never alice's response.
   auto bob = post(port, kBody, {key}, "bob");
