@@ -82,8 +82,9 @@ constexpr std::string_view store_role_name(StoreRole r) noexcept {
 /// A store failed during a call: reported for every failure (a fast-store outage also raises
 /// on_fast_store_down once per burst), whether the call then went on degraded or threw.
 struct StoreErrorEvent {
-  /// The call's key; null when the failure was outside a keyed call (the plain transaction of
-  /// an HTTP pass-through).
+  /// The call's key; null when the failure was outside a keyed call: an HTTP pass-through's
+  /// plain transaction or its handler's own storage failure (store "handler" when the handler
+  /// ran outside the durable store's transaction).
   const Key* key;
   /// Which of the guard's stores failed (fast or durable).
   StoreRole role;

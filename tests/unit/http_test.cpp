@@ -433,11 +433,23 @@ TEST_F(EndpointTest, HandlersOwnIdemErrorsPropagateAndStorageFailuresAreAnswered
 }
 
 // A pass-through answers the handler's own storage failure as the guarded path does (503 with
-// Retry-After), and lets its other idem errors propagate unchanged.
+// Retry-After, told to the observer without a key), and lets its other idem errors propagate
+// unchanged.
 TEST_F(EndpointTest, PassThroughHandlersStorageFailuresAreAnsweredAsGuardedOnes) {
+  struct Heard final : idem::Observer {
+    std::vector<std::string> errors;
+    void on_store_error(const idem::StoreErrorEvent& e) noexcept override {
+      errors.push_back(std::string(e.store) + ":" + (e.key == nullptr ? "keyless" : "keyed") + ":" +
+                       std::string(idem::errc_name(e.error.code())));
+    }
+  };
+  auto heard = std::make_shared<Heard>();
+  idem::GuardOptions go;
+  go.observer = heard;
+  idem::IdempotencyGuard<idem::NoDurableStore> guard{fast_, go};
   auto options = endpoint_options();
   options.key_required = false;
-  idem::http::Endpoint endpoint{guard_, options};
+  idem::http::Endpoint endpoint{guard, options};
   Req no_key;  // an absent optional key
   Req put = Req::with_key("\"pass_put\"");
   put.method = "PUT";  // a method that is not guarded
@@ -463,6 +475,10 @@ TEST_F(EndpointTest, PassThroughHandlersStorageFailuresAreAnsweredAsGuardedOnes)
                  idem::UsageError);
   }
   EXPECT_EQ(6, runs_.load());
+  // The two 503s, and nothing for the 409 or the rethrown misuse.
+  EXPECT_EQ(
+      (std::vector<std::string>{"handler:keyless:store_timeout", "handler:keyless:store_timeout"}),
+      heard->errors);
 }
 
 TEST_F(EndpointTest, StoreFailureIs503ProblemWithRetryAfter) {

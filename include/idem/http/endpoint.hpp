@@ -513,11 +513,8 @@ class Endpoint {
         try {
           return ::idem::detail::run_plain_transaction(*guard_.durable_store(), body);
         } catch (const Error& e) {
-          if (handler_threw) return handler_store_failure(e);
-          if (auto* o = guard_.options().observer.get()) {
-            o->on_store_error(
-                StoreErrorEvent{nullptr, StoreRole::kDurable, guard_.durable_store()->name(), e});
-          }
+          if (handler_threw) return handler_store_failure(e, guard_.durable_store()->name());
+          report_passthrough_store_error(e, guard_.durable_store()->name());
           return error_response(e.code(), errc_message(e.code()));
         }
       }
@@ -525,16 +522,26 @@ class Endpoint {
       try {
         return handler();
       } catch (const Error& e) {
-        return handler_store_failure(e);
+        return handler_store_failure(e, "handler");
       }
     }
   }
 
   // In a catch block of the handler's idem error `e`: its storage failure answered as on the
-  // guarded path, anything else rethrown unchanged.
-  Response handler_store_failure(const Error& e) const {
+  // guarded path (a StorageError also reported, keyless, as a failure of `store`), anything
+  // else rethrown unchanged.
+  Response handler_store_failure(const Error& e, std::string_view store) const {
     if (!::idem::detail::is_store_failure(e)) throw;
+    if (dynamic_cast<const StorageError*>(&e) != nullptr) report_passthrough_store_error(e, store);
     return error_response(e.code(), errc_message(e.code()));
+  }
+
+  // A pass-through's storage failure told to the observer (no key: the request had none), so
+  // its 503 leaves a log line and a metric behind like a guarded one.
+  void report_passthrough_store_error(const Error& e, std::string_view store) const {
+    if (auto* o = guard_.options().observer.get()) {
+      o->on_store_error(StoreErrorEvent{nullptr, StoreRole::kDurable, store, e});
+    }
   }
 
   IdempotencyGuard<Durable>& guard_;
