@@ -62,8 +62,10 @@ struct GuardOptions {
   /// The label of duplicates the durable store catches (kMqRecord for consume records).
   DuplicateSource durable_source = DuplicateSource::kUniqueIndex;
   /// Called at each protocol step of a call that runs the handler (empty means none). For fault
-  /// injection in tests, which kill the process inside it. Whatever it throws propagates; claims
-  /// it leaves behind end with their lease, as after a crash.
+  /// injection in tests, which kill the process inside it: the claims a killed process leaves
+  /// behind end with their lease, as after a crash. Whatever it throws propagates; thrown at
+  /// Step::kDurableClaimed or kHandlerReturned it counts as the handler's exception (the claim
+  /// is released, as for a failed handler).
   std::function<void(Step, const Key&)> step_hook;
   /// Kill switch: every call runs its handler directly, with no store I/O and no
   /// idempotency at all (transactional handlers in a plain transaction of the durable store).
@@ -79,7 +81,7 @@ struct GuardOptions {
   /// processes they try again after a backoff with jitter (5 ms doubling up to 100 ms), so a
   /// waiter costs a claim per backoff step, not a busy loop. The wait counts from the call's
   /// start; the waiting call is one call (GuardStats, the Observer) with the answer it returns.
-  /// Per call: CallOptions.
+  /// Per call: CallOptions. Not negative (the guard refuses it with a UsageError).
   std::chrono::milliseconds wait_for_result{0};
   /// Transient failures (idem::StorageUnavailable, StorageTimeout, OutcomeUnknown) of the
   /// durable store's begin, complete, release (after a handler failed) and run_transactional
@@ -89,8 +91,9 @@ struct GuardOptions {
   /// or commit that was applied before the failure is recognised as this attempt's own (a
   /// transactional retry then replays what committed). A handler's own exceptions are never
   /// retried, and two-phase handlers never run twice. Counted in GuardStats::store_retries.
+  /// At least 1 (0 is a UsageError).
   unsigned store_attempts = 1;
-  /// The first backoff of store_attempts.
+  /// The first backoff of store_attempts. Not negative (0: no pause).
   std::chrono::milliseconds store_retry_backoff{20};
   /// Lease keep-alive for long handlers: while a handler runs, one thread of the guard extends
   /// its claims every lease/3 (FastStore::extend; in two-phase mode also the durable record,
@@ -108,7 +111,7 @@ struct GuardOptions {
   /// is down this saves every call the failed attempt (a connect attempt or refusal, an exception,
   /// the observer's on_store_error); the price is that calls keep skipping it for up to this long
   /// after it is back. 0 (the default): every call tries the fast store. A guard without a durable
-  /// store never skips it (its calls fail instead).
+  /// store never skips it (its calls fail instead). Not negative.
   std::chrono::milliseconds fast_store_retry_after{0};
 };
 

@@ -59,7 +59,9 @@ inline std::string describe_byte(unsigned char c) {
 }
 }  // namespace detail
 
-/// A validated idempotency key. Cheap to copy; immutable.
+/// A validated idempotency key. Cheap to copy; immutable. Moving copies: a moved-from Key is
+/// still the valid key it was (a Key is never empty, so no two operations can meet on an
+/// emptied one).
 ///
 /// @code
 ///   auto key = idem::Key::make("payment", "order_20001_msg_30001");
@@ -121,6 +123,16 @@ class Key {
       }
     }
   }
+
+  /// Copies.
+  Key(const Key&) = default;
+  /// Copies.
+  Key& operator=(const Key&) = default;
+  /// Copies `other`, which stays valid and unchanged.
+  Key(Key&& other) : Key(static_cast<const Key&>(other)) {}
+  /// Copies `other`, which stays valid and unchanged.
+  Key& operator=(Key&& other) { return *this = static_cast<const Key&>(other); }
+  ~Key() = default;
 
   /// Business scope, e.g. "payment".
   const std::string& scope() const noexcept { return scope_; }

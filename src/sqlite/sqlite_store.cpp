@@ -4,6 +4,7 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -146,13 +147,21 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   if (rc != SQLITE_OK) {
     // open_v2 leaves a handle to report the error with, even on failure.
     std::string msg = conn->db ? sqlite3_errmsg(conn->db) : sqlite3_errstr(rc);
-    // Say when the directory is missing (SQLite says only "unable to open database file").
-    // Still StorageUnavailable: a volume may be mounted later.
+    // Say why when the file system says (SQLite says only "unable to open database file").
+    // A missing directory stays StorageUnavailable (a volume may be mounted later); a path that
+    // is a directory, or a new file in a directory this process may not write, is a
+    // configuration error that no retry mends: StorageError.
     const auto slash = path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       msg += ": its directory '" + dir + "' does not exist";
+    } else if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      throw StorageError("sqlite: cannot open '" + path + "': " + msg + ": it is a directory");
+    } else if (!o.read_only && ::stat(path.c_str(), &st) != 0 && ::access(dir.c_str(), W_OK) != 0) {
+      throw StorageError("sqlite: cannot open '" + path + "': " + msg + ": its directory '" + dir +
+                         "' is not writable by this process (the file, its -wal and -shm "
+                         "are created there)");
     }
     throw StorageUnavailable("sqlite: cannot open '" + path + "': " + msg);
   }
@@ -166,8 +175,20 @@ std::unique_ptr<Connection> open_connection(const std::string& path, const Datab
   if (o.cache_size_kib > 0) {
     pragmas += " PRAGMA cache_size=-" + std::to_string(o.cache_size_kib) + ";";
   }
+  // Switching a new file to WAL takes an exclusive lock for a moment, and SQLite answers
+  // SQLITE_BUSY at once there, without its busy handler: processes opening one new file
+  // together would fail at start. Try again (the pragmas are idempotent) until busy_timeout.
   char* err = nullptr;
-  rc = sqlite3_exec(conn->db, pragmas.c_str(), nullptr, nullptr, &err);
+  const auto deadline = std::chrono::steady_clock::now() + o.busy_timeout;
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    rc = sqlite3_exec(conn->db, pragmas.c_str(), nullptr, nullptr, &err);
+    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() + pause > deadline) break;
+    sqlite3_free(err);
+    err = nullptr;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
   if (rc != SQLITE_OK) {
     std::string msg = err ? err : "";
     sqlite3_free(err);
@@ -397,7 +418,14 @@ class IDEM_LOCAL Database::Impl {
           "idem::sqlite: DatabaseOptions::journal_size_limit must be -1 (no limit) "
           "or a size in bytes");
     }
-    memory_ = path_ == ":memory:" || path_.empty();
+    // SQLite opens "" as a private temporary file, gone at close: an unset setting would lose
+    // every record at a restart without a word.
+    if (path_.empty()) {
+      throw UsageError(
+          "idem::sqlite: the database path is empty (a file path, or \":memory:\" for a "
+          "database that lives only as long as this Database)");
+    }
+    memory_ = path_ == ":memory:";
     writer_ = detail::open_connection(path_, options_);
     if (!memory_) {
       for (std::size_t i = 0; i < options_.pool_size; ++i) {

@@ -298,6 +298,37 @@ TEST(GuardOptions, RejectsNonPositiveDurations) {
   EXPECT_THROW(idem::IdempotencyGuard(fast, o), idem::UsageError);
 }
 
+// Options that would misbehave only at the first call (a negative backoff hung the first
+// retried store failure: its jitter range was empty) are refused when the guard is made.
+TEST(GuardOptions, RejectsNegativeWaitsAndNoAttempts) {
+  idem::MemoryStore fast;
+  auto refused = [&](auto change, const std::string& name) {
+    idem::GuardOptions o;
+    change(o);
+    try {
+      idem::IdempotencyGuard guard(fast, o);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("GuardOptions::" + name)) << e.what();
+    }
+  };
+  refused([](idem::GuardOptions& o) { o.store_retry_backoff = std::chrono::milliseconds(-20); },
+          "store_retry_backoff");
+  refused([](idem::GuardOptions& o) { o.wait_for_result = std::chrono::milliseconds(-1); },
+          "wait_for_result");
+  refused([](idem::GuardOptions& o) { o.fast_store_retry_after = std::chrono::milliseconds(-1); },
+          "fast_store_retry_after");
+  refused([](idem::GuardOptions& o) { o.store_attempts = 0; }, "store_attempts");
+  idem::GuardOptions zero;  // zero waits are valid (no wait, no pause)
+  zero.store_retry_backoff = std::chrono::milliseconds(0);
+  zero.store_attempts = 3;
+  idem::IdempotencyGuard guard(fast, zero);
+  EXPECT_EQ(
+      idem::Outcome::kExecuted,
+      guard.run(idem::Key::make("payment", "zero-backoff"), "fp", [] { return std::string("ok"); })
+          .outcome);
+}
+
 }  // namespace
 
 namespace {

@@ -29,6 +29,21 @@ TEST(Key, ValidKeysKeepTheirBytes) {
   EXPECT_EQ("valid", rule_of("a.b_c:d-e", "!~"));
 }
 
+// A moved-from key is still the key it was: two operations whose keys were moved from must not
+// meet on an empty one (the guard and the stores take every Key as valid).
+TEST(Key, AMovedFromKeyStaysValid) {
+  auto a = idem::Key::make("payment", "order_1_with_a_long_id_past_small_strings");
+  idem::Key moved(std::move(a));
+  EXPECT_EQ("payment|order_1_with_a_long_id_past_small_strings",
+            a.str());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved, a);
+  auto b = idem::Key::make("refund", "r2");
+  moved = std::move(b);
+  EXPECT_EQ("refund|r2", b.str());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ("refund|r2", moved.str());
+  EXPECT_NE(a, b);
+}
+
 TEST(Key, HostileInputIsRejectedNamingTheRule) {
   EXPECT_EQ("scope.empty", rule_of("", "x"));
   EXPECT_EQ("id.empty", rule_of("payment", ""));

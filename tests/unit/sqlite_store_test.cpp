@@ -9,6 +9,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -1131,6 +1132,58 @@ TEST(SqliteStore, UnopenablePathIsUnavailable) {
               std::string(e.what()).find("directory '/nonexistent-dir/x/' does not exist"))
         << e.what();
   }
+}
+
+// An empty path is a UsageError (SQLite would open a private temporary file and every record
+// would be gone at the next start); a path that is a directory is a StorageError no retry
+// mends.
+TEST(SqliteStore, AnEmptyPathOrADirectoryIsRefusedForGood) {
+  EXPECT_THROW(idem::sqlite::SqliteStore(""), idem::UsageError);
+  EXPECT_THROW(idem::sqlite::Database(""), idem::UsageError);
+  idem::test::TempDir dir;
+  std::filesystem::create_directory(dir.file("a-directory"));
+  try {
+    idem::sqlite::SqliteStore store(dir.file("a-directory"));
+    ADD_FAILURE() << "opened a directory";
+  } catch (const idem::StorageError& e) {
+    EXPECT_FALSE(e.retryable()) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("is a directory")) << e.what();
+  }
+}
+
+// Several connections opening one new file at once: the switch to WAL answers SQLITE_BUSY at
+// once (no busy handler there); each open waits its turn within busy_timeout instead of
+// failing ("database is locked" from a constructor). Separate processes meet the same lock.
+TEST(SqliteDatabase, ConnectionsOpeningOneNewFileTogetherAllComeUp) {
+  idem::test::TempDir dir;
+  int failed = 0;
+  std::string first_error;
+  for (int round = 0; round < 30; ++round) {
+    const std::string path = dir.file("new-" + std::to_string(round) + ".sqlite");
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(6);
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        ++ready;
+        while (ready.load() < 6) std::this_thread::yield();
+        try {
+          idem::sqlite::DatabaseOptions o;
+          o.pool_size = 1;
+          idem::sqlite::Database db(path, o);
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (auto& e : errors) {
+      if (e.empty()) continue;
+      ++failed;
+      if (first_error.empty()) first_error = e;
+    }
+  }
+  EXPECT_EQ(0, failed) << first_error;
 }
 
 // A database that cannot be written (here: the connection set read-only, SQLITE_READONLY as a

@@ -252,15 +252,26 @@ class GuardCore {
   /// `has_fast`: the guard has a fast store. `who` names the guard in UsageError messages; the
   /// store names (FastStore::name, the durable store's name()) label StoreErrorEvent.
   /// @throws UsageError when the lease or the retention is not positive or longer than
-  /// kMaxTerm.
+  /// kMaxTerm, when wait_for_result, store_retry_backoff or fast_store_retry_after is negative,
+  /// or when store_attempts is 0.
   GuardCore(bool has_fast, GuardOptions options, std::string_view who,
             std::string_view fast_name = "none", std::string_view durable_name = "none")
       : has_fast_(has_fast),
         options_(std::move(options)),
         fast_name_(fast_name),
         durable_name_(durable_name) {
-    check_term(options_.lease, std::string(who) + ": GuardOptions::lease");
-    check_term(options_.retention, std::string(who) + ": GuardOptions::retention");
+    const std::string w(who);
+    check_term(options_.lease, w + ": GuardOptions::lease");
+    check_term(options_.retention, w + ": GuardOptions::retention");
+    auto not_negative = [&](std::chrono::milliseconds d, const char* name) {
+      if (d.count() < 0) throw UsageError(w + ": GuardOptions::" + name + " is negative");
+    };
+    not_negative(options_.wait_for_result, "wait_for_result");
+    not_negative(options_.store_retry_backoff, "store_retry_backoff");
+    not_negative(options_.fast_store_retry_after, "fast_store_retry_after");
+    if (options_.store_attempts == 0) {
+      throw UsageError(w + ": GuardOptions::store_attempts is 0 (1 means one attempt, no retry)");
+    }
   }
 
   /// The options in force.

@@ -253,7 +253,13 @@ struct DatabaseOptions {
 /// Share one Database between the stores and business code of a process (shared_ptr).
 class IDEM_EXPORT Database {
  public:
-  /// Opens (creates) `path` in WAL mode. @throws idem::StorageUnavailable when it cannot.
+  /// Opens (creates) `path` in WAL mode; ":memory:" is a database that lives as long as this
+  /// object (one connection). Processes opening one new file together wait for each other
+  /// (within busy_timeout) while it is switched to WAL.
+  /// @throws idem::UsageError for an empty path or bad options; idem::StorageError (not
+  ///         retryable) when `path` is a directory, a new file's directory is not writable or
+  ///         the file is read-only; idem::StorageUnavailable when it cannot open for another
+  ///         reason (e.g. its directory does not exist yet).
   explicit Database(std::string path, DatabaseOptions options = {});
   ~Database();
   Database(const Database&) = delete;
