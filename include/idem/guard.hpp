@@ -181,6 +181,8 @@ class IdempotencyGuard {
   ///                    fingerprint and then with "" (or the reverse) is a mismatch, as two
   ///                    payloads are: a client that sometimes sends its payload's fingerprint
   ///                    and sometimes not cannot be told from one that reuses its key.
+  ///                    At most 255 bytes on MySQL (its column; a UsageError there), which
+  ///                    idem::fingerprint's 64 hex characters are far below.
   /// @param handler     `R(Transaction&)` for transactional mode, `R()` for two-phase (or
   ///                    fast-only) mode. R is std::string, void, or a type with an idem::Codec.
   /// @return the outcome and, for executed/replayed, the response.
@@ -188,7 +190,10 @@ class IdempotencyGuard {
   ///         idem::StorageError subclasses when the durable store fails (or the fast store in
   ///         a fast-only guard); idem::LeaseLost when a two-phase or fast-only attempt lost
   ///         its lease before completing; idem::CorruptRecord if a stored response cannot be
-  ///         decoded.
+  ///         decoded; the durable store's refusal when it cannot store the response for good
+  ///         (e.g. larger than MySQL takes: a UsageError): a two-phase record is then marked
+  ///         failed, and later calls on the key throw a non-retryable idem::StorageError
+  ///         instead of running the handler again.
   template <class Fn>
   auto run(const Key& key, std::string_view fingerprint, Fn&& handler) -> GuardResult<
       typename detail::response_type<std::decay_t<Fn>, detail::transaction_t<Durable>>::type> {
@@ -578,7 +583,10 @@ class IdempotencyGuard {
     std::string bytes = Codec<R>::encode(*value);
     auto c0 = call.now();
     // If this throws, the durable record stays in progress (owned by us) until the lease ends,
-    // and the fast claim is kept too, so duplicates answer "in progress" meanwhile.
+    // and the fast claim is kept too, so duplicates answer "in progress" meanwhile. A
+    // completion refused for good (the response is larger than the store takes) would stay so
+    // for every retry after the lease, each running the handler again: the record is marked
+    // failed instead, and later calls get unstored_answer.
     bool completed = false;
     try {
       completed = with_store_retry(call.key(), [&] {
@@ -586,6 +594,8 @@ class IdempotencyGuard {
       });
     } catch (...) {
       durable_failed(call.key());
+      auto error = std::current_exception();
+      if (detail::completion_refused_for_good(error)) mark_unstored(call, error);
       throw;
     }
     call.durable += call.since(c0);
@@ -603,6 +613,14 @@ class IdempotencyGuard {
   // decides what the fast store does, this guard does it (blocking), then answers.
   template <class R>
   GuardResult<R> after_durable(Call<R>& call, ClaimResult& d, std::optional<R> value) {
+    if (detail::is_unstored(d)) {
+      // A record whose first attempt ran but could not store its response: never replayed
+      // (its reason is no response), never run again.
+      release_fast(call);
+      auto error = detail::unstored_answer(call.key(), d);
+      core_.durable_failed(call.key(), std::make_exception_ptr(error));
+      throw error;
+    }
     follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status)), d.response);
     if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));
     return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
@@ -642,6 +660,27 @@ class IdempotencyGuard {
       // The durable store replays from now on; the fast store is refilled by the next duplicate.
       core_.fast_follow_up_failed(call, e);
     }
+  }
+
+  // The completion was refused with `error` for good: the durable record is marked failed
+  // (kept for the retention, unstored_reason) and the fast claim released, so no retry runs
+  // the handler again. If the mark fails too, the record ends with its lease, as before.
+  void mark_unstored(detail::CallState& call, const std::exception_ptr& error) noexcept {
+    try {
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {
+        if (!durable_->fail(call.key(), call.owner(), detail::unstored_reason(e),
+                            call.options.retention)) {
+          return;  // no longer ours: the record is another attempt's
+        }
+      }
+    } catch (...) {
+      core_.durable_failed(call.key(), std::current_exception());
+      return;
+    }
+    release_fast(call);
+    notify_waiters();  // waiters of this process get the record's answer now
   }
 
   void release_fast(detail::CallState& call) noexcept {

@@ -427,6 +427,9 @@ class FlakyDurable {
   using Transaction = idem::sqlite::Transaction;
   explicit FlakyDurable(idem::sqlite::SqliteStore& inner) : inner_(inner) {}
   int fail_begin = 0, fail_complete = 0, fail_transactional = 0, fail_release = 0;
+  // A completion with a longer response is refused for good, as MySQL refuses one over
+  // max_allowed_packet (a UsageError before anything is written).
+  std::size_t max_response = static_cast<std::size_t>(-1);
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
   idem::DurableHint last_hint;     // what the guard passed last
 
@@ -460,6 +463,10 @@ class FlakyDurable {
     if (fail_complete > 0) {
       --fail_complete;
       throw idem::StorageUnavailable("test: connection reset");
+    }
+    if (r.size() > max_response) {
+      throw idem::UsageError("test: a response of " + std::to_string(r.size()) +
+                             " bytes is larger than the store takes");
     }
     return inner_.complete(k, o, r, retention);
   }
@@ -591,6 +598,54 @@ TEST_F(StoreRetryTest, TheReleaseAfterAFailedHandlerIsRetried) {
   EXPECT_EQ(2u, guard.stats().snapshot().store_retries);
   auto r = guard.run(key, "", [] { return std::string("paid"); });
   EXPECT_EQ(Outcome::kExecuted, r.outcome) << "the retry ran at once";
+}
+
+// A two-phase handler ran (its effect happened) but the store refused its response for good
+// (too large): the record is marked failed, so no retry runs the handler again, during the
+// lease or after it; later calls get a non-retryable StorageError that says why. With and
+// without a fast store in front.
+TEST_F(StoreRetryTest, AResponseRefusedForGoodIsNeverRunAgain) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard durable_only{flaky_, retrying(3)};
+  idem::IdempotencyGuard with_fast{fast, flaky_, retrying(3)};
+  flaky_.max_response = 8;
+  int effects = 0;
+  auto charge = [&] {
+    ++effects;  // the external effect (a card charged)
+    return std::string("a response longer than the store takes");
+  };
+  idem::CallOptions short_lease;
+  short_lease.lease = 30ms;
+  for (auto* guard : {&durable_only, &with_fast}) {
+    effects = 0;
+    const Key key = Key::make("payment", guard == &durable_only ? "big-1" : "big-2");
+    EXPECT_THROW(guard->run(key, "fp", short_lease, charge), idem::UsageError);
+    EXPECT_EQ(1, effects);
+    auto record = sqlite_.lookup(key);
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(idem::Record::Status::kFailed, record->status);
+    std::this_thread::sleep_for(60ms);  // past the lease
+    for (int i = 0; i < 3; ++i) {
+      try {
+        (void)guard->run(key, "fp", short_lease, charge);
+        ADD_FAILURE() << "answered";
+      } catch (const idem::UsageError&) {
+        ADD_FAILURE() << "ran again";
+      } catch (const idem::StorageError& e) {
+        EXPECT_FALSE(e.retryable());
+        EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
+        EXPECT_NE(std::string::npos, std::string(e.what()).find("larger than the store takes"))
+            << e.what();
+      }
+    }
+    EXPECT_EQ(1, effects) << "the handler never ran again";
+    // A transactional handler on the key is not run either (it would be rolled back, but its
+    // answer would be a replay of a reason, not a response).
+    EXPECT_THROW(guard->run(key, "fp", [&](idem::sqlite::Transaction&) { return charge(); }),
+                 idem::StorageError);
+    EXPECT_EQ(1, effects);
+  }
+  EXPECT_EQ(0u, durable_only.stats().snapshot().store_retries) << "a refusal is not retried";
 }
 
 TEST_F(StoreRetryTest, WithoutRetriesTheFirstTransientFailureIsThrownTyped) {

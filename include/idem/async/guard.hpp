@@ -716,6 +716,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     phase_ = Phase::kFollowUp;
     if (e) {
       durable_failed(e);
+      // Refused for good (the response is larger than the store takes): mark the record
+      // failed, or every retry after the lease would run the handler again.
+      if (::idem::detail::completion_refused_for_good(e)) return mark_unstored(std::move(e));
       return fail(std::move(e));
     }
     if (!ok) {
@@ -735,8 +738,38 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 
   // --- 4. after the durable decision: the fast store follows, then the answer -----------------
 
+  // The completion was refused with `e` for good: the durable record is marked failed (later
+  // calls get unstored_answer) and the fast claim released; the caller gets `e`. If the mark
+  // fails too, the record ends with its lease, as before.
+  void mark_unstored(std::exception_ptr e) {
+    std::string reason;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      reason = ::idem::detail::unstored_reason(x);
+    } catch (...) {
+      return fail(std::move(e));
+    }
+    g_.durable_->async_fail(
+        key_, call_.owner(), reason, call_.options.retention, strand_,
+        [self = this->shared_from_this(), e](std::exception_ptr fe, bool ok) mutable {
+          if (fe) {
+            self->durable_failed(fe);
+            return self->fail(std::move(e));
+          }
+          if (!ok) return self->fail(std::move(e));  // no longer ours
+          self->release_then_fail(std::move(e), false);
+        });
+  }
+
   void after_durable(ClaimResult d) {
     phase_ = Phase::kFollowUp;
+    if (::idem::detail::is_unstored(d)) {
+      // Its first attempt ran but could not store its response: never replayed, never run again.
+      auto error = std::make_exception_ptr(::idem::detail::unstored_answer(key_, d));
+      durable_failed(error);
+      return release_then_fail(std::move(error), false);
+    }
     const auto a = ::idem::detail::durable_answer(d.status);
     durable_ = std::move(d);
     if (a == ::idem::detail::DurableAnswer::kExecuted && abandoned_) note_recorded();

@@ -179,6 +179,48 @@ constexpr DurableAnswer durable_answer(ClaimStatus s) noexcept {
   return DurableAnswer::kBusy;
 }
 
+/// The reason a record is marked failed with when its first attempt ran (two-phase: the effect
+/// happened) but its response could never be stored (e.g. larger than the store takes): the
+/// rest of the reason says why. Calls on the key then fail (unstored_answer) instead of running
+/// the handler again.
+inline constexpr std::string_view kUnstoredMarker = "idem:unstored:";
+
+/// The reason to mark a record failed with when its completion was refused with `e`.
+inline std::string unstored_reason(const Error& e) {
+  std::string what = e.what();
+  if (what.size() > 400) what.resize(400);
+  return std::string(kUnstoredMarker) + std::string(errc_name(e.code())) + ": " + what;
+}
+
+/// Whether `c` answers a record whose first attempt ran but whose response was not stored.
+inline bool is_unstored(const ClaimResult& c) noexcept {
+  return c.status == ClaimStatus::kDone && c.failed &&
+         std::string_view(c.response).substr(0, kUnstoredMarker.size()) == kUnstoredMarker;
+}
+
+/// The error every later call on such a record gets (non-retryable: a retry would get it too).
+inline StorageError unstored_answer(const Key& key, const ClaimResult& c) {
+  return StorageError("idem: key '" + key.str() +
+                      "': its first attempt ran, but its response could not be stored (" +
+                      c.response.substr(kUnstoredMarker.size()) +
+                      "); the handler is not run again while the record is kept");
+}
+
+/// Whether a completion refused with `e` can never succeed (so the record is marked failed
+/// rather than left to its lease, after which a retry would run the handler again): an idem
+/// error that is not retryable and not a lost lease.
+inline bool completion_refused_for_good(const std::exception_ptr& e) noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const LeaseLost&) {
+    return false;
+  } catch (const Error& x) {
+    return !x.retryable();
+  } catch (...) {
+    return false;
+  }
+}
+
 /// The ClaimResult a durable store's transactional answer stands for (kCommitted: kClaimed).
 /// Consumes `d`'s strings.
 inline ClaimResult claim_of(TransactionalResult& d) {

@@ -2,8 +2,11 @@
 // AsyncGuard's outcome suite on PooledDurable<MysqlStore> (the real server:
 // IDEM_TEST_MYSQL_URI): MySQL alone, and MemoryStore in front of it. The transactions and
 // idem's statements run on the worker pool, never on the loop.
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "async_guard_suite.hpp"
 #include "idem/async/pooled_durable.hpp"
@@ -60,4 +63,36 @@ struct MemoryMysql : MysqlBase {
 namespace idem::test {
 using MysqlEnvs = ::testing::Types<MysqlOnly, MemoryMysql>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Mysql, AsyncGuardSuite, MysqlEnvs);
+
+// A two-phase handler ran (its effect happened) and MySQL refused its response for good
+// (over max_allowed_packet): the record is marked failed, so no retry runs the handler again,
+// during the lease or after it; later calls get a non-retryable StorageError.
+class AsyncMysqlRefusedResponse : public AsyncGuardSuite<MemoryMysql> {};
+
+TEST_F(AsyncMysqlRefusedResponse, IsNeverRunAgain) {
+  idem::async::AsyncGuardOptions o;
+  o.guard.lease = std::chrono::milliseconds(300);
+  auto g = this->guard(o);
+  auto k = this->key();
+  const std::string big(static_cast<std::size_t>(env_->store.max_response_bytes()) + 1, 'x');
+  std::atomic<int> external{0};
+  auto charge = [&] {
+    ++external;
+    return big;
+  };
+  Answer<> first;
+  this->start(*g, k, "fp", charge, first);
+  EXPECT_TRUE(holds<idem::UsageError>(first.wait().error)) << what_of(first.wait().error);
+  auto record = env_->store.lookup(k);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(idem::Record::Status::kFailed, record->status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the lease
+  Answer<> again;
+  this->start(*g, k, "fp", charge, again);
+  const auto& a = again.wait();
+  EXPECT_TRUE(holds<idem::StorageError>(a.error)) << what_of(a.error);
+  EXPECT_FALSE(holds<idem::UsageError>(a.error)) << what_of(a.error);
+  EXPECT_NE(std::string::npos, what_of(a.error).find("could not be stored")) << what_of(a.error);
+  EXPECT_EQ(1, external.load());
+}
 }  // namespace idem::test

@@ -894,6 +894,33 @@ TEST_F(MysqlStoreTest, OversizeResponseIsRefusedBeforeAnythingIsWritten) {
   std::string fits(static_cast<std::size_t>(std::min<std::uint64_t>(max, 3'000'000)), 'y');
   EXPECT_TRUE(store.complete(k2, owner, fits, std::chrono::seconds(60)));
   EXPECT_EQ(fits.size(), store.lookup(k2)->response.size());
+
+  // Through the guard, two-phase: the handler's effect happened before the refusal, so the
+  // record is marked failed and no retry (during the lease or after it) runs it again.
+  auto k3 = key("big3");
+  int external = 0;
+  idem::CallOptions short_lease;
+  short_lease.lease = std::chrono::milliseconds(300);
+  auto charge = [&] {
+    ++external;
+    return big;
+  };
+  EXPECT_THROW((void)guard.run(k3, "", short_lease, charge), idem::UsageError);
+  ASSERT_TRUE(store.lookup(k3).has_value());
+  EXPECT_EQ(idem::Record::Status::kFailed, store.lookup(k3)->status);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  for (int i = 0; i < 2; ++i) {
+    try {
+      (void)guard.run(k3, "", short_lease, charge);
+      ADD_FAILURE() << "answered";
+    } catch (const idem::UsageError& e) {
+      ADD_FAILURE() << "ran again: " << e.what();
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
+    }
+  }
+  EXPECT_EQ(1, external);
 }
 
 // record_batch_in (run_batch, consume_batch) splits a batch into statements a server takes:
