@@ -15,6 +15,8 @@
 #include "idem/guard.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/mysql/sql_driver.hpp"
+#include "idem/mysql/state_machine.hpp"
+#include "idem/state_machine.hpp"
 #include "mysql_test_support.hpp"
 
 namespace {
@@ -133,6 +135,45 @@ TEST_F(MysqlCouponSeed, ConflictOnAnotherUniqueKeyIsATypedError) {
     EXPECT_TRUE(claim.insert(tx, 3, 3, "2026-12-01 10:00:00", "R3").inserted());
   });
   EXPECT_EQ(2, my::raw().scalar("SELECT count(*) FROM " + table_));
+}
+
+// "The same key" is the column's collation on MySQL / MariaDB, as docs/flash-sale.md and
+// docs/state-machine.md say: under utf8mb4_bin (PAD SPACE) a trailing space names the same
+// coupon and the same order; under a _nopad_bin collation it does not.
+TEST(MysqlBusinessSql, PadSpaceCollationDecidesWhatIsAlreadyThere) {
+  IDEM_REQUIRE_MYSQL();
+  idem::mysql::MysqlStore store{my::options()};
+  for (const char* collation : {"utf8mb4_bin", "utf8mb4_nopad_bin"}) {
+    const bool pads = std::string(collation) == "utf8mb4_bin";
+    const std::string coupons = idem::test::unique_name("coupon_pad");
+    const std::string orders = idem::test::unique_name("order_pad");
+    my::raw().query("CREATE TABLE " + coupons +
+                    " (id bigint PRIMARY KEY AUTO_INCREMENT, user_id bigint NOT NULL,"
+                    " code varchar(32) COLLATE " +
+                    collation +
+                    " NOT NULL,"
+                    " UNIQUE KEY uk (user_id, code)) ENGINE=InnoDB");
+    my::raw().query("CREATE TABLE " + orders + " (order_no varchar(32) COLLATE " + collation +
+                    " PRIMARY KEY, status varchar(16) NOT NULL) ENGINE=InnoDB");
+    my::raw().query("INSERT INTO " + orders + " VALUES ('ORD-2', 'WAIT_PAY')");
+    idem::UniqueInsert claim{coupons, {"user_id", "code"}, {}};
+    idem::StateMachine sm{orders, "order_no", "status", {{"WAIT_PAY", "PAID"}}};
+    store.with_transaction([&](idem::mysql::Transaction& tx) {
+      auto first = claim.insert(tx, 1, "C1");
+      EXPECT_TRUE(first.inserted());
+      auto spaced = claim.insert(tx, 1, "C1 ");
+      EXPECT_EQ(pads, !spaced.inserted()) << collation;
+      if (pads) {
+        EXPECT_EQ(first.id, spaced.id);
+      }
+      auto t = sm.transition(tx, "ORD-2 ", "WAIT_PAY", "PAID");
+      EXPECT_EQ(pads ? idem::Transition::kTransitioned : idem::Transition::kNotFound, t.kind)
+          << collation;
+    });
+    EXPECT_EQ(pads ? 1 : 2, my::raw().scalar("SELECT count(*) FROM " + coupons));
+    my::raw().query("DROP TABLE " + coupons);
+    my::raw().query("DROP TABLE " + orders);
+  }
 }
 
 // The MySQL statements: no ON CONFLICT, no RETURNING, a locking read after a duplicate.
