@@ -893,6 +893,19 @@ void SqliteStore::migrate() {
                          ", newer than this idem (" + std::to_string(kSchemaVersion) + ")");
     }
   };
+  // A version row of a layout idem made (2, 3) must match the table: one that does not (a
+  // hand-edited row, a table replaced under it) would have every write stored in a form its
+  // reads then refuse as corrupt, after the first caller was answered.
+  auto check_layout = [&](Session& session, std::int64_t version) {
+    if (version < 2) return;
+    const int seen = layout_of_unversioned(session, t);
+    if (seen != version) {
+      throw StorageError("sqlite: table '" + t + "' has schema version " + std::to_string(version) +
+                         " in idem_schema_version, but its layout is " + "version " +
+                         std::to_string(seen) +
+                         "'s: correct the version row or the table (docs/versioning.md)");
+    }
+  };
   if (!options_.migrate) {
     // Reads only (no write lock, nothing created): the version row, or the table itself.
     sql_->layout = database_->read([&](Session& session) {
@@ -908,6 +921,7 @@ void SqliteStore::migrate() {
                     .value_or(0)
               : 0;
       check_newer(version);
+      check_layout(session, version);
       if (version == 0) {
         if (session
                 .query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
@@ -931,6 +945,7 @@ void SqliteStore::migrate() {
     auto version = tx.query_int64("SELECT version FROM idem_schema_version WHERE name = ?", t)
                        .value_or(0);
     check_newer(version);
+    check_layout(tx, version);
     if (version == 0) {
       const bool exists =
           tx.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",

@@ -400,6 +400,33 @@ TEST(SqliteStore, SchemaOneTablesStayReadableAndCompletable) {
   expect_older_table_purges_by_age(store, fp);
 }
 
+// A version row that does not match its table (here a version-1 table whose row says 3) is
+// refused when the store opens, with or without migrate, instead of every record written
+// after the first answer being read back as corrupt.
+TEST(SqliteStore, AVersionRowThatDoesNotMatchItsTableIsRefused) {
+  idem::test::TempDir dir;
+  const std::string path = dir.file("lying.sqlite");
+  {
+    idem::sqlite::Database db(path);
+    db.write([](idem::sqlite::Transaction& tx) {
+      create_schema_one_table(tx);
+      tx.exec("UPDATE idem_schema_version SET version = 3 WHERE name = 'api_idempotency'");
+    });
+  }
+  for (bool migrate : {true, false}) {
+    idem::sqlite::SqliteStoreOptions o;
+    o.migrate = migrate;
+    try {
+      idem::sqlite::SqliteStore store(path, o);
+      ADD_FAILURE() << "opened (migrate " << migrate << ")";
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("its layout is version 1's"))
+          << e.what();
+    }
+  }
+}
+
 // The steps docs/versioning.md gives to move a version-1 table to version 2, verbatim.
 TEST(SqliteStore, SchemaOneTableMovedToVersionTwoKeepsItsRecords) {
   idem::test::TempDir dir;
