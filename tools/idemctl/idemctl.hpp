@@ -42,11 +42,13 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Parses "7d", "12h", "30m", "45s", "2w" or a sequence of them ("1d12h"). Units: s, m, h, d,
+/// Parses "7d", "12h", "30m", "45s", "2w" or a sequence of them, largest unit first, each
+/// once ("1d12h"; "1d1d" or "30m1h" is refused: a typo, not a duration). Units: s, m, h, d,
 /// w. @throws UsageError naming the problem.
 inline std::chrono::seconds parse_duration(std::string_view text) {
   if (text.empty()) throw UsageError("empty duration (expected e.g. 7d, 12h, 30m)");
   std::chrono::seconds total{0};
+  std::int64_t previous_unit = 0;  // each unit smaller than the one before
   std::size_t i = 0;
   while (i < text.size()) {
     std::size_t start = i;
@@ -81,6 +83,11 @@ inline std::chrono::seconds parse_duration(std::string_view text) {
         throw UsageError("bad duration unit '" + std::string(1, text[i]) + "' in '" +
                          std::string(text) + "' (units: s m h d w)");
     }
+    if (previous_unit != 0 && unit >= previous_unit) {
+      throw UsageError("bad duration '" + std::string(text) +
+                       "' (each unit once, largest first, e.g. 1d12h)");
+    }
+    previous_unit = unit;
     ++i;
     total += std::chrono::seconds(n * unit);
   }

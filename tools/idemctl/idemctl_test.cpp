@@ -78,7 +78,9 @@ TEST(IdemctlDuration, ParsesUnitsAndRejectsTheRest) {
   EXPECT_EQ(std::chrono::seconds(45), parse_duration("45s"));
   EXPECT_EQ(std::chrono::seconds(14 * 86400), parse_duration("2w"));
   EXPECT_EQ(std::chrono::seconds(86400 + 12 * 3600), parse_duration("1d12h"));
-  for (const char* bad : {"", "7", "d", "7x", "-7d", "7 d", "0d", "7d3", "99999999999d"}) {
+  EXPECT_EQ(std::chrono::seconds(7 * 86400 + 86400 + 3600 + 60 + 1), parse_duration("1w1d1h1m1s"));
+  for (const char* bad :
+       {"", "7", "d", "7x", "-7d", "7 d", "0d", "7d3", "99999999999d", "1d1d", "30m1h"}) {
     EXPECT_THROW(parse_duration(bad), idemctl::UsageError) << bad;
   }
 }
