@@ -249,11 +249,15 @@ class IdempotencyGuard {
     if constexpr (kHasDurable) skip_fast = fast_ != nullptr && core_.skip_fast(call);
     if (fast_ != nullptr && !skip_fast) {
       auto t0 = call.now();
+      std::optional<ClaimResult> unstored;  // a record whose response could not be stored
       try {
         ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
         call.fast_claim = call.since(t0);
         if (!core_.fast_claim_answered(call, c)) {
-          return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);
+          if (!detail::is_unstored(c)) {
+            return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);
+          }
+          unstored = std::move(c);  // (written back by a batch): never a response
         }
       } catch (const StorageError& e) {
         call.fast_claim = call.since(t0);
@@ -262,6 +266,11 @@ class IdempotencyGuard {
           throw;
         }
         core_.fast_claim_failed(call, e);
+      }
+      if (unstored) {
+        auto error = detail::unstored_answer(key, *unstored);
+        core_.store_failed(key, StoreRole::kFast, std::make_exception_ptr(error));
+        throw error;
       }
     }
 
@@ -472,6 +481,16 @@ class IdempotencyGuard {
                                           call.options.retention);
     } catch (const Error& e) {
       store_error(call.key(), StoreRole::kFast, e);
+      if (detail::completion_refused_for_good(std::current_exception())) {
+        // The handler ran: mark the record failed so no retry runs it again (as two-phase).
+        try {
+          (void)fast_->fail(call.key(), call.owner(), detail::unstored_reason(e),
+                            call.options.retention);
+        } catch (...) {
+          // The claim ends with its lease, as before.
+        }
+        notify_waiters();
+      }
       throw;
     }
     if (!completed) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <string>
 
 #include "idem/store.hpp"
 
@@ -16,6 +18,9 @@ class SwitchableFastStore final : public FastStore {
   /// extend() answers false (the claim is gone, as after a takeover elsewhere).
   std::atomic<bool> refuse_extend{false};
   std::atomic<int> calls{0};
+  /// complete() and complete_claimed() refuse a longer response for good (a UsageError, as a
+  /// store whose value limit it passes).
+  std::size_t max_response = static_cast<std::size_t>(-1);
 
   ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
                     std::chrono::milliseconds lease) override {
@@ -25,11 +30,13 @@ class SwitchableFastStore final : public FastStore {
   bool complete(const Key& k, const OwnerToken& o, std::string_view r,
                 std::chrono::seconds ret) override {
     hit();
+    refuse_long(r);
     return inner_.complete(k, o, r, ret);
   }
   bool complete_claimed(const Key& k, const OwnerToken& o, const ClaimTicket& t,
                         std::string_view r, std::chrono::seconds ret) override {
     hit();
+    refuse_long(r);
     return inner_.complete_claimed(k, o, t, r, ret);
   }
   bool fail(const Key& k, const OwnerToken& o, std::string_view reason,
@@ -60,6 +67,12 @@ class SwitchableFastStore final : public FastStore {
   void hit() {
     ++calls;
     if (failing.load()) throw StorageUnavailable("test: fast store switched off");
+  }
+  void refuse_long(std::string_view r) const {
+    if (r.size() > max_response) {
+      throw UsageError("test: a response of " + std::to_string(r.size()) +
+                       " bytes is larger than the store takes");
+    }
   }
   FastStore& inner_;
 };

@@ -648,6 +648,47 @@ TEST_F(StoreRetryTest, AResponseRefusedForGoodIsNeverRunAgain) {
   EXPECT_EQ(0u, durable_only.stats().snapshot().store_retries) << "a refusal is not retried";
 }
 
+// The same in a fast-only guard: the fast store refuses the response for good, the record is
+// marked failed there, and every later call (past the lease) gets the StorageError.
+TEST(UnstoredResponse, AFastOnlyGuardNeverRunsItAgainEither) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  fast.max_response = 8;
+  struct Downs final : idem::Observer {
+    std::atomic<int> count{0};
+    void on_fast_store_down(const Key&, const idem::Error&) noexcept override { ++count; }
+  };
+  auto downs = std::make_shared<Downs>();
+  GuardOptions o;
+  o.observer = downs;
+  idem::IdempotencyGuard guard{fast, o};
+  idem::CallOptions short_lease;
+  short_lease.lease = 30ms;
+  int effects = 0;
+  auto charge = [&] {
+    ++effects;
+    return std::string("a response longer than the store takes");
+  };
+  const Key key = Key::make("payment", "fast-big");
+  EXPECT_THROW(guard.run(key, "fp", short_lease, charge), idem::UsageError);
+  ASSERT_TRUE(memory.lookup(key).has_value());
+  EXPECT_EQ(idem::Record::Status::kFailed, memory.lookup(key)->status);
+  std::this_thread::sleep_for(60ms);
+  for (int i = 0; i < 2; ++i) {
+    try {
+      (void)guard.run(key, "fp", short_lease, charge);
+      ADD_FAILURE() << "answered";
+    } catch (const idem::UsageError&) {
+      ADD_FAILURE() << "ran again";
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
+    }
+  }
+  EXPECT_EQ(1, effects);
+  EXPECT_EQ(0, downs->count.load()) << "not a fast-store outage";
+}
+
 TEST_F(StoreRetryTest, WithoutRetriesTheFirstTransientFailureIsThrownTyped) {
   idem::IdempotencyGuard guard{flaky_, retrying(1)};
   flaky_.fail_begin = 1;

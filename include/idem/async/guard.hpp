@@ -429,6 +429,11 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
     if (!granted) {
       if (abandoned_) return finish();
+      if (::idem::detail::is_unstored(c)) {  // written back by a batch: never a response
+        auto error = std::make_exception_ptr(::idem::detail::unstored_answer(key_, c));
+        g_.core_.store_failed(key_, StoreRole::kFast, error);
+        return fail(std::move(error));
+      }
       return answer_duplicate(c, Source::kFastStore, DuplicateSource::kFastStore);
     }
     if (abandoned_) return release_after_cancel();
