@@ -439,11 +439,12 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        " bytes does not fit " + options.table + ".response_body (at most " +
                        std::to_string(max) +
                        " bytes, from the column type and the server's max_allowed_packet);"
-                       " nothing was written");
+                       " the response was not written");
     }
-    throw UsageError("idem::mysql: " + options.table +
-                     ".response_body is a text column and the response is not valid UTF-8;"
-                     " nothing was written (make the column a BLOB type to store any bytes)");
+    throw UsageError(
+        "idem::mysql: " + options.table +
+        ".response_body is a text column and the response is not valid UTF-8;"
+        " the response was not written (make the column a BLOB type to store any bytes)");
   }
 
   // Resolves a COMMIT whose connection was lost: on a fresh connection, a locking read of the
