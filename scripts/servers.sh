@@ -257,7 +257,15 @@ CONF
 # $DIR/tls: ca.pem (the CA tests trust), server.pem/-key.pem (names localhost and 127.0.0.1),
 # client.pem/-key.pem (signed by the CA), other-ca.pem and other-client.pem/-key.pem (a CA
 # nobody trusts, and a client certificate it signed).
+# Made once per directory, under a lock: servers started in parallel (scripts/test.sh starts
+# RabbitMQ beside MariaDB and the TLS servers) would otherwise both make a CA, and one server
+# would present a certificate the ca.pem left on disk did not sign.
 tls_certs() {
+  mkdir -p "$DIR"
+  ( flock 9; tls_certs_locked ) 9>"$DIR/tls.lock"
+}
+
+tls_certs_locked() {
   local t="$DIR/tls"
   [ -s "$t/other-client.pem" ] && return 0
   mkdir -p "$t"; chmod 0755 "$t"

@@ -372,17 +372,20 @@ class IdempotencyGuard {
   // transient failure, up to GuardOptions::store_attempts in all.
   // `handler_threw`: set when the failure came out of the handler (never retried).
   template <class Op>
-  auto with_store_retry(const Key& key, Op&& op, const bool* handler_threw = nullptr)
-      -> decltype(op()) {
+  auto with_store_retry(const Key& key, Op&& op, const bool* handler_threw = nullptr,
+                        StoreRole role = StoreRole::kDurable) -> decltype(op()) {
     for (unsigned attempt = 1;; ++attempt) {
       try {
         return op();
       } catch (const StorageError& e) {
         if (attempt >= core_.options().store_attempts || !e.retryable()) throw;
         if (handler_threw != nullptr && *handler_threw) throw;
-        store_error(key, StoreRole::kDurable, e);
+        store_error(key, role, e);
         core_.counters().store_retries.fetch_add(1, std::memory_order_relaxed);
-        if (auto* o = core_.options().observer.get()) o->on_durable_retry(key, errc_name(e.code()));
+        auto* o = core_.options().observer.get();
+        if (o != nullptr && role == StoreRole::kDurable) {
+          o->on_durable_retry(key, errc_name(e.code()));
+        }
         std::this_thread::sleep_for(
             jittered(core_.options().store_retry_backoff * (1u << std::min(attempt - 1, 3u))));
       }
@@ -475,12 +478,22 @@ class IdempotencyGuard {
       bytes = encoded;
     }
     // In a fast-only guard the fast store is the only record: its failures propagate.
+    // Retried as a durable completion is (store_attempts: owner-checked, so repeating it is
+    // safe); a transient failure past them is OutcomeUnknown: the handler ran.
     bool completed = false;
     try {
-      completed = fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, bytes,
-                                          call.options.retention);
+      completed = with_store_retry(
+          call.key(),
+          [&] {
+            return fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, bytes,
+                                           call.options.retention);
+          },
+          nullptr, StoreRole::kFast);
     } catch (const Error& e) {
       store_error(call.key(), StoreRole::kFast, e);
+      if (e.retryable() && e.code() != errc::kOutcomeUnknown) {
+        std::rethrow_exception(detail::after_the_handler_ran(e));
+      }
       if (detail::completion_refused_for_good(std::current_exception())) {
         // The handler ran: mark the record failed so no retry runs it again (as two-phase).
         try {
@@ -615,7 +628,14 @@ class IdempotencyGuard {
       durable_failed(call.key());
       auto error = std::current_exception();
       if (detail::completion_refused_for_good(error)) mark_unstored(call, error);
-      throw;
+      try {
+        throw;
+      } catch (const Error& e) {
+        if (e.retryable() && e.code() != errc::kOutcomeUnknown) {
+          std::rethrow_exception(detail::after_the_handler_ran(e));
+        }
+        throw;
+      }
     }
     call.durable += call.since(c0);
     if (!completed) {

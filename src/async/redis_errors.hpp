@@ -13,13 +13,16 @@ namespace idem::async::detail {
 
 /// The exception for a command that got no reply. `what` names the call ("claim idem:{...}");
 /// `write` is true for commands whose effect may apply without a reply (complete, release,
-/// fill): a timeout after sending is then OutcomeUnknown.
+/// fill): a timeout, or a connection lost, after sending is then OutcomeUnknown.
 inline std::exception_ptr connection_error(const ConnectionFailure& f, std::string_view what,
                                            bool write) noexcept {
   using redis::detail::Failure;
   try {
     Failure out{Failure::Kind::kContext, what,        f.message,
                 f.hiredis_err,           f.sys_errno, write && f.sent};
+    // The command went out whole before the connection broke: a write's outcome is unknown
+    // (OutcomeUnknown), as the synchronous store says, not "unavailable".
+    out.sent = f.sent;
     if (f.server_down) out.kind = Failure::Kind::kServerDown;
     if (f.server_reply) out.kind = Failure::Kind::kServer;
     redis::detail::throw_error(out);

@@ -21,6 +21,9 @@ class SwitchableFastStore final : public FastStore {
   /// complete() and complete_claimed() refuse a longer response for good (a UsageError, as a
   /// store whose value limit it passes).
   std::size_t max_response = static_cast<std::size_t>(-1);
+  /// The next this many complete() / complete_claimed() calls fail with StorageUnavailable
+  /// (a failover under the completion), without reaching the inner store.
+  std::atomic<int> fail_complete{0};
 
   ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
                     std::chrono::milliseconds lease) override {
@@ -68,7 +71,11 @@ class SwitchableFastStore final : public FastStore {
     ++calls;
     if (failing.load()) throw StorageUnavailable("test: fast store switched off");
   }
-  void refuse_long(std::string_view r) const {
+  void refuse_long(std::string_view r) {
+    if (fail_complete.load() > 0) {
+      --fail_complete;
+      throw StorageUnavailable("test: CLUSTERDOWN under the completion");
+    }
     if (r.size() > max_response) {
       throw UsageError("test: a response of " + std::to_string(r.size()) +
                        " bytes is larger than the store takes");

@@ -648,6 +648,57 @@ TEST_F(StoreRetryTest, AResponseRefusedForGoodIsNeverRunAgain) {
   EXPECT_EQ(0u, durable_only.stats().snapshot().store_retries) << "a refusal is not retried";
 }
 
+// A completion that fails for a moment after the handler ran (a failover under it) is tried
+// again under store_attempts, in a fast-only guard as in a durable one; past them the caller
+// gets OutcomeUnknown (the handler ran), not StorageUnavailable ("nothing happened"), in both.
+TEST(CompletionAfterTheHandler, IsRetriedAndOtherwiseOutcomeUnknown) {
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  GuardOptions o;
+  o.store_attempts = 3;
+  o.store_retry_backoff = 1ms;
+  idem::IdempotencyGuard guard{fast, o};
+  int effects = 0;
+  auto charge = [&] {
+    ++effects;
+    return std::string("charged");
+  };
+  fast.fail_complete = 2;
+  auto r = guard.run(Key::make("payment", "failover-1"), "fp", charge);
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(2u, guard.stats().snapshot().store_retries);
+  EXPECT_EQ(idem::Record::Status::kCompleted,
+            memory.lookup(Key::make("payment", "failover-1"))->status);
+
+  fast.fail_complete = 5;
+  const Key lost = Key::make("payment", "failover-2");
+  try {
+    (void)guard.run(lost, "fp", charge);
+    ADD_FAILURE() << "answered";
+  } catch (const idem::OutcomeUnknown& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("the handler ran")) << e.what();
+  }
+  EXPECT_EQ(2, effects);
+  EXPECT_EQ(idem::Record::Status::kInProgress, memory.lookup(lost)->status);
+  fast.fail_complete = 0;
+  EXPECT_EQ(Outcome::kInProgress, guard.run(lost, "fp", charge).outcome) << "within the lease";
+  EXPECT_EQ(2, effects);
+}
+
+TEST_F(StoreRetryTest, ATwoPhaseCompletionFailingPastItsRetriesIsOutcomeUnknown) {
+  idem::IdempotencyGuard guard{flaky_, retrying(2)};
+  flaky_.fail_complete = 5;
+  int runs = 0;
+  EXPECT_THROW(guard.run(Key::make("payment", "p-lost"), "",
+                         [&] {
+                           ++runs;
+                           return std::string("sent");
+                         }),
+               idem::OutcomeUnknown);
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1u, guard.stats().snapshot().store_retries);
+}
+
 // The same in a fast-only guard: the fast store refuses the response for good, the record is
 // marked failed there, and every later call (past the lease) gets the StorageError.
 TEST(UnstoredResponse, AFastOnlyGuardNeverRunsItAgainEither) {

@@ -705,11 +705,41 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
+  // A completion that failed with a retryable error after the handler ran: OutcomeUnknown
+  // (::idem::detail::after_the_handler_ran), as the synchronous guard says.
+  static std::exception_ptr after_the_handler_ran(std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& x) {
+      if (x.retryable() && x.code() != errc::kOutcomeUnknown) {
+        return ::idem::detail::after_the_handler_ran(x);
+      }
+    } catch (...) {
+    }
+    return e;
+  }
+
   void on_fast_only_complete(std::exception_ptr e, bool ok) {
     phase_ = Phase::kFollowUp;
     if (e) {
       g_.core_.store_failed(key_, StoreRole::kFast, e);
-      return fail(std::move(e));
+      if (::idem::detail::completion_refused_for_good(e)) {
+        // The handler ran: mark the record failed so no retry runs it again (as two-phase).
+        std::string reason;
+        try {
+          std::rethrow_exception(e);
+        } catch (const Error& x) {
+          reason = ::idem::detail::unstored_reason(x);
+        } catch (...) {
+        }
+        g_.fast_->async_fail(
+            key_, call_.owner(), reason, call_.options.retention, strand_,
+            [self = this->shared_from_this(), e](std::exception_ptr, bool) mutable {
+              self->fail(std::move(e));  // the mark's own failure: its lease
+            });
+        return;
+      }
+      return fail(after_the_handler_ran(std::move(e)));
     }
     if (!ok) return fail(std::make_exception_ptr(g_.core_.lease_lost(call_, "fast")));
     note_recorded();
@@ -724,7 +754,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       // Refused for good (the response is larger than the store takes): mark the record
       // failed, or every retry after the lease would run the handler again.
       if (::idem::detail::completion_refused_for_good(e)) return mark_unstored(std::move(e));
-      return fail(std::move(e));
+      return fail(after_the_handler_ran(std::move(e)));
     }
     if (!ok) {
       auto lost = std::make_exception_ptr(g_.core_.lease_lost(call_, "durable"));

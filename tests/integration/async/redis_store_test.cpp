@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 
+#include "../postgres/tcp_proxy.hpp"
 #include "async_guard_suite.hpp"
 #include "blocking_adapters.hpp"
 #include "conformance/fast_store_conformance.hpp"
@@ -75,6 +78,49 @@ TEST_F(AsyncRedisStoreTest, RecordsAreSharedWithTheSynchronousStore) {
   EXPECT_EQ("from sync", r.response);
   EXPECT_EQ(sync.redis_key(k),
             static_cast<AsyncRedisStore&>(async_store.async_store()).redis_key(k));
+}
+
+// A complete whose connection is lost after the command went out (the proxy forwards it, then
+// closes both sides) may have been applied: OutcomeUnknown, as the synchronous store says, not
+// StorageUnavailable (here it was applied: the record is completed).
+TEST_F(AsyncRedisStoreTest, AWriteWhoseAnswerIsLostIsOutcomeUnknown) {
+  const auto colon = url_.rfind(':');
+  ASSERT_NE(std::string::npos, colon) << url_;
+  idem::test::CommitDroppingProxy proxy(std::stoi(url_.substr(colon + 1)));
+  const std::string via = "redis://127.0.0.1:" + std::to_string(proxy.port());
+  idem::redis::RedisStore direct{url_};
+  BlockingFastStore async_store(
+      [&](idem::async::Executor ex) { return std::make_unique<AsyncRedisStore>(ex, via); });
+  // A first complete loads its script (EVALSHA would otherwise answer NOSCRIPT: not applied).
+  auto warm = key("warm");
+  auto warm_owner = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            async_store.claim(warm, "fp", warm_owner, std::chrono::seconds(30)).status);
+  ASSERT_TRUE(async_store.complete(warm, warm_owner, "ok", std::chrono::seconds(60)));
+  auto k = key("lost-answer");
+  auto owner = idem::OwnerToken::generate();
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            async_store.claim(k, "fp", owner, std::chrono::seconds(30)).status);
+  proxy.drop_pattern = "answer-the-client-never-hears";
+  proxy.drop_next_commit = true;
+  try {
+    (void)async_store.complete(k, owner, "answer-the-client-never-hears", std::chrono::seconds(60));
+    ADD_FAILURE() << "answered";
+  } catch (const idem::OutcomeUnknown& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("may have been applied")) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not OutcomeUnknown: " << e.what();
+  }
+  EXPECT_EQ(1, proxy.dropped.load());
+  // The server runs what reached it before the close (at once, or moments later).
+  std::optional<idem::Record> record;
+  for (int i = 0; i < 200; ++i) {
+    record = direct.lookup(k);
+    if (record && record->status == idem::Record::Status::kCompleted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(idem::Record::Status::kCompleted, record->status);
 }
 
 // The records the asynchronous store writes are byte for byte RedisStore's (format 2), the
