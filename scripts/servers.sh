@@ -454,7 +454,7 @@ mysql_wait_down() {
 mysql_stop() {
   local pid; pid="$(mysql_pid)"
   if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
-  if [ -n "$pid" ] || mysql_port_open; then mysql_wait_down "$pid"; fi
+  if [ -n "$pid" ] || mysql_port_open; then mysql_wait_down "$pid" || return 1; fi
   rm -f "$DIR/mysql/mariadb.pid"
 }
 
@@ -604,7 +604,16 @@ print_env() {
 cmd="${1:-}"
 case "$cmd" in
   start) redis_start; pg_start; print_env ;;
-  stop) redis_stop; pg_stop; pg_tls_stop; mysql_stop; rabbitmq_stop; stop_all_redis_in_dir; rm -rf "$DIR" ;;
+  stop)
+    # Every step runs even when one fails (a port held by a server of another tree made
+    # mysql_stop fail, and the cluster and RabbitMQ of this directory were left running); the
+    # directory is kept then, so a later stop can still find what runs from it.
+    failed=0
+    for step in redis_stop pg_stop pg_tls_stop mysql_stop rabbitmq_stop stop_all_redis_in_dir; do
+      "$step" || failed=1
+    done
+    if [ "$failed" -eq 0 ]; then rm -rf "$DIR"; fi
+    exit "$failed" ;;
   cluster) cluster_start; print_env ;;
   mysql) mysql_start; print_env ;;
   sentinel) sentinel_start; print_env ;;
