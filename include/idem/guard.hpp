@@ -706,13 +706,9 @@ class IdempotencyGuard {
   // the handler again. If the mark fails too, the record ends with its lease, as before.
   void mark_unstored(detail::CallState& call, const std::exception_ptr& error) noexcept {
     try {
-      try {
-        std::rethrow_exception(error);
-      } catch (const Error& e) {
-        if (!durable_->fail(call.key(), call.owner(), detail::unstored_reason(e),
-                            call.options.retention)) {
-          return;  // no longer ours: the record is another attempt's
-        }
+      if (!durable_->fail(call.key(), call.owner(), detail::unstored_reason(error),
+                          call.options.retention)) {
+        return;  // no longer ours: the record is another attempt's
       }
     } catch (...) {
       core_.durable_failed(call.key(), std::current_exception());

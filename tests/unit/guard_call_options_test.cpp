@@ -600,6 +600,26 @@ TEST_F(StoreRetryTest, TheReleaseAfterAFailedHandlerIsRetried) {
   EXPECT_EQ(Outcome::kExecuted, r.outcome) << "the retry ran at once";
 }
 
+// Calls `key` `times` times more: each must throw the non-retryable StorageError of a record
+// whose response could not be stored, naming `reason` (never run the handler: a UsageError
+// would say it did).
+template <class Guard, class Fn>
+void expect_unstored_answers(Guard& guard, const Key& key, const idem::CallOptions& options,
+                             Fn& handler, int times, const std::string& reason) {
+  for (int i = 0; i < times; ++i) {
+    try {
+      (void)guard.run(key, "fp", options, handler);
+      ADD_FAILURE() << "answered";
+    } catch (const idem::UsageError&) {
+      ADD_FAILURE() << "ran again";
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
+      EXPECT_NE(std::string::npos, std::string(e.what()).find(reason)) << e.what();
+    }
+  }
+}
+
 // A two-phase handler ran (its effect happened) but the store refused its response for good
 // (too large): the record is marked failed, so no retry runs the handler again, during the
 // lease or after it; later calls get a non-retryable StorageError that says why. With and
@@ -625,19 +645,7 @@ TEST_F(StoreRetryTest, AResponseRefusedForGoodIsNeverRunAgain) {
     ASSERT_TRUE(record.has_value());
     EXPECT_EQ(idem::Record::Status::kFailed, record->status);
     std::this_thread::sleep_for(60ms);  // past the lease
-    for (int i = 0; i < 3; ++i) {
-      try {
-        (void)guard->run(key, "fp", short_lease, charge);
-        ADD_FAILURE() << "answered";
-      } catch (const idem::UsageError&) {
-        ADD_FAILURE() << "ran again";
-      } catch (const idem::StorageError& e) {
-        EXPECT_FALSE(e.retryable());
-        EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
-        EXPECT_NE(std::string::npos, std::string(e.what()).find("larger than the store takes"))
-            << e.what();
-      }
-    }
+    expect_unstored_answers(*guard, key, short_lease, charge, 3, "larger than the store takes");
     EXPECT_EQ(1, effects) << "the handler never ran again";
     // A transactional handler on the key is not run either (it would be rolled back, but its
     // answer would be a replay of a reason, not a response).
@@ -725,17 +733,7 @@ TEST(UnstoredResponse, AFastOnlyGuardNeverRunsItAgainEither) {
   ASSERT_TRUE(memory.lookup(key).has_value());
   EXPECT_EQ(idem::Record::Status::kFailed, memory.lookup(key)->status);
   std::this_thread::sleep_for(60ms);
-  for (int i = 0; i < 2; ++i) {
-    try {
-      (void)guard.run(key, "fp", short_lease, charge);
-      ADD_FAILURE() << "answered";
-    } catch (const idem::UsageError&) {
-      ADD_FAILURE() << "ran again";
-    } catch (const idem::StorageError& e) {
-      EXPECT_FALSE(e.retryable());
-      EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be stored")) << e.what();
-    }
-  }
+  expect_unstored_answers(guard, key, short_lease, charge, 2, "larger than the store takes");
   EXPECT_EQ(1, effects);
   EXPECT_EQ(0, downs->count.load()) << "not a fast-store outage";
 }

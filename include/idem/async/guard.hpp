@@ -725,16 +725,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       g_.core_.store_failed(key_, StoreRole::kFast, e);
       if (::idem::detail::completion_refused_for_good(e)) {
         // The handler ran: mark the record failed so no retry runs it again (as two-phase).
-        std::string reason;
-        try {
-          std::rethrow_exception(e);
-        } catch (const Error& x) {
-          reason = ::idem::detail::unstored_reason(x);
-        } catch (...) {
-        }
         g_.fast_->async_fail(
-            key_, call_.owner(), reason, call_.options.retention, strand_,
-            [self = this->shared_from_this(), e](std::exception_ptr, bool) mutable {
+            key_, call_.owner(), ::idem::detail::unstored_reason(e), call_.options.retention,
+            strand_, [self = this->shared_from_this(), e](std::exception_ptr, bool) mutable {
               self->fail(std::move(e));  // the mark's own failure: its lease
             });
         return;
@@ -777,16 +770,8 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   // calls get unstored_answer) and the fast claim released; the caller gets `e`. If the mark
   // fails too, the record ends with its lease, as before.
   void mark_unstored(std::exception_ptr e) {
-    std::string reason;
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      reason = ::idem::detail::unstored_reason(x);
-    } catch (...) {
-      return fail(std::move(e));
-    }
     g_.durable_->async_fail(
-        key_, call_.owner(), reason, call_.options.retention, strand_,
+        key_, call_.owner(), ::idem::detail::unstored_reason(e), call_.options.retention, strand_,
         [self = this->shared_from_this(), e](std::exception_ptr fe, bool ok) mutable {
           if (fe) {
             self->durable_failed(fe);

@@ -192,6 +192,17 @@ inline std::string unstored_reason(const Error& e) {
   return std::string(kUnstoredMarker) + std::string(errc_name(e.code())) + ": " + what;
 }
 
+/// unstored_reason of `e` when it is an idem::Error; empty otherwise.
+inline std::string unstored_reason(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    return unstored_reason(x);
+  } catch (...) {
+    return {};
+  }
+}
+
 /// Whether `c` answers a record whose first attempt ran but whose response was not stored.
 inline bool is_unstored(const ClaimResult& c) noexcept {
   return c.status == ClaimStatus::kDone && c.failed &&
