@@ -491,10 +491,8 @@ class IdempotencyGuard {
           nullptr, StoreRole::kFast);
     } catch (const Error& e) {
       store_error(call.key(), StoreRole::kFast, e);
-      if (e.retryable() && e.code() != errc::kOutcomeUnknown) {
-        std::rethrow_exception(detail::after_the_handler_ran(e));
-      }
-      if (detail::completion_refused_for_good(std::current_exception())) {
+      auto error = std::current_exception();
+      if (detail::completion_refused_for_good(error)) {
         // The handler ran: mark the record failed so no retry runs it again (as two-phase).
         try {
           (void)fast_->fail(call.key(), call.owner(), detail::unstored_reason(e),
@@ -504,7 +502,7 @@ class IdempotencyGuard {
         }
         notify_waiters();
       }
-      throw;
+      std::rethrow_exception(detail::after_the_handler_ran(error));
     }
     if (!completed) {
       throw core_.lease_lost(call, "fast");
@@ -628,14 +626,7 @@ class IdempotencyGuard {
       durable_failed(call.key());
       auto error = std::current_exception();
       if (detail::completion_refused_for_good(error)) mark_unstored(call, error);
-      try {
-        throw;
-      } catch (const Error& e) {
-        if (e.retryable() && e.code() != errc::kOutcomeUnknown) {
-          std::rethrow_exception(detail::after_the_handler_ran(e));
-        }
-        throw;
-      }
+      std::rethrow_exception(detail::after_the_handler_ran(error));
     }
     call.durable += call.since(c0);
     if (!completed) {

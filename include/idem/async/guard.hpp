@@ -705,20 +705,6 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
-  // A completion that failed with a retryable error after the handler ran: OutcomeUnknown
-  // (::idem::detail::after_the_handler_ran), as the synchronous guard says.
-  static std::exception_ptr after_the_handler_ran(std::exception_ptr e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& x) {
-      if (x.retryable() && x.code() != errc::kOutcomeUnknown) {
-        return ::idem::detail::after_the_handler_ran(x);
-      }
-    } catch (...) {
-    }
-    return e;
-  }
-
   void on_fast_only_complete(std::exception_ptr e, bool ok) {
     phase_ = Phase::kFollowUp;
     if (e) {
@@ -732,7 +718,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
             });
         return;
       }
-      return fail(after_the_handler_ran(std::move(e)));
+      return fail(::idem::detail::after_the_handler_ran(std::move(e)));
     }
     if (!ok) return fail(std::make_exception_ptr(g_.core_.lease_lost(call_, "fast")));
     note_recorded();
@@ -747,7 +733,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       // Refused for good (the response is larger than the store takes): mark the record
       // failed, or every retry after the lease would run the handler again.
       if (::idem::detail::completion_refused_for_good(e)) return mark_unstored(std::move(e));
-      return fail(after_the_handler_ran(std::move(e)));
+      return fail(::idem::detail::after_the_handler_ran(std::move(e)));
     }
     if (!ok) {
       auto lost = std::make_exception_ptr(g_.core_.lease_lost(call_, "durable"));

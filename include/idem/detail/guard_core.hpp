@@ -232,15 +232,23 @@ inline bool completion_refused_for_good(const std::exception_ptr& e) noexcept {
   }
 }
 
-/// What a two-phase or fast-only call throws when its completion failed with the retryable
-/// error `e` (past GuardOptions::store_attempts) after its handler ran: OutcomeUnknown, since
-/// the handler's effect happened while its record stays in progress until the lease ends (a
-/// retry with the same key answers kInProgress until then, and runs the handler again after
-/// it). Callers rethrow an OutcomeUnknown as it is.
-inline std::exception_ptr after_the_handler_ran(const Error& e) {
-  return std::make_exception_ptr(OutcomeUnknown(
-      std::string("idem: the handler ran, but its completion failed (") + e.what() +
-      "): the record stays in progress until its lease ends; retry with the same key"));
+/// What a two-phase or fast-only call throws when its completion failed with `e` after its
+/// handler ran: for a retryable idem error (past GuardOptions::store_attempts) OutcomeUnknown,
+/// since the handler's effect happened while its record stays in progress until the lease ends
+/// (a retry with the same key answers kInProgress until then, and runs the handler again after
+/// it); anything else (an OutcomeUnknown already, a refusal, LeaseLost) `e` as it is.
+inline std::exception_ptr after_the_handler_ran(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    if (x.retryable() && x.code() != errc::kOutcomeUnknown) {
+      return std::make_exception_ptr(OutcomeUnknown(
+          std::string("idem: the handler ran, but its completion failed (") + x.what() +
+          "): the record stays in progress until its lease ends; retry with the same key"));
+    }
+  } catch (...) {
+  }
+  return e;
 }
 
 /// The ClaimResult a durable store's transactional answer stands for (kCommitted: kClaimed).
