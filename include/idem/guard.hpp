@@ -51,6 +51,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -253,6 +254,8 @@ class IdempotencyGuard {
       try {
         ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
         call.fast_claim = call.since(t0);
+        // Claims a stalled fast store applied after their answers were lost: released now.
+        if (core_.has_lost_claims()) core_.release_lost_claims(*fast_);
         if (!core_.fast_claim_answered(call, c)) {
           if (!detail::is_unstored(c)) {
             return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);
@@ -263,6 +266,7 @@ class IdempotencyGuard {
         call.fast_claim = call.since(t0);
         if constexpr (!kHasDurable) {
           core_.fast_burst(key, e);  // a fast-only call fails: not degraded
+          core_.note_lost_claim(key, call.owner(), e, call.options.lease);
           throw;
         }
         core_.fast_claim_failed(call, e);
@@ -651,7 +655,11 @@ class IdempotencyGuard {
       core_.durable_failed(call.key(), std::make_exception_ptr(error));
       throw error;
     }
-    follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status)), d.response);
+    const auto term = d.status == ClaimStatus::kDone
+                          ? detail::fast_term(call.options.retention, d.expires_at)
+                          : call.options.retention;
+    follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status), term),
+              d.response, term);
     if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));
     return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
   }
@@ -671,19 +679,21 @@ class IdempotencyGuard {
   }
 
   // The fast follow-up the core chose (complete, fill, release or nothing).
-  void follow_up(detail::CallState& call, detail::FastNext next, std::string_view response) {
+  // The record is written for `term` (detail::fast_term).
+  void follow_up(detail::CallState& call, detail::FastNext next, std::string_view response,
+                 std::chrono::seconds term) {
     using detail::FastNext;
     if (next == FastNext::kRelease) return release_fast(call);
     try {
       if (next == FastNext::kComplete) {
         next = core_.fast_complete_answered(
-            call, fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, response,
-                                          call.options.retention));
+            call,
+            fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, response, term));
       }
       if (next == FastNext::kFill) {
         // Our fast claim expired and was taken over (or released) while the durable store
         // decided, or the fast store lost the record: the durable answer stands.
-        fast_->fill(call.key(), call.fingerprint(), response, call.options.retention);
+        fast_->fill(call.key(), call.fingerprint(), response, term);
         core_.fast_filled(call);
       }
     } catch (const StorageError& e) {

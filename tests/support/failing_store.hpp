@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
-// A FastStore wrapper that can be switched to fail every call (a Redis outage in a unit test), or
-// to refuse lease extensions.
+// A FastStore wrapper that can be switched to fail every call (a Redis outage in a unit test), to
+// stall (claims applied, their answers lost), or to refuse lease extensions.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "idem/store.hpp"
 
@@ -25,10 +26,30 @@ class SwitchableFastStore final : public FastStore {
   /// (a failover under the completion), without reaching the inner store.
   std::atomic<int> fail_complete{0};
 
+  /// A stalled server (a Redis paused mid-run): a claim is applied but its answer is lost
+  /// (StorageTimeout), as a paused Redis applies the claims it received once it runs again;
+  /// every other call times out without reaching the inner store.
+  std::atomic<bool> stalled{false};
+
   ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
                     std::chrono::milliseconds lease) override {
+    if (stalled.load()) {
+      ++calls;
+      (void)inner_.claim(k, fp, o, lease);
+      throw StorageTimeout("test: claim timed out (the stalled server applies it later)");
+    }
     hit();
     return inner_.claim(k, fp, o, lease);
+  }
+  std::vector<ClaimResult> claim_batch(const std::vector<ClaimRequest>& requests,
+                                       std::chrono::milliseconds lease) override {
+    if (stalled.load()) {
+      ++calls;
+      (void)inner_.claim_batch(requests, lease);
+      throw StorageTimeout("test: claims timed out (the stalled server applies them later)");
+    }
+    hit();
+    return inner_.claim_batch(requests, lease);
   }
   bool complete(const Key& k, const OwnerToken& o, std::string_view r,
                 std::chrono::seconds ret) override {
@@ -70,6 +91,7 @@ class SwitchableFastStore final : public FastStore {
   void hit() {
     ++calls;
     if (failing.load()) throw StorageUnavailable("test: fast store switched off");
+    if (stalled.load()) throw StorageTimeout("test: the stalled server did not answer");
   }
   void refuse_long(std::string_view r) {
     if (fail_complete.load() > 0) {

@@ -455,4 +455,128 @@ TEST_F(GuardBatchTest, ConcurrentOverlappingBatchesRunEachKeyOnce) {
   EXPECT_GT(answered.load(), 0);
 }
 
+// A record the fast store lost is written back from the durable store for what is left of its
+// retention, never for a whole new one (the replaying call's retention is 30 days here), and not
+// at all when its retention is over by the system clock while the durable store, whose clock is
+// behind, still replays it: run() and run_batch() alike.
+TEST(GuardRefill, ARecordWrittenBackKeepsWhatIsLeftOfItsRetention) {
+  using std::chrono::seconds;
+  idem::test::TempDir dir;
+  idem::ManualClock behind(idem::system_now() - std::chrono::minutes(5));
+  idem::sqlite::SqliteStoreOptions late;
+  late.clock = behind.as_clock();
+  SqliteStore on_time(dir.file("refill.sqlite"));
+  SqliteStore slow(std::make_shared<idem::sqlite::Database>(dir.file("refill.sqlite")), late);
+  idem::GuardOptions minute;
+  minute.retention = seconds(60);
+  idem::GuardOptions month;
+  month.retention = std::chrono::hours(24 * 30);
+  const std::string fp = idem::fingerprint("p");
+  auto handler = [](Transaction&) { return std::string("first"); };
+  const std::vector<std::string> ids = {"run", "batch", "over-run", "over-batch"};
+  {
+    idem::MemoryStore fast;
+    idem::IdempotencyGuard guard{fast, on_time, minute};
+    idem::IdempotencyGuard late_guard{fast, slow, minute};
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto& g = i < 2 ? guard : late_guard;  // the last two end 4 minutes ago by the system clock
+      ASSERT_EQ(Outcome::kExecuted, g.run(Key::make("orders", ids[i]), fp, handler).outcome);
+    }
+  }
+  const auto before = idem::system_now();
+  idem::MemoryStore fresh;  // a fast store that lost its records
+  idem::IdempotencyGuard guard{fresh, on_time, month};
+  idem::IdempotencyGuard late_guard{fresh, slow, month};
+  auto kept_until = [&](const std::string& id) {
+    auto r = fresh.lookup(Key::make("orders", id));
+    return r ? std::optional<idem::TimePoint>(r->expires_at) : std::nullopt;
+  };
+
+  auto r = guard.run(Key::make("orders", "run"), fp, handler);
+  ASSERT_EQ(Outcome::kReplayed, r.outcome);
+  EXPECT_EQ(Source::kDurableStore, r.source);
+  ASSERT_TRUE(kept_until("run").has_value());
+  EXPECT_LE(*kept_until("run"), r.expires_at) << "never past the durable record's expiry";
+  EXPECT_GT(*kept_until("run"), before + seconds(30));
+  std::vector<BatchCall> one{BatchCall{Key::make("orders", "batch"), fp}};
+  auto b = guard.run_batch(std::move(one), "done", [](Transaction&, std::size_t) {});
+  ASSERT_EQ(Outcome::kReplayed, b.answers.at(0).outcome);
+  ASSERT_TRUE(kept_until("batch").has_value());
+  EXPECT_LE(*kept_until("batch"), b.answers[0].expires_at);
+  EXPECT_GT(*kept_until("batch"), before + seconds(30));
+
+  // Over by the system clock: replayed by the durable store, not written back, the fast
+  // claim released (the next call asks the durable store again).
+  for (int round = 0; round < 2; ++round) {
+    auto over = late_guard.run(Key::make("orders", "over-run"), fp, handler);
+    EXPECT_EQ(Outcome::kReplayed, over.outcome);
+    EXPECT_EQ(Source::kDurableStore, over.source);
+    EXPECT_FALSE(kept_until("over-run").has_value());
+    std::vector<BatchCall> c{BatchCall{Key::make("orders", "over-batch"), fp}};
+    auto ob = late_guard.run_batch(std::move(c), "done", [](Transaction&, std::size_t) {});
+    EXPECT_EQ(Outcome::kReplayed, ob.answers.at(0).outcome);
+    EXPECT_EQ(Source::kDurableStore, ob.answers[0].source);
+    EXPECT_FALSE(kept_until("over-batch").has_value());
+  }
+}
+
+// A stalled fast store (a paused Redis) applies the claims whose answers timed out once it runs
+// again: records no attempt owns, which answered "in progress" for a whole lease, or "mismatch"
+// to the right payload where the lost claim carried another. The guard releases them
+// (owner-checked) at its first claim the fast store answers: run(), run_batch() and a fast-only
+// guard alike.
+TEST(GuardLostClaims, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswers) {
+  idem::test::TempDir dir;
+  SqliteStore durable(dir.file("lost.sqlite"));
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore fast{memory};
+  idem::IdempotencyGuard guard{static_cast<idem::FastStore&>(fast), durable};
+  const std::string fa = idem::fingerprint("a");
+  const std::string fb = idem::fingerprint("b");
+  auto paid = [](Transaction&) { return std::string("paid"); };
+  const Key a = Key::make("orders", "a");
+  const Key b = Key::make("orders", "b");
+  const Key c = Key::make("orders", "c");
+  ASSERT_EQ(Outcome::kExecuted, guard.run(a, fa, paid).outcome);
+  memory.clear();  // the fast store lost a's record (a restart)
+
+  fast.stalled = true;
+  EXPECT_EQ(Outcome::kFingerprintMismatch, guard.run(a, fb, paid).outcome);  // the durable store
+  EXPECT_EQ(Outcome::kExecuted, guard.run(b, fa, paid).outcome);
+  std::vector<BatchCall> batch{BatchCall{c, fa}};
+  EXPECT_EQ(Outcome::kExecuted,
+            guard.run_batch(std::move(batch), "done", [](Transaction&, std::size_t) {})
+                .answers.at(0)
+                .outcome);
+  ASSERT_TRUE(memory.lookup(b).has_value()) << "the stalled store applied the lost claims";
+  fast.stalled = false;
+
+  // The first claim answered releases them all.
+  EXPECT_EQ(Outcome::kExecuted, guard.run(Key::make("orders", "d"), fa, paid).outcome);
+  auto ra = guard.run(a, fa, paid);
+  EXPECT_EQ(Outcome::kReplayed, ra.outcome) << "not the lost claim's mismatch";
+  EXPECT_EQ("paid", ra.value.value_or(""));
+  auto rb = guard.run(b, fa, paid);
+  EXPECT_EQ(Outcome::kReplayed, rb.outcome) << "not the lost claim's in progress";
+  std::vector<BatchCall> again{BatchCall{c, fa}};
+  auto rc = guard.run_batch(std::move(again), "done", [](Transaction&, std::size_t) {});
+  EXPECT_EQ(Outcome::kReplayed, rc.answers.at(0).outcome);
+
+  // A fast-only guard: the caller heard a timeout, nothing ran; its retry runs at once.
+  idem::MemoryStore alone;
+  idem::test::SwitchableFastStore stalling{alone};
+  idem::IdempotencyGuard fast_only{static_cast<idem::FastStore&>(stalling)};
+  int runs = 0;
+  auto charge = [&] {
+    ++runs;
+    return std::string("charged");
+  };
+  stalling.stalled = true;
+  EXPECT_THROW((void)fast_only.run(a, fa, charge), idem::StorageTimeout);
+  stalling.stalled = false;
+  EXPECT_EQ(Outcome::kExecuted, fast_only.run(b, fa, charge).outcome);
+  EXPECT_EQ(Outcome::kExecuted, fast_only.run(a, fa, charge).outcome);
+  EXPECT_EQ(2, runs);
+}
+
 }  // namespace

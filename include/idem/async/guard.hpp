@@ -403,6 +403,35 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 
   // --- 2. fast claim ------------------------------------------------------------------------
 
+  // Releases, owner-checked, the claims whose answers were lost or whose release failed while
+  // the fast store failed (GuardCore::note_lost_claim), now that it answered a claim. Sent
+  // without waiting for them (this call goes on); one that fails is kept for a later call.
+  void release_lost_claims() {
+    std::vector<::idem::detail::GuardCore::LostClaim> lost;
+    try {
+      lost = g_.core_.take_lost_claims();
+    } catch (...) {
+      return;
+    }
+    for (auto& l : lost) {
+      auto held = std::make_shared<::idem::detail::GuardCore::LostClaim>(std::move(l));
+      try {
+        g_.fast_->async_release(
+            held->key, held->owner, strand_,
+            [self = this->shared_from_this(), held](std::exception_ptr e, bool) mutable {
+              if (!e) return;
+              std::vector<::idem::detail::GuardCore::LostClaim> rest;
+              rest.push_back(std::move(*held));
+              self->g_.core_.keep_lost_claims(std::move(rest));
+            });
+      } catch (...) {
+        std::vector<::idem::detail::GuardCore::LostClaim> rest;
+        rest.push_back(std::move(*held));
+        g_.core_.keep_lost_claims(std::move(rest));
+      }
+    }
+  }
+
   void on_fast_claim(std::exception_ptr e, ClaimResult c) {
     call_.fast_claim = call_.since(t0_);
     if (e) {
@@ -411,6 +440,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       } catch (const StorageError& x) {
         if constexpr (!kHasDurable) {
           g_.core_.fast_burst(key_, x);  // a fast-only call fails: not degraded
+          g_.core_.note_lost_claim(key_, call_.owner(), x, call_.options.lease);
           return fail(e);
         } else {
           g_.core_.fast_claim_failed(call_, x);
@@ -421,6 +451,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
         return fail(e);
       }
     }
+    if (g_.core_.has_lost_claims()) release_lost_claims();
     bool granted = false;
     try {
       granted = g_.core_.fast_claim_answered(call_, c);
@@ -777,9 +808,12 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       return release_then_fail(std::move(error), false);
     }
     const auto a = ::idem::detail::durable_answer(d.status);
+    fast_term_ = d.status == ClaimStatus::kDone
+                     ? ::idem::detail::fast_term(call_.options.retention, d.expires_at)
+                     : call_.options.retention;
     durable_ = std::move(d);
     if (a == ::idem::detail::DurableAnswer::kExecuted && abandoned_) note_recorded();
-    follow_up(g_.core_.durable_answered(call_, a));
+    follow_up(g_.core_.durable_answered(call_, a, fast_term_));
   }
 
   void follow_up(::idem::detail::FastNext next) {
@@ -789,8 +823,8 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       case FastNext::kNothing:
         return deliver_durable();
       case FastNext::kComplete:
-        g_.fast_->async_complete(key_, call_.owner(), durable_->response, call_.options.retention,
-                                 strand_, [self](std::exception_ptr e, bool ok) mutable {
+        g_.fast_->async_complete(key_, call_.owner(), durable_->response, fast_term_, strand_,
+                                 [self](std::exception_ptr e, bool ok) mutable {
                                    if (e) return self->follow_up_failed(e);
                                    FastNext n = FastNext::kNothing;
                                    try {
@@ -802,8 +836,8 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
                                  });
         return;
       case FastNext::kFill:
-        g_.fast_->async_fill(key_, fingerprint_, durable_->response, call_.options.retention,
-                             strand_, [self](std::exception_ptr e, bool) mutable {
+        g_.fast_->async_fill(key_, fingerprint_, durable_->response, fast_term_, strand_,
+                             [self](std::exception_ptr e, bool) mutable {
                                if (e) return self->follow_up_failed(e);
                                try {
                                  self->g_.core_.fast_filled(self->call_);
@@ -998,6 +1032,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   std::optional<R> value_;
   std::string bytes_;
   std::optional<ClaimResult> durable_;
+  std::chrono::seconds fast_term_{0};  // how long the fast store keeps durable_ (fast_term)
 };
 
 }  // namespace idem::async

@@ -206,6 +206,7 @@ class BatchRun {
     }
     try {
       std::vector<ClaimResult> answers = fast_->claim_batch(requests, core_.options().lease);
+      if (core_.has_lost_claims()) core_.release_lost_claims(*fast_);
       fresh_claims_ = true;
       for (std::size_t j = 0; j < index.size(); ++j) {
         const std::size_t i = index[j];
@@ -226,6 +227,10 @@ class BatchRun {
       fresh_claims_ = false;
       degraded_ = true;
       if (!requests.empty()) core_.fast_burst(*requests.front().key, e, requests.size());
+      // Claims the lost round trip may have made are released once the fast store answers.
+      for (const ClaimRequest& r : requests) {
+        core_.note_lost_claim(*r.key, owner_, e, core_.options().lease);
+      }
     }
   }
 
@@ -397,7 +402,8 @@ class BatchRun {
     try {
       fast_->release(calls_[i].key, owner_);
     } catch (...) {
-      // The claim ends with its lease.
+      // Released once the fast store answers again (else it ends with its lease).
+      core_.note_unreleased_claim(calls_[i].key, owner_, core_.options().lease);
     }
   }
 
@@ -408,6 +414,22 @@ class BatchRun {
       (void)fast_->fail(calls_[i].key, owner_, reason, core_.options().retention);
     } catch (const StorageError& e) {
       // A follow-up's failure: the calls were decided (not degraded, as in run()).
+      core_.fast_burst(calls_[i].key, e);
+    } catch (...) {
+    }
+  }
+
+  // A replayed record with less than the batch's retention left, written back for what is left
+  // of it (fast_term; none: the claim is released).
+  void refill_for(std::size_t i, std::string_view response, std::chrono::seconds term) noexcept {
+    if (term.count() <= 0) return release_fast(i);
+    try {
+      if (!fast_->complete_claimed(calls_[i].key, owner_, tickets_[i], response, term)) {
+        // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
+        fast_->fill(calls_[i].key, fingerprints_[i], response, term);
+        core_.count_refill();
+      }
+    } catch (const StorageError& e) {
       core_.fast_burst(calls_[i].key, e);
     } catch (...) {
     }
@@ -428,6 +450,11 @@ class BatchRun {
         // The fast store had lost the record: put the durable answer back.
         if (a.failed) {
           fail_fast(i, a.response);
+          continue;
+        }
+        const auto term = fast_term(retention, a.expires_at);
+        if (term < retention) {
+          refill_for(i, a.response, term);
           continue;
         }
         requests.push_back(CompleteRequest{&calls_[i].key, &owner_, a.response, &tickets_[i]});

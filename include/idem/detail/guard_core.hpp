@@ -32,13 +32,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "idem/clock.hpp"
 #include "idem/codec.hpp"
@@ -177,6 +180,20 @@ constexpr DurableAnswer durable_answer(ClaimStatus s) noexcept {
       return DurableAnswer::kMismatch;
   }
   return DurableAnswer::kBusy;
+}
+
+/// How long the fast store keeps a record the durable store answered with: `retention` (the
+/// call's) for a record this call wrote or whose expiry the durable store did not report; for a
+/// replay whose record ends at `record_expires`, what is left of that (by the system clock,
+/// never more than `retention`), so a record written back to the fast store never outlives the
+/// durable one, nor replays after its own retention. Zero when less than a second is left: the
+/// fast store is not written.
+inline std::chrono::seconds fast_term(std::chrono::seconds retention,
+                                      TimePoint record_expires) noexcept {
+  if (record_expires == TimePoint{}) return retention;
+  const auto left = std::chrono::duration_cast<std::chrono::seconds>(record_expires - system_now());
+  if (left.count() <= 0) return std::chrono::seconds{0};
+  return left < retention ? left : retention;
 }
 
 /// The reason a record is marked failed with when its first attempt ran (two-phase: the effect
@@ -388,6 +405,93 @@ class GuardCore {
   void fast_claim_failed(CallState& c, const Error& e) noexcept {
     count_degraded(c);
     fast_burst(c.key(), e);
+    note_lost_claim(c.key(), c.owner(), e, c.options.lease);
+  }
+
+  /// A claim whose answer was lost (see note_lost_claim): released once the fast store answers.
+  struct LostClaim {
+    Key key;
+    OwnerToken owner;
+    std::int64_t until_ns = 0;  ///< steady clock: the claim has ended by itself after this
+  };
+  /// Most lost claims kept for release; beyond it the oldest are left to end with their lease.
+  static constexpr std::size_t kMaxLostClaims = 1024;
+
+  /// A claim of `owner` on `key` failed with `e` after it may have reached the fast store (a
+  /// timeout, an unknown outcome): a stalled Redis works through its input once it runs again
+  /// and applies it, leaving an in-progress record that no attempt owns until the lease ends
+  /// (duplicates would hear "in progress", or "mismatch" where the lost claim carried another
+  /// payload). Its owner-checked release waits here until the fast store answers again
+  /// (take_lost_claims); a release of a claim that never applied changes nothing.
+  void note_lost_claim(const Key& key, const OwnerToken& owner, const Error& e,
+                       std::chrono::milliseconds lease) noexcept {
+    if (dynamic_cast<const StorageTimeout*>(&e) == nullptr &&
+        dynamic_cast<const OutcomeUnknown*>(&e) == nullptr) {
+      return;  // refused or never sent: nothing can apply later
+    }
+    note_unreleased_claim(key, owner, lease);
+  }
+  /// A claim of `owner` on `key` the fast store granted could not be released or completed
+  /// (it failed): it would answer "in progress" until its lease ends although its call is
+  /// over. Released, owner-checked, once the fast store answers again (take_lost_claims).
+  void note_unreleased_claim(const Key& key, const OwnerToken& owner,
+                             std::chrono::milliseconds lease) noexcept {
+    try {
+      const std::int64_t until =
+          steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(lease).count();
+      std::lock_guard<std::mutex> lock(lost_mutex_);
+      if (lost_claims_.size() >= kMaxLostClaims) lost_claims_.erase(lost_claims_.begin());
+      lost_claims_.push_back(LostClaim{key, owner, until});
+      lost_pending_.store(true, std::memory_order_release);
+    } catch (...) {
+      // Out of memory: the claim ends with its lease, as before.
+    }
+  }
+  /// Whether lost claims wait for their release (one relaxed load: the fast path's only cost).
+  bool has_lost_claims() const noexcept { return lost_pending_.load(std::memory_order_relaxed); }
+  /// The lost claims whose lease has not ended, for the caller to release; none are kept.
+  std::vector<LostClaim> take_lost_claims() {
+    std::vector<LostClaim> out;
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    lost_pending_.store(false, std::memory_order_relaxed);
+    const std::int64_t now = steady_ns();
+    for (auto& l : lost_claims_) {
+      if (l.until_ns > now) out.push_back(std::move(l));
+    }
+    lost_claims_.clear();
+    return out;
+  }
+  /// Releases the lost claims on `fast`, owner-checked, now that it answered a claim (the
+  /// synchronous guard's run() and run_batch()); a failure keeps the rest for a later call.
+  void release_lost_claims(FastStore& fast) noexcept {
+    std::vector<LostClaim> lost;
+    try {
+      lost = take_lost_claims();
+    } catch (...) {
+      return;
+    }
+    for (std::size_t i = 0; i < lost.size(); ++i) {
+      try {
+        (void)fast.release(lost[i].key, lost[i].owner);
+      } catch (...) {
+        lost.erase(lost.begin(), lost.begin() + static_cast<std::ptrdiff_t>(i));
+        keep_lost_claims(std::move(lost));
+        return;
+      }
+    }
+  }
+  /// Puts back lost claims not released (the fast store failed again), after those noted since.
+  void keep_lost_claims(std::vector<LostClaim> rest) noexcept {
+    if (rest.empty()) return;
+    try {
+      std::lock_guard<std::mutex> lock(lost_mutex_);
+      for (auto& l : rest) {
+        if (lost_claims_.size() >= kMaxLostClaims) break;
+        lost_claims_.push_back(std::move(l));
+      }
+      lost_pending_.store(true, std::memory_order_release);
+    } catch (...) {
+    }
   }
   /// Whether the call skips the fast store (GuardOptions::fast_store_retry_after: it failed
   /// less than that long ago). A skipped call goes on degraded, as after a failure. Only for
@@ -400,10 +504,14 @@ class GuardCore {
     return true;
   }
 
-  /// The durable store decided: what the fast store does next.
+  /// The durable store decided: what the fast store does next, writing the record for `term`
+  /// (fast_term; zero: the record's retention is over, nothing is written).
   /// (A duplicate is counted by duplicate(), which answers it.)
-  FastNext durable_answered(const CallState& c, DurableAnswer a) noexcept {
-    if (a == DurableAnswer::kBusy || a == DurableAnswer::kMismatch) return release_next(c);
+  FastNext durable_answered(const CallState& c, DurableAnswer a,
+                            std::chrono::seconds term) noexcept {
+    if (a == DurableAnswer::kBusy || a == DurableAnswer::kMismatch || term.count() <= 0) {
+      return release_next(c);
+    }
     return write_next(c);
   }
   /// The call gives up (busy, mismatch, a failure): release its fast claim, if it holds one.
@@ -433,7 +541,12 @@ class GuardCore {
   /// A fast complete, fill or release failed: the durable store replays from now on and the
   /// next duplicate refills it (a release that failed ends with its lease). A failure of the
   /// burst; the call, decided before, is not degraded (GuardStats::degraded, CallEvent agree).
-  void fast_follow_up_failed(CallState& c, const Error& e) noexcept { fast_burst(c.key(), e); }
+  /// A claim this call holds is released once the fast store answers again
+  /// (note_unreleased_claim), instead of answering "in progress" until its lease ends.
+  void fast_follow_up_failed(CallState& c, const Error& e) noexcept {
+    fast_burst(c.key(), e);
+    if (c.fast_claimed) note_unreleased_claim(c.key(), c.owner(), c.options.lease);
+  }
 
   /// The handler threw `error` (the driver releases the claims).
   void handler_failed(const CallState& c, const std::exception_ptr& error) noexcept {
@@ -676,6 +789,10 @@ class GuardCore {
   std::atomic<std::uint64_t> burst_failures_{0};
   // Until when calls skip the fast store (steady clock, ns; 0: none do).
   std::atomic<std::int64_t> fast_retry_at_{0};
+  // Claims whose answer was lost, waiting for their release (note_lost_claim).
+  std::mutex lost_mutex_;
+  std::vector<LostClaim> lost_claims_;
+  std::atomic<bool> lost_pending_{false};
 };
 
 }  // namespace idem::detail

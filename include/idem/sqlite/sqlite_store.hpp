@@ -68,6 +68,9 @@ struct SqliteStoreOptions {
   /// Column holding Key::scope().
   std::string scope_column = "biz_type";
   /// Time source for lease_until, created_at and expires_at (empty means the system clock).
+  /// Leases and retention are judged by it too: every process sharing the file must read the
+  /// same clock (one host's system clock); a step of that clock shortens or lengthens every
+  /// live lease and retention by the step (docs/design.md, "Whose clock decides").
   Clock clock;
   /// Options of the Database a path-constructed store opens.
   DatabaseOptions database;

@@ -15,6 +15,7 @@
 #include "idem/async/pooled_durable.hpp"
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "support/failing_store.hpp"
 
 namespace {
 
@@ -102,6 +103,96 @@ std::pair<std::exception_ptr, idem::GuardResult<std::string>> run_to_end(
   io.restart();
   io.run();
   return out;
+}
+
+// A record the fast store lost is written back for what is left of its retention (the
+// replaying call asks for 30 days), and not at all once that is over by the system clock while
+// the durable store, whose clock is behind, still replays it (as IdempotencyGuard does).
+TEST(AsyncGuardRefillTest, ARecordWrittenBackKeepsWhatIsLeftOfItsRetention) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  idem::ManualClock behind(idem::system_now() - std::chrono::minutes(5));
+  idem::sqlite::SqliteStoreOptions late;
+  late.clock = behind.as_clock();
+  SqliteStore on_time{dir.file("refill.db")};
+  SqliteStore slow{std::make_shared<idem::sqlite::Database>(dir.file("refill.db")), late};
+  idem::async::WorkerPool pool{{2, 16}};
+  PooledDurable<SqliteStore> durable{on_time, pool};
+  PooledDurable<SqliteStore> late_durable{slow, pool};
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast{memory};
+  using Guard = idem::async::AsyncGuard<PooledDurable<SqliteStore>>;
+  idem::async::AsyncGuardOptions minute;
+  minute.guard.retention = std::chrono::seconds(60);
+  idem::async::AsyncGuardOptions month;
+  month.guard.retention = std::chrono::hours(24 * 30);
+  Guard writer{io.get_executor(), fast, durable, minute};
+  Guard late_writer{io.get_executor(), fast, late_durable, minute};
+  Guard guard{io.get_executor(), fast, durable, month};
+  Guard late_guard{io.get_executor(), fast, late_durable, month};
+  auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
+  auto call = [&](Guard& g, const idem::Key& k) {
+    std::pair<std::exception_ptr, idem::GuardResult<std::string>> out;
+    g.async_run(k, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
+      out.first = e;
+      out.second = std::move(r);
+    });
+    io.restart();
+    io.run();
+    if (out.first) std::rethrow_exception(out.first);
+    return out.second;
+  };
+  const auto k = idem::Key::make("pay", "refill");
+  const auto over = idem::Key::make("pay", "refill-over");
+  ASSERT_EQ(idem::Outcome::kExecuted, call(writer, k).outcome);
+  ASSERT_EQ(idem::Outcome::kExecuted, call(late_writer, over).outcome);
+  memory.clear();  // the fast store lost its records
+
+  const auto before = idem::system_now();
+  auto r = call(guard, k);
+  ASSERT_EQ(idem::Outcome::kReplayed, r.outcome);
+  EXPECT_EQ(idem::Source::kDurableStore, r.source);
+  auto kept = memory.lookup(k);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_LE(kept->expires_at, r.expires_at) << "never past the durable record's expiry";
+  EXPECT_GT(kept->expires_at, before + std::chrono::seconds(30));
+
+  for (int round = 0; round < 2; ++round) {
+    auto o = call(late_guard, over);
+    EXPECT_EQ(idem::Outcome::kReplayed, o.outcome);
+    EXPECT_EQ(idem::Source::kDurableStore, o.source);
+    EXPECT_FALSE(memory.lookup(over).has_value());
+  }
+}
+
+// A stalled fast store applies the claims whose answers timed out once it runs again; the
+// guard releases them (owner-checked) at its first claim the store answers, so a completed
+// key replays instead of answering "in progress" for a lease (as IdempotencyGuard does).
+TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswers) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  SqliteStore sqlite{dir.file("lost.db")};
+  idem::async::WorkerPool pool{{2, 16}};
+  PooledDurable<SqliteStore> durable{sqlite, pool};
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore stalling{memory};
+  idem::async::InlineFastStore fast{stalling};
+  idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
+  auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
+  const auto b = idem::Key::make("pay", "lost-b");
+  stalling.stalled = true;
+  auto [e1, first] = run_to_end(io, guard, b, handler);
+  ASSERT_FALSE(e1);
+  EXPECT_EQ(idem::Outcome::kExecuted, first.outcome);  // the durable store alone
+  ASSERT_TRUE(memory.lookup(b).has_value()) << "the stalled store applied the lost claim";
+  stalling.stalled = false;
+  auto [e2, other] = run_to_end(io, guard, idem::Key::make("pay", "lost-c"), handler);
+  ASSERT_FALSE(e2);
+  EXPECT_EQ(idem::Outcome::kExecuted, other.outcome);
+  auto [e3, again] = run_to_end(io, guard, b, handler);
+  ASSERT_FALSE(e3);
+  EXPECT_EQ(idem::Outcome::kReplayed, again.outcome) << "not the lost claim's in progress";
+  EXPECT_EQ("paid", again.value.value_or(""));
 }
 
 // A worker pool with no room refuses the call's transaction: the caller gets WorkerPoolFull
