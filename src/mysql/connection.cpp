@@ -277,10 +277,20 @@ Connection::Connection(const ConnectSettings& settings)
                          o.unix_socket.empty() ? nullptr : o.unix_socket.c_str(), 0) == nullptr) {
     fail_conn("connect to " + o.host + ":" + std::to_string(o.port), started);
   }
-  // How a lock wait timeout ends: the statement only (the default) or the whole transaction.
+  // How a lock wait timeout ends: the statement only (the default) or the whole transaction;
+  // whether the session starts in autocommit mode (a server's `autocommit = 0` or an
+  // init_connect that sets it would otherwise leave every "autocommit" write of the pool
+  // uncommitted, seen by no other connection); the largest packet this session accepts.
   Rows rows;
-  execute("SELECT @@innodb_rollback_on_timeout", nullptr, 0, &rows, "connect");
-  rollback_on_timeout_ = !rows.empty() && !rows[0][0].is_null() && rows[0][0].as_int64() != 0;
+  execute("SELECT @@innodb_rollback_on_timeout, @@autocommit, @@max_allowed_packet", nullptr, 0,
+          &rows, "connect");
+  auto int_at = [&](std::size_t i, long long otherwise) {
+    return rows.empty() || rows[0].size() <= i || rows[0][i].is_null() ? otherwise
+                                                                       : rows[0][i].as_int64();
+  };
+  rollback_on_timeout_ = int_at(0, 0) != 0;
+  autocommit_ = int_at(1, 1) != 0;
+  max_allowed_packet_ = static_cast<std::uint64_t>(std::max(0LL, int_at(2, 0)));
 }
 
 Connection::~Connection() {

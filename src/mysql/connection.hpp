@@ -93,6 +93,10 @@ class Connection {
   /// Whether the server rolls back the whole transaction on a lock wait timeout
   /// (innodb_rollback_on_timeout), read once at connect.
   bool rollback_on_timeout() const noexcept { return rollback_on_timeout_; }
+  /// The session's max_allowed_packet, read at connect: the server copies it from the global
+  /// value when the session starts and a session cannot change it, so it holds for this
+  /// connection's life (a lowered global reaches new connections only). 0 if unknown.
+  std::uint64_t max_allowed_packet() const noexcept { return max_allowed_packet_; }
 
   /// Most statements cached per connection.
   static constexpr std::size_t kMaxStatements = 256;
@@ -122,6 +126,7 @@ class Connection {
   bool ended_ = false;
   unsigned ended_number_ = 0;  // 0: implicit commit; else the error that rolled it back
   bool rollback_on_timeout_ = false;
+  std::uint64_t max_allowed_packet_ = 0;
   std::uint64_t last_insert_id_ = 0;
   std::chrono::seconds read_timeout_{0};
 };

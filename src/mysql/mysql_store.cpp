@@ -174,9 +174,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
   std::mutex column_mutex;
   std::atomic<bool> column_known{false};
   std::atomic<bool> column_binary{true};
-  std::atomic<std::uint64_t> column_max{0};
-  // The server's max_allowed_packet less kPacketHeadroom (0 until read, with column_max).
-  std::atomic<std::uint64_t> packet_max{0};
+  // The response column's octets (its type's limit; 0 until read).
+  std::atomic<std::uint64_t> column_octets{0};
   // The completion by the row's id, when the table's primary key is one AUTO_INCREMENT
   // column (empty otherwise). Written once, under column_mutex, before by_id_known is set
   // (idem's migration never changes a primary key); read only once by_id_known is.
@@ -374,8 +373,8 @@ struct IDEM_LOCAL MysqlStore::Impl {
     (void)check_not_newer(c, "read the table definition");
     Rows rows;
     exec(c,
-         "SELECT DATA_TYPE, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH,"
-         " @@max_allowed_packet FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+         "SELECT DATA_TYPE, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH"
+         " FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
          " AND TABLE_NAME = ?1 AND COLUMN_NAME = 'response_body'",
          "read the table definition", &rows, options.table);
     if (rows.empty()) {
@@ -384,7 +383,6 @@ struct IDEM_LOCAL MysqlStore::Impl {
     }
     const std::string type = rows[0][0].bytes();
     const std::string charset = rows[0][1].bytes();
-    const std::uint64_t packet = static_cast<std::uint64_t>(rows[0][3].as_int64());
     std::uint64_t octets =
         rows[0][2].is_null() ? 0 : static_cast<std::uint64_t>(rows[0][2].as_int64());
     const bool binary = is_binary_type(type) || charset == "binary";
@@ -416,24 +414,35 @@ struct IDEM_LOCAL MysqlStore::Impl {
         complete_by_id = complete.substr(0, complete.find(" WHERE ")) + " WHERE " + quoted +
                          " = ?6 AND owner = ?3 AND status = 'in_progress'";
       }
-      packet_max.store(packet > kPacketHeadroom ? packet - kPacketHeadroom : 0);
-      column_max.store(std::min(octets, packet_max.load()));
+      column_octets.store(octets);
       by_id_known.store(true);
     }
     column_known.store(true);
   }
 
+  // The bytes of a statement's values `c` may send: its session's max_allowed_packet (read at
+  // connect: a global lowered since reaches new connections, which read it again) less
+  // kPacketHeadroom. Beyond it the server drops the connection, which reads as a lost server.
+  static std::uint64_t packet_limit(const detail::Connection& c) {
+    const std::uint64_t packet = c.max_allowed_packet();
+    return packet > kPacketHeadroom ? packet - kPacketHeadroom : 0;
+  }
+  // The longest response `c` can store: the column's type and the session's packet.
+  std::uint64_t response_max(detail::Connection& c) {
+    if (!column_known) load_column(c);
+    return std::min(column_octets.load(), packet_limit(c));
+  }
+
   // Whether the response column holds `response` exactly (check_response would accept it).
   bool fits_response(detail::Connection& c, std::string_view response) {
-    if (!column_known) load_column(c);
-    return response.size() <= column_max.load() &&
+    return response.size() <= response_max(c) &&
            (column_binary || idem::detail::valid_utf8(response));
   }
 
   // Refuses what the response column cannot hold exactly, before anything is written.
   void check_response(detail::Connection& c, std::string_view response) {
     if (fits_response(c, response)) return;
-    const std::uint64_t max = column_max.load();
+    const std::uint64_t max = response_max(c);
     if (response.size() > max) {
       throw UsageError("idem::mysql: a response of " + std::to_string(response.size()) +
                        " bytes does not fit " + options.table + ".response_body (at most " +
@@ -552,10 +561,7 @@ MysqlStoreStats MysqlStore::stats() const noexcept {
 std::size_t MysqlStore::open_connections() const { return impl_->pool->open_connections(); }
 
 std::uint64_t MysqlStore::max_response_bytes() {
-  if (!impl_->column_known) {
-    impl_->autocommit(true, [&](detail::Connection& c) { impl_->load_column(c); });
-  }
-  return impl_->column_max;
+  return impl_->autocommit(true, [&](detail::Connection& c) { return impl_->response_max(c); });
 }
 
 void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn) {
@@ -888,7 +894,7 @@ std::optional<std::vector<bool>> MysqlStore::record_batch_in(
                                                  r.fingerprint.size() + r.owner->str().size());
   }
   const std::uint64_t row_bytes = response.size() + widest + kBatchRowOverhead;
-  const std::uint64_t packet = impl_->packet_max.load();
+  const std::uint64_t packet = Impl::packet_limit(c);
   const std::size_t per_statement = packet == 0
                                         ? kBatchRowsPerStatement
                                         : static_cast<std::size_t>(std::clamp<std::uint64_t>(

@@ -306,7 +306,9 @@ class IDEM_EXPORT MysqlStore {
   std::size_t open_connections() const;
   /// The largest response (in bytes) the response column and the server's
   /// max_allowed_packet accept; larger ones are refused with idem::UsageError before anything
-  /// is written. Reads the table's definition on first use.
+  /// is written. Reads the table's definition on first use; the packet limit is each
+  /// connection's own (read when it connects: a global max_allowed_packet lowered later holds
+  /// for the connections opened after it, and this answers for one of the pool's).
   std::uint64_t max_response_bytes();
 
  private:

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // MariaDB killed (kill -9, InnoDB crash recovery on restart) under guarded payments, and at
-// COMMIT; a server whose time zone is not UTC; a server out of prepared statements. Runs alone
+// COMMIT; a server whose time zone is not UTC; a server out of prepared statements; sessions
+// that start without autocommit; a max_allowed_packet lowered under a running store. Runs alone
 // (RUN_SERIAL): it kills the shared server and changes global settings.
 #include <gtest/gtest.h>
 
@@ -229,6 +230,133 @@ TEST(MysqlRestart, AServerOutOfPreparedStatementsIsSurvivedOrRetryable) {
     EXPECT_TRUE(e.retryable());
     EXPECT_NE(std::string::npos, std::string(e.what()).find("max_prepared_stmt_count")) << e.what();
   }
+}
+
+// A server whose sessions start with autocommit off (`SET GLOBAL autocommit = 0`, or an
+// init_connect that sets it, as some payment DBAs configure): the store's single-statement
+// writes still commit. Before, the pool took such connections for autocommit ones, so a
+// two-phase claim and its completion stayed uncommitted on their connection: another store saw
+// no record, and every call ran the handler again.
+TEST(MysqlRestart, SessionsStartingWithoutAutocommitStillCommitEveryWrite) {
+  IDEM_REQUIRE_MYSQL();
+  (void)my::Database::name();
+  my::RawConnection admin(my::connection());
+  admin.query("SET GLOBAL autocommit = 0");
+  struct Restore {
+    ~Restore() {
+      try {
+        my::RawConnection(my::connection()).query("SET GLOBAL autocommit = 1");
+      } catch (...) {
+      }
+    }
+  } restore;
+  ASSERT_EQ(0, my::RawConnection(my::connection()).scalar("SELECT @@session.autocommit"))
+      << "new sessions start with autocommit off";
+  MysqlStore a(my::options());
+  MysqlStore b(my::options());
+  EXPECT_EQ(1, a.with_session([](idem::mysql::Session& s) {
+    return s.query_int64("SELECT @@session.autocommit").value_or(-1);
+  })) << "a session lent for single statements commits each";
+  idem::IdempotencyGuard first{a};
+  idem::IdempotencyGuard second{b};
+  auto key = idem::Key::make("payment", idem::test::unique_name("ac0"));
+  int charges = 0;
+  auto charge = [&] {
+    ++charges;  // an external call: two-phase
+    return std::string("charged");
+  };
+  EXPECT_EQ(Outcome::kExecuted, first.run(key, "fp", charge).outcome);
+  auto again = second.run(key, "fp", charge);
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("charged", again.value.value_or(""));
+  EXPECT_EQ(Outcome::kReplayed, first.run(key, "fp", charge).outcome);
+  EXPECT_EQ(1, charges);
+  // A claim is seen at once by another store (its pool, its connections).
+  auto held = idem::Key::make("payment", idem::test::unique_name("ac0_held"));
+  ASSERT_EQ(idem::ClaimStatus::kClaimed,
+            a.begin(held, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+  auto seen = b.lookup(held);
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, seen->status);
+  EXPECT_EQ(idem::ClaimStatus::kBusy,
+            b.begin(held, "fp", idem::OwnerToken::generate(), std::chrono::seconds(30)).status);
+}
+
+// A global max_allowed_packet lowered while a store runs reaches the store's new connections
+// (the session value is read at each connect): a response over the new limit is refused before
+// anything is written (transactional) or marks the record unstored after the handler's one run
+// (two-phase), as the documented limit does. Before, the limit was read once per store: the
+// response went to the server, which dropped the connection, and every retry (a retryable
+// "server has gone away") ran the handler again.
+TEST(MysqlRestart, AMaxAllowedPacketLoweredReachesTheStoresNewConnections) {
+  IDEM_REQUIRE_MYSQL();
+  (void)my::Database::name();
+  my::RawConnection admin(my::connection());
+  const long before = admin.scalar("SELECT @@GLOBAL.max_allowed_packet");
+  struct Restore {
+    long value;
+    ~Restore() {
+      try {
+        my::RawConnection(my::connection())
+            .query("SET GLOBAL max_allowed_packet = " + std::to_string(value));
+      } catch (...) {
+      }
+    }
+  } restore{before};
+  auto o = my::options();
+  o.pool_size = 1;
+  MysqlStore store(o);
+  const std::uint64_t was = store.max_response_bytes();
+  constexpr long kLowered = 4L * 1024 * 1024;
+  ASSERT_GT(was, static_cast<std::uint64_t>(kLowered));
+  admin.query("SET GLOBAL max_allowed_packet = " + std::to_string(kLowered));
+  // The store's connection ends (a restart, a failover, wait_timeout): its next one reads the
+  // lowered value.
+  const long id = static_cast<long>(store.with_session(
+      [](idem::mysql::Session& s) { return s.query_int64("SELECT CONNECTION_ID()").value_or(0); }));
+  ASSERT_GT(id, 0);
+  admin.query("KILL CONNECTION " + std::to_string(id));
+  // The next statement finds the connection gone (an idempotent read tries again on a new one).
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    try {
+      (void)store.lookup(idem::Key::make("payment", "any"));
+      break;
+    } catch (const idem::StorageUnavailable&) {
+    }
+  }
+  const std::uint64_t now_max = store.max_response_bytes();
+  EXPECT_LE(now_max, static_cast<std::uint64_t>(kLowered));
+  EXPECT_GT(now_max, static_cast<std::uint64_t>(kLowered) / 2);
+
+  const std::string large(static_cast<std::size_t>(kLowered) + 1024 * 1024, 'r');
+  idem::IdempotencyGuard guard{store};
+  auto tx_key = idem::Key::make("payment", idem::test::unique_name("packet_tx"));
+  int tx_runs = 0;
+  EXPECT_THROW((void)guard.run(tx_key, "fp",
+                               [&](Transaction& tx) {
+                                 ++tx_runs;
+                                 my::insert_effect(tx, tx_key.id());
+                                 return large;
+                               }),
+               idem::UsageError);
+  EXPECT_EQ(0, effects(tx_key.id()));
+  auto two_key = idem::Key::make("payment", idem::test::unique_name("packet_2p"));
+  int charges = 0;
+  auto charge = [&] {
+    ++charges;
+    return large;
+  };
+  for (int call = 0; call < 3; ++call) {
+    try {
+      (void)guard.run(two_key, "fp", charge);
+      ADD_FAILURE() << "a response over max_allowed_packet was stored";
+    } catch (const idem::StorageError& e) {
+      EXPECT_FALSE(e.retryable()) << e.what();
+    } catch (const idem::UsageError&) {
+      EXPECT_EQ(0, call) << "only the first call, whose handler ran, hears the limit";
+    }
+  }
+  EXPECT_EQ(1, charges) << "the handler ran again after its response was refused";
 }
 
 }  // namespace
