@@ -626,6 +626,7 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
   for (;;) {
     bool handler_ran = false;
     bool handler_threw = false;
+    std::chrono::milliseconds handler_time{0};
     std::optional<PooledConnection> conn;
     try {
       conn.emplace(pool_->acquire());
@@ -663,12 +664,15 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       }
       handler_ran = true;
       std::string response;
+      const auto handler_started = std::chrono::steady_clock::now();
       try {
         response = handler(tx);
       } catch (...) {
         handler_threw = true;
         throw;
       }
+      handler_time = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - handler_started);
       // We inserted or took over the row in this transaction and hold its lock: nobody can
       // have taken it over. A completion that finds no row held by this attempt, or a statement
       // or COMMIT that libpqxx refuses to send, means the transaction itself is aborted: a
@@ -733,6 +737,16 @@ TransactionalResult PostgresStore::run_transactional_impl(const Key& key,
       if (!handler_ran && !reconnected) {
         reconnected = true;
         continue;
+      }
+      if (handler_ran) {
+        // The server may have ended the session over the handler's time (a FATAL that libpqxx
+        // reports only as a connection that is gone): say what the transaction was doing.
+        detail::rethrow_translated(
+            "transaction (the connection ended after the handler had kept the transaction open "
+            "for " +
+            std::to_string(handler_time.count()) +
+            " ms: a server restart, a network failure, or a server limit on an idle "
+            "transaction such as idle_in_transaction_session_timeout; nothing was committed)");
       }
       detail::rethrow_translated("transaction");
     } catch (const std::exception& e) {

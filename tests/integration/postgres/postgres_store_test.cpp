@@ -1028,6 +1028,45 @@ TEST_F(PostgresStoreTest, StatementTimeoutIsAStorageTimeout) {
                idem::StorageTimeout);
 }
 
+// A server that ends a session whose transaction stayed idle too long
+// (idle_in_transaction_session_timeout) while the handler works outside SQL: nothing commits,
+// the error is retryable and says what the transaction was doing (libpqxx reports only a
+// connection that is gone), and a quicker retry runs once.
+TEST_F(PostgresStoreTest, ASessionEndedUnderASlowHandlerSaysSo) {
+  auto o = pg::options();
+  o.migrate = false;
+  o.conninfo += " options='-c idle_in_transaction_session_timeout=200'";
+  PostgresStore store(o);
+  auto key = unique_key();
+  int runs = 0;
+  auto slow = [&](pqxx::work& tx) {
+    ++runs;
+    pg::insert_effect(tx, key.id());
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    return std::string("r");
+  };
+  try {
+    (void)store.run_transactional(key, "fp", OwnerToken::generate(), std::chrono::seconds(60),
+                                  slow);
+    ADD_FAILURE() << "committed past idle_in_transaction_session_timeout";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_TRUE(e.retryable());
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("idle_in_transaction_session_timeout"))
+        << e.what();
+  }
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", key.id()));
+  EXPECT_FALSE(store.lookup(key).has_value());
+  auto quick = store.run_transactional(key, "fp", OwnerToken::generate(), std::chrono::seconds(60),
+                                       [&](pqxx::work& tx) {
+                                         ++runs;
+                                         pg::insert_effect(tx, key.id());
+                                         return std::string("r");
+                                       });
+  EXPECT_EQ(idem::TransactionalStatus::kCommitted, quick.status);
+  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
+}
+
 // An adopted table without idem's CHECK on status: a status idem did not write is CorruptRecord
 // for every reader (never a busy key, never a takeover).
 TEST_F(PostgresStoreTest, ForeignStatusInAnAdoptedTableIsACorruptRecord) {
