@@ -87,14 +87,16 @@ inline LogSink silent_sink() { return {}; }
 inline std::string format_time(TimePoint t) {
   long long ms = to_millis(t);
   if (ms == 0) return "unknown";
-  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  // Whole seconds rounded down, so times before 1970 keep a positive millisecond part.
+  const long long rem = ((ms % 1000) + 1000) % 1000;
+  std::time_t secs = static_cast<std::time_t>((ms - rem) / 1000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char buf[40];
   std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
   std::string out(buf, n);
   char frac[8];
-  std::snprintf(frac, sizeof frac, ".%03dZ", static_cast<int>(ms % 1000));
+  std::snprintf(frac, sizeof frac, ".%03dZ", static_cast<int>(rem));
   return out + frac;
 }
 

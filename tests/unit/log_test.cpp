@@ -261,6 +261,9 @@ TEST(LogFormat, QuotesFieldsAndFormatsTimes) {
   EXPECT_EQ("unknown", idem::log::format_time(idem::TimePoint{}));
   EXPECT_EQ("2026-11-29T10:56:57.123Z",
             idem::log::format_time(idem::from_millis(1795949817123LL)));
+  EXPECT_EQ("1969-12-31T23:59:59.999Z", idem::log::format_time(idem::from_millis(-1)));
+  EXPECT_EQ("1926-12-31T12:44:33.692Z",
+            idem::log::format_time(idem::from_millis(-1357038926308LL)));
   EXPECT_EQ("warn", idem::log_level_name(idem::LogLevel::kWarn));
 }
 

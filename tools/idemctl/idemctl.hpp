@@ -44,7 +44,7 @@ class StoreError : public std::runtime_error {
 
 /// Parses "7d", "12h", "30m", "45s", "2w" or a sequence of them, largest unit first, each
 /// once ("1d12h"; "1d1d" or "30m1h" is refused: a typo, not a duration). Units: s, m, h, d,
-/// w. @throws UsageError naming the problem.
+/// w; at most idem::kMaxTerm (100 years). @throws UsageError naming the problem.
 inline std::chrono::seconds parse_duration(std::string_view text) {
   if (text.empty()) throw UsageError("empty duration (expected e.g. 7d, 12h, 30m)");
   std::chrono::seconds total{0};
@@ -92,6 +92,10 @@ inline std::chrono::seconds parse_duration(std::string_view text) {
     total += std::chrono::seconds(n * unit);
   }
   if (total.count() <= 0) throw UsageError("duration '" + std::string(text) + "' must be positive");
+  if (total > idem::kMaxTerm) {
+    throw UsageError("duration '" + std::string(text) +
+                     "' is too long (at most 36500d, the longest term idem keeps a record)");
+  }
   return total;
 }
 

@@ -79,10 +79,11 @@ TEST(IdemctlDuration, ParsesUnitsAndRejectsTheRest) {
   EXPECT_EQ(std::chrono::seconds(14 * 86400), parse_duration("2w"));
   EXPECT_EQ(std::chrono::seconds(86400 + 12 * 3600), parse_duration("1d12h"));
   EXPECT_EQ(std::chrono::seconds(7 * 86400 + 86400 + 3600 + 60 + 1), parse_duration("1w1d1h1m1s"));
-  for (const char* bad :
-       {"", "7", "d", "7x", "-7d", "7 d", "0d", "7d3", "99999999999d", "1d1d", "30m1h"}) {
+  for (const char* bad : {"", "7", "d", "7x", "-7d", "7 d", "0d", "7d3", "99999999999d", "1d1d",
+                          "30m1h", "36501d", "300000w", "5215w1d"}) {
     EXPECT_THROW(parse_duration(bad), idemctl::UsageError) << bad;
   }
+  EXPECT_EQ(idem::kMaxTerm, parse_duration("36500d"));  // the longest term idem keeps
 }
 
 TEST_F(IdemctlTest, UsageAndBadArgumentsExit2) {
@@ -130,6 +131,11 @@ TEST_F(IdemctlTest, ShowPrintsTheRecord) {
   EXPECT_TRUE(contains(r.out, "1234 bytes")) << r.out;
   EXPECT_TRUE(contains(r.out, "fp1")) << r.out;
   EXPECT_TRUE(contains(r.out, "attempts")) << r.out;
+
+  EXPECT_FALSE(contains(r.out, "(expired)")) << r.out;
+  auto old = idemctl(db_ + "show order.create old_0");  // its retention ended nine days ago
+  EXPECT_EQ(0, old.status) << old.out;
+  EXPECT_TRUE(contains(old.out, "(expired)")) << old.out;
 
   auto running = idemctl(db_ + "show payment running");
   EXPECT_EQ(0, running.status);

@@ -261,7 +261,12 @@ int cmd_show(const Args& a) {
              r->status == idem::Record::Status::kInProgress ? when(r->lease_until) : "-",
              when(r->created_at),
              when(r->updated_at),
-             r->status == idem::Record::Status::kInProgress ? "-" : when(r->expires_at),
+             r->status == idem::Record::Status::kInProgress
+                 ? "-"
+                 : when(r->expires_at) +
+                       (r->expires_at != idem::TimePoint{} && r->expires_at <= idem::system_now()
+                            ? " (expired)"
+                            : ""),
              r->fingerprint.empty() ? "-" : r->fingerprint,
              std::to_string(r->response.size()) + " bytes"};
       for (auto& [name, value] : src->extra(key)) {
