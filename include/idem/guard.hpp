@@ -254,8 +254,13 @@ class IdempotencyGuard {
       try {
         ClaimResult c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
         call.fast_claim = call.since(t0);
-        // Claims a stalled fast store applied after their answers were lost: released now.
-        if (core_.has_lost_claims()) core_.release_lost_claims(*fast_);
+        // Claims a stalled fast store applied after their answers were lost: released now, and
+        // a busy or mismatch answer that may have come from one of them is asked again.
+        if (core_.has_lost_claims() && core_.release_lost_claims(*fast_) &&
+            (c.status == ClaimStatus::kBusy || c.status == ClaimStatus::kMismatch)) {
+          c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
+          call.fast_claim = call.since(t0);
+        }
         if (!core_.fast_claim_answered(call, c)) {
           if (!detail::is_unstored(c)) {
             return duplicate<R>(call, c, Source::kFastStore, DuplicateSource::kFastStore);

@@ -551,13 +551,13 @@ TEST(GuardLostClaims, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswe
   ASSERT_TRUE(memory.lookup(b).has_value()) << "the stalled store applied the lost claims";
   fast.stalled = false;
 
-  // The first claim answered releases them all.
-  EXPECT_EQ(Outcome::kExecuted, guard.run(Key::make("orders", "d"), fa, paid).outcome);
+  // The first claim answered releases them all, its own key's among them (asked again).
+  auto rb = guard.run(b, fa, paid);
+  EXPECT_EQ(Outcome::kReplayed, rb.outcome) << "not the lost claim's in progress";
   auto ra = guard.run(a, fa, paid);
   EXPECT_EQ(Outcome::kReplayed, ra.outcome) << "not the lost claim's mismatch";
   EXPECT_EQ("paid", ra.value.value_or(""));
-  auto rb = guard.run(b, fa, paid);
-  EXPECT_EQ(Outcome::kReplayed, rb.outcome) << "not the lost claim's in progress";
+  EXPECT_EQ(Outcome::kExecuted, guard.run(Key::make("orders", "d"), fa, paid).outcome);
   std::vector<BatchCall> again{BatchCall{c, fa}};
   auto rc = guard.run_batch(std::move(again), "done", [](Transaction&, std::size_t) {});
   EXPECT_EQ(Outcome::kReplayed, rc.answers.at(0).outcome);
@@ -574,9 +574,8 @@ TEST(GuardLostClaims, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswe
   stalling.stalled = true;
   EXPECT_THROW((void)fast_only.run(a, fa, charge), idem::StorageTimeout);
   stalling.stalled = false;
-  EXPECT_EQ(Outcome::kExecuted, fast_only.run(b, fa, charge).outcome);
   EXPECT_EQ(Outcome::kExecuted, fast_only.run(a, fa, charge).outcome);
-  EXPECT_EQ(2, runs);
+  EXPECT_EQ(1, runs);
 }
 
 }  // namespace

@@ -463,22 +463,25 @@ class GuardCore {
   }
   /// Releases the lost claims on `fast`, owner-checked, now that it answered a claim (the
   /// synchronous guard's run() and run_batch()); a failure keeps the rest for a later call.
-  void release_lost_claims(FastStore& fast) noexcept {
+  /// @return whether one of them was still held (and is gone now).
+  bool release_lost_claims(FastStore& fast) noexcept {
     std::vector<LostClaim> lost;
     try {
       lost = take_lost_claims();
     } catch (...) {
-      return;
+      return false;
     }
+    bool released = false;
     for (std::size_t i = 0; i < lost.size(); ++i) {
       try {
-        (void)fast.release(lost[i].key, lost[i].owner);
+        released = fast.release(lost[i].key, lost[i].owner) || released;
       } catch (...) {
         lost.erase(lost.begin(), lost.begin() + static_cast<std::ptrdiff_t>(i));
         keep_lost_claims(std::move(lost));
-        return;
+        return released;
       }
     }
+    return released;
   }
   /// Puts back lost claims not released (the fast store failed again), after those noted since.
   void keep_lost_claims(std::vector<LostClaim> rest) noexcept {

@@ -169,7 +169,9 @@ TEST_F(LocalTierTest, EntriesAndBytesBoundsEvictLeastRecentlyUsed) {
     for (int i = 0; i < 5; ++i) {
       const Key k = key("n" + std::to_string(i));
       complete(s, k, "fp", "r");
-      warm(s, k, "fp");
+      // After the invalidations of every write so far (claim and completion of each key): a
+      // late one would drop an entry uncounted as an eviction.
+      warm(s, k, "fp", 2 * static_cast<std::uint64_t>(i + 1));
     }
     auto st = s.local_tier_stats();
     EXPECT_EQ(3U, st.entries);
@@ -188,7 +190,7 @@ TEST_F(LocalTierTest, EntriesAndBytesBoundsEvictLeastRecentlyUsed) {
     for (int i = 0; i < 4; ++i) {
       const Key k = key("b" + std::to_string(i));
       complete(s, k, "fp", big);
-      warm(s, k, "fp");
+      warm(s, k, "fp", 2 * static_cast<std::uint64_t>(i + 1));
     }
     auto st = s.local_tier_stats();
     EXPECT_EQ(2U, st.entries);
