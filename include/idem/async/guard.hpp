@@ -405,7 +405,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
 
   // Releases, owner-checked, the claims whose answers were lost or whose release failed while
   // the fast store failed (GuardCore::note_lost_claim), now that it answered a claim. Sent
-  // without waiting for them (this call goes on); one that fails is kept for a later call.
+  // without waiting for them (this call goes on); the answers touch neither this call nor the
+  // guard (either may be gone by then), so a release that fails leaves its claim to end with
+  // its lease, as before.
   void release_lost_claims() {
     std::vector<::idem::detail::GuardCore::LostClaim> lost;
     try {
@@ -416,18 +418,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     for (auto& l : lost) {
       auto held = std::make_shared<::idem::detail::GuardCore::LostClaim>(std::move(l));
       try {
-        g_.fast_->async_release(
-            held->key, held->owner, strand_,
-            [self = this->shared_from_this(), held](std::exception_ptr e, bool) mutable {
-              if (!e) return;
-              std::vector<::idem::detail::GuardCore::LostClaim> rest;
-              rest.push_back(std::move(*held));
-              self->g_.core_.keep_lost_claims(std::move(rest));
-            });
+        g_.fast_->async_release(held->key, held->owner, strand_,
+                                [held](std::exception_ptr, bool) {});
       } catch (...) {
-        std::vector<::idem::detail::GuardCore::LostClaim> rest;
-        rest.push_back(std::move(*held));
-        g_.core_.keep_lost_claims(std::move(rest));
+        // Ends with its lease.
       }
     }
   }
