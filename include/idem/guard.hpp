@@ -660,9 +660,7 @@ class IdempotencyGuard {
       core_.durable_failed(call.key(), std::make_exception_ptr(error));
       throw error;
     }
-    const auto term = d.status == ClaimStatus::kDone
-                          ? detail::fast_term(call.options.retention, d.expires_at)
-                          : call.options.retention;
+    const auto term = detail::fast_term(call.options.retention, d);
     follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status), term),
               d.response, term);
     if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));

@@ -802,9 +802,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       return release_then_fail(std::move(error), false);
     }
     const auto a = ::idem::detail::durable_answer(d.status);
-    fast_term_ = d.status == ClaimStatus::kDone
-                     ? ::idem::detail::fast_term(call_.options.retention, d.expires_at)
-                     : call_.options.retention;
+    fast_term_ = ::idem::detail::fast_term(call_.options.retention, d);
     durable_ = std::move(d);
     if (a == ::idem::detail::DurableAnswer::kExecuted && abandoned_) note_recorded();
     follow_up(g_.core_.durable_answered(call_, a, fast_term_));

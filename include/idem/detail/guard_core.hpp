@@ -196,6 +196,13 @@ inline std::chrono::seconds fast_term(std::chrono::seconds retention,
   return left < retention ? left : retention;
 }
 
+/// fast_term of the durable store's answer `d`: its record's expiry for a replay, the call's
+/// retention otherwise (a record this call wrote).
+inline std::chrono::seconds fast_term(std::chrono::seconds retention,
+                                      const ClaimResult& d) noexcept {
+  return d.status == ClaimStatus::kDone ? fast_term(retention, d.expires_at) : retention;
+}
+
 /// The reason a record is marked failed with when its first attempt ran (two-phase: the effect
 /// happened) but its response could never be stored (e.g. larger than the store takes): the
 /// rest of the reason says why. Calls on the key then fail (unstored_answer) instead of running
@@ -482,19 +489,6 @@ class GuardCore {
       }
     }
     return released;
-  }
-  /// Puts back lost claims not released (the fast store failed again), after those noted since.
-  void keep_lost_claims(std::vector<LostClaim> rest) noexcept {
-    if (rest.empty()) return;
-    try {
-      std::lock_guard<std::mutex> lock(lost_mutex_);
-      for (auto& l : rest) {
-        if (lost_claims_.size() >= kMaxLostClaims) break;
-        lost_claims_.push_back(std::move(l));
-      }
-      lost_pending_.store(true, std::memory_order_release);
-    } catch (...) {
-    }
   }
   /// Whether the call skips the fast store (GuardOptions::fast_store_retry_after: it failed
   /// less than that long ago). A skipped call goes on degraded, as after a failure. Only for
@@ -792,6 +786,20 @@ class GuardCore {
   std::atomic<std::uint64_t> burst_failures_{0};
   // Until when calls skip the fast store (steady clock, ns; 0: none do).
   std::atomic<std::int64_t> fast_retry_at_{0};
+  /// Puts back lost claims not released (the fast store failed again), after those noted since.
+  void keep_lost_claims(std::vector<LostClaim> rest) noexcept {
+    if (rest.empty()) return;
+    try {
+      std::lock_guard<std::mutex> lock(lost_mutex_);
+      for (auto& l : rest) {
+        if (lost_claims_.size() >= kMaxLostClaims) break;
+        lost_claims_.push_back(std::move(l));
+      }
+      lost_pending_.store(true, std::memory_order_release);
+    } catch (...) {
+    }
+  }
+
   // Claims whose answer was lost, waiting for their release (note_lost_claim).
   std::mutex lost_mutex_;
   std::vector<LostClaim> lost_claims_;
