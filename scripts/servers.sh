@@ -400,18 +400,30 @@ mysql_start() {
   local d="$DIR/mysql"
   mkdir -p "$d"
   tls_certs
-  if [ ! -d "$d/data/mysql" ]; then
-    rm -rf "$d/data"
-    mariadb-install-db --no-defaults --datadir="$d/data" --user="$(id -un)" \
+  # Its temporary tables live in its own directory, not /tmp: the bootstrap's temporary tables
+  # once vanished from a shared /tmp while another instance bootstrapped beside it ("Unknown
+  # table 'mysql.tmp_proxies_priv'"), and a second attempt starts from an empty data directory.
+  mkdir -p "$d/tmp"
+  local attempt
+  for attempt in 1 2; do
+    [ -d "$d/data/mysql" ] && break
+    rm -rf "$d/data" "$d/tmp"/*
+    if mariadb-install-db --no-defaults --datadir="$d/data" --tmpdir="$d/tmp" --user="$(id -un)" \
       --auth-root-authentication-method=normal --skip-test-db --innodb-log-file-size=8M \
-      >"$d/install.log" 2>&1 || { cat "$d/install.log" >&2; return 1; }
-  fi
+      >"$d/install.log" 2>&1; then
+      break
+    fi
+    cat "$d/install.log" >&2
+    rm -rf "$d/data"
+    [ "$attempt" -eq 2 ] && return 1
+    log "MariaDB system tables: attempt $attempt failed, trying again"
+  done
   rm -f "$d/mariadb.pid"
   # Server defaults are kept where idem must not depend on them (latin1 character set,
   # REPEATABLE READ, SYSTEM time zone); commits are flushed to disk (durable against kill -9).
-  mariadbd --no-defaults --user="$(id -un)" --datadir="$d/data" --socket="$d/mariadb.sock" \
-    --pid-file="$d/mariadb.pid" --port="$MYSQL_PORT" --bind-address=127.0.0.1 \
-    --log-error="$d/mariadb.log" --skip-name-resolve --innodb-log-file-size=8M \
+  mariadbd --no-defaults --user="$(id -un)" --datadir="$d/data" --tmpdir="$d/tmp" \
+    --socket="$d/mariadb.sock" --pid-file="$d/mariadb.pid" --port="$MYSQL_PORT" \
+    --bind-address=127.0.0.1 --log-error="$d/mariadb.log" --skip-name-resolve --innodb-log-file-size=8M \
     --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=1 --max-connections=400 \
     --skip-log-bin --ssl-ca="$DIR/tls/ca.pem" --ssl-cert="$DIR/tls/server.pem" \
     --ssl-key="$DIR/tls/server-key.pem" >/dev/null 2>&1 &
