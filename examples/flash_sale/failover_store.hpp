@@ -47,6 +47,10 @@ class FailoverStore final : public idem::FastStore {
             std::chrono::seconds retention) override {
     store()->fill(key, fingerprint, response, retention);
   }
+  void refill(const idem::Key& key, std::string_view fingerprint, std::string_view response,
+              std::chrono::seconds retention, idem::TimePoint first_seen) override {
+    store()->refill(key, fingerprint, response, retention, first_seen);
+  }
   std::optional<idem::Record> lookup(const idem::Key& key) override {
     return store()->lookup(key);
   }

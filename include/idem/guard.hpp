@@ -662,7 +662,7 @@ class IdempotencyGuard {
     }
     const auto term = detail::fast_term(call.options.retention, d);
     follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status), term),
-              d.response, term);
+              d.response, term, d.first_seen);
     if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));
     return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
   }
@@ -682,9 +682,10 @@ class IdempotencyGuard {
   }
 
   // The fast follow-up the core chose (complete, fill, release or nothing).
-  // The record is written for `term` (detail::fast_term).
+  // The record is written for `term` (detail::fast_term); a refill keeps `first_seen`, the
+  // durable record's creation (epoch for a record this call wrote: now).
   void follow_up(detail::CallState& call, detail::FastNext next, std::string_view response,
-                 std::chrono::seconds term) {
+                 std::chrono::seconds term, TimePoint first_seen) {
     using detail::FastNext;
     if (next == FastNext::kRelease) return release_fast(call);
     try {
@@ -694,9 +695,9 @@ class IdempotencyGuard {
             fast_->complete_claimed(call.key(), call.owner(), call.fast_ticket, response, term));
       }
       if (next == FastNext::kFill) {
-        // Our fast claim expired and was taken over (or released) while the durable store
-        // decided, or the fast store lost the record: the durable answer stands.
-        fast_->fill(call.key(), call.fingerprint(), response, term);
+        // The fast store lost the record (a durable replay), or our fast claim expired and was
+        // taken over (or released) while the durable store decided: the durable answer stands.
+        fast_->refill(call.key(), call.fingerprint(), response, term, first_seen);
         core_.fast_filled(call);
       }
     } catch (const StorageError& e) {

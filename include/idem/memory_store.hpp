@@ -134,6 +134,13 @@ class MemoryStore final : public FastStore {
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override {
+    refill(key, fingerprint, response, retention, TimePoint{});
+  }
+
+  /// As fill(), the record created at `first_seen` (epoch: now, or when a record it overwrites
+  /// was created).
+  void refill(const Key& key, std::string_view fingerprint, std::string_view response,
+              std::chrono::seconds retention, TimePoint first_seen) override {
     check_retention(retention);
     auto now = options_.clock();
     auto composed = key.str();
@@ -146,7 +153,11 @@ class MemoryStore final : public FastStore {
       records_.fetch_add(1, std::memory_order_relaxed);
     }
     Entry& e = it->second;
-    if (e.created_at == TimePoint{}) e.created_at = now;
+    if (first_seen != TimePoint{}) {
+      e.created_at = first_seen;
+    } else if (e.created_at == TimePoint{}) {
+      e.created_at = now;
+    }
     e.status = Record::Status::kCompleted;
     e.fingerprint = std::string(fingerprint);
     e.response = std::string(response);

@@ -71,8 +71,9 @@ struct [[nodiscard]] GuardResult {
   /// True when the fast store failed during this call and the durable store alone decided.
   bool degraded = false;
   /// For duplicates: when the first attempt created the record (epoch when unknown). A fast
-  /// store's record written back from the durable store (after the fast store lost it) carries
-  /// the time it was written back: the durable store's answer has the first attempt's.
+  /// store's record written back from the durable store (after the fast store lost it) keeps
+  /// the first attempt's (FastStore::refill; a custom fast store without refill reports the
+  /// time it was written back).
   TimePoint first_seen{};
   /// For duplicates: the owner token of the first attempt (empty when unknown).
   std::string holder;

@@ -241,6 +241,19 @@ class FastStore {
   virtual void fill(const Key& key, std::string_view fingerprint, std::string_view response,
                     std::chrono::seconds retention) = 0;
 
+  /// Writes back a completed record the durable store replayed, as fill() does, keeping
+  /// `first_seen` (when the record's first attempt created it, ClaimResult::first_seen of the
+  /// durable answer) as its creation time: a duplicate the fast store answers from it then
+  /// reports when the first attempt began, not when the record was written back. The guards
+  /// write back with refill(). `first_seen` epoch (unknown): now, as fill(). This default calls
+  /// fill() (the record reports the time it was written back); MemoryStore and RedisStore keep
+  /// `first_seen`.
+  virtual void refill(const Key& key, std::string_view fingerprint, std::string_view response,
+                      std::chrono::seconds retention, TimePoint first_seen) {
+    (void)first_seen;
+    fill(key, fingerprint, response, retention);
+  }
+
   /// Reads a record without changing it (operators, tests). nullopt when absent or expired.
   virtual std::optional<Record> lookup(const Key& key) = 0;
 

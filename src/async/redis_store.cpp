@@ -245,8 +245,10 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
             {std::string(mine.view()), std::string(mine_v1.view())}, ex, std::move(done));
   }
 
+  // `first_seen` epoch: now.
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
-            std::chrono::seconds retention, const Executor& ex, Completion<bool> done) {
+            std::chrono::seconds retention, TimePoint first_seen, const Executor& ex,
+            Completion<bool> done) {
     try {
       idem::detail::check_term(retention, "idem::redis: the retention");
     } catch (const UsageError&) {
@@ -257,7 +259,9 @@ class IDEM_LOCAL AsyncRedisStore::Impl : public std::enable_shared_from_this<Asy
     // Owner unknown (the durable store decided): a completed record keeps none.
     std::string value;
     value.reserve(64 + fingerprint.size() + response.size());
-    redis::detail::append_filled(value, fingerprint, to_millis(system_now()), response);
+    redis::detail::append_filled(value, fingerprint,
+                                 to_millis(first_seen == TimePoint{} ? system_now() : first_seen),
+                                 response);
     const std::string_view argv[] = {"SET", rk.view(), value, "PX", ms.view()};
     std::string resp;
     detail::append_resp(resp, 5, argv);
@@ -455,7 +459,14 @@ void AsyncRedisStore::async_release(const Key& key, const OwnerToken& owner, con
 void AsyncRedisStore::async_fill(const Key& key, std::string_view fingerprint,
                                  std::string_view response, std::chrono::seconds retention,
                                  const Executor& ex, Completion<bool> done) {
-  impl_->fill(key, fingerprint, response, retention, ex, std::move(done));
+  impl_->fill(key, fingerprint, response, retention, TimePoint{}, ex, std::move(done));
+}
+
+void AsyncRedisStore::async_refill(const Key& key, std::string_view fingerprint,
+                                   std::string_view response, std::chrono::seconds retention,
+                                   TimePoint first_seen, const Executor& ex,
+                                   Completion<bool> done) {
+  impl_->fill(key, fingerprint, response, retention, first_seen, ex, std::move(done));
 }
 
 void AsyncRedisStore::async_lookup(const Key& key, const Executor& ex,

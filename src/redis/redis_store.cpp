@@ -885,8 +885,9 @@ class IDEM_LOCAL RedisStore::Impl {
     return flag(r, Op::kExtend, rk.view());
   }
 
+  // `first_seen` epoch: now.
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
-            std::chrono::seconds retention) {
+            std::chrono::seconds retention, TimePoint first_seen) {
     idem::detail::check_term(retention, "idem::redis: the retention");
     RedisKey rk(options_.key_prefix, key);
     if (tier_) tier_->forget(rk.view());  // this process's own write is seen at once
@@ -894,8 +895,8 @@ class IDEM_LOCAL RedisStore::Impl {
     // Owner unknown (the durable store decided): stored empty.
     std::string value;
     value.reserve(64 + fingerprint.size() + response.size());
-    const long long now = to_millis(system_now());
-    detail::append_filled(value, fingerprint, now, response);
+    const long long created = to_millis(first_seen == TimePoint{} ? system_now() : first_seen);
+    detail::append_filled(value, fingerprint, created, response);
     const char* argv[] = {"SET", rk.view().data(), value.data(), "PX", ms.view().data()};
     const std::size_t lens[] = {3, rk.view().size(), value.size(), 2, ms.view().size()};
     ReplyUPtr r = command(Op::kFill, rk.view(), 5, argv, lens);
@@ -986,7 +987,12 @@ bool RedisStore::extend(const Key& key, const OwnerToken& owner, std::chrono::mi
 
 void RedisStore::fill(const Key& key, std::string_view fingerprint, std::string_view response,
                       std::chrono::seconds retention) {
-  impl_->fill(key, fingerprint, response, retention);
+  impl_->fill(key, fingerprint, response, retention, TimePoint{});
+}
+
+void RedisStore::refill(const Key& key, std::string_view fingerprint, std::string_view response,
+                        std::chrono::seconds retention, TimePoint first_seen) {
+  impl_->fill(key, fingerprint, response, retention, first_seen);
 }
 
 std::optional<Record> RedisStore::lookup(const Key& key) { return impl_->lookup(key); }

@@ -619,8 +619,11 @@ TYPED_TEST_P(DurableStoreConformance, FastStoreThatLostTheRecordIsRefilled) {
   auto refilled = fresh.lookup(k);
   ASSERT_TRUE(refilled.has_value());
   EXPECT_EQ("first", refilled->response);
+  EXPECT_NE(0, to_millis(r.first_seen)) << "the record's creation";
   auto third = guard.run(k, "fp", [&](Tx&) { ++runs; return std::string("third"); });
   EXPECT_EQ(Source::kFastStore, third.source);
+  EXPECT_EQ(to_millis(r.first_seen), to_millis(third.first_seen))
+      << "the write-back keeps when the first attempt began";
   EXPECT_EQ(1, runs);
   EXPECT_EQ(1, TypeParam::count_effects(*this->store_, k.id()));
 }

@@ -207,6 +207,32 @@ TEST_P(FastStoreConformance, FillWritesACompletedRecord) {
   EXPECT_EQ("refilled", r.response);
 }
 
+// A record written back from the durable store keeps its first attempt's creation time, also
+// over a claim of its own (the guard's write-back of a durable replay); none given: now.
+TEST_P(FastStoreConformance, RefillKeepsWhenTheFirstAttemptBegan) {
+  const TimePoint first_seen{std::chrono::milliseconds(to_millis(system_now()) - 3'600'000)};
+  auto k = key();
+  const auto mine = OwnerToken::generate();
+  ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", mine, lease_).status);
+  store_->refill(k, "fp", "replayed", retention_, first_seen);
+  auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, r.status);
+  EXPECT_EQ("replayed", r.response);
+  EXPECT_EQ(to_millis(first_seen), to_millis(r.first_seen));
+  auto found = store_->lookup(k);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(Record::Status::kCompleted, found->status);
+  EXPECT_EQ(to_millis(first_seen), to_millis(found->created_at));
+  EXPECT_FALSE(store_->complete(k, mine, "late", retention_)) << "the claim was overwritten";
+
+  auto fresh = Key::make(k.scope(), k.id() + "-now");
+  const auto before = to_millis(system_now());
+  store_->refill(fresh, "fp", "r", retention_, TimePoint{});
+  auto now = store_->claim(fresh, "fp", OwnerToken::generate(), lease_);
+  EXPECT_EQ(ClaimStatus::kDone, now.status);
+  EXPECT_GE(to_millis(now.first_seen), before);
+}
+
 TEST_P(FastStoreConformance, HostileIdsAreStoredVerbatim) {
   for (std::string id : {"';DROP_TABLE_api_idempotency;--", "a}b{c", "{x}", "\"q\\uote\"",
                          "%s%n", "a|b|c"}) {

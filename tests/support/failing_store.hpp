@@ -81,6 +81,11 @@ class SwitchableFastStore final : public FastStore {
     hit();
     inner_.fill(k, fp, r, ret);
   }
+  void refill(const Key& k, std::string_view fp, std::string_view r, std::chrono::seconds ret,
+              TimePoint first_seen) override {
+    hit();
+    inner_.refill(k, fp, r, ret, first_seen);
+  }
   std::optional<Record> lookup(const Key& k) override {
     hit();
     return inner_.lookup(k);

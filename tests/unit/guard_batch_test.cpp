@@ -520,6 +520,54 @@ TEST(GuardRefill, ARecordWrittenBackKeepsWhatIsLeftOfItsRetention) {
   }
 }
 
+// The fast store lost the records; the durable replay writes each back (over the replaying
+// call's fast claim) created when its first attempt began, so the duplicates the fast store
+// answers afterwards report that time, as the durable store's answer did.
+TEST(GuardRefill, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptBegan) {
+  idem::test::TempDir dir;
+  idem::ManualClock hour_ago(idem::system_now() - std::chrono::hours(1));
+  idem::sqlite::SqliteStoreOptions earlier;
+  earlier.clock = hour_ago.as_clock();
+  auto db = std::make_shared<idem::sqlite::Database>(dir.file("first-seen.sqlite"));
+  SqliteStore then(db, earlier);
+  SqliteStore now(db);
+  const std::string fp = idem::fingerprint("p");
+  auto handler = [](Transaction&) { return std::string("order_1"); };
+  {
+    idem::MemoryStore lost;
+    idem::IdempotencyGuard first{lost, then};
+    for (const char* id : {"run", "batch"}) {
+      ASSERT_EQ(Outcome::kExecuted, first.run(Key::make("orders", id), fp, handler).outcome);
+    }
+  }
+  const auto created = [&](const char* id) {
+    return now.lookup(Key::make("orders", id)).value().created_at;
+  };
+  ASSERT_LT(created("run"), idem::system_now() - std::chrono::minutes(30));
+  idem::MemoryStore fresh;
+  idem::IdempotencyGuard guard{fresh, now};
+
+  auto replay = guard.run(Key::make("orders", "run"), fp, handler);
+  ASSERT_EQ(Outcome::kReplayed, replay.outcome);
+  EXPECT_EQ(Source::kDurableStore, replay.source);
+  EXPECT_EQ(created("run"), replay.first_seen);
+  auto again = guard.run(Key::make("orders", "run"), fp, handler);
+  ASSERT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ(Source::kFastStore, again.source);
+  EXPECT_EQ(created("run"), again.first_seen) << "not the time it was written back";
+  EXPECT_EQ(created("run"), fresh.lookup(Key::make("orders", "run")).value().created_at);
+
+  for (int round = 0; round < 2; ++round) {
+    std::vector<BatchCall> one{BatchCall{Key::make("orders", "batch"), fp}};
+    auto b = guard.run_batch(std::move(one), "done", [](Transaction&, std::size_t) {});
+    ASSERT_EQ(Outcome::kReplayed, b.answers.at(0).outcome);
+    EXPECT_EQ(round == 0 ? Source::kDurableStore : Source::kFastStore, b.answers[0].source);
+    EXPECT_EQ(created("batch"), b.answers[0].first_seen) << "round " << round;
+  }
+  EXPECT_EQ(2u, guard.stats().snapshot().fast_refills)
+      << "one write-back each, run's and run_batch's";
+}
+
 // A stalled fast store (a paused Redis) applies the claims whose answers timed out once it runs
 // again: records no attempt owns, which answered "in progress" for a whole lease, or "mismatch"
 // to the right payload where the lost claim carried another. The guard releases them

@@ -828,16 +828,18 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
                                  });
         return;
       case FastNext::kFill:
-        g_.fast_->async_fill(key_, fingerprint_, durable_->response, fast_term_, strand_,
-                             [self](std::exception_ptr e, bool) mutable {
-                               if (e) return self->follow_up_failed(e);
-                               try {
-                                 self->g_.core_.fast_filled(self->call_);
-                               } catch (...) {
-                                 return self->crash(std::current_exception());
-                               }
-                               self->deliver_durable();
-                             });
+        // Created when the record's first attempt began (epoch for this call's own: now).
+        g_.fast_->async_refill(key_, fingerprint_, durable_->response, fast_term_,
+                               durable_->first_seen, strand_,
+                               [self](std::exception_ptr e, bool) mutable {
+                                 if (e) return self->follow_up_failed(e);
+                                 try {
+                                   self->g_.core_.fast_filled(self->call_);
+                                 } catch (...) {
+                                   return self->crash(std::current_exception());
+                                 }
+                                 self->deliver_durable();
+                               });
         return;
       case FastNext::kRelease:
         g_.fast_->async_release(key_, call_.owner(), strand_,

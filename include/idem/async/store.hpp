@@ -63,6 +63,16 @@ class AsyncFastStore {
                           std::chrono::seconds retention, const Executor& ex,
                           Completion<bool> done) = 0;
 
+  /// FastStore::refill: as async_fill, the record created at `first_seen` (the durable
+  /// record's; epoch: now). This default calls async_fill (the record reports the time it was
+  /// written back).
+  virtual void async_refill(const Key& key, std::string_view fingerprint, std::string_view response,
+                            std::chrono::seconds retention, TimePoint first_seen,
+                            const Executor& ex, Completion<bool> done) {
+    (void)first_seen;
+    async_fill(key, fingerprint, response, retention, ex, std::move(done));
+  }
+
   /// FastStore::lookup.
   virtual void async_lookup(const Key& key, const Executor& ex,
                             Completion<std::optional<Record>> done) = 0;
@@ -104,6 +114,14 @@ class InlineFastStore final : public AsyncFastStore {
                   Completion<bool> done) override {
     answer(ex, std::move(done), [&] {
       store_->fill(key, fingerprint, response, retention);
+      return true;
+    });
+  }
+  void async_refill(const Key& key, std::string_view fingerprint, std::string_view response,
+                    std::chrono::seconds retention, TimePoint first_seen, const Executor& ex,
+                    Completion<bool> done) override {
+    answer(ex, std::move(done), [&] {
+      store_->refill(key, fingerprint, response, retention, first_seen);
       return true;
     });
   }

@@ -419,16 +419,14 @@ class BatchRun {
     }
   }
 
-  // A replayed record with less than the batch's retention left, written back for what is left
-  // of it (fast_term; none: the claim is released).
-  void refill_for(std::size_t i, std::string_view response, std::chrono::seconds term) noexcept {
+  // A replayed record the fast store had lost, written over this batch's claim for what is left
+  // of its retention (fast_term; none: the claim is released), created when its first attempt
+  // began (FastStore::refill).
+  void refill_for(std::size_t i, const BatchAnswer& a, std::chrono::seconds term) noexcept {
     if (term.count() <= 0) return release_fast(i);
     try {
-      if (!fast_->complete_claimed(calls_[i].key, owner_, tickets_[i], response, term)) {
-        // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
-        fast_->fill(calls_[i].key, fingerprints_[i], response, term);
-        core_.count_refill();
-      }
+      fast_->refill(calls_[i].key, fingerprints_[i], a.response, term, a.first_seen);
+      core_.count_refill();
     } catch (const StorageError& e) {
       core_.fast_burst(calls_[i].key, e);
     } catch (...) {
@@ -452,13 +450,7 @@ class BatchRun {
           fail_fast(i, a.response);
           continue;
         }
-        const auto term = fast_term(retention, a.expires_at);
-        if (term < retention) {
-          refill_for(i, a.response, term);
-          continue;
-        }
-        requests.push_back(CompleteRequest{&calls_[i].key, &owner_, a.response, &tickets_[i]});
-        index.push_back(i);
+        refill_for(i, a, fast_term(retention, a.expires_at));
       } else {
         release_fast(i);  // busy, mismatch or a failed handler
       }

@@ -509,17 +509,20 @@ class GuardCore {
     if (a == DurableAnswer::kBusy || a == DurableAnswer::kMismatch || term.count() <= 0) {
       return release_next(c);
     }
-    return write_next(c);
+    return write_next(c, a == DurableAnswer::kReplayed);
   }
   /// The call gives up (busy, mismatch, a failure): release its fast claim, if it holds one.
   FastNext release_next(const CallState& c) const noexcept {
     return has_fast_ && c.fast_claimed ? FastNext::kRelease : FastNext::kNothing;
   }
   /// The durable store holds a completed record: write it to the fast store. A degraded call
-  /// does not (the fast store failed moments ago; do not pay a second timeout).
-  FastNext write_next(const CallState& c) const noexcept {
+  /// does not (the fast store failed moments ago; do not pay a second timeout). The record of
+  /// this call's execution completes its claim; a `replayed` one (the fast store had lost it)
+  /// overwrites the claim with the durable record (kFill, FastStore::refill), so that the
+  /// fast store reports when the record's first attempt began, not when this call claimed.
+  FastNext write_next(const CallState& c, bool replayed) const noexcept {
     if (!has_fast_) return FastNext::kNothing;
-    if (c.fast_claimed) return FastNext::kComplete;
+    if (c.fast_claimed) return replayed ? FastNext::kFill : FastNext::kComplete;
     if (c.degraded) return FastNext::kNothing;
     return FastNext::kFill;
   }

@@ -476,8 +476,11 @@ TYPED_TEST_P(AsyncGuardSuite, AFastStoreThatLostTheRecordIsRefilledFromTheDurabl
   ASSERT_FALSE(b.error) << what_of(b.error);
   EXPECT_EQ(Outcome::kReplayed, b.result.outcome);
   EXPECT_EQ(Source::kDurableStore, b.result.source);
+  EXPECT_NE(0, idem::to_millis(b.result.first_seen)) << "the record's creation";
   this->start(*g, k, "fp", this->effect_handler(k, runs), third);
   EXPECT_EQ(Source::kFastStore, third.wait().result.source);
+  EXPECT_EQ(idem::to_millis(b.result.first_seen), idem::to_millis(third.wait().result.first_seen))
+      << "the write-back keeps when the first attempt began";
   EXPECT_EQ(1, runs.load());
   EXPECT_EQ(1, this->env_->count_effects(k.id()));
   auto s = g->stats().snapshot();

@@ -100,6 +100,12 @@ class BlockingFastStore final : public FastStore {
       store_->async_fill(k, fp, r, ret, ex, std::move(done));
     });
   }
+  void refill(const Key& k, std::string_view fp, std::string_view r, std::chrono::seconds ret,
+              TimePoint first_seen) override {
+    (void)wait_for<bool>(loop_.executor(), [&](auto ex, auto done) {
+      store_->async_refill(k, fp, r, ret, first_seen, ex, std::move(done));
+    });
+  }
   std::optional<Record> lookup(const Key& k) override {
     return wait_for<std::optional<Record>>(loop_.executor(), [&](auto ex, auto done) {
       store_->async_lookup(k, ex, std::move(done));

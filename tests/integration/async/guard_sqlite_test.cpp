@@ -132,13 +132,7 @@ TEST(AsyncGuardRefillTest, ARecordWrittenBackKeepsWhatIsLeftOfItsRetention) {
   Guard late_guard{io.get_executor(), fast, late_durable, month};
   auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
   auto call = [&](Guard& g, const idem::Key& k) {
-    std::pair<std::exception_ptr, idem::GuardResult<std::string>> out;
-    g.async_run(k, "fp", handler, [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
-      out.first = e;
-      out.second = std::move(r);
-    });
-    io.restart();
-    io.run();
+    auto out = run_to_end(io, g, k, handler);
     if (out.first) std::rethrow_exception(out.first);
     return out.second;
   };
@@ -163,6 +157,48 @@ TEST(AsyncGuardRefillTest, ARecordWrittenBackKeepsWhatIsLeftOfItsRetention) {
     EXPECT_EQ(idem::Source::kDurableStore, o.source);
     EXPECT_FALSE(memory.lookup(over).has_value());
   }
+}
+
+// The durable replay writes the record back created when its first attempt began: the
+// duplicates the fast store answers afterwards report that time (as IdempotencyGuard's).
+TEST(AsyncGuardRefillTest, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptBegan) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  idem::ManualClock hour_ago(idem::system_now() - std::chrono::hours(1));
+  idem::sqlite::SqliteStoreOptions earlier;
+  earlier.clock = hour_ago.as_clock();
+  auto db = std::make_shared<idem::sqlite::Database>(dir.file("first-seen.db"));
+  SqliteStore then{db, earlier};
+  SqliteStore now{db};
+  idem::async::WorkerPool pool{{2, 16}};
+  PooledDurable<SqliteStore> first_durable{then, pool};
+  PooledDurable<SqliteStore> durable{now, pool};
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast{memory};
+  using Guard = idem::async::AsyncGuard<PooledDurable<SqliteStore>>;
+  Guard first{io.get_executor(), fast, first_durable};
+  Guard guard{io.get_executor(), fast, durable};
+  auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
+  auto call = [&](Guard& g, const idem::Key& k) {
+    auto out = run_to_end(io, g, k, handler);
+    if (out.first) std::rethrow_exception(out.first);
+    return out.second;
+  };
+  const auto k = idem::Key::make("pay", "first-seen");
+  ASSERT_EQ(idem::Outcome::kExecuted, call(first, k).outcome);
+  const idem::TimePoint created = now.lookup(k).value().created_at;
+  ASSERT_LT(created, idem::system_now() - std::chrono::minutes(30));
+  memory.clear();  // the fast store lost its records
+
+  auto r = call(guard, k);
+  ASSERT_EQ(idem::Outcome::kReplayed, r.outcome);
+  EXPECT_EQ(idem::Source::kDurableStore, r.source);
+  EXPECT_EQ(created, r.first_seen);
+  EXPECT_EQ(created, memory.lookup(k).value().created_at);
+  auto again = call(guard, k);
+  ASSERT_EQ(idem::Outcome::kReplayed, again.outcome);
+  EXPECT_EQ(idem::Source::kFastStore, again.source);
+  EXPECT_EQ(created, again.first_seen) << "not the time it was written back";
 }
 
 // A stalled fast store applies the claims whose answers timed out once it runs again; the
