@@ -48,8 +48,8 @@ class FailoverStore final : public idem::FastStore {
     store()->fill(key, fingerprint, response, retention);
   }
   void refill(const idem::Key& key, std::string_view fingerprint, std::string_view response,
-              std::chrono::seconds retention, idem::TimePoint first_seen) override {
-    store()->refill(key, fingerprint, response, retention, first_seen);
+              std::chrono::seconds retention, const idem::RecordOrigin& origin) override {
+    store()->refill(key, fingerprint, response, retention, origin);
   }
   std::optional<idem::Record> lookup(const idem::Key& key) override {
     return store()->lookup(key);

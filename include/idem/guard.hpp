@@ -662,7 +662,7 @@ class IdempotencyGuard {
     }
     const auto term = detail::fast_term(call.options.retention, d);
     follow_up(call, core_.durable_answered(call, detail::durable_answer(d.status), term),
-              d.response, term, d.first_seen);
+              d.response, term, detail::origin_of(d, call.owner()));
     if (d.status == ClaimStatus::kClaimed) return executed(call, std::move(value));
     return duplicate<R>(call, d, Source::kDurableStore, core_.durable_source());
   }
@@ -682,10 +682,10 @@ class IdempotencyGuard {
   }
 
   // The fast follow-up the core chose (complete, fill, release or nothing).
-  // The record is written for `term` (detail::fast_term); a refill keeps `first_seen`, the
-  // durable record's creation (epoch for a record this call wrote: now).
+  // The record is written for `term` (detail::fast_term); a refill keeps `origin`, what the
+  // durable store reported of the record's first attempt (none for a record this call wrote).
   void follow_up(detail::CallState& call, detail::FastNext next, std::string_view response,
-                 std::chrono::seconds term, TimePoint first_seen) {
+                 std::chrono::seconds term, const RecordOrigin& origin) {
     using detail::FastNext;
     if (next == FastNext::kRelease) return release_fast(call);
     try {
@@ -697,7 +697,7 @@ class IdempotencyGuard {
       if (next == FastNext::kFill) {
         // The fast store lost the record (a durable replay), or our fast claim expired and was
         // taken over (or released) while the durable store decided: the durable answer stands.
-        fast_->refill(call.key(), call.fingerprint(), response, term, first_seen);
+        fast_->refill(call.key(), call.fingerprint(), response, term, origin);
         core_.fast_filled(call);
       }
     } catch (const StorageError& e) {

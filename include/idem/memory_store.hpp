@@ -134,13 +134,13 @@ class MemoryStore final : public FastStore {
 
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override {
-    refill(key, fingerprint, response, retention, TimePoint{});
+    refill(key, fingerprint, response, retention, RecordOrigin{});
   }
 
-  /// As fill(), the record created at `first_seen` (epoch: now, or when a record it overwrites
-  /// was created).
+  /// As fill(), the record created at `origin.first_seen` (epoch: now, or when a record it
+  /// overwrites was created) and completed by `origin.holder`.
   void refill(const Key& key, std::string_view fingerprint, std::string_view response,
-              std::chrono::seconds retention, TimePoint first_seen) override {
+              std::chrono::seconds retention, const RecordOrigin& origin) override {
     check_retention(retention);
     auto now = options_.clock();
     auto composed = key.str();
@@ -153,12 +153,13 @@ class MemoryStore final : public FastStore {
       records_.fetch_add(1, std::memory_order_relaxed);
     }
     Entry& e = it->second;
-    if (first_seen != TimePoint{}) {
-      e.created_at = first_seen;
+    if (origin.first_seen != TimePoint{}) {
+      e.created_at = origin.first_seen;
     } else if (e.created_at == TimePoint{}) {
       e.created_at = now;
     }
     e.status = Record::Status::kCompleted;
+    e.owner = std::string(origin.holder);
     e.fingerprint = std::string(fingerprint);
     e.response = std::string(response);
     e.updated_at = now;

@@ -73,7 +73,7 @@ struct [[nodiscard]] GuardResult {
   /// For duplicates: when the first attempt created the record (epoch when unknown). A fast
   /// store's record written back from the durable store (after the fast store lost it) keeps
   /// the first attempt's (FastStore::refill; a custom fast store without refill reports the
-  /// time it was written back).
+  /// time it was written back). So does `holder`, where the fast store keeps owners.
   TimePoint first_seen{};
   /// For duplicates: the owner token of the first attempt (empty when unknown).
   std::string holder;

@@ -131,6 +131,16 @@ struct ClaimResult {
   ClaimTicket ticket;
 };
 
+/// What the durable store reported of the first attempt of a record written back to the fast
+/// store (FastStore::refill): its answer's ClaimResult::first_seen and ClaimResult::holder.
+/// The view need only last for the call.
+struct RecordOrigin {
+  /// When the first attempt created the record (epoch when unknown: the write-back's time).
+  TimePoint first_seen{};
+  /// The owner token of the attempt that completed it (empty when unknown).
+  std::string_view holder;
+};
+
 /// A record as a store keeps it (for lookup, operators and tests).
 struct Record {
   /// The record's state.
@@ -241,16 +251,16 @@ class FastStore {
   virtual void fill(const Key& key, std::string_view fingerprint, std::string_view response,
                     std::chrono::seconds retention) = 0;
 
-  /// Writes back a completed record the durable store replayed, as fill() does, keeping
-  /// `first_seen` (when the record's first attempt created it, ClaimResult::first_seen of the
-  /// durable answer) as its creation time: a duplicate the fast store answers from it then
-  /// reports when the first attempt began, not when the record was written back. The guards
-  /// write back with refill(). `first_seen` epoch (unknown): now, as fill(). This default calls
-  /// fill() (the record reports the time it was written back); MemoryStore and RedisStore keep
-  /// `first_seen`.
+  /// Writes back a completed record the durable store replayed, as fill() does, keeping what
+  /// the durable store reported of its first attempt (`origin`: its creation time and owner
+  /// token) for the duplicates the fast store answers from it: they report when the first
+  /// attempt began and who ran it, not when and by whom the record was written back. The
+  /// guards write back with refill(). This default calls fill() (the record reports the time
+  /// it was written back and no owner); MemoryStore keeps both, RedisStore the creation time
+  /// (its completed records keep no owner).
   virtual void refill(const Key& key, std::string_view fingerprint, std::string_view response,
-                      std::chrono::seconds retention, TimePoint first_seen) {
-    (void)first_seen;
+                      std::chrono::seconds retention, const RecordOrigin& origin) {
+    (void)origin;
     fill(key, fingerprint, response, retention);
   }
 

@@ -464,9 +464,9 @@ void AsyncRedisStore::async_fill(const Key& key, std::string_view fingerprint,
 
 void AsyncRedisStore::async_refill(const Key& key, std::string_view fingerprint,
                                    std::string_view response, std::chrono::seconds retention,
-                                   TimePoint first_seen, const Executor& ex,
+                                   const RecordOrigin& origin, const Executor& ex,
                                    Completion<bool> done) {
-  impl_->fill(key, fingerprint, response, retention, first_seen, ex, std::move(done));
+  impl_->fill(key, fingerprint, response, retention, origin.first_seen, ex, std::move(done));
 }
 
 void AsyncRedisStore::async_lookup(const Key& key, const Executor& ex,

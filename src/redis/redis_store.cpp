@@ -991,8 +991,8 @@ void RedisStore::fill(const Key& key, std::string_view fingerprint, std::string_
 }
 
 void RedisStore::refill(const Key& key, std::string_view fingerprint, std::string_view response,
-                        std::chrono::seconds retention, TimePoint first_seen) {
-  impl_->fill(key, fingerprint, response, retention, first_seen);
+                        std::chrono::seconds retention, const RecordOrigin& origin) {
+  impl_->fill(key, fingerprint, response, retention, origin.first_seen);
 }
 
 std::optional<Record> RedisStore::lookup(const Key& key) { return impl_->lookup(key); }

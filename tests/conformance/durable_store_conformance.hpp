@@ -624,6 +624,7 @@ TYPED_TEST_P(DurableStoreConformance, FastStoreThatLostTheRecordIsRefilled) {
   EXPECT_EQ(Source::kFastStore, third.source);
   EXPECT_EQ(to_millis(r.first_seen), to_millis(third.first_seen))
       << "the write-back keeps when the first attempt began";
+  EXPECT_EQ(r.holder, third.holder) << "and who ran it";
   EXPECT_EQ(1, runs);
   EXPECT_EQ(1, TypeParam::count_effects(*this->store_, k.id()));
 }

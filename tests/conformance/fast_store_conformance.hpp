@@ -207,18 +207,22 @@ TEST_P(FastStoreConformance, FillWritesACompletedRecord) {
   EXPECT_EQ("refilled", r.response);
 }
 
-// A record written back from the durable store keeps its first attempt's creation time, also
-// over a claim of its own (the guard's write-back of a durable replay); none given: now.
+// A record written back from the durable store keeps its first attempt's creation time (and
+// owner, where completed records keep one), also over a claim of its own (the guard's
+// write-back of a durable replay); none given: now.
 TEST_P(FastStoreConformance, RefillKeepsWhenTheFirstAttemptBegan) {
   const TimePoint first_seen{std::chrono::milliseconds(to_millis(system_now()) - 3'600'000)};
+  const auto first = OwnerToken::generate();
   auto k = key();
   const auto mine = OwnerToken::generate();
   ASSERT_EQ(ClaimStatus::kClaimed, store_->claim(k, "fp", mine, lease_).status);
-  store_->refill(k, "fp", "replayed", retention_, first_seen);
+  store_->refill(k, "fp", "replayed", retention_, RecordOrigin{first_seen, first.str()});
   auto r = store_->claim(k, "fp", OwnerToken::generate(), lease_);
   EXPECT_EQ(ClaimStatus::kDone, r.status);
   EXPECT_EQ("replayed", r.response);
   EXPECT_EQ(to_millis(first_seen), to_millis(r.first_seen));
+  EXPECT_EQ(GetParam().keeps_completed_owner ? first.str() : std::string(), r.holder)
+      << "never the overwritten claim's owner";
   auto found = store_->lookup(k);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(Record::Status::kCompleted, found->status);
@@ -227,7 +231,7 @@ TEST_P(FastStoreConformance, RefillKeepsWhenTheFirstAttemptBegan) {
 
   auto fresh = Key::make(k.scope(), k.id() + "-now");
   const auto before = to_millis(system_now());
-  store_->refill(fresh, "fp", "r", retention_, TimePoint{});
+  store_->refill(fresh, "fp", "r", retention_, RecordOrigin{});
   auto now = store_->claim(fresh, "fp", OwnerToken::generate(), lease_);
   EXPECT_EQ(ClaimStatus::kDone, now.status);
   EXPECT_GE(to_millis(now.first_seen), before);

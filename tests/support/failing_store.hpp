@@ -82,9 +82,9 @@ class SwitchableFastStore final : public FastStore {
     inner_.fill(k, fp, r, ret);
   }
   void refill(const Key& k, std::string_view fp, std::string_view r, std::chrono::seconds ret,
-              TimePoint first_seen) override {
+              const RecordOrigin& origin) override {
     hit();
-    inner_.refill(k, fp, r, ret, first_seen);
+    inner_.refill(k, fp, r, ret, origin);
   }
   std::optional<Record> lookup(const Key& k) override {
     hit();

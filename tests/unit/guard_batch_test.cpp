@@ -555,6 +555,8 @@ TEST(GuardRefill, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptBegan) {
   ASSERT_EQ(Outcome::kReplayed, again.outcome);
   EXPECT_EQ(Source::kFastStore, again.source);
   EXPECT_EQ(created("run"), again.first_seen) << "not the time it was written back";
+  ASSERT_FALSE(replay.holder.empty());
+  EXPECT_EQ(replay.holder, again.holder) << "the first attempt's owner, not the replaying call's";
   EXPECT_EQ(created("run"), fresh.lookup(Key::make("orders", "run")).value().created_at);
 
   for (int round = 0; round < 2; ++round) {
@@ -563,6 +565,7 @@ TEST(GuardRefill, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptBegan) {
     ASSERT_EQ(Outcome::kReplayed, b.answers.at(0).outcome);
     EXPECT_EQ(round == 0 ? Source::kDurableStore : Source::kFastStore, b.answers[0].source);
     EXPECT_EQ(created("batch"), b.answers[0].first_seen) << "round " << round;
+    EXPECT_EQ(now.lookup(Key::make("orders", "batch")).value().owner, b.answers[0].holder);
   }
   EXPECT_EQ(2u, guard.stats().snapshot().fast_refills)
       << "one write-back each, run's and run_batch's";

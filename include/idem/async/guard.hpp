@@ -828,9 +828,8 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
                                  });
         return;
       case FastNext::kFill:
-        // Created when the record's first attempt began (epoch for this call's own: now).
         g_.fast_->async_refill(key_, fingerprint_, durable_->response, fast_term_,
-                               durable_->first_seen, strand_,
+                               ::idem::detail::origin_of(*durable_, call_.owner()), strand_,
                                [self](std::exception_ptr e, bool) mutable {
                                  if (e) return self->follow_up_failed(e);
                                  try {

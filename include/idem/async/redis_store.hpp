@@ -109,9 +109,10 @@ class IDEM_EXPORT AsyncRedisStore final : public AsyncFastStore {
   void async_fill(const Key& key, std::string_view fingerprint, std::string_view response,
                   std::chrono::seconds retention, const Executor& ex,
                   Completion<bool> done) override;
-  /// As async_fill, the record created at `first_seen` (the durable record's; epoch: now).
+  /// As async_fill, the record created at `origin.first_seen` (the durable record's; epoch:
+  /// now). A completed record keeps no owner.
   void async_refill(const Key& key, std::string_view fingerprint, std::string_view response,
-                    std::chrono::seconds retention, TimePoint first_seen, const Executor& ex,
+                    std::chrono::seconds retention, const RecordOrigin& origin, const Executor& ex,
                     Completion<bool> done) override;
   /// Reads a record (as RedisStore::lookup).
   void async_lookup(const Key& key, const Executor& ex,

@@ -63,13 +63,13 @@ class AsyncFastStore {
                           std::chrono::seconds retention, const Executor& ex,
                           Completion<bool> done) = 0;
 
-  /// FastStore::refill: as async_fill, the record created at `first_seen` (the durable
-  /// record's; epoch: now). This default calls async_fill (the record reports the time it was
-  /// written back).
+  /// FastStore::refill: as async_fill, keeping what the durable store reported of the
+  /// record's first attempt (`origin`, whose view need only last for the call). This default
+  /// calls async_fill (the record reports the time it was written back and no owner).
   virtual void async_refill(const Key& key, std::string_view fingerprint, std::string_view response,
-                            std::chrono::seconds retention, TimePoint first_seen,
+                            std::chrono::seconds retention, const RecordOrigin& origin,
                             const Executor& ex, Completion<bool> done) {
-    (void)first_seen;
+    (void)origin;
     async_fill(key, fingerprint, response, retention, ex, std::move(done));
   }
 
@@ -118,10 +118,10 @@ class InlineFastStore final : public AsyncFastStore {
     });
   }
   void async_refill(const Key& key, std::string_view fingerprint, std::string_view response,
-                    std::chrono::seconds retention, TimePoint first_seen, const Executor& ex,
+                    std::chrono::seconds retention, const RecordOrigin& origin, const Executor& ex,
                     Completion<bool> done) override {
     answer(ex, std::move(done), [&] {
-      store_->refill(key, fingerprint, response, retention, first_seen);
+      store_->refill(key, fingerprint, response, retention, origin);
       return true;
     });
   }

@@ -420,12 +420,13 @@ class BatchRun {
   }
 
   // A replayed record the fast store had lost, written over this batch's claim for what is left
-  // of its retention (fast_term; none: the claim is released), created when its first attempt
-  // began (FastStore::refill).
+  // of its retention (fast_term; none: the claim is released), with what the durable store
+  // reported of its first attempt (FastStore::refill).
   void refill_for(std::size_t i, const BatchAnswer& a, std::chrono::seconds term) noexcept {
     if (term.count() <= 0) return release_fast(i);
     try {
-      fast_->refill(calls_[i].key, fingerprints_[i], a.response, term, a.first_seen);
+      fast_->refill(calls_[i].key, fingerprints_[i], a.response, term,
+                    RecordOrigin{a.first_seen, a.holder});
       core_.count_refill();
     } catch (const StorageError& e) {
       core_.fast_burst(calls_[i].key, e);
@@ -461,7 +462,8 @@ class BatchRun {
       for (std::size_t j = 0; j < index.size(); ++j) {
         if (ok[j]) continue;
         // The claim expired meanwhile: the durable answer stands; overwrite the fast record.
-        fast_->fill(*requests[j].key, fingerprints_[index[j]], requests[j].response, retention);
+        fast_->refill(*requests[j].key, fingerprints_[index[j]], requests[j].response, retention,
+                      RecordOrigin{TimePoint{}, owner_.str()});
         core_.count_refill();
       }
     } catch (const StorageError& e) {

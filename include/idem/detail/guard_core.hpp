@@ -203,6 +203,14 @@ inline std::chrono::seconds fast_term(std::chrono::seconds retention,
   return d.status == ClaimStatus::kDone ? fast_term(retention, d.expires_at) : retention;
 }
 
+/// What writing the durable answer `d` back to the fast store tells it of the record's first
+/// attempt (FastStore::refill): the durable store's report for a replay; for the record this
+/// call wrote, its `owner` (its creation: the write-back's time).
+inline RecordOrigin origin_of(const ClaimResult& d, const OwnerToken& owner) noexcept {
+  if (d.status == ClaimStatus::kDone) return RecordOrigin{d.first_seen, d.holder};
+  return RecordOrigin{TimePoint{}, owner.str()};
+}
+
 /// The reason a record is marked failed with when its first attempt ran (two-phase: the effect
 /// happened) but its response could never be stored (e.g. larger than the store takes): the
 /// rest of the reason says why. Calls on the key then fail (unstored_answer) instead of running

@@ -296,9 +296,10 @@ class IDEM_EXPORT RedisStore final : public FastStore {
   void fill(const Key& key, std::string_view fingerprint, std::string_view response,
             std::chrono::seconds retention) override;
 
-  /// As fill(), the record created at `first_seen` (the durable record's; epoch: now).
+  /// As fill(), the record created at `origin.first_seen` (the durable record's; epoch: now).
+  /// A completed record keeps no owner.
   void refill(const Key& key, std::string_view fingerprint, std::string_view response,
-              std::chrono::seconds retention, TimePoint first_seen) override;
+              std::chrono::seconds retention, const RecordOrigin& origin) override;
 
   /// Claims every request in ONE round trip (a pipeline of `SET ... NX PX ... GET` on one
   /// connection); answers as claim, in order (see FastStore::claim_batch). On servers without

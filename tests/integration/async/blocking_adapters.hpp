@@ -101,9 +101,9 @@ class BlockingFastStore final : public FastStore {
     });
   }
   void refill(const Key& k, std::string_view fp, std::string_view r, std::chrono::seconds ret,
-              TimePoint first_seen) override {
+              const RecordOrigin& origin) override {
     (void)wait_for<bool>(loop_.executor(), [&](auto ex, auto done) {
-      store_->async_refill(k, fp, r, ret, first_seen, ex, std::move(done));
+      store_->async_refill(k, fp, r, ret, origin, ex, std::move(done));
     });
   }
   std::optional<Record> lookup(const Key& k) override {

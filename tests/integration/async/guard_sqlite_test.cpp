@@ -199,6 +199,8 @@ TEST(AsyncGuardRefillTest, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptB
   ASSERT_EQ(idem::Outcome::kReplayed, again.outcome);
   EXPECT_EQ(idem::Source::kFastStore, again.source);
   EXPECT_EQ(created, again.first_seen) << "not the time it was written back";
+  ASSERT_FALSE(r.holder.empty());
+  EXPECT_EQ(r.holder, again.holder) << "the first attempt's owner, not the replaying call's";
 }
 
 // A stalled fast store applies the claims whose answers timed out once it runs again; the

@@ -14,6 +14,7 @@
 #include "idem/consumer.hpp"
 #include "idem/redis/redis_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
+#include "raw_redis.hpp"
 #include "support/reassigning_handler.hpp"
 #include "support/test_env.hpp"
 
@@ -106,6 +107,59 @@ TEST_F(RedisGuardTest, ThirtyTwoThreadsOneKeyWithSqliteBehindRunOnce) {
   EXPECT_EQ(idem::Source::kFastStore, again.source);
   EXPECT_EQ("pay_once", *again.value);
   EXPECT_EQ(1, runs.load());
+}
+
+// Redis lost a completed record (a flush, an eviction, a failover): sixteen threads replay it
+// at once from SQLite, which writes it back; every answer, from either store, reports when the
+// first attempt began (an hour ago by the clock of the store that ran it), and it ran once.
+TEST_F(RedisGuardTest, ARecordRedisLostIsWrittenBackWithWhenItsFirstAttemptBegan) {
+  idem::test::TempDir dir;
+  idem::ManualClock hour_ago(idem::system_now() - 1h);
+  idem::sqlite::SqliteStoreOptions earlier;
+  earlier.clock = hour_ago.as_clock();
+  auto db = std::make_shared<idem::sqlite::Database>(dir.file("first-seen.db"));
+  idem::sqlite::SqliteStore then(db, earlier);
+  idem::sqlite::SqliteStore now(db);
+  RedisStore fast(RedisStoreOptions{url_});
+  std::atomic<int> runs{0};
+  auto handler = [&](idem::sqlite::Transaction&) {
+    ++runs;
+    return std::string("pay_once");
+  };
+  auto k = key();
+  {
+    idem::IdempotencyGuard first{fast, then};
+    ASSERT_EQ(Outcome::kExecuted, first.run(k, "fp", handler).outcome);
+  }
+  const auto created = idem::to_millis(now.lookup(k).value().created_at);
+  ASSERT_LT(created, idem::to_millis(idem::system_now() - 30min));
+  idem::test::RawRedis(url_).cmd({"DEL", fast.redis_key(k)});
+
+  idem::IdempotencyGuard guard{fast, now};
+  constexpr int kThreads = 16;
+  std::atomic<int> replayed{0}, wrong_time{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      // A thread that meets another's claim of the write-back waits for its answer.
+      idem::CallOptions wait;
+      wait.wait_for_result = 5s;
+      auto r = guard.run(k, "fp", wait, handler);
+      if (r.outcome == Outcome::kReplayed && *r.value == "pay_once") ++replayed;
+      if (idem::to_millis(r.first_seen) != created) ++wrong_time;
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(1, runs.load());
+  EXPECT_EQ(kThreads, replayed.load());
+  EXPECT_EQ(0, wrong_time.load());
+  auto again = guard.run(k, "fp", handler);
+  EXPECT_EQ(idem::Source::kFastStore, again.source);
+  EXPECT_EQ(created, idem::to_millis(again.first_seen)) << "the written-back record's";
+  EXPECT_EQ(created, idem::to_millis(fast.lookup(k).value().created_at));
 }
 
 TEST_F(RedisGuardTest, ThirtyTwoThreadsOneKeyRedisOnlyRunOnce) {
