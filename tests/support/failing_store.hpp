@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,12 +31,29 @@ class SwitchableFastStore final : public FastStore {
   /// (StorageTimeout), as a paused Redis applies the claims it received once it runs again;
   /// every other call times out without reaching the inner store.
   std::atomic<bool> stalled{false};
+  /// With `stalled`: the claims are applied when apply_stalled() is called, not at once (the
+  /// paused server works through its input when it runs again, whenever that is).
+  std::atomic<bool> defer_stalled{false};
+
+  /// Applies the claims a deferred stall kept, in the order they came.
+  void apply_stalled() {
+    std::vector<Deferred> todo;
+    {
+      std::lock_guard<std::mutex> lock(deferred_mutex_);
+      todo.swap(deferred_);
+    }
+    for (const auto& d : todo) (void)inner_.claim(d.key, d.fingerprint, d.owner, d.lease);
+  }
 
   ClaimResult claim(const Key& k, std::string_view fp, const OwnerToken& o,
                     std::chrono::milliseconds lease) override {
     if (stalled.load()) {
       ++calls;
-      (void)inner_.claim(k, fp, o, lease);
+      if (defer_stalled.load()) {
+        defer(k, fp, o, lease);
+      } else {
+        (void)inner_.claim(k, fp, o, lease);
+      }
       throw StorageTimeout("test: claim timed out (the stalled server applies it later)");
     }
     hit();
@@ -45,7 +63,11 @@ class SwitchableFastStore final : public FastStore {
                                        std::chrono::milliseconds lease) override {
     if (stalled.load()) {
       ++calls;
-      (void)inner_.claim_batch(requests, lease);
+      if (defer_stalled.load()) {
+        for (const auto& r : requests) defer(*r.key, r.fingerprint, *r.owner, lease);
+      } else {
+        (void)inner_.claim_batch(requests, lease);
+      }
       throw StorageTimeout("test: claims timed out (the stalled server applies them later)");
     }
     hit();
@@ -93,6 +115,20 @@ class SwitchableFastStore final : public FastStore {
   std::string_view name() const noexcept override { return "switchable"; }
 
  private:
+  struct Deferred {
+    Key key;
+    std::string fingerprint;
+    OwnerToken owner;
+    std::chrono::milliseconds lease;
+  };
+  void defer(const Key& k, std::string_view fp, const OwnerToken& o,
+             std::chrono::milliseconds lease) {
+    std::lock_guard<std::mutex> lock(deferred_mutex_);
+    deferred_.push_back(Deferred{k, std::string(fp), o, lease});
+  }
+  std::mutex deferred_mutex_;
+  std::vector<Deferred> deferred_;
+
   void hit() {
     ++calls;
     if (failing.load()) throw StorageUnavailable("test: fast store switched off");

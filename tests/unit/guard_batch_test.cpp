@@ -629,4 +629,70 @@ TEST(GuardLostClaims, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswe
   EXPECT_EQ(1, runs);
 }
 
+// A stalled store may apply a lost claim long after it was sent: after a pause longer than the
+// claim's lease (its record then lives a lease from the resume), or just after the guard's
+// release of it found nothing (the store works through each connection's input in its own
+// order). Either way the claim's record answers for the key it claims, and the guard, which
+// knows it as its own (the holder of the answer), releases it and asks again: a completed key
+// replays instead of answering "in progress", or "mismatch" to the right payload.
+TEST(GuardLostClaims, AClaimAppliedAfterALongPauseOrAfterItsReleaseIsReleasedWhenItAnswers) {
+  using std::chrono::milliseconds;
+  idem::test::TempDir dir;
+  SqliteStore durable(dir.file("late.sqlite"));
+  idem::ManualClock frozen;  // the stale claims' leases do not end during the test
+  idem::MemoryStoreOptions mo;
+  mo.clock = frozen.as_clock();
+  idem::MemoryStore memory{mo};
+  idem::test::SwitchableFastStore fast{memory};
+  fast.defer_stalled = true;
+  idem::GuardOptions options;
+  options.lease = milliseconds(100);
+  idem::IdempotencyGuard guard{static_cast<idem::FastStore&>(fast), durable, options};
+  const std::string fa = idem::fingerprint("a");
+  const std::string fb = idem::fingerprint("b");
+  auto paid = [](Transaction&) { return std::string("paid"); };
+  auto batch = [&](const Key& k) {
+    std::vector<BatchCall> one{BatchCall{k, fa}};
+    return guard.run_batch(std::move(one), "done", [](Transaction&, std::size_t) {})
+        .answers.at(0)
+        .outcome;
+  };
+  const Key run_key = Key::make("orders", "paused-run");
+  const Key batch_key = Key::make("orders", "paused-batch");
+
+  // A pause longer than the lease: the claims reach the store after their lease would have
+  // ended, counted from when they were sent.
+  fast.stalled = true;
+  ASSERT_EQ(Outcome::kExecuted, guard.run(run_key, fa, paid).outcome);
+  ASSERT_EQ(Outcome::kExecuted, batch(batch_key));
+  std::this_thread::sleep_for(milliseconds(150));
+  fast.stalled = false;
+  fast.apply_stalled();
+  ASSERT_TRUE(memory.lookup(run_key).has_value());
+  EXPECT_EQ(Outcome::kReplayed, guard.run(run_key, fa, paid).outcome);
+  EXPECT_EQ(Outcome::kReplayed, batch(batch_key));
+
+  // Applied after the guard released them (the release found nothing), a run, a batch, and a
+  // lost claim with another payload on a completed key.
+  const Key late_run = Key::make("orders", "late-run");
+  const Key late_batch = Key::make("orders", "late-batch");
+  const Key done = Key::make("orders", "done");
+  ASSERT_EQ(Outcome::kExecuted, guard.run(done, fa, paid).outcome);
+  memory.clear();  // the fast store lost done's record
+  fast.stalled = true;
+  ASSERT_EQ(Outcome::kExecuted, guard.run(late_run, fa, paid).outcome);
+  ASSERT_EQ(Outcome::kExecuted, batch(late_batch));
+  ASSERT_EQ(Outcome::kFingerprintMismatch, guard.run(done, fb, paid).outcome);
+  fast.stalled = false;
+  ASSERT_EQ(Outcome::kExecuted, guard.run(Key::make("orders", "other"), fa, paid).outcome);
+  fast.apply_stalled();
+  ASSERT_TRUE(memory.lookup(late_run).has_value());
+  auto r = guard.run(late_run, fa, paid);
+  EXPECT_EQ(Outcome::kReplayed, r.outcome) << "not the lost claim's in progress";
+  EXPECT_EQ(Outcome::kReplayed, batch(late_batch));
+  auto d = guard.run(done, fa, paid);
+  EXPECT_EQ(Outcome::kReplayed, d.outcome) << "not the lost claim's mismatch";
+  EXPECT_EQ("paid", d.value.value_or(""));
+}
+
 }  // namespace

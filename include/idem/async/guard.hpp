@@ -391,14 +391,17 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (g_.fast_ != nullptr) {
       phase_ = Phase::kFastClaim;
       t0_ = call_.now();
-      g_.fast_->async_claim(
-          key_, fingerprint_, call_.owner(), call_.options.lease, strand_,
-          [self = this->shared_from_this()](std::exception_ptr e, ClaimResult c) mutable {
-            self->on_fast_claim(std::move(e), std::move(c));
-          });
-      return;
+      return fast_claim();
     }
     durable_phase();
+  }
+
+  void fast_claim() {
+    g_.fast_->async_claim(
+        key_, fingerprint_, call_.owner(), call_.options.lease, strand_,
+        [self = this->shared_from_this()](std::exception_ptr e, ClaimResult c) mutable {
+          self->on_fast_claim(std::move(e), std::move(c));
+        });
   }
 
   // --- 2. fast claim ------------------------------------------------------------------------
@@ -426,6 +429,27 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
+  // The record that answered this call's claim is this guard's lost claim `lost` (a stalled
+  // store applied it late): released (owner-checked, after the releases sent before it), then
+  // the claim asked again, once. A failed release answers `c` as it came.
+  void release_lost_then_ask_again(const OwnerToken& lost, ClaimResult c) {
+    asked_again_ = true;
+    g_.core_.forget_lost_claim(key_, lost);
+    auto first = std::make_shared<ClaimResult>(std::move(c));
+    try {
+      g_.fast_->async_release(
+          key_, lost, strand_,
+          [self = this->shared_from_this(), first](std::exception_ptr e, bool) mutable {
+            if (e || self->abandoned_) {
+              return self->on_fast_claim(nullptr, std::move(*first));
+            }
+            self->fast_claim();
+          });
+    } catch (...) {
+      on_fast_claim(nullptr, std::move(*first));
+    }
+  }
+
   void on_fast_claim(std::exception_ptr e, ClaimResult c) {
     call_.fast_claim = call_.since(t0_);
     if (e) {
@@ -446,6 +470,14 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       }
     }
     if (g_.core_.has_lost_claims()) release_lost_claims();
+    if ((c.status == ClaimStatus::kBusy || c.status == ClaimStatus::kMismatch) && !asked_again_) {
+      std::optional<OwnerToken> lost;
+      try {
+        lost = g_.core_.lost_claim_holding(key_, c.holder);
+      } catch (...) {
+      }
+      if (lost) return release_lost_then_ask_again(*lost, std::move(c));
+    }
     bool granted = false;
     try {
       granted = g_.core_.fast_claim_answered(call_, c);
@@ -1019,6 +1051,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   bool durable_claimed_ = false;
   bool handler_threw_ = false;
   bool cancelled_in_body_ = false;  // the transaction body threw Cancelled (not the store)
+  bool asked_again_ = false;        // the fast claim was asked again after a lost claim's release
   std::exception_ptr thrown_;
   ::idem::detail::SteadyClock::time_point t0_{}, h0_{};
   std::chrono::nanoseconds handler_time_{0};

@@ -207,6 +207,7 @@ class BatchRun {
     try {
       std::vector<ClaimResult> answers = fast_->claim_batch(requests, core_.options().lease);
       if (core_.has_lost_claims()) core_.release_lost_claims(*fast_);
+      ask_again(requests, answers);
       fresh_claims_ = true;
       for (std::size_t j = 0; j < index.size(); ++j) {
         const std::size_t i = index[j];
@@ -232,6 +233,26 @@ class BatchRun {
         core_.note_lost_claim(*r.key, owner_, e, core_.options().lease);
       }
     }
+  }
+
+  // Busy and mismatch answers that came from this guard's lost claims (a stalled store applied
+  // them late; GuardCore::lost_claim_holding): those claims are released (owner-checked) and
+  // their keys claimed again, in one more batch.
+  void ask_again(const std::vector<ClaimRequest>& requests, std::vector<ClaimResult>& answers) {
+    std::vector<ClaimRequest> again;
+    std::vector<std::size_t> where;
+    for (std::size_t j = 0; j < answers.size(); ++j) {
+      const ClaimResult& c = answers[j];
+      if (c.status != ClaimStatus::kBusy && c.status != ClaimStatus::kMismatch) continue;
+      if (auto lost = core_.lost_claim_holding(*requests[j].key, c.holder)) {
+        core_.release_lost_claim(*fast_, *requests[j].key, *lost);
+        again.push_back(requests[j]);
+        where.push_back(j);
+      }
+    }
+    if (again.empty()) return;
+    std::vector<ClaimResult> second = fast_->claim_batch(again, core_.options().lease);
+    for (std::size_t k = 0; k < where.size(); ++k) answers[where[k]] = std::move(second[k]);
   }
 
   // Step 2, first run, inside `tx`: the records of the first call of each key, written

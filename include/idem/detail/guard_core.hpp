@@ -423,13 +423,19 @@ class GuardCore {
     note_lost_claim(c.key(), c.owner(), e, c.options.lease);
   }
 
-  /// A claim whose answer was lost (see note_lost_claim): released once the fast store answers.
+  /// A claim whose answer was lost (see note_lost_claim): released once the fast store answers,
+  /// then watched for a lease (lost_claim_holding).
   struct LostClaim {
     Key key;
     OwnerToken owner;
-    std::int64_t until_ns = 0;  ///< steady clock: the claim has ended by itself after this
+    std::int64_t lease_ns = 0;  ///< the claim's lease
+    /// 0: not released yet (kept however long the fast store stays silent: a stalled store
+    /// applies the claim when it runs again, whenever that is). Else: released at least once
+    /// (take_lost_claims), watched until then (steady clock): a claim the store applied just
+    /// after its release has ended by itself by then.
+    std::int64_t watch_until_ns = 0;
   };
-  /// Most lost claims kept for release; beyond it the oldest are left to end with their lease.
+  /// Most lost claims kept; beyond it the oldest are left to end with their lease.
   static constexpr std::size_t kMaxLostClaims = 1024;
 
   /// A claim of `owner` on `key` failed with `e` after it may have reached the fast store (a
@@ -452,32 +458,71 @@ class GuardCore {
   void note_unreleased_claim(const Key& key, const OwnerToken& owner,
                              std::chrono::milliseconds lease) noexcept {
     try {
-      const std::int64_t until =
-          steady_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(lease).count();
+      const auto lease_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(lease).count();
       std::lock_guard<std::mutex> lock(lost_mutex_);
       if (lost_claims_.size() >= kMaxLostClaims) lost_claims_.erase(lost_claims_.begin());
-      lost_claims_.push_back(LostClaim{key, owner, until});
+      lost_claims_.push_back(LostClaim{key, owner, lease_ns, 0});
       lost_pending_.store(true, std::memory_order_release);
+      lost_kept_.store(true, std::memory_order_release);
     } catch (...) {
       // Out of memory: the claim ends with its lease, as before.
     }
   }
   /// Whether lost claims wait for their release (one relaxed load: the fast path's only cost).
   bool has_lost_claims() const noexcept { return lost_pending_.load(std::memory_order_relaxed); }
-  /// The lost claims whose lease has not ended, for the caller to release; none are kept.
+  /// The lost claims not released yet, for the caller to release (owner-checked). They stay
+  /// kept, watched for a lease from now: a stalled store may apply one just after its release
+  /// (it works through each connection's input in its own order), and lost_claim_holding then
+  /// finds it under the key it answers for. Watches that ended are dropped.
   std::vector<LostClaim> take_lost_claims() {
     std::vector<LostClaim> out;
     std::lock_guard<std::mutex> lock(lost_mutex_);
     lost_pending_.store(false, std::memory_order_relaxed);
     const std::int64_t now = steady_ns();
-    for (auto& l : lost_claims_) {
-      if (l.until_ns > now) out.push_back(std::move(l));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < lost_claims_.size(); ++i) {
+      LostClaim& l = lost_claims_[i];
+      if (l.watch_until_ns == 0) {
+        out.push_back(l);
+        l.watch_until_ns = now + l.lease_ns;
+      }
+      if (l.watch_until_ns <= now) continue;  // watched for a lease: over
+      if (kept != i) lost_claims_[kept] = std::move(l);
+      ++kept;
     }
-    lost_claims_.clear();
+    lost_claims_.erase(lost_claims_.begin() + static_cast<std::ptrdiff_t>(kept),
+                       lost_claims_.end());
+    lost_kept_.store(kept != 0, std::memory_order_relaxed);
     return out;
   }
+  /// The owner of this guard's lost claim on `key` whose record answered a claim with
+  /// `holder` (a busy or mismatch answer: the stalled store applied it late), to be released
+  /// (owner-checked) and the claim asked again; nullopt when `holder` is no lost claim's.
+  std::optional<OwnerToken> lost_claim_holding(const Key& key, std::string_view holder) {
+    if (holder.empty() || !lost_kept_.load(std::memory_order_acquire)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    for (const auto& l : lost_claims_) {
+      if (l.owner.str() == holder && l.key == key) return l.owner;
+    }
+    return std::nullopt;
+  }
+  /// `owner`'s lost claim on `key` is released: no longer kept.
+  void forget_lost_claim(const Key& key, const OwnerToken& owner) noexcept {
+    try {
+      std::lock_guard<std::mutex> lock(lost_mutex_);
+      for (auto it = lost_claims_.begin(); it != lost_claims_.end(); ++it) {
+        if (it->owner == owner && it->key == key) {
+          lost_claims_.erase(it);
+          break;
+        }
+      }
+      lost_kept_.store(!lost_claims_.empty(), std::memory_order_relaxed);
+    } catch (...) {
+      // (std::mutex::lock): it stays watched until its watch ends
+    }
+  }
   /// Releases the lost claims on `fast`, owner-checked, now that it answered a claim (the
-  /// synchronous guard's run() and run_batch()); a failure keeps the rest for a later call.
+  /// synchronous guard's run() and run_batch()); a failure leaves the rest to a later call.
   /// @return whether one of them was still held (and is gone now).
   bool release_lost_claims(FastStore& fast) noexcept {
     std::vector<LostClaim> lost;
@@ -489,14 +534,23 @@ class GuardCore {
     bool released = false;
     for (std::size_t i = 0; i < lost.size(); ++i) {
       try {
-        released = fast.release(lost[i].key, lost[i].owner) || released;
+        if (fast.release(lost[i].key, lost[i].owner)) {
+          released = true;
+          forget_lost_claim(lost[i].key, lost[i].owner);
+        }
       } catch (...) {
         lost.erase(lost.begin(), lost.begin() + static_cast<std::ptrdiff_t>(i));
-        keep_lost_claims(std::move(lost));
+        keep_lost_claims(lost);
         return released;
       }
     }
     return released;
+  }
+  /// Releases `owner`'s lost claim whose record answered this call's claim of `key`
+  /// (lost_claim_holding), owner-checked, on `fast`. @throws as FastStore::release.
+  void release_lost_claim(FastStore& fast, const Key& key, const OwnerToken& owner) {
+    (void)fast.release(key, owner);
+    forget_lost_claim(key, owner);
   }
   /// Whether the call skips the fast store (GuardOptions::fast_store_retry_after: it failed
   /// less than that long ago). A skipped call goes on degraded, as after a failure. Only for
@@ -797,24 +851,28 @@ class GuardCore {
   std::atomic<std::uint64_t> burst_failures_{0};
   // Until when calls skip the fast store (steady clock, ns; 0: none do).
   std::atomic<std::int64_t> fast_retry_at_{0};
-  /// Puts back lost claims not released (the fast store failed again), after those noted since.
-  void keep_lost_claims(std::vector<LostClaim> rest) noexcept {
+  /// Marks lost claims not released (the fast store failed again) as waiting for a release
+  /// again (take_lost_claims left them kept, watched).
+  void keep_lost_claims(const std::vector<LostClaim>& rest) noexcept {
     if (rest.empty()) return;
     try {
       std::lock_guard<std::mutex> lock(lost_mutex_);
-      for (auto& l : rest) {
-        if (lost_claims_.size() >= kMaxLostClaims) break;
-        lost_claims_.push_back(std::move(l));
+      for (auto& l : lost_claims_) {
+        for (const auto& r : rest) {
+          if (l.owner == r.owner && l.key == r.key) l.watch_until_ns = 0;
+        }
       }
       lost_pending_.store(true, std::memory_order_release);
     } catch (...) {
+      // (std::mutex::lock): they stay watched until their watch ends
     }
   }
 
-  // Claims whose answer was lost, waiting for their release (note_lost_claim).
+  // Claims whose answer was lost, waiting for their release or watched (note_lost_claim).
   std::mutex lost_mutex_;
   std::vector<LostClaim> lost_claims_;
-  std::atomic<bool> lost_pending_{false};
+  std::atomic<bool> lost_pending_{false};  // some wait for their release
+  std::atomic<bool> lost_kept_{false};     // some are kept (waiting or watched)
 };
 
 }  // namespace idem::detail

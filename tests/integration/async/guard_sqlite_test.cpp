@@ -233,6 +233,45 @@ TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheS
   EXPECT_EQ("paid", again.value.value_or(""));
 }
 
+// The call whose claim the lost claim's record answers is the first after the stall, or the
+// store applies the lost claim only after the guard's release of it found nothing: the guard
+// knows the record's holder as its own lost claim, releases it and asks again (as
+// IdempotencyGuard does), so a completed key replays.
+TEST(AsyncGuardLostClaimsTest, TheCallALostClaimAnswersReleasesItAndAsksAgain) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  SqliteStore sqlite{dir.file("late.db")};
+  idem::async::WorkerPool pool{{2, 16}};
+  PooledDurable<SqliteStore> durable{sqlite, pool};
+  idem::MemoryStore memory;
+  idem::test::SwitchableFastStore stalling{memory};
+  stalling.defer_stalled = true;
+  idem::async::InlineFastStore fast{stalling};
+  idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
+  auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
+  auto outcome = [&](const idem::Key& k) {
+    auto [e, r] = run_to_end(io, guard, k, handler);
+    EXPECT_FALSE(e);
+    return r.outcome;
+  };
+  const auto first = idem::Key::make("pay", "first-after");
+  const auto late = idem::Key::make("pay", "applied-late");
+  stalling.stalled = true;
+  ASSERT_EQ(idem::Outcome::kExecuted, outcome(first));  // the durable store alone
+  stalling.stalled = false;
+  stalling.apply_stalled();
+  ASSERT_TRUE(memory.lookup(first).has_value()) << "the stalled store applied the lost claim";
+  EXPECT_EQ(idem::Outcome::kReplayed, outcome(first)) << "not the lost claim's in progress";
+
+  stalling.stalled = true;
+  ASSERT_EQ(idem::Outcome::kExecuted, outcome(late));
+  stalling.stalled = false;
+  ASSERT_EQ(idem::Outcome::kExecuted, outcome(idem::Key::make("pay", "other")));
+  stalling.apply_stalled();  // after the guard's release of it
+  ASSERT_TRUE(memory.lookup(late).has_value());
+  EXPECT_EQ(idem::Outcome::kReplayed, outcome(late)) << "not the lost claim's in progress";
+}
+
 // A worker pool with no room refuses the call's transaction: the caller gets WorkerPoolFull
 // (retryable), nothing runs, and the observer hears of it as the pool's refusal
 // ("worker_pool"), not as a failure of the durable store. Once the pool has room, the retry
