@@ -244,11 +244,12 @@ class BatchRun {
     for (std::size_t j = 0; j < answers.size(); ++j) {
       const ClaimResult& c = answers[j];
       if (c.status != ClaimStatus::kBusy && c.status != ClaimStatus::kMismatch) continue;
-      if (auto lost = core_.lost_claim_holding(*requests[j].key, c.holder)) {
-        core_.release_lost_claim(*fast_, *requests[j].key, *lost);
-        again.push_back(requests[j]);
-        where.push_back(j);
-      }
+      const Key& key = *requests[j].key;
+      auto lost = core_.lost_claim_holding(key, c.holder);
+      if (!lost) continue;
+      core_.release_lost_claim(*fast_, key, *lost);
+      again.push_back(requests[j]);
+      where.push_back(j);
     }
     if (again.empty()) return;
     std::vector<ClaimResult> second = fast_->claim_batch(again, core_.options().lease);

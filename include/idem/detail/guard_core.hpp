@@ -523,6 +523,8 @@ class GuardCore {
   }
   /// Releases the lost claims on `fast`, owner-checked, now that it answered a claim (the
   /// synchronous guard's run() and run_batch()); a failure leaves the rest to a later call.
+  /// They stay watched (take_lost_claims): a claim another thread's answer came from, released
+  /// here meanwhile, is still found by lost_claim_holding.
   /// @return whether one of them was still held (and is gone now).
   bool release_lost_claims(FastStore& fast) noexcept {
     std::vector<LostClaim> lost;
@@ -534,10 +536,7 @@ class GuardCore {
     bool released = false;
     for (std::size_t i = 0; i < lost.size(); ++i) {
       try {
-        if (fast.release(lost[i].key, lost[i].owner)) {
-          released = true;
-          forget_lost_claim(lost[i].key, lost[i].owner);
-        }
+        released = fast.release(lost[i].key, lost[i].owner) || released;
       } catch (...) {
         lost.erase(lost.begin(), lost.begin() + static_cast<std::ptrdiff_t>(i));
         keep_lost_claims(lost);
@@ -547,7 +546,8 @@ class GuardCore {
     return released;
   }
   /// Releases `owner`'s lost claim whose record answered this call's claim of `key`
-  /// (lost_claim_holding), owner-checked, on `fast`. @throws as FastStore::release.
+  /// (lost_claim_holding), owner-checked, on `fast`: no longer kept (the claim asked again
+  /// is this call's). @throws as FastStore::release.
   void release_lost_claim(FastStore& fast, const Key& key, const OwnerToken& owner) {
     (void)fast.release(key, owner);
     forget_lost_claim(key, owner);
