@@ -258,15 +258,13 @@ class IdempotencyGuard {
         // a busy or mismatch answer that came (or may have come) from one of them is asked
         // again, once.
         bool again = core_.has_lost_claims() && core_.release_lost_claims(*fast_);
-        if (c.status == ClaimStatus::kBusy || c.status == ClaimStatus::kMismatch) {
-          if (auto lost = core_.lost_claim_holding(key, c.holder)) {
-            core_.release_lost_claim(*fast_, key, *lost);
-            again = true;
-          }
-          if (again) {
-            c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
-            call.fast_claim = call.since(t0);
-          }
+        if (auto lost = core_.lost_claim_holding(key, c)) {
+          core_.release_lost_claim(*fast_, key, *lost);
+          again = true;
+        }
+        if (again && (c.status == ClaimStatus::kBusy || c.status == ClaimStatus::kMismatch)) {
+          c = fast_->claim(key, fingerprint, call.owner(), call.options.lease);
+          call.fast_claim = call.since(t0);
         }
         if (!core_.fast_claim_answered(call, c)) {
           if (!detail::is_unstored(c)) {

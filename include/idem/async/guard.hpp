@@ -470,10 +470,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       }
     }
     if (g_.core_.has_lost_claims()) release_lost_claims();
-    if ((c.status == ClaimStatus::kBusy || c.status == ClaimStatus::kMismatch) && !asked_again_) {
+    if (!asked_again_) {
       std::optional<OwnerToken> lost;
       try {
-        lost = g_.core_.lost_claim_holding(key_, c.holder);
+        lost = g_.core_.lost_claim_holding(key_, c);
       } catch (...) {
       }
       if (lost) return release_lost_then_ask_again(*lost, std::move(c));

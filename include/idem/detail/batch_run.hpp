@@ -242,10 +242,8 @@ class BatchRun {
     std::vector<ClaimRequest> again;
     std::vector<std::size_t> where;
     for (std::size_t j = 0; j < answers.size(); ++j) {
-      const ClaimResult& c = answers[j];
-      if (c.status != ClaimStatus::kBusy && c.status != ClaimStatus::kMismatch) continue;
       const Key& key = *requests[j].key;
-      auto lost = core_.lost_claim_holding(key, c.holder);
+      auto lost = core_.lost_claim_holding(key, answers[j]);
       if (!lost) continue;
       core_.release_lost_claim(*fast_, key, *lost);
       again.push_back(requests[j]);

@@ -495,14 +495,16 @@ class GuardCore {
     lost_kept_.store(kept != 0, std::memory_order_relaxed);
     return out;
   }
-  /// The owner of this guard's lost claim on `key` whose record answered a claim with
-  /// `holder` (a busy or mismatch answer: the stalled store applied it late), to be released
-  /// (owner-checked) and the claim asked again; nullopt when `holder` is no lost claim's.
-  std::optional<OwnerToken> lost_claim_holding(const Key& key, std::string_view holder) {
-    if (holder.empty() || !lost_kept_.load(std::memory_order_acquire)) return std::nullopt;
+  /// The owner of this guard's lost claim on `key` whose record gave the claim answer `c` (a
+  /// busy or mismatch answer whose holder it is: the stalled store applied it late), to be
+  /// released (owner-checked, release_lost_claim) and the claim asked again; nullopt for any
+  /// other answer.
+  std::optional<OwnerToken> lost_claim_holding(const Key& key, const ClaimResult& c) {
+    if (c.status != ClaimStatus::kBusy && c.status != ClaimStatus::kMismatch) return std::nullopt;
+    if (c.holder.empty() || !lost_kept_.load(std::memory_order_acquire)) return std::nullopt;
     std::lock_guard<std::mutex> lock(lost_mutex_);
     for (const auto& l : lost_claims_) {
-      if (l.owner.str() == holder && l.key == key) return l.owner;
+      if (l.owner.str() == c.holder && l.key == key) return l.owner;
     }
     return std::nullopt;
   }

@@ -206,7 +206,8 @@ TEST(AsyncGuardRefillTest, DuplicatesAfterTheWriteBackReportWhenTheFirstAttemptB
 // A stalled fast store applies the claims whose answers timed out once it runs again; the
 // guard releases them (owner-checked) at its first claim the store answers, so a completed
 // key replays instead of answering "in progress" for a lease (as IdempotencyGuard does).
-TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswers) {
+// An AsyncGuard on SQLite behind a MemoryStore that can stall (SwitchableFastStore).
+struct StallingAsyncGuard {
   idem::async::net::io_context io;
   idem::test::TempDir dir;
   SqliteStore sqlite{dir.file("lost.db")};
@@ -216,6 +217,14 @@ TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheS
   idem::test::SwitchableFastStore stalling{memory};
   idem::async::InlineFastStore fast{stalling};
   idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
+};
+
+TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswers) {
+  StallingAsyncGuard t;
+  auto& io = t.io;
+  auto& guard = t.guard;
+  auto& memory = t.memory;
+  auto& stalling = t.stalling;
   auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
   const auto b = idem::Key::make("pay", "lost-b");
   stalling.stalled = true;
@@ -238,16 +247,12 @@ TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheS
 // knows the record's holder as its own lost claim, releases it and asks again (as
 // IdempotencyGuard does), so a completed key replays.
 TEST(AsyncGuardLostClaimsTest, TheCallALostClaimAnswersReleasesItAndAsksAgain) {
-  idem::async::net::io_context io;
-  idem::test::TempDir dir;
-  SqliteStore sqlite{dir.file("late.db")};
-  idem::async::WorkerPool pool{{2, 16}};
-  PooledDurable<SqliteStore> durable{sqlite, pool};
-  idem::MemoryStore memory;
-  idem::test::SwitchableFastStore stalling{memory};
+  StallingAsyncGuard t;
+  auto& io = t.io;
+  auto& guard = t.guard;
+  auto& memory = t.memory;
+  auto& stalling = t.stalling;
   stalling.defer_stalled = true;
-  idem::async::InlineFastStore fast{stalling};
-  idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
   auto handler = [](idem::sqlite::Transaction&) { return std::string("paid"); };
   auto outcome = [&](const idem::Key& k) {
     auto [e, r] = run_to_end(io, guard, k, handler);
