@@ -15,7 +15,7 @@
 //   std::vector<idem::BatchCall> calls;
 //   for (const auto& m : messages) calls.push_back({idem::Key::make("billing", m.id), m.fp});
 //   idem::BatchResult r = guard.run_batch(std::move(calls), "consumed",
-//       [&](idem::sqlite::Transaction& tx, std::size_t i) { apply(tx, messages[i]); });
+//       [&](idem::sqlite::Transaction& tx, std::size_t i) { record_payment(tx, messages[i]); });
 //   for (std::size_t i = 0; i < messages.size(); ++i) {
 //     const idem::BatchAnswer& a = r.answers[i];
 //     if (a.error) { /* the handler of call i threw: its writes rolled back alone */ }

@@ -47,8 +47,9 @@
 //   co.dead_letter = [&](const idem::DeadLetter& d) { dead_stream.add(d.message_id, d.payload); };
 //   idem::IdempotentConsumer consumer{guard, "billing-consumer", co};
 //   for (auto& msg : stream.read_group(batch)) {
-//     auto verdict = consumer.consume({msg.id, idem::fingerprint(msg.body), msg.body},
-//                                     [&](idem::sqlite::Transaction& tx) { apply(tx, msg); });
+//     auto verdict = consumer.consume(
+//         {msg.id, idem::fingerprint(msg.body), msg.body},
+//         [&](idem::sqlite::Transaction& tx) { record_payment(tx, msg); });
 //     if (idem::should_ack(verdict)) stream.ack(msg.entry_id);
 //   }
 // @endcode

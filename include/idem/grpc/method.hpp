@@ -9,6 +9,7 @@
 // @code
 //   idem::grpc::MethodOptions options;
 //   options.method = "/payments.v1.Payments/Charge";
+//   options.replay_trailers = {"payments-decline-code"};  // replayed with the stored status
 //   idem::grpc::Method charge{guard, options};
 //
 //   grpc::Status Charge(grpc::ServerContext* ctx, const ChargeRequest* req,

@@ -47,7 +47,7 @@
 //   idem::rabbitmq::ConsumerLoop loop{broker, consumer, lo, &publisher};
 //   for (;;) {
 //     loop.poll_batch([&](idem::sqlite::Transaction& tx, const idem::rabbitmq::Message& m) {
-//       apply(tx, m);                                          // commits with the record
+//       record_payment(tx, m);                                 // commits with the record
 //     });
 //   }
 // @endcode

@@ -11,7 +11,7 @@
 //
 // @code
 //   auto db = std::make_shared<idem::sqlite::Database>("payments.db");
-//   db->write([](idem::sqlite::Transaction& tx) {
+//   db->write([&](idem::sqlite::Transaction& tx) {
 //     tx.exec("INSERT INTO payment (order_no, amount) VALUES (?, ?)", order_no, amount);
 //   });
 //   auto n = db->read([](idem::sqlite::Session& s) {
