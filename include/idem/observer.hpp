@@ -265,7 +265,11 @@ class ObserverList final : public Observer {
 
 /// A snapshot of GuardStats.
 struct GuardStatsSnapshot {
-  /// Calls of run() (and calls reported by batches).
+  /// Calls of run() (and calls reported by batches; a call that waited for the first result
+  /// counts once). A call is counted once more in bypassed, or as one of executed, replayed,
+  /// in_progress, mismatched or handler_errors, or not at all when it ended with an error
+  /// thrown to its caller (a store's StorageError, LeaseLost, ...): Observer::on_store_error
+  /// and Observer::on_lease_lost report those.
   std::uint64_t calls = 0;
   /// Calls that ran the handler to completion (Outcome::kExecuted).
   std::uint64_t executed = 0;

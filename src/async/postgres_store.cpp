@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "close_on_strand.hpp"
 #include "idem/detail/record_rules.hpp"
 #include "idem/errors.hpp"
 #include "pg_connection.hpp"
@@ -646,11 +647,12 @@ AsyncPostgresStore::AsyncPostgresStore(Executor executor, postgres::PostgresStor
 
 AsyncPostgresStore::~AsyncPostgresStore() {
   // Closed on the store's strand, whichever thread destroys the store (at once when that is
-  // the strand's thread): the loop may be running the store's handlers right now.
+  // the strand's thread): the loop may be running the store's handlers right now. A loop that
+  // never runs again closes them when its io_context is destroyed (detail::CloseOnStrand).
   std::shared_ptr<Impl> impl = std::move(impl_);
   if (!impl) return;
   Impl* raw = impl.get();
-  raw->on_strand([impl = std::move(impl)] { impl->close(); });
+  raw->on_strand(detail::CloseOnStrand<Impl>(std::move(impl)));
 }
 
 void AsyncPostgresStore::async_begin(const Key& key, std::string_view fingerprint,

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "close_on_strand.hpp"
 #include "idem/errors.hpp"
 #include "redis/command_parts.hpp"
 #include "redis/record_codec.hpp"
@@ -426,11 +427,12 @@ AsyncRedisStore::AsyncRedisStore(Executor executor, std::string_view uri)
 AsyncRedisStore::~AsyncRedisStore() {
   // The connections are closed on the store's strand, whichever thread destroys the store
   // (at once when that is the strand's thread): the loop may be running the store's handlers
-  // right now. Calls in flight then complete with StorageUnavailable.
+  // right now. Calls in flight then complete with StorageUnavailable. A loop that never runs
+  // again closes them when its io_context is destroyed (detail::CloseOnStrand).
   std::shared_ptr<Impl> impl = std::move(impl_);
   if (!impl) return;
   Impl* raw = impl.get();
-  raw->on_strand([impl = std::move(impl)] { impl->close(); });
+  raw->on_strand(detail::CloseOnStrand<Impl>(std::move(impl)));
 }
 
 void AsyncRedisStore::async_claim(const Key& key, std::string_view fingerprint,

@@ -480,6 +480,64 @@ TEST_F(AsyncPostgresStoreTest, DestroyedWithCallsInFlightAnswersEveryCall) {
   std::printf("  %d of %d calls failed with the store closed under them\n", failed, kCalls);
 }
 
+// The order docs/async.md gives for shutting down, with calls still in flight: the loop
+// stopped, the store destroyed from another thread, then the io_context destroyed. The store's
+// close job never runs on the stopped loop and the calls' state waits inside its connection;
+// once the io_context is gone, the connection must be closed anyway (its backend goes away),
+// and the calls' completions, posted to the stopped loop, are destroyed uncalled.
+TEST_F(AsyncPostgresStoreTest, DestroyedBesideAStoppedLoopClosesItsConnectionWhenTheLoopGoes) {
+  const std::string app = idem::test::unique_name("idem_async_stopped");
+  auto backends = [&app](const char* condition) {
+    pqxx::connection c(pg::dsn());
+    pqxx::nontransaction n(c);
+    return n
+        .exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " + n.quote(app) +
+               " AND " + condition)[0]
+        .as<int>();
+  };
+  PostgresStore sync(sync_options());
+  idem::async::WorkerPool workers({1, 16});
+  const auto k = key("stopped");
+  idem::test::Gate in_tx, release;
+  auto tx = std::async(std::launch::async, [&] {
+    return sync.run_transactional(k, "fp", OwnerToken::generate(), std::chrono::seconds(600),
+                                  [&](pqxx::work&) {
+                                    in_tx.open();
+                                    release.wait();
+                                    return std::string("committed");
+                                  });
+  });
+  in_tx.wait();
+  std::atomic<int> called{0};
+  {
+    anet::io_context io;
+    AsyncPostgresStoreOptions ao;
+    ao.conninfo = pg::dsn() + " application_name=" + app;
+    ao.lock_timeout = 20s;  // the begins wait on the transaction holding the key
+    ao.statement_timeout = 30s;
+    auto store = std::make_unique<AsyncPostgresStore>(io.get_executor(), sync, workers, ao);
+    for (int i = 0; i < 20; ++i) {
+      store->async_begin(k, "fp", OwnerToken::generate(), 30s, {}, io.get_executor(),
+                         [&called](std::exception_ptr, idem::ClaimResult) { ++called; });
+    }
+    const auto until = std::chrono::steady_clock::now() + 15s;
+    while (backends("wait_event_type = 'Lock'") == 0 && std::chrono::steady_clock::now() < until) {
+      io.run_for(20ms);
+    }
+    ASSERT_EQ(1, backends("wait_event_type = 'Lock'")) << "the begins never reached the server";
+    io.stop();
+    store.reset();  // from this thread, the loop stopped: its close job stays queued
+  }                 // the io_context destroyed
+  release.open();
+  ASSERT_EQ(idem::TransactionalStatus::kCommitted, tx.get().status);
+  const auto until = std::chrono::steady_clock::now() + 15s;
+  while (backends("true") > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(0, backends("true")) << "the store's connection outlived the store and its loop";
+  EXPECT_EQ(0, called.load()) << "completions posted to a stopped loop are not called";
+}
+
 // An adopted table without idem's CHECK on status: a status idem did not write is CorruptRecord
 // (never a busy key, never a takeover), for a begin and a lookup alike.
 TEST_F(AsyncPostgresStoreTest, ARowIdemDidNotWriteIsACorruptRecord) {

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include "../postgres/tcp_proxy.hpp"
 #include "async_guard_suite.hpp"
+#include "async_support.hpp"
 #include "blocking_adapters.hpp"
 #include "conformance/fast_store_conformance.hpp"
 #include "idem/async/pooled_durable.hpp"
@@ -257,6 +260,45 @@ TEST_F(AsyncRedisStoreTest, DestroyedFromAnotherThreadWithCallsInFlight) {
     EXPECT_EQ(kCalls, answered.load());
     EXPECT_EQ(0, other_errors.load());
   }
+}
+
+// The order docs/async.md gives for shutting down, with calls still in flight (a server that
+// accepts and never answers): the loop stopped, the store destroyed from another thread, then
+// the io_context destroyed. The store's close job never runs on the stopped loop; once the
+// io_context is gone, its connection must be closed anyway, and the calls' completions, posted
+// to the stopped loop, are destroyed uncalled.
+TEST_F(AsyncRedisStoreTest, DestroyedBesideAStoppedLoopClosesItsConnectionWhenTheLoopGoes) {
+  idem::test::Listener silent(16);  // the kernel completes the connect; nothing ever answers
+  auto open_fds = [] {
+    std::size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      (void)e;
+      ++n;
+    }
+    return n;
+  };
+  const std::size_t before = open_fds();
+  std::atomic<int> called{0};
+  {
+    idem::async::net::io_context io;
+    AsyncRedisStoreOptions o;
+    o.uri = "redis://127.0.0.1:" + std::to_string(silent.port());
+    o.connect_timeout = std::chrono::seconds(30);
+    o.command_timeout = std::chrono::seconds(30);
+    auto store = std::make_unique<AsyncRedisStore>(io.get_executor(), o);
+    auto owner = idem::OwnerToken::generate();
+    for (int i = 0; i < 20; ++i) {
+      store->async_claim(key("stopped" + std::to_string(i)), "fp", owner, std::chrono::seconds(30),
+                         io.get_executor(),
+                         [&called](std::exception_ptr, idem::ClaimResult) { ++called; });
+    }
+    io.run_for(std::chrono::milliseconds(200));  // connected, the claims sent, none answered
+    ASSERT_GT(open_fds(), before) << "the store never opened its connection";
+    io.stop();
+    store.reset();  // from this thread, the loop stopped: its close job stays queued
+  }                 // the io_context destroyed
+  EXPECT_EQ(before, open_fds()) << "the store's connection outlived the store and its loop";
+  EXPECT_EQ(0, called.load()) << "completions posted to a stopped loop are not called";
 }
 
 TEST_F(AsyncRedisStoreTest, AForeignValueIsACorruptRecordAndUsageErrorsAreTyped) {
