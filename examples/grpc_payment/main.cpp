@@ -486,10 +486,14 @@ idem::GuardOptions guard_options(const Config& c) {
 #ifdef GRPC_PAYMENT_WITH_ASYNC
 // --- the callback service on AsyncGuard -------------------------------------------------------
 
-// The loop: one thread running an io_context until destroyed.
+// The loop: one thread running an io_context until stopped.
 struct LoopThread {
   LoopThread() : work(idem::async::net::make_work_guard(io)), thread([this] { io.run(); }) {}
-  ~LoopThread() {
+  ~LoopThread() { stop(); }
+  // Stops the loop and joins its thread. The io_context stays until the LoopThread goes (the
+  // asynchronous stores close their connections on it).
+  void stop() {
+    if (!thread.joinable()) return;
     work.reset();
     io.stop();
     thread.join();
@@ -499,26 +503,40 @@ struct LoopThread {
   std::thread thread;
 };
 
+// The shutdown order of docs/async.md, whatever way the service returns: the loop stopped, then
+// the worker pool's queued work done (it uses the service, the guard, the stores and the
+// ledger), before those are destroyed. Declared after the service.
+struct ShutDown {
+  ~ShutDown() {
+    loop.stop();
+    pool.reset();
+  }
+  LoopThread& loop;
+  std::optional<idem::async::WorkerPool>& pool;
+};
+
 template <class Ledger, class Durable>
 int run_callback(const Config& c, Ledger& ledger, idem::async::AsyncGuard<Durable>& guard,
-                 idem::async::WorkerPool& pool) {
+                 LoopThread& loop, std::optional<idem::async::WorkerPool>& pool) {
   ledger.open_accounts(c.accounts, c.balance);
-  grpc_payment::AsyncPaymentService<Ledger, Durable> service{guard, ledger, pool, c.service};
+  grpc_payment::AsyncPaymentService<Ledger, Durable> service{guard, ledger, *pool, c.service};
+  ShutDown shut_down{loop, pool};  // before the service, the guard, the stores, the ledger go
   return run_service(c, ledger, guard, service);
 }
 
 int serve_callback(const Config& c) {
   idem::async::AsyncGuardOptions options;
   options.guard = guard_options(c);
-  idem::async::WorkerPool pool{{8, 4096}};  // the ledger's blocking work, transactions
-  options.pool = &pool;
+  // The ledger's blocking work, transactions.
+  std::optional<idem::async::WorkerPool> pool{idem::async::WorkerPoolOptions{8, 4096}};
+  options.pool = &*pool;
   LoopThread loop;
   const idem::async::Executor ex = loop.io.get_executor();
 #ifdef GRPC_PAYMENT_WITH_ASYNC_POSTGRES
   if (!c.postgres.empty()) {
     idem::postgres::PostgresStore sync{postgres_options(c, 16)};
     grpc_payment::PostgresLedger ledger{sync, c.schema};
-    idem::async::AsyncPostgresStore durable{ex, sync, pool};
+    idem::async::AsyncPostgresStore durable{ex, sync, *pool};
     idem::MemoryStore memory;
     std::unique_ptr<idem::async::AsyncFastStore> fast;
     if (c.redis.empty()) {
@@ -530,16 +548,16 @@ int serve_callback(const Config& c) {
       fast = std::make_unique<idem::async::AsyncRedisStore>(ex, ro);
     }
     idem::async::AsyncGuard guard{ex, *fast, durable, options};
-    return run_callback(c, ledger, guard, pool);
+    return run_callback(c, ledger, guard, loop, pool);
   }
 #endif
   idem::sqlite::SqliteStore sqlite{c.db};
   grpc_payment::SqliteLedger ledger{sqlite};
-  idem::async::PooledDurable<idem::sqlite::SqliteStore> durable{sqlite, pool};
+  idem::async::PooledDurable<idem::sqlite::SqliteStore> durable{sqlite, *pool};
   idem::MemoryStore memory;
   idem::async::InlineFastStore fast{memory};
   idem::async::AsyncGuard guard{ex, fast, durable, options};
-  return run_callback(c, ledger, guard, pool);
+  return run_callback(c, ledger, guard, loop, pool);
 }
 #endif
 

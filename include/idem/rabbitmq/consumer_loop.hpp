@@ -193,6 +193,22 @@ class IDEM_EXPORT ConsumerLoop {
     }
   }
 
+  /// Requeues the deliveries still held (requeue_held): none stays unacked on a channel that
+  /// outlives the loop, where a prefetch window full of them would stop every later consumer of
+  /// that channel. A failure to reach the broker is swallowed (a broken connection returns
+  /// them anyway).
+  ~ConsumerLoop() {
+    try {
+      (void)requeue_held();
+    } catch (...) {  // the connection is gone: the broker requeues its unacked deliveries
+    }
+  }
+  ConsumerLoop(const ConsumerLoop&) = delete;
+  ConsumerLoop& operator=(const ConsumerLoop&) = delete;
+  /// Moves the held deliveries along (the moved-from loop holds none).
+  ConsumerLoop(ConsumerLoop&&) noexcept = default;
+  ConsumerLoop& operator=(ConsumerLoop&&) = delete;
+
   /// Receives a batch (waiting at most `wait`, less when a held delivery falls due), runs
   /// `handler` for each delivery through consume_batch (one transaction for the batch), settles
   /// the verdicts. @return the deliveries received.
@@ -343,14 +359,17 @@ class IDEM_EXPORT ConsumerLoop {
   /// Nacks (requeue) the held retry_later deliveries whose delay has passed.
   void flush() {
     const auto now = Clock::now();
-    while (!held_.empty() && held_.front().due <= now) {
-      if (broker_->nack(held_.front().message, true)) {
-        ++stats_.requeued;
-      } else {
-        ++stats_.stale;
-      }
-      held_.erase(held_.begin());
-    }
+    while (!held_.empty() && held_.front().due <= now) requeue_first_held();
+  }
+
+  /// Nacks (requeue) every held delivery now, whether or not its retry delay has passed: what
+  /// the destructor does; call it before pausing a loop that keeps its channel open.
+  /// @return the deliveries requeued (stale ones, of a closed connection, are only dropped).
+  /// @throws what QueueConsumer::nack throws (the deliveries not yet requeued stay held).
+  std::size_t requeue_held() {
+    std::size_t requeued = 0;
+    while (!held_.empty()) requeued += requeue_first_held() ? 1 : 0;
+    return requeued;
   }
 
   /// Deliveries held for a later requeue.
@@ -366,6 +385,14 @@ class IDEM_EXPORT ConsumerLoop {
     Message message;  // only its delivery tag and connection are kept
     Clock::time_point due;
   };
+
+  // Nacks (requeue) the first held delivery and forgets it. false: it was stale.
+  bool requeue_first_held() {
+    const bool requeued = broker_->nack(held_.front().message, true);
+    ++(requeued ? stats_.requeued : stats_.stale);
+    held_.erase(held_.begin());
+    return requeued;
+  }
 
   // Holds batch[from..] for a requeue after retry_delay: deliveries a failed consume left
   // without a verdict. Unacked on a live channel, the broker would return them only when the

@@ -227,6 +227,81 @@ void kill_nine_mid_run(const std::vector<std::string>& extra, int keys, bool two
       keys, retries.load(), in_progress_at_kill, slurp(dir.file("server.log")).c_str());
 }
 
+// SIGTERM while handlers still run (their calls' deadlines already passed): the server exits
+// cleanly, synchronous service or callback service (which stops its loop and finishes its
+// worker pool's work before the guard, the stores and the ledger go), and after a restart each
+// key ends with exactly one charge.
+TEST(GrpcPaymentProcess, SigtermWhileHandlersStillRunExitsCleanlyAndChargesOnce) {
+  std::vector<bool> modes = {false};
+#ifdef GRPC_PAYMENT_WITH_ASYNC
+  modes.push_back(true);
+#endif
+  for (bool callback : modes) {
+    SCOPED_TRACE(callback ? "--callback" : "synchronous");
+    idem::test::TempDir dir;
+    const std::string db = dir.file("payments.sqlite");
+    const int port = free_port();
+    std::vector<std::string> args = {GRPC_PAYMENT_PATH,
+                                     "--serve",
+                                     "--port",
+                                     std::to_string(port),
+                                     "--db",
+                                     db,
+                                     "--accounts",
+                                     "2",
+                                     "--balance",
+                                     "1000000",
+                                     "--slow-ms",
+                                     "1500"};
+    if (callback) args.emplace_back("--callback");
+    ServerProcess server(args, dir.file("server.log"));
+    server.start();
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    constexpr int kKeys = 3;
+    auto request = [](int i) {
+      pb::ChargeRequest req;
+      req.set_account(grpc_payment::SqliteLedger::account(i % 2));
+      req.set_amount_cents(100 + i);
+      req.set_currency("EUR");
+      req.set_order_no("ORD-TERM-" + std::to_string(i));
+      return req;
+    };
+    auto key = [](int i) { return "term-" + std::to_string(i); };
+    {
+      auto stub = pb::Payments::NewStub(grpc_payment::make_channel(address));
+      std::vector<std::thread> calls;
+      for (int i = 0; i < kKeys; ++i) {
+        calls.emplace_back(
+            [&, i] { (void)grpc_payment::charge(*stub, request(i), key(i), 300ms); });
+      }
+      for (auto& t : calls) t.join();  // each gave up at 300 ms; the handlers run for 1.5 s
+    }
+    EXPECT_EQ(0, server.stop()) << slurp(dir.file("server.log"));
+    server.start();
+    if (::testing::Test::HasFatalFailure()) return;
+    {
+      auto stub = pb::Payments::NewStub(grpc_payment::make_channel(address));
+      for (int i = 0; i < kKeys; ++i) {
+        grpc_payment::Answer a;
+        const auto deadline = Clock::now() + 60s;  // a key left in progress waits for its lease
+        do {
+          a = grpc_payment::charge(*stub, request(i), key(i), 10s);
+          if (a.status.ok()) break;
+          std::this_thread::sleep_for(100ms);
+        } while (Clock::now() < deadline);
+        EXPECT_TRUE(a.status.ok()) << key(i) << ": " << a.status.error_message();
+      }
+    }
+    EXPECT_EQ(0, server.stop()) << slurp(dir.file("server.log"));
+    idem::sqlite::SqliteStore store{db};
+    grpc_payment::SqliteLedger ledger{store};
+    auto totals = ledger.totals();
+    EXPECT_EQ(kKeys, totals.payments);  // exactly one effect per key
+    for (int i = 0; i < kKeys; ++i) EXPECT_EQ(1u, totals.by_key.count(key(i))) << key(i);
+  }
+}
+
 TEST(GrpcPaymentProcess, KillNineMidRunTransactionalOneEffectPerKey) {
   kill_nine_mid_run({"--slow-ms", "2"}, 300, false);
 }

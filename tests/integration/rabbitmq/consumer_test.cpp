@@ -479,6 +479,43 @@ TEST_F(RabbitConsumerTest, AStoreFailureOnALiveConnectionRequeuesTheUnsettledDel
   }
 }
 
+// A loop destroyed while it holds deliveries for a later requeue (a failed batch, a long
+// retry_delay), its channel still open: the held deliveries are nacked back to the queue at
+// once, so that the next loop on the same channel gets them (left unacked, they would come back
+// only when the connection closes, and fill the prefetch window meanwhile).
+TEST_F(RabbitConsumerTest, ALoopDestroyedWhileHoldingDeliveriesRequeuesThem) {
+  Node node{dir_.file("held.db"), *publisher_, dead_};
+  QueueConsumer broker{consumer_options(queue_)};
+  broker.connect();
+  publish(queue_, {{"m1", "one"}, {"m2", "two"}, {"m3", "three"}});
+  {
+    auto options = loop_options();
+    options.retry_delay = 600s;  // held far longer than this test runs
+    ConsumerLoop first{broker, node.consumer, options, publisher_.get()};
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (first.held() < 3 && std::chrono::steady_clock::now() < deadline) {
+      try {
+        (void)first.poll_batch([](Transaction&, const Message&) {
+          throw idem::StorageTimeout("the business database did not answer in time");
+        });
+      } catch (const idem::StorageTimeout&) {  // the batch is held
+      }
+    }
+    ASSERT_EQ(3u, first.held());
+    ASSERT_EQ(3u, broker.unsettled());
+  }  // destroyed holding them
+  EXPECT_EQ(0u, broker.unsettled()) << "the held deliveries were left unacked on the channel";
+  ConsumerLoop second{broker, node.consumer, loop_options(), publisher_.get()};
+  run_until_drained(second, [&] {
+    return second.poll_batch([&](Transaction& tx, const Message& m) { node.apply(tx, m); });
+  });
+  std::map<std::string, long> expected{{"m1", 1}, {"m2", 1}, {"m3", 1}};
+  EXPECT_EQ(expected, node.effects());
+  EXPECT_EQ(0u, broker.unsettled());
+  broker.close();
+  EXPECT_EQ(0u, publisher_->queue_info(queue_).messages);
+}
+
 // The connection dies after the broker got a publish and before its confirm came back (a
 // proxy forwards the frame, then cuts both sides): the Publisher reconnects and publishes the
 // message again with the same id. Two copies reach the queue; the consumer applies one.
