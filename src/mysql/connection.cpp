@@ -325,7 +325,22 @@ void Connection::fail(unsigned number, const char* sqlstate, const char* message
 
 void Connection::fail_stmt(MYSQL_STMT* stmt, std::string_view what,
                            std::chrono::steady_clock::time_point started) {
-  fail(mysql_stmt_errno(stmt), mysql_stmt_sqlstate(stmt), mysql_stmt_error(stmt), what, started);
+  if (mysql_stmt_errno(stmt) != 0) {
+    fail(mysql_stmt_errno(stmt), mysql_stmt_sqlstate(stmt), mysql_stmt_error(stmt), what, started);
+  }
+  // Connector/C leaves some failures of a prepared statement on the connection, not on the
+  // statement: a fetch interrupted by the server (KILL QUERY, max_statement_time: 1317, 1969).
+  if (mysql_errno(mysql_.get()) != 0) fail_conn(what, started);
+  // No error code anywhere: the connection's state is unknown, so it is not used again (nor
+  // is its transaction), and the call may be retried on another.
+  broken_ = true;
+  if (watching_ && !ended_) {
+    ended_ = true;
+    ended_number_ = kServerLost;
+  }
+  throw StorageUnavailable("mysql: " + std::string(what) +
+                           ": the statement failed and the client library gave no error code; "
+                           "the connection is dropped");
 }
 
 void Connection::fail_conn(std::string_view what, std::chrono::steady_clock::time_point started) {

@@ -594,6 +594,39 @@ TEST_F(MysqlStoreTest, AConnectionKilledDuringTheHandlerIsRetryable) {
   EXPECT_EQ(1, effects(k));
 }
 
+// A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the
+// prepared statement's rows are fetched: Connector/C leaves that error on the connection, not on
+// the statement. It must reach the caller typed and with the server's reason (1969, a
+// retryable StorageTimeout), never as an empty, permanent error; nothing is applied and the
+// retry runs once.
+TEST_F(MysqlStoreTest, AStatementTheServerInterruptsIsTypedWithItsReason) {
+  MysqlStore store{my::options()};
+  auto k = key("interrupted");
+  try {
+    (void)store.run_transactional(k, "fp", idem::OwnerToken::generate(), std::chrono::seconds(600),
+                                  [&](Transaction& tx) {
+                                    my::insert_effect(tx, k.id());
+                                    (void)tx.query_int64(
+                                        "SET STATEMENT max_statement_time = 0.2 FOR "
+                                        "SELECT SLEEP(2) FROM DUAL WHERE ? = ?",
+                                        1, 1);
+                                    return std::string("paid");
+                                  });
+    ADD_FAILURE() << "the interrupted statement returned";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("1969")) << e.what();
+  }
+  EXPECT_EQ(0, effects(k));
+  idem::IdempotencyGuard guard{store};
+  auto retry = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, effects(k));
+}
+
 // A handler that ends the transaction itself (SET autocommit = 1 here; DDL or LOCK TABLES
 // alike) gets a UsageError, and its connection is not handed out again: with one connection in
 // the pool, the next call's failing handler still loses its writes (a connection left in
