@@ -19,6 +19,13 @@
 // start new work: refusing them would leave a key in progress until its lease, or a response
 // computed but never recorded.
 //
+// A pool being destroyed finishes the jobs running and every follow-up (one submitted after
+// its last thread left runs on the submitting thread), and refuses the jobs still waiting to
+// start, as it refuses new ones: it never starts a handler or a claim once its owner is shutting
+// down, usually with the loop that would carry the work on already stopped (a two-phase
+// handler started then would run with no completion to record it, and run again after its
+// lease).
+//
 // While a job runs or waits, the caller's executor counts as having outstanding work, so an
 // `io_context::run()` does not return under it.
 //
@@ -82,16 +89,29 @@ class WorkerPool {
   /// Starts the threads.
   explicit WorkerPool(WorkerPoolOptions options = {}) : options_(normalise(options)) {
     threads_.reserve(options_.threads);
-    for (std::size_t i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { loop(); });
+    for (std::size_t i = 0; i < options_.threads; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++alive_;
+      }
+      threads_.emplace_back([this] { loop(); });
+    }
   }
-  /// Runs the jobs already queued, then joins the threads. Jobs must not submit to a pool
-  /// being destroyed.
+
+  /// Refuses the jobs still waiting to start (their `done` gets WorkerPoolFull, "worker pool
+  /// stopping", posted; a try_post job is dropped unrun), finishes the jobs running and every
+  /// follow-up, then joins the threads. A follow-up submitted after the last thread left runs
+  /// on the submitting thread.
   ~WorkerPool() {
+    std::deque<Job> refused;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
+      refused.swap(queue_);
+      stats_.rejected += refused.size();
     }
     wake_.notify_all();
+    for (auto& job : refused) job(false);
     for (auto& t : threads_) t.join();
   }
   WorkerPool(const WorkerPool&) = delete;
@@ -101,7 +121,9 @@ class WorkerPool {
   /// `max_queued` jobs wait.
   bool try_post(Function<void()> job) {
     if (admit() != Admission::kAdmitted) return false;
-    enqueue(std::move(job));
+    enqueue([job = std::move(job)](bool run) mutable {
+      if (run) job();
+    });
     return true;
   }
 
@@ -140,23 +162,28 @@ class WorkerPool {
     using R = std::invoke_result_t<Work&>;
     // Outstanding work on the caller's executor until `done` has run there.
     auto tracked = net::prefer(executor, net::execution::outstanding_work.tracked);
-    const Admission admission = follow_up ? Admission::kAdmitted : admit();
-    if (admission != Admission::kAdmitted) {
-      std::exception_ptr full = std::make_exception_ptr(WorkerPoolFull(
-          admission == Admission::kStopping
-              ? std::string("idem::async: worker pool stopping (being destroyed)")
-              : "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
-                    " jobs waiting for " + std::to_string(options_.threads) + " threads)"));
-      net::post(tracked, [done = std::move(done), full]() mutable {
+    // Answers `done` with WorkerPoolFull (posted): the job is refused.
+    auto refuse = [](auto& tracked_executor, Done& refused_done, std::exception_ptr full) {
+      net::post(tracked_executor, [done = std::move(refused_done), full]() mutable {
         if constexpr (std::is_void_v<R>) {
           done(full);
         } else {
           done(full, std::optional<R>());
         }
       });
+    };
+    const Admission admission = follow_up ? Admission::kAdmitted : admit();
+    if (admission != Admission::kAdmitted) {
+      refuse(tracked, done,
+             admission == Admission::kStopping
+                 ? stopping_error()
+                 : std::make_exception_ptr(WorkerPoolFull(
+                       "idem::async: worker pool full (" + std::to_string(options_.max_queued) +
+                       " jobs waiting for " + std::to_string(options_.threads) + " threads)")));
       return;
     }
-    Function<void()> job = [tracked, work = std::move(work), done = std::move(done)]() mutable {
+    Job job = [tracked, work = std::move(work), done = std::move(done), refuse](bool run) mutable {
+      if (!run) return refuse(tracked, done, stopping_error());
       std::exception_ptr error;
       if constexpr (std::is_void_v<R>) {
         try {
@@ -184,6 +211,12 @@ class WorkerPool {
     }
   }
 
+  // What a job refused by a pool being destroyed gets.
+  static std::exception_ptr stopping_error() {
+    return std::make_exception_ptr(
+        WorkerPoolFull("idem::async: worker pool stopping (being destroyed)"));
+  }
+
   static WorkerPoolOptions normalise(WorkerPoolOptions o) noexcept {
     if (o.threads == 0) o.threads = 4;
     if (o.max_queued == 0) o.max_queued = 1024;
@@ -191,6 +224,8 @@ class WorkerPool {
   }
 
   enum class Admission { kAdmitted, kFull, kStopping };
+  // A queued job: job(true) runs it; job(false) refuses it (a pool being destroyed).
+  using Job = Function<void(bool run)>;
 
   // Reserves a place in the queue.
   Admission admit() {
@@ -203,41 +238,57 @@ class WorkerPool {
     return Admission::kAdmitted;
   }
 
-  // Takes the place admit() reserved.
-  void enqueue(Function<void()> job) {
+  // Takes the place admit() reserved; refuses the job if the pool began stopping meanwhile.
+  void enqueue(Job job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --reserved_;
-      queue_.push_back(std::move(job));
-      ++stats_.submitted;
-      if (queue_.size() > stats_.max_queued_seen) stats_.max_queued_seen = queue_.size();
+      if (stopping_) {
+        ++stats_.rejected;
+      } else {
+        queue_.push_back(std::move(job));
+        ++stats_.submitted;
+        if (queue_.size() > stats_.max_queued_seen) stats_.max_queued_seen = queue_.size();
+        job = nullptr;
+      }
     }
+    if (job) return job(false);
     wake_.notify_one();
   }
 
-  // Queues a follow-up (never refused; taken before queue_).
-  void enqueue_follow_up(Function<void()> job) {
+  // Queues a follow-up (never refused; taken before queue_), or runs it here when no thread
+  // is left to take it (the pool is being destroyed).
+  void enqueue_follow_up(Job job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      follow_ups_.push_back(std::move(job));
       ++stats_.submitted;
+      if (alive_ > 0) {
+        follow_ups_.push_back(std::move(job));
+        job = nullptr;
+      }
     }
-    wake_.notify_one();
+    if (!job) return wake_.notify_one();
+    job(true);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.completed;
   }
 
   void loop() {
     for (;;) {
-      Function<void()> job;
+      Job job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !follow_ups_.empty(); });
-        std::deque<Function<void()>>& from = !follow_ups_.empty() ? follow_ups_ : queue_;
-        if (from.empty()) return;  // stopping, and nothing left
+        std::deque<Job>& from = !follow_ups_.empty() ? follow_ups_ : queue_;
+        if (from.empty()) {  // stopping, and nothing left
+          --alive_;
+          return;
+        }
         job = std::move(from.front());
         from.pop_front();
         ++running_;
       }
-      job();  // never throws: the submitted wrappers catch
+      job(true);  // never throws: the submitted wrappers catch
       std::lock_guard<std::mutex> lock(mutex_);
       --running_;
       ++stats_.completed;
@@ -247,8 +298,9 @@ class WorkerPool {
   const WorkerPoolOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Function<void()>> queue_;
-  std::deque<Function<void()>> follow_ups_;  // never refused, taken first
+  std::deque<Job> queue_;
+  std::deque<Job> follow_ups_;  // never refused, taken first
+  std::size_t alive_ = 0;       // threads that have not left loop()
   std::size_t running_ = 0;
   std::size_t reserved_ = 0;
   bool stopping_ = false;

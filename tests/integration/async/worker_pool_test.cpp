@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -196,23 +197,59 @@ TEST(WorkerPoolTest, CompletionTokensCallbacksAndFutures) {
   loop.join();
 }
 
-TEST(WorkerPoolTest, DestroyingThePoolRunsWhatWasQueued) {
+// A pool being destroyed (its owner shutting down, the loop usually stopped already) finishes
+// the job running and every follow-up, those queued before and those submitted while it stops,
+// and refuses the jobs still waiting to start: none of them runs, each is answered "worker pool
+// stopping" (a WorkerPoolFull) on its executor.
+TEST(WorkerPoolTest, DestroyingThePoolRefusesWhatWaitsAndFinishesWhatRunsAndEveryFollowUp) {
   net::io_context io;
-  std::atomic<int> ran{0};
-  {
-    WorkerPool pool(sized(1, 64));
-    for (int i = 0; i < 20; ++i) {
-      pool.submit(
-          io.get_executor(),
-          [&] {
-            std::this_thread::sleep_for(1ms);
-            ++ran;
-          },
-          [](std::exception_ptr) {});
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> started{false};
+  std::atomic<int> ran{0}, followed{0};
+  int ok = 0, stopping = 0, other = 0;
+  auto done = [&](std::exception_ptr e) {
+    if (!e) return void(++ok);
+    try {
+      std::rethrow_exception(e);
+    } catch (const idem::async::WorkerPoolFull& full) {
+      ++stopping;
+      EXPECT_NE(std::string::npos, std::string(full.what()).find("stopping")) << full.what();
+    } catch (...) {
+      ++other;
     }
+  };
+  auto pool = std::make_unique<WorkerPool>(sized(1, 64));
+  pool->submit(
+      io.get_executor(),
+      [&] {
+        started = true;
+        gate.wait();
+        ++ran;
+      },
+      done);
+  while (!started) std::this_thread::sleep_for(1ms);
+  for (int i = 0; i < 20; ++i)
+    pool->submit(
+        io.get_executor(), [&] { ++ran; }, done);
+  pool->submit_follow_up(
+      io.get_executor(), [&] { ++followed; }, done);
+  WorkerPool* stopping_pool = pool.get();  // alive until the running job is released
+  std::thread destroying([&] { pool.reset(); });
+  // Stopping: a new job is refused at once.
+  while (stopping_pool->try_post([] {})) std::this_thread::sleep_for(1ms);
+  for (int i = 0; i < 10; ++i) {
+    stopping_pool->submit_follow_up(
+        io.get_executor(), [&] { ++followed; }, done);
   }
-  EXPECT_EQ(20, ran.load());
+  release.set_value();
+  destroying.join();
   io.run();
+  EXPECT_EQ(1, ran.load()) << "only the job that was running when the pool began stopping";
+  EXPECT_EQ(11, followed.load()) << "every follow-up ran";
+  EXPECT_EQ(12, ok);
+  EXPECT_EQ(20, stopping);
+  EXPECT_EQ(0, other);
 }
 
 }  // namespace
