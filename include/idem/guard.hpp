@@ -592,6 +592,7 @@ class IdempotencyGuard {
     } catch (...) {
       call.durable = call.since(t0);
       durable_failed(call.key());
+      release_unanswered_begin(call, std::current_exception());
       release_fast(call);
       throw;
     }
@@ -633,9 +634,14 @@ class IdempotencyGuard {
     // failed instead, and later calls get unstored_answer.
     bool completed = false;
     try {
+      unsigned tries = 0;
       completed = with_store_retry(call.key(), [&] {
+        ++tries;
         return durable_->complete(call.key(), call.owner(), bytes, call.options.retention);
       });
+      // A retry that found nothing left to complete may follow a try that was applied and
+      // whose answer was lost with its connection (OutcomeUnknown): the record tells.
+      if (!completed && tries > 1) completed = completed_by(call);
     } catch (...) {
       durable_failed(call.key());
       auto error = std::current_exception();
@@ -651,6 +657,31 @@ class IdempotencyGuard {
     d.status = ClaimStatus::kClaimed;
     d.response = std::move(bytes);
     return after_durable<R>(call, d, std::move(value));
+  }
+
+  // A two-phase begin that failed with a transient error may have been applied before its
+  // answer was lost with its connection: its record would hold the key in progress for a
+  // whole lease with nobody running it. Released, owner-checked (nothing happens when it was
+  // not applied), best effort: when the store is still away, the lease ends it as before.
+  void release_unanswered_begin(const detail::CallState& call,
+                                const std::exception_ptr& error) noexcept {
+    try {
+      std::rethrow_exception(error);
+    } catch (const StorageError& e) {
+      if (!e.retryable()) return;
+    } catch (...) {
+      return;
+    }
+    try {
+      (void)durable_->release(call.key(), call.owner());
+    } catch (...) {  // the store is still away: the record ends with its lease
+    }
+  }
+
+  // Whether the durable record of `call` is completed by the call itself (its owner token).
+  bool completed_by(const detail::CallState& call) {
+    const std::optional<Record> r = durable_->lookup(call.key());
+    return r && r->status == Record::Status::kCompleted && r->owner == call.owner().str();
   }
 
   // Step 4 and the durable store's duplicate answers, shared by both durable modes: the core

@@ -431,6 +431,8 @@ class FlakyDurable {
   // max_allowed_packet (a UsageError before anything is written).
   std::size_t max_response = static_cast<std::size_t>(-1);
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
+  bool complete_applied_then_lost = false;  // a failing complete applies, then OutcomeUnknown
+  bool begin_applied_then_lost = false;     // a failing begin applies, then StorageUnavailable
   idem::DurableHint last_hint;     // what the guard passed last
 
   template <class Handler>
@@ -454,6 +456,10 @@ class FlakyDurable {
     last_hint = hint;
     if (fail_begin > 0) {
       --fail_begin;
+      if (begin_applied_then_lost) {
+        (void)inner_.begin(k, fp, o, lease, hint);
+        throw idem::StorageUnavailable("test: connection lost before the answer");
+      }
       throw idem::StorageTimeout("test: no answer in time");
     }
     return inner_.begin(k, fp, o, lease, hint);
@@ -462,6 +468,10 @@ class FlakyDurable {
                 std::chrono::seconds retention) {
     if (fail_complete > 0) {
       --fail_complete;
+      if (complete_applied_then_lost) {
+        (void)inner_.complete(k, o, r, retention);
+        throw idem::OutcomeUnknown("test: connection lost before the answer, re-read failed");
+      }
       throw idem::StorageUnavailable("test: connection reset");
     }
     if (r.size() > max_response) {
@@ -511,6 +521,75 @@ class StoreRetryTest : public ::testing::Test {
   idem::sqlite::SqliteStore sqlite_;
   FlakyDurable flaky_;
 };
+
+// A two-phase completion that was applied but whose answer was lost (the connection broke and
+// the store could not re-read: OutcomeUnknown), retried under store_attempts: the retry finds
+// nothing left to complete, and the record says this call completed it. The call executed; it
+// is not LeaseLost. A record completed by another attempt stays LeaseLost (next test).
+TEST_F(StoreRetryTest, ACompletionAppliedThenLostIsExecutedWhenItsRetryFindsItDone) {
+  flaky_.fail_complete = 1;
+  flaky_.complete_applied_then_lost = true;
+  idem::IdempotencyGuard<FlakyDurable> guard{flaky_, retrying(3)};
+  const Key key = Key::make("order", "lost-completion");
+  int runs = 0;
+  auto r = guard.run(key, "fp", [&] {
+    ++runs;
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ("paid", r.value.value_or(""));
+  EXPECT_EQ(1u, guard.stats().snapshot().store_retries);
+  EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+  auto again = guard.run(key, "fp", [&] {
+    ++runs;
+    return std::string("twice");
+  });
+  EXPECT_EQ(Outcome::kReplayed, again.outcome);
+  EXPECT_EQ("paid", again.value.value_or(""));
+  EXPECT_EQ(1, runs);
+}
+
+// A two-phase begin applied whose answer was lost with its connection (the retry inside the
+// store failed too): the call fails, retryable, and the record it left is released
+// (owner-checked), so the caller's retry runs at once instead of hearing "in progress" for a
+// whole lease while nothing runs.
+TEST_F(StoreRetryTest, ABeginAppliedThenLostIsReleasedSoTheRetryRunsAtOnce) {
+  flaky_.fail_begin = 1;
+  flaky_.begin_applied_then_lost = true;
+  idem::IdempotencyGuard<FlakyDurable> guard{flaky_};
+  const Key key = Key::make("order", "lost-begin");
+  int runs = 0;
+  auto handler = [&] {
+    ++runs;
+    return std::string("paid");
+  };
+  EXPECT_THROW((void)guard.run(key, "fp", handler), idem::StorageUnavailable);
+  EXPECT_FALSE(sqlite_.lookup(key).has_value()) << "the applied begin's record was released";
+  auto retry = guard.run(key, "fp", handler);
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, runs);
+}
+
+// The retried completion finds the record completed by another attempt (this call's lease ended
+// and a retry took the key over and finished first): that is a lost lease, as without a retry.
+TEST_F(StoreRetryTest, ARetriedCompletionFindingAnotherAttemptsRecordIsLeaseLost) {
+  idem::IdempotencyGuard<FlakyDurable> guard{flaky_, retrying(3)};
+  const Key key = Key::make("order", "taken-over");
+  flaky_.fail_complete = 1;
+  EXPECT_THROW((void)guard.run(key, "fp",
+                               [&] {
+                                 // Meanwhile the key is taken over and completed by another.
+                                 auto other = idem::OwnerToken::generate();
+                                 EXPECT_TRUE(sqlite_.release(key, idem::OwnerToken::from_string(
+                                                                      sqlite_.lookup(key)->owner)));
+                                 EXPECT_EQ(idem::ClaimStatus::kClaimed,
+                                           sqlite_.begin(key, "fp", other, 30s, {}).status);
+                                 EXPECT_TRUE(sqlite_.complete(key, other, "theirs", 3600s));
+                                 return std::string("mine");
+                               }),
+               idem::LeaseLost);
+  EXPECT_EQ("theirs", sqlite_.lookup(key)->response);
+}
 
 // CallOptions::likely_new reaches the durable store as DurableHint::likely_new (SQLite then
 // skips its read-only precheck) and changes no answer: a completed key still replays without
