@@ -3,7 +3,10 @@
 // fetches, transaction tracking.
 #include "connection.hpp"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -321,6 +324,19 @@ void Connection::fail(unsigned number, const char* sqlstate, const char* message
   ctx.waited = std::chrono::steady_clock::now() - started;
   ctx.read_timeout = read_timeout_;
   throw_error(number, sqlstate == nullptr ? "" : sqlstate, message == nullptr ? "" : message, ctx);
+}
+
+bool Connection::closed_by_server() {
+  if (broken_) return true;
+  const my_socket fd = mysql_get_socket(mysql_.get());
+  if (fd < 0) return true;
+  char byte = 0;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;  // end of file: the server closed it
+  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  // Bytes no statement asked for: the server's last words before closing (a timeout error
+  // packet), or something TLS keeps (a session ticket). A ping tells them apart.
+  return mysql_ping(mysql_.get()) != 0;
 }
 
 void Connection::fail_stmt(MYSQL_STMT* stmt, std::string_view what,

@@ -70,6 +70,11 @@ class Connection {
 
   /// True once a network failure made the connection unusable.
   bool broken() const noexcept { return broken_; }
+  /// For an idle connection, before it is lent: true when the server has closed it meanwhile
+  /// (wait_timeout, a restart, KILL): its socket is at end of file, or holds bytes nobody asked
+  /// for and a ping fails. One non-blocking peek at the socket, no round trip, in the usual
+  /// case.
+  bool closed_by_server();
   void mark_broken() noexcept { broken_ = true; }
 
   /// Starts watching the open transaction (see Transaction::open): from now on, a statement

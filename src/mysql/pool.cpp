@@ -56,6 +56,12 @@ Pool::Lease Pool::acquire(bool autocommit) {
       other.pop_back();
     }
   }
+  if (conn != nullptr && conn->closed_by_server()) {
+    // Closed while idle (wait_timeout, a restart, KILL): replaced before anything runs on it,
+    // in its place in the pool.
+    delete conn;
+    conn = nullptr;
+  }
   if (conn == nullptr) {
     try {
       conn = new Connection(settings_);

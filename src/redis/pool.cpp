@@ -143,7 +143,23 @@ Pool::Connection Pool::connect() {
   if (redisSetTimeout(ctx.get(), to_timeval(settings_.command_timeout)) != REDIS_OK) {
     throw_error(Failure{Failure::Kind::kContext, what, ctx->errstr, ctx->err, errno});
   }
-  return Connection{std::move(ctx), 0};
+  return Connection{std::move(ctx), 0, {}};
+}
+
+// A connection idle for a while may have been closed by the server (its `timeout` setting, CLIENT
+// KILL, a restart nobody noticed yet): one non-blocking peek at its socket tells, with no round
+// trip. An idle connection has nothing to read; end of file means closed. (Bytes are not taken
+// as closed: a TLS connection may hold a record of its own.) Connections reused within
+// kIdleCheckAfter are not looked at: that path costs no system call.
+bool Pool::closed_while_idle(const Connection& c) noexcept {
+  constexpr auto kIdleCheckAfter = std::chrono::milliseconds(100);
+  if (std::chrono::steady_clock::now() - c.idle_since < kIdleCheckAfter) return false;
+  const int fd = c.context->fd;
+  if (fd < 0) return true;
+  char byte = 0;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 Pool::Lease Pool::acquire(std::string_view what) {
@@ -155,9 +171,9 @@ Pool::Lease Pool::acquire(std::string_view what) {
     while (!idle_.empty()) {
       Connection c = std::move(idle_.back());
       idle_.pop_back();
-      if (c.epoch == epoch_) return Lease(this, std::move(c));
-      // Opened before the server went away: stale. Dropped (closed) here, under the lock,
-      // which only happens once per connection after an outage.
+      if (c.epoch == epoch_ && !closed_while_idle(c)) return Lease(this, std::move(c));
+      // Opened before the server went away, or closed by the server while idle: dropped
+      // (closed) here, under the lock, which happens once per connection after an outage.
       --open_;
       ++stats_.dropped;
     }
@@ -220,6 +236,7 @@ void Pool::give_back(Connection conn) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (conn.epoch == epoch_) {
+      conn.idle_since = std::chrono::steady_clock::now();
       idle_.push_back(std::move(conn));
     } else {
       --open_;

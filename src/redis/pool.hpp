@@ -81,6 +81,7 @@ class IDEM_EXPORT Pool {
   struct Connection {
     ContextUPtr context;
     std::uint64_t epoch = 0;
+    std::chrono::steady_clock::time_point idle_since{};  ///< when it was last given back
   };
 
   /// A lent connection; given back on destruction unless discarded.
@@ -133,6 +134,7 @@ class IDEM_EXPORT Pool {
  private:
   Connection connect();  // no lock held; throws
   void give_back(Connection conn) noexcept;
+  static bool closed_while_idle(const Connection& c) noexcept;
   void drop(Connection conn, bool server_gone) noexcept;
 
   const PoolSettings settings_;

@@ -195,7 +195,8 @@ struct RedisPoolStats {
   std::uint64_t connects = 0;
   /// Connect attempts that failed.
   std::uint64_t connect_failures = 0;
-  /// Connections dropped because they broke (I/O error, timeout, protocol error).
+  /// Connections dropped because they broke (I/O error, timeout, protocol error) or were
+  /// found closed by the server while idle.
   std::uint64_t dropped = 0;
   /// Calls refused without trying because a connect failed less than reconnect_backoff ago.
   std::uint64_t fast_failures = 0;

@@ -594,6 +594,37 @@ TEST_F(MysqlStoreTest, AConnectionKilledDuringTheHandlerIsRetryable) {
   EXPECT_EQ(1, effects(k));
 }
 
+// A pooled connection the server closed while it sat idle (wait_timeout, KILL, a restart) is
+// replaced before it is lent, so the first use after the idle time succeeds: a transaction of
+// the caller's (with_transaction: the MQ batch path, run_batch), a session, a guard call.
+TEST_F(MysqlStoreTest, AnIdleConnectionTheServerClosedIsReplacedBeforeUse) {
+  auto o = my::options();
+  o.pool_size = 1;  // every use takes the one connection the server closed
+  MysqlStore store{o};
+  my::RawConnection admin(my::connection());
+  auto close_the_idle_connection = [&] {
+    const long long id = store.with_session(
+        [](idem::mysql::Session& s) { return s.query_int64("SELECT CONNECTION_ID()").value(); });
+    admin.query("KILL CONNECTION " + std::to_string(id));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server closes it
+  };
+  close_the_idle_connection();
+  EXPECT_EQ(7, store.with_transaction(
+                   [](Transaction& tx) { return tx.query_int64("SELECT 7").value(); }));
+  close_the_idle_connection();
+  EXPECT_EQ(8, store.with_session(
+                   [](idem::mysql::Session& s) { return s.query_int64("SELECT 8").value(); }));
+  close_the_idle_connection();
+  auto k = key("after-idle-close");
+  idem::IdempotencyGuard guard{store};
+  auto r = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, r.outcome);
+  EXPECT_EQ(1, effects(k));
+}
+
 // A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the
 // prepared statement's rows are fetched: Connector/C leaves that error on the connection, not on
 // the statement. It must reach the caller typed and with the server's reason (1969, a

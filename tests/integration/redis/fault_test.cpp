@@ -206,6 +206,36 @@ std::string spin_script(int ms) {
          std::to_string(ms * 1000) + " then break end end return 1";
 }
 
+// The server closes connections idle past its `timeout` (as managed Redis services do, and
+// CLIENT KILL or an unnoticed restart alike): the store's pooled connection is replaced before
+// use, so the first call after the idle period succeeds. A fast-only guard shows it: the fast
+// store's errors are its caller's.
+TEST_F(RedisFaultTest, AConnectionTheServerClosedWhileIdleIsReplacedBeforeUse) {
+  idem::test::RawRedis admin(url_);
+  std::string old = "0";
+  if (auto r = admin.cmd({"CONFIG", "GET", "timeout"});
+      r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+    old.assign(r->element[1]->str, r->element[1]->len);
+  }
+  ASSERT_EQ("OK", admin.text({"CONFIG", "SET", "timeout", "1"}));
+  struct Restore {  // on a fresh connection: the server closes this one too
+    std::string url, value;
+    ~Restore() { idem::test::RawRedis(url).cmd({"CONFIG", "SET", "timeout", value}); }
+  } restore{url_, old};
+  RedisStoreOptions o;
+  o.uri = url_;
+  o.pool_size = 1;
+  RedisStore store{o};
+  idem::IdempotencyGuard guard{store};
+  auto run = [&](const std::string& tag) {
+    return guard.run(key(tag), "fp", [] { return std::string("ok"); });
+  };
+  EXPECT_EQ(Outcome::kExecuted, run("before-idle").outcome);
+  std::this_thread::sleep_for(2500ms);  // past the 1 s timeout: the server closed the connection
+  EXPECT_EQ(Outcome::kExecuted, run("after-idle").outcome);
+  EXPECT_GE(store.pool_stats().dropped, 1u) << "the closed connection was dropped, not used";
+}
+
 TEST_F(RedisFaultTest, ServerBusyInAScriptIsStorageUnavailable) {
   idem::test::RawRedis admin(url_);
   idem::test::RawRedis blocker(url_);
