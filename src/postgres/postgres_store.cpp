@@ -1087,7 +1087,10 @@ bool PostgresStore::complete(const Key& key, const OwnerToken& owner, std::strin
     try {
       r = lookup(key);
     } catch (const Error&) {
-      throw OutcomeUnknown(std::string("postgres: complete: ") + e.what());
+      // e.what() already names the operation ("postgres: complete: ...").
+      throw OutcomeUnknown(std::string(e.what()) +
+                           " (the completion may have been applied; reading the record back "
+                           "failed too)");
     }
     if (r && r->owner == owner.str()) {
       if (r->status == Record::Status::kCompleted) return true;

@@ -163,6 +163,8 @@ class IDEM_EXPORT MysqlStore {
   /// @throws as above, and idem::UsageError for a bad table/column name or option, or a table
   ///         that exists without idem's columns (see adopt_existing_table).
   explicit MysqlStore(MysqlStoreOptions options);
+  /// Closes the pool's connections. No call may still run on the store (a guard using it, a
+  /// transaction from with_transaction): destroy the guards first.
   ~MysqlStore();
   MysqlStore(const MysqlStore&) = delete;
   MysqlStore& operator=(const MysqlStore&) = delete;

@@ -195,7 +195,8 @@ class IDEM_EXPORT PostgresStore {
   ///         misconfigured connection (see above);
   ///         idem::StorageError subclasses when the migration fails.
   explicit PostgresStore(PostgresStoreOptions options);
-  /// Closes the pool's connections.
+  /// Closes the pool's connections. No call may still run on the store (a guard using it, a
+  /// transaction from with_transaction): destroy the guards first.
   ~PostgresStore();
   PostgresStore(const PostgresStore&) = delete;
   PostgresStore& operator=(const PostgresStore&) = delete;

@@ -101,6 +101,8 @@ class IDEM_EXPORT SqliteStore {
   explicit SqliteStore(std::string path, SqliteStoreOptions options = {});
   /// Uses a shared database (e.g. the one the business tables live in) and migrates the table.
   explicit SqliteStore(std::shared_ptr<Database> database, SqliteStoreOptions options = {});
+  /// Releases the store's hold on its Database (shared with whoever else holds it). No call
+  /// may still run on the store (a guard using it): destroy the guards first.
   ~SqliteStore();
   SqliteStore(const SqliteStore&) = delete;
   SqliteStore& operator=(const SqliteStore&) = delete;
