@@ -659,22 +659,29 @@ class IdempotencyGuard {
     return after_durable<R>(call, d, std::move(value));
   }
 
-  // A two-phase begin that failed with a transient error may have been applied before its
-  // answer was lost with its connection: its record would hold the key in progress for a
+  // A two-phase begin whose outcome is unknown (OutcomeUnknown: its connection broke after the
+  // claim went out) may have been applied: its record would hold the key in progress for a
   // whole lease with nobody running it. Released, owner-checked (nothing happens when it was
-  // not applied), best effort: when the store is still away, the lease ends it as before.
+  // not applied), tried store_attempts times: when the store is still away, the lease ends it
+  // as before. Other failures (a connect that failed, a timeout) are not followed by a release:
+  // nothing was applied, or the store is unreachable and a release would only double the
+  // caller's wait.
   void release_unanswered_begin(const detail::CallState& call,
                                 const std::exception_ptr& error) noexcept {
     try {
       std::rethrow_exception(error);
-    } catch (const StorageError& e) {
-      if (!e.retryable()) return;
+    } catch (const OutcomeUnknown&) {
     } catch (...) {
       return;
     }
-    try {
-      (void)durable_->release(call.key(), call.owner());
-    } catch (...) {  // the store is still away: the record ends with its lease
+    const unsigned attempts = core_.options().store_attempts;
+    for (unsigned attempt = 1; attempt <= attempts; ++attempt) {
+      try {
+        (void)durable_->release(call.key(), call.owner());
+        return;
+      } catch (...) {  // the store is still away: once more, then the lease ends the record
+        if (attempt < attempts) std::this_thread::sleep_for(core_.options().store_retry_backoff);
+      }
     }
   }
 

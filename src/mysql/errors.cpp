@@ -129,6 +129,15 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
 
 void throw_outcome_unknown(unsigned number, std::string_view sqlstate, std::string_view message,
                            std::string_view context) {
+  // A message describe() already formatted (a caught error's what()) keeps only its own text:
+  // the operation, number and state are said once.
+  if (message.rfind("mysql: ", 0) == 0) {
+    const auto open = message.find(": [");
+    const auto close = message.find("] ");
+    if (open != std::string_view::npos && close != std::string_view::npos && open < close) {
+      message.remove_prefix(close + 2);
+    }
+  }
   raise<OutcomeUnknown>(describe(number, sqlstate, message, context), number, sqlstate);
 }
 

@@ -737,15 +737,26 @@ ClaimResult MysqlStore::begin(const Key& key, std::string_view fingerprint, cons
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
   // Idempotent: a retried begin finds its own claim and keeps it (the rulebook's kKeep).
-  return impl_->autocommit(true, [&](detail::Connection& c) {
-    try {
-      return impl_->claim_on(c, key, fingerprint, owner, lease, false);
-    } catch (const ServerError& e) {
-      if (e.error_number() != detail::kLockWaitTimeout) throw;
-      impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
-      return idem::detail::busy_claim();
-    }
-  });
+  bool sent = false;  // a claim statement went out: it may have been applied
+  try {
+    return impl_->autocommit(true, [&](detail::Connection& c) {
+      try {
+        sent = true;
+        return impl_->claim_on(c, key, fingerprint, owner, lease, false);
+      } catch (const ServerError& e) {
+        if (e.error_number() != detail::kLockWaitTimeout) throw;
+        impl_->lock_timeouts.fetch_add(1, std::memory_order_relaxed);
+        return idem::detail::busy_claim();
+      }
+    });
+  } catch (const ServerError& e) {
+    // The connection broke under a claim and the retry could not settle it (its connect or its
+    // statement failed too): the claim may stand. OutcomeUnknown, so that the caller (the
+    // guard) releases it, owner-checked, rather than leave it in progress for its lease.
+    if (!sent || !detail::is_connection_failure(e.error_number())) throw;
+    detail::throw_outcome_unknown(e.error_number(), e.sqlstate(),
+                                  dynamic_cast<const std::exception&>(e).what(), "claim");
+  }
 }
 
 bool MysqlStore::complete(const Key& key, const OwnerToken& owner, std::string_view response,

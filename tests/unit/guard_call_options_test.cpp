@@ -432,7 +432,7 @@ class FlakyDurable {
   std::size_t max_response = static_cast<std::size_t>(-1);
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
   bool complete_applied_then_lost = false;  // a failing complete applies, then OutcomeUnknown
-  bool begin_applied_then_lost = false;     // a failing begin applies, then StorageUnavailable
+  bool begin_applied_then_lost = false;     // a failing begin applies, then OutcomeUnknown
   idem::DurableHint last_hint;     // what the guard passed last
 
   template <class Handler>
@@ -458,7 +458,7 @@ class FlakyDurable {
       --fail_begin;
       if (begin_applied_then_lost) {
         (void)inner_.begin(k, fp, o, lease, hint);
-        throw idem::StorageUnavailable("test: connection lost before the answer");
+        throw idem::OutcomeUnknown("test: connection lost before the answer");
       }
       throw idem::StorageTimeout("test: no answer in time");
     }
@@ -550,9 +550,9 @@ TEST_F(StoreRetryTest, ACompletionAppliedThenLostIsExecutedWhenItsRetryFindsItDo
 }
 
 // A two-phase begin applied whose answer was lost with its connection (the retry inside the
-// store failed too): the call fails, retryable, and the record it left is released
-// (owner-checked), so the caller's retry runs at once instead of hearing "in progress" for a
-// whole lease while nothing runs.
+// store failed too: OutcomeUnknown): the call fails, retryable, and the record it left is
+// released (owner-checked), so the caller's retry runs at once instead of hearing "in progress"
+// for a whole lease while nothing runs.
 TEST_F(StoreRetryTest, ABeginAppliedThenLostIsReleasedSoTheRetryRunsAtOnce) {
   flaky_.fail_begin = 1;
   flaky_.begin_applied_then_lost = true;
@@ -563,7 +563,7 @@ TEST_F(StoreRetryTest, ABeginAppliedThenLostIsReleasedSoTheRetryRunsAtOnce) {
     ++runs;
     return std::string("paid");
   };
-  EXPECT_THROW((void)guard.run(key, "fp", handler), idem::StorageUnavailable);
+  EXPECT_THROW((void)guard.run(key, "fp", handler), idem::OutcomeUnknown);
   EXPECT_FALSE(sqlite_.lookup(key).has_value()) << "the applied begin's record was released";
   auto retry = guard.run(key, "fp", handler);
   EXPECT_EQ(Outcome::kExecuted, retry.outcome);
