@@ -612,6 +612,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     call_.durable = call_.since(t0_);
     if (e) {
       durable_failed(e);
+      if (outcome_unknown(e)) return release_unanswered_begin(std::move(e));
       return release_then_fail(std::move(e), false);
     }
     if (d.status != ClaimStatus::kClaimed) return after_durable(std::move(d));
@@ -921,6 +922,29 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   // --- failures, cancellation, the answer -----------------------------------------------------
 
   // Releases the fast claim (if any), then fails with `e`.
+  static bool outcome_unknown(const std::exception_ptr& e) noexcept {
+    try {
+      std::rethrow_exception(e);
+    } catch (const OutcomeUnknown&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // A begin of unknown outcome (its connection broke after the claim went out) may stand, and
+  // would hold the key in progress for a lease with nothing running: released, owner-checked
+  // (nothing happens if it was not applied), then the fast claim, then the caller is answered
+  // with the begin's error. A failed release leaves the record to its lease.
+  void release_unanswered_begin(std::exception_ptr e) {
+    phase_ = Phase::kFollowUp;
+    g_.durable_->async_release(
+        key_, call_.owner(), strand_,
+        [self = this->shared_from_this(), e](std::exception_ptr, bool) mutable {
+          self->release_then_fail(std::move(e), false);
+        });
+  }
+
   void release_then_fail(std::exception_ptr e, bool) {
     phase_ = Phase::kFollowUp;
     if (abandoned_) g_.async_stats_.released_after_cancel.fetch_add(1, std::memory_order_relaxed);

@@ -16,6 +16,7 @@
 #include "idem/memory_store.hpp"
 #include "idem/sqlite/sqlite_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/flaky_durable.hpp"
 
 namespace {
 
@@ -281,6 +282,39 @@ TEST(AsyncGuardLostClaimsTest, TheCallALostClaimAnswersReleasesItAndAsksAgain) {
 // (retryable), nothing runs, and the observer hears of it as the pool's refusal
 // ("worker_pool"), not as a failure of the durable store. Once the pool has room, the retry
 // runs once.
+// A two-phase begin applied whose answer was lost with its connection (OutcomeUnknown): the
+// asynchronous guard, as the synchronous one, releases the record it may have left
+// (owner-checked) before answering, so the caller's retry runs at once instead of hearing
+// "in progress" for a whole lease while nothing runs.
+TEST(AsyncGuardOutcomeUnknownTest, ABeginAppliedThenLostIsReleasedSoTheRetryRunsAtOnce) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  SqliteStore sqlite{dir.file("lost-begin.db")};
+  idem::test::FlakyDurable flaky{sqlite};
+  flaky.fail_begin = 1;
+  flaky.begin_applied_then_lost = true;
+  idem::async::WorkerPool pool{{2, 16}};
+  PooledDurable<idem::test::FlakyDurable> durable{flaky, pool};
+  idem::async::AsyncGuardOptions options;
+  options.pool = &pool;
+  idem::async::AsyncGuard<PooledDurable<idem::test::FlakyDurable>> guard{io.get_executor(), durable,
+                                                                         options};
+  const auto key = idem::Key::make("pay", "lost-begin");
+  int runs = 0;
+  auto handler = [&runs] {
+    ++runs;
+    return std::string("paid");
+  };
+  auto first = run_to_end(io, guard, key, handler);
+  ASSERT_TRUE(first.first);
+  EXPECT_THROW(std::rethrow_exception(first.first), idem::OutcomeUnknown);
+  EXPECT_FALSE(sqlite.lookup(key).has_value()) << "the applied begin's record was released";
+  auto retry = run_to_end(io, guard, key, handler);
+  ASSERT_FALSE(retry.first);
+  EXPECT_EQ(idem::Outcome::kExecuted, retry.second.outcome);
+  EXPECT_EQ(1, runs);
+}
+
 TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
   struct Seen : idem::Observer {
     std::vector<std::string> stores;
