@@ -659,21 +659,11 @@ class IdempotencyGuard {
     return after_durable<R>(call, d, std::move(value));
   }
 
-  // A two-phase begin whose outcome is unknown (OutcomeUnknown: its connection broke after the
-  // claim went out) may have been applied: its record would hold the key in progress for a
-  // whole lease with nobody running it. Released, owner-checked (nothing happens when it was
-  // not applied), tried store_attempts times: when the store is still away, the lease ends it
-  // as before. Other failures (a connect that failed, a timeout) are not followed by a release:
-  // nothing was applied, or the store is unreachable and a release would only double the
-  // caller's wait.
+  // A begin that may stand although it failed (detail::begin_may_stand) is released, tried
+  // store_attempts times: when the store is still away, the lease ends the record as before.
   void release_unanswered_begin(const detail::CallState& call,
                                 const std::exception_ptr& error) noexcept {
-    try {
-      std::rethrow_exception(error);
-    } catch (const OutcomeUnknown&) {
-    } catch (...) {
-      return;
-    }
+    if (!detail::begin_may_stand(error)) return;
     const unsigned attempts = core_.options().store_attempts;
     for (unsigned attempt = 1; attempt <= attempts; ++attempt) {
       try {

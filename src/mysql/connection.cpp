@@ -3,16 +3,14 @@
 // fetches, transaction tracking.
 #include "connection.hpp"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "errors.hpp"
+#include "idem/detail/idle_socket.hpp"
 
 namespace idem::mysql {
 
@@ -328,12 +326,14 @@ void Connection::fail(unsigned number, const char* sqlstate, const char* message
 
 bool Connection::closed_by_server() {
   if (broken_) return true;
-  const my_socket fd = mysql_get_socket(mysql_.get());
-  if (fd < 0) return true;
-  char byte = 0;
-  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return true;  // end of file: the server closed it
-  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  switch (idem::detail::peek_idle_socket(static_cast<int>(mysql_get_socket(mysql_.get())))) {
+    case idem::detail::IdleSocket::kQuiet:
+      return false;
+    case idem::detail::IdleSocket::kClosed:
+      return true;
+    case idem::detail::IdleSocket::kUnread:
+      break;
+  }
   // Bytes no statement asked for: the server's last words before closing (a timeout error
   // packet), or something TLS keeps (a session ticket). A ping tells them apart.
   return mysql_ping(mysql_.get()) != 0;

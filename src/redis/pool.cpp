@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "errors.hpp"
+#include "idem/detail/idle_socket.hpp"
 #include "idem/errors.hpp"
 
 namespace idem::redis::detail {
@@ -154,12 +155,7 @@ Pool::Connection Pool::connect() {
 bool Pool::closed_while_idle(const Connection& c) noexcept {
   constexpr auto kIdleCheckAfter = std::chrono::milliseconds(100);
   if (std::chrono::steady_clock::now() - c.idle_since < kIdleCheckAfter) return false;
-  const int fd = c.context->fd;
-  if (fd < 0) return true;
-  char byte = 0;
-  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return true;
-  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  return idem::detail::peek_idle_socket(c.context->fd) == idem::detail::IdleSocket::kClosed;
 }
 
 Pool::Lease Pool::acquire(std::string_view what) {

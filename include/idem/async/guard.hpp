@@ -612,7 +612,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     call_.durable = call_.since(t0_);
     if (e) {
       durable_failed(e);
-      if (outcome_unknown(e)) return release_unanswered_begin(std::move(e));
+      if (::idem::detail::begin_may_stand(e)) return release_unanswered_begin(std::move(e));
       return release_then_fail(std::move(e), false);
     }
     if (d.status != ClaimStatus::kClaimed) return after_durable(std::move(d));
@@ -922,20 +922,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   // --- failures, cancellation, the answer -----------------------------------------------------
 
   // Releases the fast claim (if any), then fails with `e`.
-  static bool outcome_unknown(const std::exception_ptr& e) noexcept {
-    try {
-      std::rethrow_exception(e);
-    } catch (const OutcomeUnknown&) {
-      return true;
-    } catch (...) {
-      return false;
-    }
-  }
-
-  // A begin of unknown outcome (its connection broke after the claim went out) may stand, and
-  // would hold the key in progress for a lease with nothing running: released, owner-checked
-  // (nothing happens if it was not applied), then the fast claim, then the caller is answered
-  // with the begin's error. A failed release leaves the record to its lease.
+  // A begin that may stand although it failed (detail::begin_may_stand) is released, then the
+  // fast claim, then the caller is answered with the begin's error. A failed release leaves the
+  // record to its lease.
   void release_unanswered_begin(std::exception_ptr e) {
     phase_ = Phase::kFollowUp;
     g_.durable_->async_release(

@@ -264,6 +264,22 @@ inline bool completion_refused_for_good(const std::exception_ptr& e) noexcept {
   }
 }
 
+/// Whether a two-phase begin that failed with `e` may stand all the same: its outcome is unknown
+/// (OutcomeUnknown: its connection broke after the claim went out). Its record would hold the
+/// key in progress for a lease with nothing running, so the guards release it, owner-checked
+/// (nothing happens if it was not applied). Other failures are not followed by a release: a
+/// connect that failed applied nothing, and a store that timed out would only make the caller
+/// wait a second time.
+inline bool begin_may_stand(const std::exception_ptr& e) noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const OutcomeUnknown&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 /// What a two-phase or fast-only call throws when its completion failed with `e` after its
 /// handler ran: for a retryable idem error (past GuardOptions::store_attempts) OutcomeUnknown,
 /// since the handler's effect happened while its record stays in progress until the lease ends

@@ -52,6 +52,18 @@ long effects_once(const idem::Key& k, long n,
   return seen;
 }
 
+// The caller's retry of `k` after a failure (a guard call that inserts the effect): it runs
+// the handler, and the key ends with exactly one effect.
+void expect_the_retry_executes_once(MysqlStore& store, const idem::Key& k) {
+  idem::IdempotencyGuard guard{store};
+  auto retry = guard.run(k, "fp", [&](Transaction& tx) {
+    my::insert_effect(tx, k.id());
+    return std::string("paid");
+  });
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, effects(k));
+}
+
 class MysqlStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { IDEM_REQUIRE_MYSQL(); }
@@ -585,13 +597,7 @@ TEST_F(MysqlStoreTest, AConnectionKilledDuringTheHandlerIsRetryable) {
   }
   killer.join();
   EXPECT_EQ(0, effects(k));
-  idem::IdempotencyGuard guard{store};
-  auto retry = guard.run(k, "fp", [&](Transaction& tx) {
-    my::insert_effect(tx, k.id());
-    return std::string("paid");
-  });
-  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
-  EXPECT_EQ(1, effects(k));
+  expect_the_retry_executes_once(store, k);
 }
 
 // A pooled connection the server closed while it sat idle (wait_timeout, KILL, a restart) is
@@ -615,14 +621,7 @@ TEST_F(MysqlStoreTest, AnIdleConnectionTheServerClosedIsReplacedBeforeUse) {
   EXPECT_EQ(8, store.with_session(
                    [](idem::mysql::Session& s) { return s.query_int64("SELECT 8").value(); }));
   close_the_idle_connection();
-  auto k = key("after-idle-close");
-  idem::IdempotencyGuard guard{store};
-  auto r = guard.run(k, "fp", [&](Transaction& tx) {
-    my::insert_effect(tx, k.id());
-    return std::string("paid");
-  });
-  EXPECT_EQ(Outcome::kExecuted, r.outcome);
-  EXPECT_EQ(1, effects(k));
+  expect_the_retry_executes_once(store, key("after-idle-close"));
 }
 
 // A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the
@@ -649,13 +648,7 @@ TEST_F(MysqlStoreTest, AStatementTheServerInterruptsIsTypedWithItsReason) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("1969")) << e.what();
   }
   EXPECT_EQ(0, effects(k));
-  idem::IdempotencyGuard guard{store};
-  auto retry = guard.run(k, "fp", [&](Transaction& tx) {
-    my::insert_effect(tx, k.id());
-    return std::string("paid");
-  });
-  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
-  EXPECT_EQ(1, effects(k));
+  expect_the_retry_executes_once(store, k);
 }
 
 // A handler that ends the transaction itself (SET autocommit = 1 here; DDL or LOCK TABLES
@@ -685,13 +678,7 @@ TEST_F(MysqlStoreTest, AHandlerThatEndsTheTransactionLeavesNoPoisonedConnection)
                std::runtime_error);
   EXPECT_EQ(0, effects(k2));
   EXPECT_FALSE(store.lookup(k2).has_value());
-  idem::IdempotencyGuard guard{store};
-  auto r = guard.run(k2, "fp", [&](Transaction& tx) {
-    my::insert_effect(tx, k2.id());
-    return std::string("paid");
-  });
-  EXPECT_EQ(Outcome::kExecuted, r.outcome);
-  EXPECT_EQ(1, effects(k2));
+  expect_the_retry_executes_once(store, k2);
 }
 
 // Transactional mode: the claim writes the record's expiry (retention plus a margin of a tenth,
