@@ -16,7 +16,9 @@ constexpr unsigned kDbAccessDenied = 1044;   // no privilege on the database
 constexpr unsigned kServerShutdown = 1053;   // the server is shutting down
 constexpr unsigned kNetReadError = 1158;     // 1158..1161: the server's network reads/writes
 constexpr unsigned kNetWriteInterrupted = 1161;
-constexpr unsigned kTooManyUserConnections = 1203;
+constexpr unsigned kTooManyUserConnections = 1203;  // the max_user_connections variable
+// An account's own limits (CREATE USER ... WITH MAX_USER_CONNECTIONS, MAX_QUERIES_PER_HOUR...).
+constexpr unsigned kUserLimitReached = 1226;
 constexpr unsigned kHostNotPrivileged = 1130;  // host not allowed to connect
 constexpr unsigned kReadOnly = 1290;           // --read-only (a replica after failover)
 constexpr unsigned kQueryInterrupted = 1317;   // KILL QUERY
@@ -77,6 +79,10 @@ bool is_connection_failure(unsigned n) noexcept {
   }
 }
 
+bool is_connection_limit(unsigned n) noexcept {
+  return n == kConnectionCount || n == kTooManyUserConnections || n == kUserLimitReached;
+}
+
 void throw_error(unsigned number, std::string_view sqlstate, std::string_view message,
                  const Context& context) {
   std::string what = describe(number, sqlstate, message, context.what);
@@ -112,6 +118,7 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
     case kRecordChanged:
     case kConnectionCount:
     case kTooManyUserConnections:
+    case kUserLimitReached:
     case kReadOnly:
     case kReadOnlyTransaction:
     case kQueryInterrupted:

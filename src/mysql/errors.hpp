@@ -34,6 +34,10 @@ constexpr bool is_lock_conflict(unsigned n) noexcept {
 /// The connection cannot be used any more (lost, gone, or never opened): close it.
 bool is_connection_failure(unsigned n) noexcept;
 
+/// Whether error `n` refuses a new connection for a connection limit: the server's
+/// max_connections (1040), max_user_connections (1203) or the account's own limits (1226).
+bool is_connection_limit(unsigned n) noexcept;
+
 /// What a failing call was doing, for the message and for what a lost connection means.
 struct Context {
   std::string_view what;  ///< e.g. "claim", "commit", "statement"

@@ -2,10 +2,13 @@
 // A bounded pool of client connections, kept apart by autocommit mode.
 #include "pool.hpp"
 
+#include <exception>
 #include <string>
 
+#include "errors.hpp"
 #include "idem/detail/readable_file.hpp"
 #include "idem/errors.hpp"
+#include "idem/mysql/client.hpp"
 
 namespace idem::mysql::detail {
 namespace {
@@ -36,35 +39,57 @@ Pool::~Pool() {
 }
 
 Pool::Lease Pool::acquire(bool autocommit) {
+  const auto deadline = std::chrono::steady_clock::now() + wait_;
+  // Set once the server refused a new connection for its connection limit while this pool
+  // held others: from then on this call waits for one of them instead of opening one.
+  std::exception_ptr server_full;
   Connection* conn = nullptr;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto ready = [&] { return !idle_[0].empty() || !idle_[1].empty() || open_ < size_; };
-    if (!cv_.wait_for(lock, wait_, ready)) {
-      throw StorageUnavailable("mysql: connection pool exhausted: " + std::to_string(size_) +
-                               " connections in use for " + std::to_string(wait_.count()) + " ms");
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      auto idle = [&] { return !idle_[0].empty() || !idle_[1].empty(); };
+      auto ready = [&] { return idle() || (!server_full && open_ < size_); };
+      if (!cv_.wait_until(lock, deadline, ready)) {
+        if (server_full) std::rethrow_exception(server_full);
+        throw StorageUnavailable("mysql: connection pool exhausted: " + std::to_string(size_) +
+                                 " connections in use for " + std::to_string(wait_.count()) +
+                                 " ms");
+      }
+      auto& same = idle_[autocommit ? 1 : 0];
+      auto& other = idle_[autocommit ? 0 : 1];
+      if (!same.empty()) {
+        conn = same.back();
+        same.pop_back();
+      } else if (!server_full && open_ < size_) {
+        ++open_;  // a place reserved; the connection opens outside the lock
+      } else {
+        conn = other.back();
+        other.pop_back();
+      }
     }
-    auto& same = idle_[autocommit ? 1 : 0];
-    auto& other = idle_[autocommit ? 0 : 1];
-    if (!same.empty()) {
-      conn = same.back();
-      same.pop_back();
-    } else if (open_ < size_) {
-      ++open_;  // a place reserved; the connection opens outside the lock
-    } else {
-      conn = other.back();
-      other.pop_back();
+    if (conn != nullptr && conn->closed_by_server()) {
+      // Closed while idle (wait_timeout, a restart, KILL): replaced before anything runs on
+      // it, in its place in the pool (its place is this call's to fill or give up).
+      delete conn;
+      conn = nullptr;
     }
-  }
-  if (conn != nullptr && conn->closed_by_server()) {
-    // Closed while idle (wait_timeout, a restart, KILL): replaced before anything runs on it,
-    // in its place in the pool.
-    delete conn;
-    conn = nullptr;
-  }
-  if (conn == nullptr) {
-    try {
+    if (conn != nullptr) break;
+    try {  // this call holds a place in open_
       conn = new Connection(settings_);
+      break;
+    } catch (const ServerError& e) {
+      bool others = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --open_;
+        others = open_ > 0;
+      }
+      cv_.notify_one();
+      // The server's (or this user's) connection limit: while this pool holds connections,
+      // one of them comes back soon, and a call gets it within the pool's wait instead of
+      // failing at once.
+      if (!others || !is_connection_limit(e.error_number())) throw;
+      server_full = std::current_exception();
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(mutex_);

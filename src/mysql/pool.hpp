@@ -49,8 +49,11 @@ class Pool {
   };
 
   /// Lends a connection in `autocommit` mode.
-  /// @throws idem::StorageUnavailable when none is free within the wait, or a new one cannot
-  ///         be opened (a non-retryable idem::StorageError for bad credentials or database).
+  /// When the server refuses a new connection for its connection limit (max_connections,
+  /// max_user_connections) while this pool holds others, waits for one of those instead.
+  /// @throws idem::StorageUnavailable when none is free within the wait (the server's refusal
+  ///         when it refused), or a new one cannot be opened (a non-retryable
+  ///         idem::StorageError for bad credentials or database).
   Lease acquire(bool autocommit);
 
   /// Connections open (idle and lent).

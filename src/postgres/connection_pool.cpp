@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // A bounded pool of libpqxx connections: lazy opening, bounded wait, broken ones replaced.
+#include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -23,32 +25,54 @@ class IDEM_LOCAL ConnectionPool::Impl {
   }
 
   detail::PoolSlot* acquire() {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (!cv_.wait_for(lock, wait_, [&] { return !idle_.empty() || open_ < size_; })) {
-        throw StorageUnavailable("postgres: connection pool exhausted: " + std::to_string(size_) +
-                                 " connections in use for " + std::to_string(wait_.count()) +
-                                 " ms");
-      }
-      if (!idle_.empty()) {
-        auto* s = idle_.back();
-        idle_.pop_back();
-        return s;
-      }
-      ++open_;  // reserve a place, open outside the lock
-    }
-    try {
-      auto slot = std::make_unique<detail::PoolSlot>();
-      slot->conn = std::make_unique<pqxx::connection>(conninfo_);
-      if (setup_) setup_(*slot->conn);
-      return slot.release();
-    } catch (...) {
+    const auto deadline = std::chrono::steady_clock::now() + wait_;
+    // Set once the server refused a new connection for its connection limit while this pool
+    // held others: from then on this call waits for one of them instead of opening one.
+    std::exception_ptr server_full;
+    for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mutex_);
-        --open_;
+        std::unique_lock<std::mutex> lock(mutex_);
+        auto ready = [&] { return !idle_.empty() || (!server_full && open_ < size_); };
+        if (!cv_.wait_until(lock, deadline, ready)) {
+          if (server_full) std::rethrow_exception(server_full);
+          throw StorageUnavailable("postgres: connection pool exhausted: " + std::to_string(size_) +
+                                   " connections in use for " + std::to_string(wait_.count()) +
+                                   " ms");
+        }
+        if (!idle_.empty()) {
+          auto* s = idle_.back();
+          idle_.pop_back();
+          return s;
+        }
+        ++open_;  // reserve a place, open outside the lock
       }
-      cv_.notify_one();
-      detail::rethrow_translated("connect");
+      try {
+        auto slot = std::make_unique<detail::PoolSlot>();
+        slot->conn = std::make_unique<pqxx::connection>(conninfo_);
+        if (setup_) setup_(*slot->conn);
+        return slot.release();
+      } catch (const pqxx::broken_connection& e) {
+        bool others = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          --open_;
+          others = open_ > 0;
+        }
+        cv_.notify_one();
+        // The server's connection limit (max_connections, a role's or database's CONNECTION
+        // LIMIT): while this pool holds connections, one of them comes back soon, and the call
+        // gets it within the pool's wait instead of failing at once.
+        if (!others || !detail::is_connection_limit(e.what())) {
+          detail::rethrow_translated("connect");
+        }
+        try {
+          detail::rethrow_translated("connect");
+        } catch (...) {
+          server_full = std::current_exception();
+        }
+      } catch (...) {
+        release_place_and_rethrow();
+      }
     }
   }
 
@@ -69,6 +93,16 @@ class IDEM_LOCAL ConnectionPool::Impl {
     }
     cv_.notify_all();
     for (auto* s : dropped) delete s;  // closes outside the lock
+  }
+
+  // A connection could not be opened: the place reserved for it is free again.
+  [[noreturn]] void release_place_and_rethrow() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --open_;
+    }
+    cv_.notify_one();
+    detail::rethrow_translated("connect");
   }
 
   std::size_t open() const {

@@ -158,6 +158,25 @@ inline bool is_configuration_error(std::string_view message) noexcept {
   return false;
 }
 
+/// What the server says when it refuses a connection for a connection limit (SQLSTATE 53300;
+/// libpq reports a refused connection by text only): max_connections, the slots reserved for
+/// superusers, a role's or a database's CONNECTION LIMIT.
+inline constexpr std::string_view kConnectionLimitMessages[] = {
+    "too many clients already",
+    "remaining connection slots are reserved",
+    "too many connections for role",
+    "too many connections for database",
+};
+/// True when a failed connection's message says the server's connection limit refused it
+/// (english server messages: under another lc_messages it is not recognised, and the pool
+/// fails the call at once as for any other refusal).
+inline bool is_connection_limit(std::string_view message) noexcept {
+  for (auto m : kConnectionLimitMessages) {
+    if (message.find(m) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 /// The idem error a SQLSTATE stands for.
 enum class SqlstateKind {
   kUnavailable,  ///< StorageUnavailable: transient, the store is unavailable for now

@@ -90,9 +90,13 @@ struct MysqlStoreOptions {
   std::string uri;
   /// Connection settings (filled from `uri` when that is set).
   ConnectionOptions connection;
-  /// Most connections the pool opens (lazily). 0 means 16.
+  /// Most connections the pool opens (lazily). 0 means 16. When the server refuses one more
+  /// for a connection limit (max_connections, max_user_connections, the account's
+  /// MAX_USER_CONNECTIONS: errors 1040, 1203, 1226), a call waits for one of the pool's open
+  /// connections instead (pool_wait).
   std::size_t pool_size = 16;
-  /// How long a call waits for a free connection, then throws StorageUnavailable. 0 means 5 s.
+  /// How long a call waits for a free connection, then throws StorageUnavailable (the server's
+  /// refusal, when the server's connection limit was why). 0 means 5 s.
   std::chrono::milliseconds pool_wait{5'000};
   /// innodb_lock_wait_timeout of every pooled session: how long a claim waits for a concurrent
   /// transaction holding the same key before answering kBusy (it also bounds the lock waits

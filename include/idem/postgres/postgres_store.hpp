@@ -93,10 +93,13 @@ struct PostgresStoreOptions {
   /// libpq conninfo ("host=... dbname=...") or a postgresql:// URI. Empty means libpq's
   /// defaults (PG* environment variables).
   std::string conninfo;
-  /// Most connections the pool opens (opened lazily). 0 means 16.
+  /// Most connections the pool opens (opened lazily). 0 means 16. When the server refuses one
+  /// more for its connection limit (max_connections, a role's or database's CONNECTION LIMIT:
+  /// SQLSTATE 53300, recognised by libpq's English message), a call waits for one of the pool's
+  /// open connections instead (pool_wait).
   std::size_t pool_size = 16;
   /// How long a call waits for a free connection when all are in use, then throws
-  /// StorageUnavailable. 0 means 5 s.
+  /// StorageUnavailable (the server's refusal, when its connection limit was why). 0 means 5 s.
   std::chrono::milliseconds pool_wait{5'000};
   /// How long a claim waits for a concurrent transaction holding the same key (on the unique
   /// index or the row) before answering kBusy. Set as the session's lock_timeout of every

@@ -6,6 +6,7 @@
 // binary-safe bodies; an oversize response refused before anything is written; bad
 // configuration typed and non-retryable; adopting the seed table.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -622,6 +623,97 @@ TEST_F(MysqlStoreTest, AnIdleConnectionTheServerClosedIsReplacedBeforeUse) {
                    [](idem::mysql::Session& s) { return s.query_int64("SELECT 8").value(); }));
   close_the_idle_connection();
   expect_the_retry_executes_once(store, key("after-idle-close"));
+}
+
+// The server refuses more connections than a limit allows (the account's MAX_USER_CONNECTIONS
+// here, 1226; max_user_connections 1203 and max_connections 1040 alike) while the pool holds some:
+// a call waits for one of the pool's own connections instead of failing, and every key runs once.
+// With none of its own open, the refusal reaches the caller typed and retryable, and the retry
+// succeeds once a connection is free.
+TEST_F(MysqlStoreTest, CallsBeyondTheServersConnectionLimitWaitForThePoolsOwnConnections) {
+  my::RawConnection admin(my::connection());
+  const std::string user = "idem_cap_" + std::to_string(::getpid());
+  const std::string account = "'" + user + "'@'127.0.0.1'";
+  admin.query("CREATE USER " + account + " IDENTIFIED BY 'cap' WITH MAX_USER_CONNECTIONS 2");
+  struct DropUser {
+    my::RawConnection& admin;
+    std::string account;
+    ~DropUser() { admin.query("DROP USER IF EXISTS " + account); }
+  } drop{admin, account};
+  admin.query("GRANT ALL PRIVILEGES ON " + my::Database::name() + ".* TO " + account);
+  auto o = my::options();
+  o.connection.user = user;
+  o.connection.password = "cap";
+  o.pool_size = 6;  // more than the server lets this user open
+  o.pool_wait = std::chrono::seconds(30);
+  constexpr int kThreads = 6, kCalls = 4;
+  std::vector<idem::Key> keys;
+  for (int i = 0; i < kThreads * kCalls; ++i) keys.push_back(key("cap"));
+  std::atomic<int> executed{0};
+  std::mutex errors_mutex;
+  std::vector<std::string> errors;
+  {
+    MysqlStore store{o};
+    idem::IdempotencyGuard guard{store};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kCalls; ++i) {
+          const idem::Key& k = keys[static_cast<std::size_t>(t * kCalls + i)];
+          try {
+            auto r = guard.run(k, "fp", [&](Transaction& tx) {
+              my::insert_effect(tx, k.id());
+              (void)tx.query_int64("SELECT SLEEP(0.05)");
+              return std::string("paid");
+            });
+            if (r.outcome == Outcome::kExecuted) ++executed;
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lock(errors_mutex);
+            errors.push_back(e.what());
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  EXPECT_TRUE(errors.empty()) << errors.size() << " calls failed, e.g. " << errors.front();
+  EXPECT_EQ(kThreads * kCalls, executed.load());
+  for (const auto& k : keys) EXPECT_EQ(1, effects(k)) << k.str();
+
+  // None of the pool's own: its connection is closed by the server, the user's two
+  // connections are held elsewhere.
+  o.pool_wait = std::chrono::milliseconds(200);
+  MysqlStore fresh{o};
+  auto kill_the_users_connections = [&] {
+    for (const auto& row : admin.query("SELECT id FROM information_schema.processlist WHERE "
+                                       "user = '" +
+                                       user + "'")) {
+      admin.query("KILL CONNECTION " + row.at(0).value());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server closes them
+  };
+  kill_the_users_connections();
+  auto capped = my::connection();
+  capped.user = user;
+  capped.password = "cap";
+  auto k = key("cap-full");
+  {
+    my::RawConnection first(capped), second(capped);
+    try {
+      (void)fresh.run_transactional(k, "fp", idem::OwnerToken::generate(),
+                                    std::chrono::seconds(600), [&](Transaction& tx) {
+                                      my::insert_effect(tx, k.id());
+                                      return std::string("paid");
+                                    });
+      ADD_FAILURE() << "a call ran beyond the user's connection limit";
+    } catch (const idem::StorageError& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_EQ(idem::errc::kStoreUnavailable, e.code()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[1226 "), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(0, effects(k));
+  expect_the_retry_executes_once(fresh, k);
 }
 
 // A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the

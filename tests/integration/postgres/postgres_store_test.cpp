@@ -494,6 +494,97 @@ TEST_F(PostgresStoreTest, CommitLostWithItsConnectionIsResolvedNotRerun) {
   EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", key.id()));
 }
 
+// The server refuses more connections than a limit allows (the role's CONNECTION LIMIT here;
+// max_connections alike: SQLSTATE 53300) while the pool holds some: a call waits for one of
+// the pool's own connections instead of failing, and every key runs once. With none of its own
+// open, the refusal reaches the caller typed and retryable, and the retry succeeds once a
+// connection is free.
+TEST_F(PostgresStoreTest, CallsBeyondTheServersConnectionLimitWaitForThePoolsOwnConnections) {
+  const std::string role = "idem_cap_" + std::to_string(::getpid());
+  pg::exec("CREATE ROLE " + role + " LOGIN CONNECTION LIMIT 2");
+  struct DropRole {
+    std::string role;
+    ~DropRole() {
+      try {
+        pg::exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + role +
+                 "'");
+        pg::exec("DROP OWNED BY " + role);
+        pg::exec("DROP ROLE IF EXISTS " + role);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "could not drop role " << role << ": " << e.what();
+      }
+    }
+  } drop{role};
+  pg::exec("GRANT USAGE, CREATE ON SCHEMA " + pg::Schema::name() + " TO " + role);
+  pg::exec("GRANT ALL ON ALL TABLES IN SCHEMA " + pg::Schema::name() + " TO " + role);
+  pg::exec("GRANT ALL ON ALL SEQUENCES IN SCHEMA " + pg::Schema::name() + " TO " + role);
+  const std::string capped = pg::dsn() + " user=" + role;  // the last user= counts
+  auto o = pg::options();
+  o.conninfo = capped;
+  o.table = "capped_idempotency";
+  o.pool_size = 6;  // more than the server lets this role open
+  o.pool_wait = 30s;
+  constexpr int kThreads = 6, kCalls = 4;
+  std::vector<Key> keys;
+  for (int i = 0; i < kThreads * kCalls; ++i) keys.push_back(unique_key());
+  std::atomic<int> executed{0};
+  std::mutex errors_mutex;
+  std::vector<std::string> errors;
+  {
+    PostgresStore store(o);
+    idem::IdempotencyGuard guard{store};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kCalls; ++i) {
+          const Key& k = keys[static_cast<std::size_t>(t * kCalls + i)];
+          try {
+            auto r = guard.run(k, "fp", [&](pqxx::work& tx) {
+              pg::insert_effect(tx, k.id());
+              tx.exec("SELECT pg_sleep(0.05)");
+              return std::string("paid");
+            });
+            if (r.outcome == Outcome::kExecuted) ++executed;
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lock(errors_mutex);
+            errors.push_back(e.what());
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  EXPECT_TRUE(errors.empty()) << errors.size() << " calls failed, e.g. " << errors.front();
+  EXPECT_EQ(kThreads * kCalls, executed.load());
+  for (const auto& k : keys) EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k.id()));
+
+  // None of the pool's own: the role's two connections are held elsewhere.
+  o.migrate = false;  // the table is there: no connection at construction
+  o.pool_wait = 200ms;
+  PostgresStore fresh(o);
+  idem::IdempotencyGuard guard{fresh};
+  auto k = unique_key();
+  auto handler = [&](pqxx::work& tx) {
+    pg::insert_effect(tx, k.id());
+    return std::string("paid");
+  };
+  {
+    pqxx::connection first(capped), second(capped);
+    try {
+      (void)guard.run(k, "fp", handler);
+      ADD_FAILURE() << "a call ran beyond the role's connection limit";
+    } catch (const idem::StorageError& e) {
+      EXPECT_TRUE(e.retryable()) << e.what();
+      EXPECT_EQ(idem::errc::kStoreUnavailable, e.code()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("too many connections for role"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(0, pg::count_where("idem_test_effects", "key_id", k.id()));
+  EXPECT_EQ(Outcome::kExecuted, guard.run(k, "fp", handler).outcome);
+  EXPECT_EQ(1, pg::count_where("idem_test_effects", "key_id", k.id()));
+}
+
 TEST_F(PostgresStoreTest, CommitWhoseAnswerWasLostIsResolvedAsCommittedNotRerun) {
   idem::test::CommitDroppingProxy proxy(pg::dsn_port());
   auto o = pg::options();
