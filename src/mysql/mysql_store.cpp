@@ -147,6 +147,12 @@ Found parse_found(Row& row, const Key& key) {
   return f;
 }
 
+// Whether a column of `collation` compares bytes ("" or binary: a binary string type).
+bool compares_bytes(const std::string& collation) {
+  return collation.empty() || collation == "binary" ||
+         (collation.size() > 4 && collation.compare(collation.size() - 4, 4, "_bin") == 0);
+}
+
 bool is_binary_type(const std::string& data_type) {
   return data_type == "tinyblob" || data_type == "blob" || data_type == "mediumblob" ||
          data_type == "longblob" || data_type == "varbinary" || data_type == "binary";
@@ -392,6 +398,25 @@ struct IDEM_LOCAL MysqlStore::Impl {
                        ": use a BLOB type (binary-safe) or utf8mb4 text");
     }
     column_binary.store(binary);
+    // The key columns compare bytes: under a case-insensitive collation (MySQL's defaults)
+    // 'Order-1' and 'order-1' would be one record, and one key would replay another's answer.
+    // idem's tables and adopted ones are made so; a table made by hand and used without the
+    // migration (migrate = false) is checked here, before its first record.
+    Rows keys;
+    exec(c,
+         "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS"
+         " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?1 AND COLUMN_NAME IN (?2, ?3)",
+         "read the table definition", &keys, options.table, options.key_column,
+         options.scope_column);
+    for (const Row& r : keys) {
+      const std::string collation = r[1].is_null() ? std::string() : r[1].bytes();
+      if (compares_bytes(collation)) continue;
+      throw UsageError("idem::mysql: " + options.table + "." + r[0].bytes() +
+                       " compares under the collation " + collation +
+                       ", not byte by byte: keys differing only in case would be one record; "
+                       "give it a _bin collation (ALTER TABLE ... MODIFY ... COLLATE ..._bin), or "
+                       "let the store adopt the table (MysqlStoreOptions::adopt_existing_table)");
+    }
     // The primary key, when it is one AUTO_INCREMENT column (idem's tables and the seed's
     // `id`): a completion that finds the row by it reads the clustered index only, where one
     // by (key, scope) reads the unique key first (and the optimizer plans a range on it).
@@ -497,12 +522,23 @@ struct IDEM_LOCAL MysqlStore::Impl {
                                   "commit");
   }
 
-  // Runs `fn(Connection&)` on an autocommit connection. When `idempotent`, a connection found
-  // broken is replaced and fn tried once more.
+  // A connection for the store's own statements. The store's first one reads the table's
+  // definition first (load_column, on an autocommit connection of its own), so a table the
+  // store cannot use is refused before any record is written.
+  detail::Pool::Lease lend(bool autocommit_mode) {
+    if (!column_known.load()) {
+      auto first = pool->acquire(true);
+      load_column(*first);
+    }
+    return pool->acquire(autocommit_mode);
+  }
+
+  // Runs `fn(Connection&)` on an autocommit connection (lend). When `idempotent`, a
+  // connection found broken is replaced and fn tried once more.
   template <class Fn>
-  auto autocommit(bool idempotent, Fn&& fn) {
+  auto autocommit(bool idempotent, Fn&& fn, bool checked = true) {
     for (int attempt = 0;; ++attempt) {
-      auto lease = pool->acquire(true);
+      auto lease = checked ? lend(true) : pool->acquire(true);
       try {
         return fn(*lease);
       } catch (const ServerError& e) {
@@ -512,6 +548,11 @@ struct IDEM_LOCAL MysqlStore::Impl {
         throw;
       }
     }
+  }
+  // autocommit on the pool's connection as it is: for the migration, which makes the table.
+  template <class Fn>
+  auto autocommit_unchecked(bool idempotent, Fn&& fn) {
+    return autocommit(idempotent, std::forward<Fn>(fn), false);
   }
 };
 
@@ -566,7 +607,7 @@ std::uint64_t MysqlStore::max_response_bytes() {
 
 void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn) {
   for (unsigned retries = 0;; ++retries) {
-    auto lease = impl_->pool->acquire(false);
+    auto lease = impl_->lend(false);  // the batch path writes records in it
     Transaction tx(*lease);
     lease->watch_transaction();
     try {
@@ -639,7 +680,7 @@ TransactionalResult MysqlStore::run_transactional_impl(const Key& key, std::stri
     };
     std::optional<LostCommit> lost;
     {
-      auto lease = impl_->pool->acquire(false);
+      auto lease = impl_->lend(false);
       detail::Connection& c = *lease;
       Transaction tx(c);
       c.watch_transaction();
@@ -1025,7 +1066,7 @@ struct ColumnInfo {
 void MysqlStore::migrate() {
   const std::string& table = options_.table;
   const std::string t = q(table), k = q(options_.key_column), s = q(options_.scope_column);
-  impl_->autocommit(false, [&](detail::Connection& c) {
+  impl_->autocommit_unchecked(false, [&](detail::Connection& c) {
     // One migrator at a time across every process (a session-level named lock, released
     // below or when the connection closes).
     Rows got;
@@ -1160,11 +1201,7 @@ void MysqlStore::migrate() {
                          options_.scope_column + ")");
       }
       std::vector<std::string> changes;
-      auto binary = [](const ColumnInfo& ci) {
-        return ci.collation.empty() || ci.collation == "binary" ||
-               (ci.collation.size() > 4 &&
-                ci.collation.compare(ci.collation.size() - 4, 4, "_bin") == 0);
-      };
+      auto binary = [](const ColumnInfo& ci) { return compares_bytes(ci.collation); };
       // The key columns compare bytes and hold idem's longest key (Key: 128-byte ids, 64-byte
       // scopes): a narrower column would refuse longer keys (strict mode) or, with sql_mode
       // '', cut them, and two keys sharing their first bytes would become one record.

@@ -7,6 +7,7 @@
 // below), and an Admin for stats / purge / duplicates --top when it is a relational store.
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -433,6 +434,26 @@ inline std::string redact_dsn(const std::string& dsn) { return idem::detail::mas
 /// a forgotten host, reads as a host and a port).
 inline std::string redact_refused_dsn(const std::string& dsn) {
   return idem::detail::mask_refused_uri(dsn);
+}
+
+/// The scheme of `db` when it reads as a URI, leading white space ignored: a name of at least
+/// two characters (letters, digits, '+', '-', '.'; a letter first) followed by ":/"; "" for
+/// anything else (a SQLite file path, a conninfo). idemctl refuses URIs of schemes it has no
+/// store for instead of opening them as a SQLite file, whose errors print the path (and any
+/// password in it).
+inline std::string uri_scheme(std::string_view db) {
+  while (!db.empty() && std::isspace(static_cast<unsigned char>(db.front())) != 0) {
+    db.remove_prefix(1);
+  }
+  std::size_t n = 0;
+  while (n < db.size() && (std::isalnum(static_cast<unsigned char>(db[n])) != 0 || db[n] == '+' ||
+                           db[n] == '-' || db[n] == '.')) {
+    ++n;
+  }
+  if (n < 2 || std::isalpha(static_cast<unsigned char>(db[0])) == 0 || db.substr(n, 2) != ":/") {
+    return {};
+  }
+  return std::string(db.substr(0, n));
 }
 
 /// The fast store named by `url` as a RecordSource: `redis://`, `tcp://` or `unix://` opens an

@@ -122,6 +122,47 @@ TEST_F(IdemctlTest, UnreachableStoresExit3) {
   EXPECT_TRUE(contains(fast.out, "redis://127.0.0.1:1"));
 }
 
+// A --db URI of a scheme idemctl has no store for (a typo of postgresql://, a Redis URL) is a
+// usage error that prints no password: it was opened as a SQLite file name, whose error
+// printed the URI as given.
+TEST_F(IdemctlTest, ADbUriOfAnUnknownSchemeIsAUsageErrorThatHidesThePassword) {
+  for (const std::string db :
+       {"postgressql://app:sekrit@127.0.0.1:1/shop", "Postgresql://app:sekrit@127.0.0.1:1/shop",
+        "redis://app:sekrit@127.0.0.1:1", "amqp://app:sekrit@127.0.0.1:1/"}) {
+    auto r = idemctl("--db " + quote(db) + " stats");
+    EXPECT_EQ(2, r.status) << db << ": " << r.out;
+    EXPECT_TRUE(contains(r.out, "no store for the scheme")) << r.out;
+    EXPECT_FALSE(contains(r.out, "sekrit")) << r.out;
+  }
+  auto spaced = idemctl("--db ' postgresql://app:sekrit@127.0.0.1:1/shop' stats");
+  EXPECT_EQ(2, spaced.status) << spaced.out;
+  EXPECT_TRUE(contains(spaced.out, "starts with white space")) << spaced.out;
+  EXPECT_FALSE(contains(spaced.out, "sekrit")) << spaced.out;
+}
+
+// A key whose id (or scope) starts with "--" is valid: the per-key commands take it after
+// `--`. A fingerprint's bytes a terminal would act on are printed escaped.
+TEST_F(IdemctlTest, PerKeyCommandsTakeAKeyAfterDashesAndEscapeTheFingerprint) {
+  {
+    idem::sqlite::SqliteStore store{path_};
+    idem::IdempotencyGuard guard{store};
+    (void)guard.run(idem::Key::make("order.create", "--yes"), "\x1b[31mred",
+                    [](idem::sqlite::Transaction&) { return std::string("dashed"); });
+  }
+  EXPECT_EQ(2, idemctl(db_ + "show order.create --yes").status);
+  auto show = idemctl(db_ + "show -- order.create --yes");
+  EXPECT_EQ(0, show.status) << show.out;
+  EXPECT_TRUE(contains(show.out, "key order.create|--yes")) << show.out;
+  EXPECT_TRUE(contains(show.out, "\\x1B[31mred")) << show.out;
+  EXPECT_FALSE(contains(show.out, "\x1b")) << show.out;
+  auto response = idemctl(db_ + "response -- order.create --yes");
+  EXPECT_EQ(0, response.status) << response.out;
+  EXPECT_TRUE(contains(response.out, "dashed")) << response.out;
+  auto duplicates = idemctl(db_ + "duplicates -- order.create --yes");
+  EXPECT_EQ(0, duplicates.status) << duplicates.out;
+  EXPECT_TRUE(contains(duplicates.out, "order.create|--yes")) << duplicates.out;
+}
+
 TEST_F(IdemctlTest, ShowPrintsTheRecord) {
   auto r = idemctl(db_ + "show order.create abc");
   EXPECT_EQ(0, r.status) << r.out;

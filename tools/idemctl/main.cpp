@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // idemctl: look at and maintain idempotency records (see docs/idemctl.md).
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
@@ -28,7 +29,9 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  show <scope> <id>            print the record from each store, side by side\n"
-    "                               (exit 1 when no store has it)\n"
+    "                               (exit 1 when no store has it; `show -- <scope> <id>`,\n"
+    "                               as for every per-key command, for a scope or id that\n"
+    "                               starts with --)\n"
     "  stats                        count records by status\n"
     "  purge --older-than <dur>     delete completed/failed records last updated more than\n"
     "        [--dry-run]            <dur> ago (7d, 12h, 30m, 45s, 2w, 1d12h); in-progress\n"
@@ -79,6 +82,9 @@ struct Args {
   std::string fast_url;
   std::string fast_prefix = "idem:";
   std::vector<std::string> rest;
+  // The per-key command's `--` (taken out of `rest`): its scope and id are taken as they are,
+  // even when they start with "--".
+  bool key_after_dashes = false;
 };
 
 std::string take_value(const std::vector<std::string>& argv, std::size_t& i) {
@@ -162,6 +168,17 @@ std::unique_ptr<idemctl::RecordSource> open_durable(const Args& a) {
                               ": this idemctl was built without PostgreSQL (idem::postgres)");
   }
 #endif
+  if (const std::string scheme = idemctl::uri_scheme(a.db);
+      !scheme.empty() && std::isspace(static_cast<unsigned char>(a.db.front())) != 0) {
+    throw idemctl::UsageError("--db '" + idemctl::redact_refused_dsn(a.db) +
+                              "' starts with white space");
+  }
+  if (const std::string scheme = idemctl::uri_scheme(a.db); !scheme.empty() && scheme != "file") {
+    throw idemctl::UsageError("--db '" + idemctl::redact_refused_dsn(a.db) +
+                              "': no store for the scheme '" + scheme +
+                              "' (idemctl opens postgresql://, postgres://, mysql:// and "
+                              "mariadb:// URIs, a libpq conninfo, or a SQLite file)");
+  }
   if (!a.schema.empty()) {
     throw idemctl::UsageError("--schema names a PostgreSQL schema; " + idemctl::redact_dsn(a.db) +
                               " is not a PostgreSQL database");
@@ -184,7 +201,8 @@ using Sources = std::vector<std::unique_ptr<idemctl::RecordSource>>;
 
 // The key of a per-key command: `<command> <scope> <id>` at a.rest[0..2].
 idem::Key key_argument(const Args& a) {
-  if (a.rest.size() < 3 || a.rest[1].rfind("--", 0) == 0 || a.rest[2].rfind("--", 0) == 0) {
+  auto option = [&](const std::string& s) { return !a.key_after_dashes && s.rfind("--", 0) == 0; };
+  if (a.rest.size() < 3 || option(a.rest[1]) || option(a.rest[2])) {
     throw idemctl::UsageError(a.rest[0] + " needs <scope> <id>");
   }
   try {
@@ -257,7 +275,7 @@ int cmd_show(const Args& a) {
     } else {
       found = true;
       col = {std::string(idem::record_status_name(r->status)),
-             r->owner,
+             idemctl::escape_bytes(r->owner),
              r->status == idem::Record::Status::kInProgress ? when(r->lease_until) : "-",
              when(r->created_at),
              when(r->updated_at),
@@ -267,7 +285,7 @@ int cmd_show(const Args& a) {
                        (r->expires_at != idem::TimePoint{} && r->expires_at <= idem::system_now()
                             ? " (expired)"
                             : ""),
-             r->fingerprint.empty() ? "-" : r->fingerprint,
+             r->fingerprint.empty() ? "-" : idemctl::escape_bytes(r->fingerprint),
              std::to_string(r->response.size()) + " bytes"};
       for (auto& [name, value] : src->extra(key)) {
         if (columns.empty() && std::find(fields.begin(), fields.end(), name) == fields.end()) {
@@ -522,7 +540,9 @@ int duplicates_in_store(const Args& a, std::size_t top) {
 }
 
 int cmd_duplicates(const Args& a) {
-  if (a.rest.size() >= 3 && a.rest[1].rfind("--", 0) != 0) return duplicates_of_key(a);
+  if (a.key_after_dashes || (a.rest.size() >= 3 && a.rest[1].rfind("--", 0) != 0)) {
+    return duplicates_of_key(a);
+  }
   std::string log;
   std::size_t top = 20;
   for (std::size_t i = 1; i < a.rest.size(); ++i) {
@@ -628,7 +648,13 @@ int main(int argc, char** argv) {
   try {
     Args a = parse_global(args);
     if (a.rest.empty()) throw idemctl::UsageError("no command");
-    const std::string& cmd = a.rest[0];
+    const std::string cmd = a.rest[0];
+    // `<command> -- <scope> <id>`: a key whose scope or id starts with "--".
+    if ((cmd == "show" || cmd == "response" || cmd == "release" || cmd == "duplicates") &&
+        a.rest.size() > 1 && a.rest[1] == "--") {
+      a.rest.erase(a.rest.begin() + 1);
+      a.key_after_dashes = true;
+    }
     if (cmd == "-h" || cmd == "--help" || cmd == "help") {
       std::cout << kUsage;
       return 0;

@@ -716,6 +716,39 @@ TEST_F(MysqlStoreTest, CallsBeyondTheServersConnectionLimitWaitForThePoolsOwnCon
   expect_the_retry_executes_once(fresh, k);
 }
 
+// A record table made by hand whose key column compares case-insensitively (MySQL's default
+// collations), used without the migration: 'Order-1' and 'order-1' would be one record, one
+// key replaying another's answer. The store refuses the table before its first record, with
+// what to change; no handler runs.
+TEST_F(MysqlStoreTest, AHandMadeTableWhoseKeysIgnoreCaseIsRefusedBeforeAnyRecord) {
+  const std::string table = "ci_" + std::to_string(::getpid());
+  auto o = my::options();
+  o.table = table;
+  { MysqlStore made{o}; }  // idem's layout, then the key column as a DBA might write it
+  my::raw().query("ALTER TABLE " + table +
+                  " MODIFY idem_key varchar(128) CHARACTER SET utf8mb4"
+                  " COLLATE utf8mb4_general_ci NOT NULL");
+  o.migrate = false;
+  MysqlStore store{o};
+  idem::IdempotencyGuard guard{store};
+  int runs = 0;
+  for (const char* id : {"Order-1", "order-1"}) {
+    try {
+      (void)guard.run(idem::Key::make("payment", id), "fp", [&](Transaction&) {
+        ++runs;
+        return std::string("paid ") + id;
+      });
+      ADD_FAILURE() << id << ": a table whose keys ignore case was used";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("utf8mb4_general_ci"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("idem_key"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(0, runs);
+  EXPECT_EQ(0, my::count_where(table, "biz_type", "payment"));
+  my::raw().query("DROP TABLE " + table);
+}
+
 // A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the
 // prepared statement's rows are fetched: Connector/C leaves that error on the connection, not on
 // the statement. It must reach the caller typed and with the server's reason (1969, a
