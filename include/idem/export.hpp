@@ -7,8 +7,8 @@
 // helpers, each class's `Impl`, the copies of header-only code) stays inside the library.
 // Marking a declaration changes nothing for a static build.
 //
-// Also where a build that cannot compile idem is told why, first: idem needs C++17 and
-// exceptions (every failure it reports is thrown).
+// Also where a build that cannot compile idem is told why, first: idem needs C++17,
+// exceptions (every failure it reports is thrown) and RTTI (failures are told apart by type).
 #pragma once
 
 #if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 201703L
@@ -16,6 +16,9 @@
 #endif
 #if !defined(__cpp_exceptions) && !defined(__EXCEPTIONS) && !defined(_CPPUNWIND)
 #error "idem needs exceptions: it reports every failure by throwing (remove -fno-exceptions)"
+#endif
+#if !defined(__cpp_rtti) && !defined(__GXX_RTTI) && !defined(_CPPRTTI)
+#error "idem needs RTTI: it tells failures apart with dynamic_cast (remove -fno-rtti)"
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)

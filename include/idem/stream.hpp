@@ -47,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,20 @@
 #include "idem/key.hpp"
 
 namespace idem::stream {
+
+namespace detail {
+// An offset difference within a body held in memory, as an index into it (the body's size
+// bounds it). A cast from uint64_t where size_t is that very type is one GCC's
+// -Wuseless-cast reports in users' builds; where size_t is narrower (32-bit) it is needed.
+template <class U>
+std::size_t as_index(U n) noexcept {
+  if constexpr (std::is_same_v<U, std::size_t>) {
+    return n;
+  } else {
+    return static_cast<std::size_t>(n);
+  }
+}
+}  // namespace detail
 
 /// Base of the stream errors. They are usage errors (errc::kInvalidArgument): a cap too small
 /// for the transport's reordering, or a producer that breaks the offset contract.
@@ -102,7 +117,7 @@ struct StreamResume {
     if (offset > next_offset) {
       has_gap = true;
     } else if (end > next_offset) {
-      text.append(body.substr(static_cast<std::size_t>(next_offset - offset)));
+      text.append(body.substr(detail::as_index(next_offset - offset)));
       next_offset = end;
     }
   }
@@ -196,7 +211,7 @@ class ProducerDedup {
       }
       return std::nullopt;
     }
-    const auto skip = static_cast<std::size_t>(emitted_end_ - offset);
+    const auto skip = detail::as_index(emitted_end_ - offset);
     if (skip > 0) {
       ++trimmed_chunks_;
       duplicate_bytes_ += skip;
@@ -434,8 +449,7 @@ class Reassembler {
     }
     Admission a = window_.admit(offset, body.size());
     if (!a.fresh()) return {};
-    auto piece = body.substr(static_cast<std::size_t>(a.begin - offset),
-                             static_cast<std::size_t>(a.end - a.begin));
+    auto piece = body.substr(detail::as_index(a.begin - offset), detail::as_index(a.end - a.begin));
     if (a.begin != delivered_end_) {
       buffered_bytes_ += piece.size();
       buffered_.emplace(a.begin, std::string(piece));

@@ -153,8 +153,8 @@ class ChunkStore {
   std::uint64_t erase(std::string_view request_id) {
     Key::validate_id(request_id);
     return store_.with_transaction([&](pqxx::work& tx) {
-      return static_cast<std::uint64_t>(
-          tx.exec_params(erase_, std::string(request_id)).affected_rows());
+      const std::uint64_t rows = tx.exec_params(erase_, std::string(request_id)).affected_rows();
+      return rows;
     });
   }
 
