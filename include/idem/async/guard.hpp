@@ -229,7 +229,9 @@ class AsyncGuard {
     using Signature = void(std::exception_ptr, GuardResult<R>);
     return net::async_initiate<Token, Signature>(
         [this](auto completion, const Key& k, std::string fp, CallOptions co, auto fn) {
-          start<R>(k, std::move(fp), std::move(co), std::move(fn), std::move(completion));
+          // this-> spelled out: clang's -Wunused-lambda-capture misses the implicit use.
+          this->template start<R>(k, std::move(fp), std::move(co), std::move(fn),
+                                  std::move(completion));
         },
         token, Key(key), std::string(fingerprint), std::move(call),
         std::decay_t<Fn>(std::forward<Fn>(handler)));
@@ -301,6 +303,14 @@ class AsyncGuard {
   AsyncGuardStats async_stats_;
 };
 
+/// `AsyncGuard guard{executor, durable}` (durable store only) deduces the durable store's type,
+/// as `IdempotencyGuard guard{durable}` does; a fast store alone deduces a fast-only guard.
+template <class D, std::enable_if_t<!std::is_base_of_v<AsyncFastStore, D>, int> = 0>
+AsyncGuard(Executor, D&) -> AsyncGuard<D>;
+/// As above, with options.
+template <class D, std::enable_if_t<!std::is_base_of_v<AsyncFastStore, D>, int> = 0>
+AsyncGuard(Executor, D&, AsyncGuardOptions) -> AsyncGuard<D>;
+
 /// One call's state machine. Every member function runs on the call's strand; the worker
 /// threads only run the handler (and the transaction body) and post their answers back.
 template <class Durable>
@@ -368,6 +378,14 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
  private:
   void run(CallOptions call) {
     g_.core_.start(call_);
+    if (call.cancel && call.cancel->emitted()) {
+      // Cancelled before it started: answered before any store I/O. (The listener installed
+      // below runs at once for an emitted signal, but only posts the cancel behind this job,
+      // after the claim had gone out.)
+      cancel(false);
+      finish();
+      return;
+    }
     auto deadline = call.deadline;
     if (deadline == Clock::time_point::max() && g_.options_.timeout.count() > 0) {
       deadline = Clock::now() + g_.options_.timeout;
@@ -387,7 +405,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
         });
       });
     }
-    if (abandoned_) return;  // cancelled at once (an emitted signal)
+    if (abandoned_) return;  // cancelled meanwhile
     if (g_.fast_ != nullptr) {
       phase_ = Phase::kFastClaim;
       t0_ = call_.now();

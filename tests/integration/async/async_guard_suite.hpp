@@ -604,6 +604,29 @@ TYPED_TEST_P(AsyncGuardSuite, CancelledDuringTheTransactionCommitsNothingAndFree
   EXPECT_EQ(0, store_errors->count.load());
 }
 
+// A signal emitted before the call starts: answered Cancelled before any store I/O (no claim
+// made, none to release), so a retry right after runs instead of meeting "in progress".
+TYPED_TEST_P(AsyncGuardSuite, AnAlreadyEmittedSignalCancelsBeforeAnyClaim) {
+  auto g = this->guard();
+  auto k = this->key();
+  auto cancel = std::make_shared<idem::async::CancelSignal>();
+  cancel->emit();
+  idem::async::CallOptions co;
+  co.cancel = cancel;
+  std::atomic<int> runs{0};
+  Answer<> cancelled;
+  this->start(*g, k, "fp", this->effect_handler(k, runs), cancelled, co);
+  EXPECT_TRUE(holds<Cancelled>(cancelled.wait().error)) << what_of(cancelled.wait().error);
+  EXPECT_EQ(0, runs.load());
+  Answer<> retry;
+  this->start(*g, k, "fp", this->effect_handler(k, runs), retry);
+  ASSERT_FALSE(retry.wait().error) << what_of(retry.wait().error);
+  EXPECT_EQ(Outcome::kExecuted, retry.wait().result.outcome);
+  EXPECT_EQ(1, runs.load());
+  EXPECT_EQ(1, this->env_->count_effects(k.id()));
+  EXPECT_EQ(0u, g->async_stats().released_after_cancel.load());
+}
+
 // One signal given to several calls (all the calls of a client connection) cancels every one
 // still running when it is emitted; a call that ended before leaves the others' listeners in
 // place.
@@ -997,7 +1020,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     AFastStoreThatLostTheRecordIsRefilledFromTheDurableStore,
     AsynchronousAndOnLoopHandlersHoldNoThread, ATwoPhaseAttemptThatLostItsLeaseIsRefused,
     CancelledDuringTheTransactionCommitsNothingAndFreesTheKey,
-    OneSignalCancelsEveryCallItWasGivenTo, DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
+    OneSignalCancelsEveryCallItWasGivenTo, AnAlreadyEmittedSignalCancelsBeforeAnyClaim,
+    DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
     CancellationAfterTheCommitDeliversTheResult, CancelledAtEachStepNeverLiesAndNeverSticks,
     FuturesAndThreadsOffTheLoop, AThousandRequestsOnOneLoopLeaveOneEffectPerKey,
     TheLoopNeverStallsWhileDurableWorkRuns);

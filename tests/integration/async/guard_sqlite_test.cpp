@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -219,6 +220,25 @@ struct StallingAsyncGuard {
   idem::async::InlineFastStore fast{stalling};
   idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
 };
+
+// The guard's type is deduced as IdempotencyGuard's is: a durable store alone (with or without
+// options), a fast store alone, both.
+TEST(AsyncGuardDeduction, TheStoresGivenDecideTheGuardsType) {
+  StallingAsyncGuard t;
+  idem::async::AsyncGuard durable_only{t.io.get_executor(), t.durable};
+  static_assert(
+      std::is_same_v<decltype(durable_only), idem::async::AsyncGuard<PooledDurable<SqliteStore>>>);
+  idem::async::AsyncGuard with_options{t.io.get_executor(), t.durable,
+                                       idem::async::AsyncGuardOptions{}};
+  static_assert(
+      std::is_same_v<decltype(with_options), idem::async::AsyncGuard<PooledDurable<SqliteStore>>>);
+  idem::async::AsyncGuard fast_only{t.io.get_executor(), t.fast};
+  static_assert(std::is_same_v<decltype(fast_only), idem::async::AsyncGuard<>>);
+  idem::async::AsyncGuard both{t.io.get_executor(), t.fast, t.durable};
+  static_assert(
+      std::is_same_v<decltype(both), idem::async::AsyncGuard<PooledDurable<SqliteStore>>>);
+  EXPECT_EQ(0u, durable_only.stats().snapshot().calls);
+}
 
 TEST(AsyncGuardLostClaimsTest, ClaimsAppliedAfterTheirTimeoutAreReleasedOnceTheStoreAnswers) {
   StallingAsyncGuard t;
