@@ -50,12 +50,12 @@ enum class errc {
   kMissingKey = 2,           ///< a required Idempotency-Key was not sent; 400
   kInProgress = 3,           ///< another attempt holds the key; 409 (also an Outcome)
   kFingerprintMismatch = 4,  ///< same key, different payload; 422 (also an Outcome)
-  kStoreUnavailable = 5,     ///< store unreachable (refused, pool exhausted, loading); 503
+  kStoreUnavailable = 5,     ///< store unreachable (refused, pool exhausted, loading, full); 503
   kStoreTimeout = 6,         ///< store did not answer in time; 503
-  kStorageError = 7,         ///< backend error (SQL, protocol, OOM, read-only); 500
+  kStorageError = 7,         ///< backend error (SQL, protocol, authentication); 500
   kOutcomeUnknown = 8,       ///< a write may have been applied; retry with the same key; 503
   kCorruptRecord = 9,        ///< a value under an idem key is not idem's; 500
-  kLeaseLost = 10,           ///< the attempt's lease was taken over; retry replays the winner; 409
+  kLeaseLost = 10,           ///< another attempt took the lease over; retry replays it; 409
   kInvalidArgument = 11,     ///< a caller bug other than the key (options, identifiers); 500
   kUnknownToken = 12,        ///< the key is not a token this server issued (or it expired); 403
   kPayloadTooLarge = 13,     ///< a request body over the endpoint's limit; nothing stored; 413
@@ -282,7 +282,8 @@ class IDEM_EXPORT InvalidKey : public UsageError {
       : UsageError(errc::kInvalidKey, "invalid idempotency key: " + rule + ": " + detail),
         rule_(std::move(rule)) {}
   /// The rule that failed: scope.empty, scope.too_long, scope.charset, id.empty, id.too_long,
-  /// id.charset, key.missing, key.separator.
+  /// id.charset, key.separator. (A key not sent at all is errc::kMissingKey, not an
+  /// InvalidKey.)
   const std::string& rule() const noexcept { return rule_; }
 
  private:

@@ -519,9 +519,26 @@ class IdempotencyGuard {
       std::rethrow_exception(detail::after_the_handler_ran(error));
     }
     if (!completed) {
+      if (wrote_back_vanished(call, bytes)) return executed(call, std::move(value));
       throw core_.lease_lost(call, "fast");
     }
     return executed(call, std::move(value));
+  }
+
+  // A fast-only completion that found no record of its own: when the key holds none at all
+  // (evicted, flushed, a restart without persistence), nobody else holds it, and this call's
+  // response is written back so that retries replay it instead of running the handler again
+  // (a retry after LeaseLost found no winner to replay). Another attempt's record: false
+  // (LeaseLost, whose retry replays the winner); so is a write-back that fails.
+  bool wrote_back_vanished(detail::CallState& call, std::string_view response) noexcept {
+    try {
+      if (fast_->lookup(call.key())) return false;
+      fast_->fill(call.key(), call.fingerprint(), response, call.options.retention);
+      core_.count_refill();
+      return true;
+    } catch (...) {
+      return false;
+    }
   }
 
   template <class R, class Fn>

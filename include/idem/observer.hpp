@@ -293,7 +293,8 @@ struct GuardStatsSnapshot {
   std::uint64_t takeovers = 0;
   /// Attempts whose completion was refused: another attempt took the key over (LeaseLost).
   std::uint64_t leases_lost = 0;
-  /// Fast-store records rewritten from the durable store.
+  /// Fast-store records rewritten: from the durable store, or (fast-only) a completion's
+  /// response written back where the fast store had lost the call's record.
   std::uint64_t fast_refills = 0;
   /// Durable-store operations run again after a transient failure (GuardOptions::store_retry).
   std::uint64_t store_retries = 0;

@@ -93,13 +93,20 @@ bool Router::refresh_slots() {
     std::string host;
     int port;
   };
+  std::string why;  // what each node answered, when none serves
   for (Pool* node : candidates) {
     std::vector<Range> ranges;
+    const std::string where = node->settings().endpoint.display;
     try {
       const char* argv[] = {"CLUSTER", "SLOTS"};
       const std::size_t lens[] = {7, 5};
       ReplyUPtr r = run_command(*node, "CLUSTER SLOTS", 2, argv, lens);
-      if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) continue;  // error, or no slots yet
+      if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {  // error, or no slots yet
+        why += (why.empty() ? "" : "; ") + where +
+               (r->type == REDIS_REPLY_ERROR ? ": " + std::string(r->str, r->len)
+                                             : std::string(": no slot assigned yet"));
+        continue;
+      }
       bool well_formed = true;
       for (std::size_t i = 0; i < r->elements && well_formed; ++i) {
         const redisReply* e = r->element[i];
@@ -117,8 +124,12 @@ bool Router::refresh_slots() {
         ranges.push_back(Range{e->element[0]->integer, e->element[1]->integer, std::move(host),
                                static_cast<int>(master->element[1]->integer)});
       }
-      if (!well_formed) continue;
-    } catch (const std::exception&) {
+      if (!well_formed) {
+        why += (why.empty() ? "" : "; ") + where + ": a CLUSTER SLOTS reply idem cannot read";
+        continue;
+      }
+    } catch (const std::exception& e) {
+      why += (why.empty() ? "" : "; ") + std::string(e.what());
       continue;  // unreachable: ask the next node
     }
     for (const Range& range : ranges) {
@@ -130,6 +141,7 @@ bool Router::refresh_slots() {
     }
     return true;
   }
+  note_refresh_failure(std::move(why));
   return false;
 }
 

@@ -101,7 +101,10 @@ void throw_error(const Failure& f) {
         // cluster node addressed with redis:// instead of redis-cluster://.
         throw StorageUnavailable(compose(f, "server unavailable"));
       }
-      if (has_code(m, "OOM")) throw StorageError(compose(f, "server out of memory"));
+      // maxmemory reached with noeviction: writes are refused until keys expire or memory is
+      // freed, a state that passes. Retryable (a completion refused so is OutcomeUnknown, not
+      // a response "refused for good"), and a guard with a durable store runs the call there.
+      if (has_code(m, "OOM")) throw StorageUnavailable(compose(f, "server out of memory"));
       if (has_code(m, "WRONGTYPE")) {
         throw CorruptRecord(compose(f, "the key holds a value idem did not write"));
       }

@@ -153,6 +153,10 @@ std::string_view text_of(const redisReply* r) noexcept { return {r->str, r->len}
 using detail::decode;
 using detail::Decoded;
 
+// The largest pool_size and waits RedisStoreOptions takes (see normalise).
+constexpr std::size_t kMaxPoolSize = 10000;
+constexpr std::chrono::milliseconds kMaxWait = std::chrono::hours(24);
+
 template <class Duration>
 std::chrono::milliseconds positive_ms(Duration d, std::chrono::milliseconds fallback) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d);
@@ -206,6 +210,27 @@ class IDEM_LOCAL RedisStore::Impl {
 
   static RedisStoreOptions normalise(RedisStoreOptions o) {
     if (o.pool_size == 0) o.pool_size = 8;
+    // Bounds a deployment never needs to pass, so that none overflows a deadline (now + a
+    // huge wait read as "already passed") or reaches hiredis as an invalid timeout: a
+    // configuration error, said at construction instead of as a retryable failure per call.
+    if (o.pool_size > kMaxPoolSize) {
+      throw UsageError("idem::redis: RedisStoreOptions::pool_size " + std::to_string(o.pool_size) +
+                       " is above " + std::to_string(kMaxPoolSize) +
+                       " (a Redis server's default maxclients)");
+    }
+    const std::pair<const char*, std::chrono::milliseconds> waits[] = {
+        {"connect_timeout", o.connect_timeout},
+        {"command_timeout", o.command_timeout},
+        {"pool_wait_timeout", o.pool_wait_timeout},
+        {"reconnect_backoff", o.reconnect_backoff},
+        {"topology_refresh_interval", o.topology_refresh_interval},
+        {"sentinel_check_interval", o.sentinel_check_interval}};
+    for (const auto& [name, wait] : waits) {
+      if (wait > kMaxWait) {
+        throw UsageError("idem::redis: RedisStoreOptions::" + std::string(name) + " is " +
+                         std::to_string(wait.count()) + " ms, above a day");
+      }
+    }
     o.connect_timeout = positive_ms(o.connect_timeout, std::chrono::milliseconds(500));
     o.command_timeout = positive_ms(o.command_timeout, std::chrono::milliseconds(1000));
     if (o.pool_wait_timeout.count() < 0) {

@@ -231,7 +231,7 @@ Pool& Router::pool_for(std::string_view key) {
     }
     if (m == nullptr) {
       throw StorageUnavailable("redis: no sentinel named a reachable master for service '" +
-                               topology_.service + "'");
+                               topology_.service + "'" + last_refresh_failure());
     }
     return *m;
   }
@@ -245,7 +245,8 @@ Pool& Router::pool_for(std::string_view key) {
     throw StorageUnavailable("redis: cluster: no known node serves hash slot " +
                              std::to_string(slot) +
                              " (no seed answered CLUSTER SLOTS, or the "
-                             "slot is not assigned)");
+                             "slot is not assigned)" +
+                             last_refresh_failure());
   }
   return *p;
 }
@@ -254,14 +255,20 @@ Pool& Router::pool_for(std::string_view key) {
 // server says ROLE master (a sentinel may not have seen the failover yet).
 bool Router::discover_master() {
   const std::string& svc = topology_.service;
+  std::string why;  // what each sentinel answered, when none named a master
+  auto note = [&](const std::string& what) { why += (why.empty() ? "" : "; ") + what; };
   for (auto& sentinel : sentinels_) {
+    const std::string where = sentinel->settings().endpoint.display;
     try {
       const char* argv[] = {"SENTINEL", "get-master-addr-by-name", svc.c_str()};
       const std::size_t lens[] = {8, 23, svc.size()};
       ReplyUPtr r = run_command(*sentinel, "SENTINEL get-master-addr-by-name", 3, argv, lens);
       if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
           r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING) {
-        continue;  // nil: this sentinel does not know the service
+        // nil: this sentinel does not know the service; an error: not a sentinel
+        note(where + (r->type == REDIS_REPLY_ERROR ? ": " + std::string(r->str, r->len)
+                                                   : std::string(" does not know the service")));
+        continue;
       }
       const std::string host(r->element[0]->str, r->element[0]->len);
       const int port = std::stoi(std::string(r->element[1]->str, r->element[1]->len));
@@ -272,6 +279,7 @@ bool Router::discover_master() {
       if (role->type != REDIS_REPLY_ARRAY || role->elements == 0 ||
           role->element[0]->type != REDIS_REPLY_STRING ||
           std::string_view(role->element[0]->str, role->element[0]->len) != "master") {
+        note(where + " named " + host + ":" + std::to_string(port) + ", which is not a master");
         continue;
       }
       Pool* before = master_.exchange(&candidate, std::memory_order_acq_rel);
@@ -279,11 +287,23 @@ bool Router::discover_master() {
         master_changes_.fetch_add(1, std::memory_order_relaxed);
       }
       return true;
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       // This sentinel (or the master it named) is unreachable: ask the next one.
+      note(e.what());
     }
   }
+  note_refresh_failure(std::move(why));
   return false;
+}
+
+void Router::note_refresh_failure(std::string why) {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  last_failure_ = std::move(why);
+}
+
+std::string Router::last_refresh_failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return last_failure_.empty() ? std::string() : " (last: " + last_failure_ + ")";
 }
 
 RedisPoolStats Router::pool_stats() const {

@@ -140,6 +140,12 @@ class Router {
   std::atomic<Pool*> master_{nullptr};                                 // kSentinel
   std::unique_ptr<std::array<std::atomic<Pool*>, kSlotCount>> slots_;  // kCluster
 
+  // Why the last discovery found nothing, node by node (for the errors pool_for throws).
+  void note_refresh_failure(std::string why);
+  std::string last_refresh_failure() const;
+  mutable std::mutex failure_mutex_;  // guards last_failure_
+  std::string last_failure_;
+
   std::mutex refresh_mutex_;  // one re-discovery at a time
   std::atomic<bool> stale_{true};
   std::atomic<std::int64_t> next_refresh_ns_{0};  // steady clock; no error-driven refresh before

@@ -217,6 +217,32 @@ TEST(GuardFastOnly, LeaseLostIsReportedAndTheWinnerKept) {
   EXPECT_EQ(1u, guard.stats().snapshot().leases_lost);
 }
 
+// The fast store lost the call's record while the handler ran (an eviction, a flush, a restart
+// without persistence): nobody holds the key, so the response is written back and the call
+// answers executed. It was LeaseLost, "retry replays the winner", and with no winner the
+// retry ran the handler again.
+TEST(GuardFastOnly, ARecordTheStoreLostIsWrittenBackAndReplayed) {
+  idem::MemoryStore fast;
+  idem::IdempotencyGuard guard{fast};
+  auto key = idem::Key::make("payment", "evicted");
+  int runs = 0;
+  auto first = guard.run(key, "fp", [&] {
+    ++runs;
+    fast.clear();  // the store forgets every record
+    return std::string("charged");
+  });
+  EXPECT_EQ(idem::Outcome::kExecuted, first.outcome);
+  auto retry = guard.run(key, "fp", [&] {
+    ++runs;
+    return std::string("charged again");
+  });
+  EXPECT_EQ(idem::Outcome::kReplayed, retry.outcome);
+  EXPECT_EQ("charged", retry.value.value());
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(0u, guard.stats().snapshot().leases_lost);
+  EXPECT_EQ(1u, guard.stats().snapshot().fast_refills);
+}
+
 TEST(GuardFastOnly, FastStoreDownIsAnErrorWithoutADurableStore) {
   idem::MemoryStore memory;
   idem::test::SwitchableFastStore fast(memory);

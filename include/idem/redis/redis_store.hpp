@@ -103,7 +103,8 @@ struct RedisStoreOptions {
   /// `redis-cluster://[[user]:password@]h:p[,h:p...]` (seed nodes; any one reachable suffices).
   /// The pool settings below apply per node.
   std::string uri = "redis://127.0.0.1:6379";
-  /// Most connections open at once (each serves one call at a time). 0 means 8.
+  /// Most connections open at once (each serves one call at a time). 0 means 8; at most
+  /// 10,000. The waits below are at most a day each (a UsageError otherwise).
   std::size_t pool_size = 8;
   /// Longest wait for a TCP or Unix connect (and AUTH/SELECT). 0 means 500 ms.
   std::chrono::milliseconds connect_timeout{500};

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -293,7 +294,10 @@ TEST_F(RedisFaultTest, SlowServerIsStorageTimeoutAndACompleteIsOutcomeUnknown) {
   EXPECT_FALSE(store.complete(k, owner, "again", std::chrono::seconds(60)));
 }
 
-TEST_F(RedisFaultTest, MaxmemoryReachedIsStorageErrorWithTheServerMessage) {
+// maxmemory reached with noeviction: a state that passes (keys expire), so retryable
+// StorageUnavailable with the server's message, never a permanent StorageError (a fast-only
+// completion refused so marked the record failed for the whole retention).
+TEST_F(RedisFaultTest, MaxmemoryReachedIsRetryableWithTheServerMessage) {
   idem::test::RawRedis admin(url_);
   RedisStore store(RedisStoreOptions{url_});
   auto done = key("oom_done");
@@ -308,9 +312,8 @@ TEST_F(RedisFaultTest, MaxmemoryReachedIsStorageErrorWithTheServerMessage) {
       (void)store.claim(key("oom"), "fp", OwnerToken::generate(), 1000ms);
       ADD_FAILURE() << "no exception";
     } catch (const idem::StorageUnavailable& e) {
-      ADD_FAILURE() << "OOM is not an availability problem: " << e.what();
-    } catch (const idem::StorageError& e) {
-      EXPECT_EQ(idem::errc::kStorageError, e.code());
+      EXPECT_TRUE(e.retryable());
+      EXPECT_EQ(idem::errc::kStoreUnavailable, e.code());
       EXPECT_NE(std::string::npos, std::string(e.what()).find("OOM")) << e.what();
     }
     // Replays still answer: they need no memory.
@@ -320,6 +323,62 @@ TEST_F(RedisFaultTest, MaxmemoryReachedIsStorageErrorWithTheServerMessage) {
   }
   EXPECT_EQ(idem::ClaimStatus::kClaimed,
             store.claim(key("oom_after"), "fp", OwnerToken::generate(), 1000ms).status);
+}
+
+// A fast-only guard whose completion Redis refuses for maxmemory (noeviction) after the
+// handler ran: OutcomeUnknown (retryable: the handler ran, the retry replays or runs again
+// after the lease), never a response "refused for good" that marked the key failed for the
+// whole retention.
+TEST_F(RedisFaultTest, ACompletionRefusedForMaxmemoryIsOutcomeUnknownNotAFailedKey) {
+  idem::test::RawRedis admin(url_);
+  RedisStore store(RedisStoreOptions{url_});
+  idem::GuardOptions options;
+  options.lease = 1000ms;
+  idem::IdempotencyGuard guard{store, options};
+  auto k = key("oom_complete");
+  int runs = 0;
+  {
+    ConfigOverride policy(admin, "maxmemory-policy", "noeviction");
+    ASSERT_TRUE(policy.ok());
+    std::optional<ConfigOverride> full;
+    try {
+      (void)guard.run(k, "fp", [&] {
+        ++runs;
+        full.emplace(admin, "maxmemory", "1");  // full while the handler runs
+        return std::string(4096, 'r');
+      });
+      ADD_FAILURE() << "the refused completion was not reported";
+    } catch (const idem::OutcomeUnknown& e) {
+      EXPECT_TRUE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("OOM")) << e.what();
+    }
+  }
+  auto rec = store.lookup(k);
+  EXPECT_TRUE(!rec || rec->status != idem::Record::Status::kFailed)
+      << "the key was marked failed: " << rec->response;
+}
+
+// Redis lost the call's record while the handler ran (FLUSHDB here; an eviction or a restart
+// without persistence alike): the response is written back, and the retry replays it.
+TEST_F(RedisFaultTest, AFastOnlyRecordLostDuringTheHandlerIsWrittenBack) {
+  idem::test::RawRedis admin(url_);
+  RedisStore store(RedisStoreOptions{url_});
+  idem::IdempotencyGuard guard{store};
+  auto k = key("lost_record");
+  int runs = 0;
+  auto first = guard.run(k, "fp", [&] {
+    ++runs;
+    admin.cmd({"DEL", store.redis_key(k)});
+    return std::string("charged");
+  });
+  EXPECT_EQ(idem::Outcome::kExecuted, first.outcome);
+  auto retry = guard.run(k, "fp", [&] {
+    ++runs;
+    return std::string("again");
+  });
+  EXPECT_EQ(idem::Outcome::kReplayed, retry.outcome);
+  EXPECT_EQ("charged", retry.value.value_or(""));
+  EXPECT_EQ(1, runs);
 }
 
 TEST_F(RedisFaultTest, ReadOnlyReplicaIsStorageUnavailable) {

@@ -79,6 +79,50 @@ TEST_F(RedisStoreTest, KeyLayoutIsPrefixHashTagScopeBarId) {
   EXPECT_THROW(RedisStore{o}, idem::UsageError);
 }
 
+// Options no deployment needs are configuration errors at construction: a huge wait made the
+// pool's deadline overflow ("exhausted" after 0 ms, a retryable error per call), a huge
+// connect timeout reached hiredis as an invalid one, a huge pool size threw std::length_error.
+TEST_F(RedisStoreTest, OptionsBeyondTheirBoundsAreUsageErrors) {
+  const auto huge = std::chrono::milliseconds::max();
+  for (auto field : {&RedisStoreOptions::connect_timeout, &RedisStoreOptions::command_timeout,
+                     &RedisStoreOptions::pool_wait_timeout, &RedisStoreOptions::reconnect_backoff,
+                     &RedisStoreOptions::topology_refresh_interval,
+                     &RedisStoreOptions::sentinel_check_interval}) {
+    RedisStoreOptions o{url_};
+    o.*field = huge;
+    EXPECT_THROW(RedisStore{o}, idem::UsageError);
+    o.*field = std::chrono::hours(24);  // the largest taken
+    EXPECT_NO_THROW(RedisStore{o});
+  }
+  RedisStoreOptions o{url_};
+  o.pool_size = static_cast<std::size_t>(-1);
+  EXPECT_THROW(RedisStore{o}, idem::UsageError);
+}
+
+// A cluster or Sentinel URI naming a plain Redis (or nodes that are all down) fails typed, and
+// the error says what the nodes answered, not only that no node serves the key.
+TEST_F(RedisStoreTest, ScaleOutUrisNamingAPlainServerSayWhatItAnswered) {
+  const std::string host_port = url_.substr(url_.find("://") + 3);
+  RedisStoreOptions cluster{"redis-cluster://" + host_port};
+  RedisStore as_cluster(cluster);
+  try {
+    (void)as_cluster.lookup(Key::make("payment", "x"));
+    ADD_FAILURE() << "a plain server served as a cluster";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster support disabled"), std::string::npos)
+        << e.what();
+  }
+  RedisStoreOptions sentinel{"redis-sentinel://" + host_port + "/svc"};
+  RedisStore as_sentinel(sentinel);
+  try {
+    (void)as_sentinel.lookup(Key::make("payment", "x"));
+    ADD_FAILURE() << "a plain server served as a sentinel";
+  } catch (const idem::StorageUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("(last: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SENTINEL"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(RedisStoreTest, RecordLivesUnderItsKeyWithLeaseThenRetentionTtl) {
   auto k = key();
   auto rk = store_->redis_key(k);

@@ -156,9 +156,9 @@ TEST(RedisErrorMapping, ServerErrorRepliesBecomeTypedErrors) {
   expect_thrown<idem::StorageUnavailable>(
       server("ERR Error running script (call to f_x): @user_script:1: -READONLY You can't write"),
       idem::errc::kStoreUnavailable, "READONLY");
-  expect_thrown<idem::StorageError>(
-      server("OOM command not allowed when used memory > 'maxmemory'."), idem::errc::kStorageError,
-      "OOM");
+  expect_thrown<idem::StorageUnavailable>(
+      server("OOM command not allowed when used memory > 'maxmemory'."),
+      idem::errc::kStoreUnavailable, "OOM");
   expect_thrown<idem::CorruptRecord>(
       server("WRONGTYPE Operation against a key holding the wrong kind of value"),
       idem::errc::kCorruptRecord, "WRONGTYPE");
