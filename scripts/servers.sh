@@ -464,6 +464,8 @@ mysql_wait_down() {
 }
 
 mysql_stop() {
+  # A directory that never held a MariaDB has none to stop: the port may be another tree's.
+  [ -d "$DIR/mysql" ] || return 0
   local pid; pid="$(mysql_pid)"
   if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
   if [ -n "$pid" ] || mysql_port_open; then mysql_wait_down "$pid" || return 1; fi

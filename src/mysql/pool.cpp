@@ -13,9 +13,27 @@
 namespace idem::mysql::detail {
 namespace {
 
-// TLS settings that cannot work are configuration errors, told before any connection (the
-// client library would only say "SSL connection error" at every connect).
-void check_tls(const ConnectionOptions& o) {
+// Options that cannot work are configuration errors, told before any connection: timeouts
+// the client library cannot hold (it takes whole seconds as an unsigned int, where 0 means
+// "wait forever": a larger value wrapped to a call that never returned), a port that is none,
+// and TLS settings that cannot work (the client library would only say "SSL connection
+// error" at every connect). The bounds are the URI's (parse_uri).
+void check_options(const ConnectionOptions& o) {
+  const std::pair<const char*, std::pair<std::chrono::seconds, long long>> timeouts[] = {
+      {"connect_timeout", {o.connect_timeout, 3600}},
+      {"read_timeout", {o.read_timeout, 86400}},
+      {"write_timeout", {o.write_timeout, 86400}}};
+  for (const auto& [name, value] : timeouts) {
+    if (value.first.count() < 1 || value.first.count() > value.second) {
+      throw UsageError("idem::mysql: ConnectionOptions::" + std::string(name) + " is " +
+                       std::to_string(value.first.count()) + " s; it must be 1 to " +
+                       std::to_string(value.second) + " seconds");
+    }
+  }
+  if (o.port > 65535) {
+    throw UsageError("idem::mysql: ConnectionOptions::port " + std::to_string(o.port) +
+                     " is not a TCP port");
+  }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     throw UsageError("idem::mysql: tls_cert and tls_key go together");
   }
@@ -29,7 +47,7 @@ void check_tls(const ConnectionOptions& o) {
 
 Pool::Pool(ConnectSettings settings, std::size_t size, std::chrono::milliseconds wait)
     : settings_(std::move(settings)), size_(size), wait_(wait) {
-  check_tls(settings_.options);
+  check_options(settings_.options);
 }
 
 Pool::~Pool() {

@@ -106,6 +106,9 @@ ConnectionOptions parse_uri(std::string_view uri) {
   } else if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
     o.host = std::string(rest.substr(0, colon));
     port = rest.substr(colon + 1);
+    if (o.host.find(':') != std::string::npos) {
+      bad(uri, "an IPv6 address as host goes in brackets: mysql://user@[::1]:3306/db");
+    }
   } else {
     o.host = std::string(rest);
   }

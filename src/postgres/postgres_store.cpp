@@ -39,7 +39,10 @@ int check_not_newer(pqxx::transaction_base& tx, const std::string& versions,
       detail::exec_params(tx, "SELECT version FROM " + versions + " WHERE name = $1", table);
   const int version = r.empty() ? 0 : r[0][0].as<int>();
   if (version > kSchemaVersion) {
-    throw StorageError("postgres: table '" + table + "' has schema version " +
+    // Named with its schema (`versions` is "<schema>.idem_schema_version"): one service may
+    // keep tables of several schemas.
+    const std::string schema = versions.substr(0, versions.find('.'));
+    throw StorageError("postgres: table '" + schema + "." + table + "' has schema version " +
                        std::to_string(version) + ", newer than this idem (" +
                        std::to_string(kSchemaVersion) + ")");
   }
@@ -429,6 +432,21 @@ PostgresStore::PostgresStore(PostgresStoreOptions options) : options_(std::move(
   qualified_table_ = schema + "." + t;
   if (options_.client_timeout.count() < 0) {
     throw UsageError("idem::postgres: client_timeout must not be negative");
+  }
+  // At most a day each: the server takes lock_timeout and statement_timeout as an int of
+  // milliseconds and libpq the keepalive settings client_timeout derives as an int of
+  // seconds; beyond, the first connection failed with the server's (or libpq's) complaint
+  // about a setting the user never wrote.
+  const std::pair<const char*, std::chrono::milliseconds> waits[] = {
+      {"pool_wait", options_.pool_wait},
+      {"lock_timeout", options_.lock_timeout},
+      {"statement_timeout", options_.statement_timeout},
+      {"client_timeout", options_.client_timeout}};
+  for (const auto& [name, wait] : waits) {
+    if (wait > std::chrono::hours(24)) {
+      throw UsageError("idem::postgres: PostgresStoreOptions::" + std::string(name) + " is " +
+                       std::to_string(wait.count()) + " ms, above a day");
+    }
   }
   if (auto why = detail::raw_at_in_uri_userinfo(options_.conninfo); !why.empty()) {
     throw UsageError("idem::postgres: " + why);

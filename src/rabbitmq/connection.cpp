@@ -44,12 +44,19 @@ amqp_table_entry_t utf8_entry(const char* key, std::string_view value) noexcept 
 Connection::Connection(const ConnectionOptions& options, std::string role)
     : options_(options), role_(std::move(role)), backoff_(options.reconnect_backoff) {
   const std::string who = "idem::rabbitmq::" + role_ + ": ";
-  if (options_.connect_timeout.count() <= 0 || options_.rpc_timeout.count() <= 0) {
-    throw UsageError(who + "connect_timeout and rpc_timeout must be positive");
+  // At most a day: a larger wait overflowed the client's deadline arithmetic into a timeout
+  // at once (a service that could never connect, told as a retryable StorageTimeout).
+  constexpr std::chrono::milliseconds kDay = std::chrono::hours(24);
+  if (options_.connect_timeout.count() <= 0 || options_.rpc_timeout.count() <= 0 ||
+      options_.connect_timeout > kDay || options_.rpc_timeout > kDay) {
+    throw UsageError(who + "connect_timeout and rpc_timeout must be positive and at most a day");
   }
   if (options_.reconnect_backoff.count() <= 0 ||
-      options_.reconnect_backoff_max < options_.reconnect_backoff) {
-    throw UsageError(who + "reconnect_backoff must be positive and at most reconnect_backoff_max");
+      options_.reconnect_backoff_max < options_.reconnect_backoff ||
+      options_.reconnect_backoff_max > kDay) {
+    throw UsageError(who +
+                     "reconnect_backoff must be positive and at most reconnect_backoff_max, "
+                     "itself at most a day");
   }
   if (options_.heartbeat.count() < 0 || options_.heartbeat.count() > 65535) {
     throw UsageError(who + "heartbeat must be between 0 and 65535 seconds");

@@ -403,6 +403,14 @@ class IDEM_LOCAL Database::Impl {
  public:
   Impl(std::string path, DatabaseOptions options) : path_(std::move(path)), options_(options) {
     if (options_.pool_size == 0) options_.pool_size = 8;
+    // Every reader is opened now, each a file descriptor and a page cache: a size no machine
+    // runs opened descriptors until it ran out, then blamed the file.
+    constexpr std::size_t kMaxPoolSize = 1024;
+    if (options_.pool_size > kMaxPoolSize) {
+      throw UsageError("idem::sqlite: DatabaseOptions::pool_size " +
+                       std::to_string(options_.pool_size) + " is above " +
+                       std::to_string(kMaxPoolSize) + " (each reader is opened at once)");
+    }
     if (options_.busy_timeout.count() <= 0) options_.busy_timeout = std::chrono::seconds(10);
     if (options_.synchronous != "NORMAL" && options_.synchronous != "FULL" &&
         options_.synchronous != "OFF" && options_.synchronous != "EXTRA") {
@@ -829,6 +837,22 @@ int layout_of_unversioned(Session& session, const std::string& table) {
 }
 }  // namespace
 
+// Whether table `t` has a unique key on exactly (k, s) that compares bytes: the claims'
+// conflict target, and what makes 'Abc' and 'aBC' two keys (a NOCASE or RTRIM collation on
+// the columns, or on the index, would make one replay the other's answer).
+bool keys_compare_bytes(Session& session, const std::string& t, const std::string& k,
+                        const std::string& s) {
+  return session
+             .query_int64(
+                 "SELECT count(*) FROM pragma_index_list(?1) l WHERE l.\"unique\" = 1 AND "
+                 "l.partial = 0"
+                 " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1) = 2"
+                 " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1"
+                 " AND x.name IN (?2, ?3) AND x.coll = 'BINARY') = 2",
+                 t, k, s)
+             .value_or(0) > 0;
+}
+
 // What idem needs of a table it adopts by name (version 1 without a version row): the
 // columns its statements name, key columns that keep text as text (an INTEGER or NUMERIC
 // column turns '007' and '7.0' into 7: one record for three keys), and a unique index on
@@ -871,13 +895,7 @@ void check_adoptable(Session& session, const std::string& t, const std::string& 
     refuse("it has NOT NULL columns without a default that idem does not write (" + extra +
            "): give them a default or let them be NULL");
   }
-  const auto unique = session.query_int64(
-      "SELECT count(*) FROM pragma_index_list(?1) l WHERE l.\"unique\" = 1 AND l.partial = 0"
-      " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1) = 2"
-      " AND (SELECT count(*) FROM pragma_index_xinfo(l.name) x WHERE x.key = 1"
-      " AND x.name IN (?2, ?3) AND x.coll = 'BINARY') = 2",
-      t, k, s);
-  if (unique.value_or(0) == 0) {
+  if (!keys_compare_bytes(session, t, k, s)) {
     refuse("it needs a unique key on exactly (" + k + ", " + s +
            ") that compares bytes (no NOCASE or RTRIM collation)");
   }
@@ -897,6 +915,18 @@ void SqliteStore::migrate() {
   // hand-edited row, a table replaced under it) would have every write stored in a form its
   // reads then refuse as corrupt, after the first caller was answered.
   auto check_layout = [&](Session& session, std::int64_t version) {
+    // A table remade by hand under its version row (a DBA's DDL with COLLATE NOCASE keys)
+    // keeps the row's promise only if its keys still compare bytes.
+    if (version > 0 && !keys_compare_bytes(session, t, k, s) &&
+        session.query_int64("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            t)
+                .value_or(0) > 0) {
+      throw UsageError("idem::sqlite: table '" + t + "' has no unique key on exactly (" + k + ", " +
+                       s +
+                       ") that compares bytes (a NOCASE or RTRIM collation makes keys differing "
+                       "in case or trailing spaces one record): declare the key columns without "
+                       "a collation (docs/versioning.md)");
+    }
     if (version < 2) return;
     const int seen = layout_of_unversioned(session, t);
     if (seen != version) {

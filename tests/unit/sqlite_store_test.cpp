@@ -654,6 +654,38 @@ TEST(SqliteStore, TablesAdoptedByNameAreCheckedBeforeUse) {
   }
 }
 
+// A record table remade by hand under its version row, its key declared COLLATE NOCASE (the
+// same columns otherwise): 'Order-1' and 'order-1' were one record, the second key replaying
+// the first one's answer. Refused, with migrate and without, before any record.
+TEST(SqliteStore, ATableRemadeWithKeysThatIgnoreCaseIsRefused) {
+  idem::test::TempDir dir;
+  const auto path = dir.file("remade.sqlite");
+  { idem::sqlite::SqliteStore made(path); }
+  {
+    idem::sqlite::Database db(path);
+    db.write([](idem::sqlite::Transaction& tx) {
+      std::string ddl =
+          tx.query_text("SELECT sql FROM sqlite_master WHERE name = 'api_idempotency'").value();
+      const std::string key = "idem_key VARCHAR(128) NOT NULL";
+      ASSERT_NE(std::string::npos, ddl.find(key)) << ddl;
+      ddl.replace(ddl.find(key), key.size(), key + " COLLATE NOCASE");
+      tx.exec("DROP TABLE api_idempotency");
+      tx.exec_script(ddl);
+    });
+  }
+  for (bool migrate : {true, false}) {
+    SCOPED_TRACE(migrate);
+    idem::sqlite::SqliteStoreOptions o;
+    o.migrate = migrate;
+    try {
+      idem::sqlite::SqliteStore store(path, o);
+      ADD_FAILURE() << "a table whose keys ignore case was used";
+    } catch (const idem::UsageError& e) {
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("compares bytes")) << e.what();
+    }
+  }
+}
+
 // A table adopted by name need not have an `id` column: its purge names rows by their key.
 TEST(SqliteStore, TablesAdoptedWithoutAnIdColumnArePurged) {
   idem::test::TempDir dir;
@@ -795,6 +827,17 @@ TEST(SqliteStore, TheWalIsCutBackToItsLimit) {
   EXPECT_EQ(64 * 1024 * 1024, db.read([](idem::sqlite::Session& s) {
                                   return s.query_int64("PRAGMA journal_size_limit");
                                 }).value_or(-1));
+}
+
+// A pool size no machine runs is a usage error at once: every reader opens with the
+// Database, and such a size opened descriptors until none was left, then blamed the file.
+TEST(SqliteStore, APoolSizeBeyondItsBoundIsAUsageError) {
+  idem::test::TempDir dir;
+  idem::sqlite::DatabaseOptions o;
+  o.pool_size = static_cast<std::size_t>(-1);
+  EXPECT_THROW(idem::sqlite::Database(dir.file("huge.sqlite"), o), idem::UsageError);
+  o.pool_size = 1025;
+  EXPECT_THROW(idem::sqlite::Database(dir.file("huge.sqlite"), o), idem::UsageError);
 }
 
 // The steps docs/versioning.md gives to move a version-2 table to version 3, verbatim.

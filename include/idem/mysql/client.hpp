@@ -47,7 +47,7 @@ namespace idem::mysql {
 struct ConnectionOptions {
   /// Host name or address. "localhost" still means TCP unless `unix_socket` is set.
   std::string host = "127.0.0.1";
-  /// TCP port.
+  /// TCP port (at most 65535).
   unsigned port = 3306;
   /// User name.
   std::string user;
@@ -57,13 +57,14 @@ struct ConnectionOptions {
   std::string database;
   /// Unix socket path; empty means TCP.
   std::string unix_socket;
-  /// How long a connection attempt may take. The client library counts whole seconds.
+  /// How long a connection attempt may take. The client library counts whole seconds: 1 to
+  /// 3600 (a UsageError otherwise, where the store or client is made).
   std::chrono::seconds connect_timeout{2};
   /// How long one read from the server may wait (a statement's answer, a lock wait included):
   /// past it the connection is closed and the call fails with StorageTimeout. Keep it above
-  /// the lock wait timeout and the slowest business statement. Whole seconds.
+  /// the lock wait timeout and the slowest business statement. Whole seconds, 1 to 86400.
   std::chrono::seconds read_timeout{5};
-  /// How long one write to the server may wait. Whole seconds.
+  /// How long one write to the server may wait. Whole seconds, 1 to 86400.
   std::chrono::seconds write_timeout{5};
   /// Require TLS (the connection fails rather than fall back to plain text). Without tls_ca
   /// the traffic is encrypted but the server is not authenticated (anyone on the path can

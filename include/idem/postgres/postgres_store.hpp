@@ -100,6 +100,7 @@ struct PostgresStoreOptions {
   std::size_t pool_size = 16;
   /// How long a call waits for a free connection when all are in use, then throws
   /// StorageUnavailable (the server's refusal, when its connection limit was why). 0 means 5 s.
+  /// This wait and the three below are at most a day each (a UsageError otherwise).
   std::chrono::milliseconds pool_wait{5'000};
   /// How long a claim waits for a concurrent transaction holding the same key (on the unique
   /// index or the row) before answering kBusy. Set as the session's lock_timeout of every

@@ -93,10 +93,11 @@ struct ConnectionOptions {
   std::chrono::seconds heartbeat{30};
   /// Send heartbeats from a thread while no call of ours runs (see the file comment).
   bool heartbeat_thread = true;
-  /// TCP connect and AMQP handshake, each. Must be positive.
+  /// TCP connect and AMQP handshake, each. Positive, at most a day (as rpc_timeout and
+  /// reconnect_backoff_max; a UsageError otherwise).
   std::chrono::milliseconds connect_timeout{2000};
   /// Longest wait for the answer of a synchronous method (declare, qos, consume, channel.open).
-  /// The connection is dropped when it passes. Must be positive.
+  /// The connection is dropped when it passes. Positive, at most a day.
   std::chrono::milliseconds rpc_timeout{5000};
   /// Wait before the first reconnect after a failure; doubled after each failed attempt.
   std::chrono::milliseconds reconnect_backoff{100};

@@ -220,8 +220,8 @@ class IDEM_EXPORT Transaction : public Session {
 
 /// Options of a Database.
 struct DatabaseOptions {
-  /// Pooled connections (readers run in parallel; one writer at a time). 0 means 8.
-  /// A ":memory:" database always uses one connection.
+  /// Pooled connections (readers run in parallel; one writer at a time). 0 means 8; at most
+  /// 1024 (all are opened at once). A ":memory:" database always uses one connection.
   std::size_t pool_size = 8;
   /// How long a writer waits for the write lock (this process and others). 0 means 10 s.
   std::chrono::milliseconds busy_timeout{10'000};

@@ -1182,9 +1182,23 @@ TEST_F(MysqlStoreTest, BadConfigurationIsTypedAndNotRetryable) {
   EXPECT_THROW(MysqlStore{"mysql://u@h/db?read_timeout=x"}, idem::UsageError);
   EXPECT_THROW(MysqlStore{"mysql://u@h/db?bogus=1"}, idem::UsageError);
   EXPECT_THROW(MysqlStore{"mysql://u@h:3306"}, idem::UsageError);  // no database
+  EXPECT_THROW(MysqlStore{"mysql://u@::1/db"}, idem::UsageError);  // IPv6 without brackets
   auto bad = my::options();
   bad.table = "api_idempotency; DROP TABLE x";
   EXPECT_THROW(MysqlStore{bad}, idem::UsageError);
+  // Options the client library cannot hold: whole seconds as an unsigned int, 0 meaning "wait
+  // forever" (2^32 s wrapped to a call that never returned).
+  for (auto seconds : {0LL, -1LL, 1LL << 32, 86401LL}) {
+    auto timeouts = my::options();
+    timeouts.connection.read_timeout = std::chrono::seconds(seconds);
+    EXPECT_THROW(MysqlStore{timeouts}, idem::UsageError) << seconds;
+    timeouts = my::options();
+    timeouts.connection.connect_timeout = std::chrono::seconds(seconds);
+    EXPECT_THROW(MysqlStore{timeouts}, idem::UsageError) << seconds;
+  }
+  auto far = my::options();
+  far.connection.port = 70000;
+  EXPECT_THROW(MysqlStore{far}, idem::UsageError);
 }
 
 // A store made with `o` fails to connect with a configuration error (not retryable).

@@ -306,6 +306,21 @@ TEST(PostgresConninfo, ClientBoundsAreAddedOnlyWhereTheUserSetNone) {
 
 // A conninfo ending in an empty value connects: the parameters idem adds no longer become that
 // value (`options=keepalives=1`, which the server refused as a command-line argument).
+// Waits beyond what the server and libpq take are usage errors at construction (no server
+// needed: nothing connects); they failed the first connection with a complaint about a setting
+// the user never wrote (keepalives_idle) or as a StorageError.
+TEST(PostgresOptions, WaitsBeyondADayAreUsageErrors) {
+  for (auto field : {&idem::postgres::PostgresStoreOptions::pool_wait,
+                     &idem::postgres::PostgresStoreOptions::lock_timeout,
+                     &idem::postgres::PostgresStoreOptions::statement_timeout,
+                     &idem::postgres::PostgresStoreOptions::client_timeout}) {
+    idem::postgres::PostgresStoreOptions o;
+    o.conninfo = "host=127.0.0.1 port=1 dbname=none connect_timeout=2";
+    o.*field = std::chrono::milliseconds::max();
+    EXPECT_THROW(PostgresStore{o}, idem::UsageError);
+  }
+}
+
 TEST_F(PostgresStoreTest, AConninfoEndingInAnEmptyValueConnects) {
   auto o = pg::options();
   o.conninfo += " options=";
@@ -860,6 +875,8 @@ TEST_F(PostgresStoreTest, TablesWithoutAVersionRowAreCheckedAndRecordedAsTheirLa
     ADD_FAILURE() << "a newer table was read";
   } catch (const idem::StorageError& e) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("newer than this idem")) << e.what();
+    // Named with its schema, as docs/versioning.md shows.
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'" + schema + ".")) << e.what();
   }
   pg::exec("DROP SCHEMA " + schema + " CASCADE");
 }

@@ -356,6 +356,16 @@ TEST(RabbitClientOptions, BadOptionsAreUsageErrors) {
   o.queue.delivery_limit = 0;
   o.connection.rpc_timeout = std::chrono::milliseconds(0);
   EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  // A wait beyond a day overflowed into a timeout at once, retryable, on every call.
+  o.connection.rpc_timeout = std::chrono::milliseconds::max();
+  EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.rpc_timeout = std::chrono::seconds(5);
+  o.connection.connect_timeout = std::chrono::milliseconds::max();
+  EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.connect_timeout = std::chrono::seconds(2);
+  o.connection.reconnect_backoff_max = std::chrono::milliseconds::max();
+  EXPECT_THROW(QueueConsumer{o}, idem::UsageError);
+  o.connection.reconnect_backoff_max = std::chrono::seconds(5);
   idem::rabbitmq::PublisherOptions po;
   po.max_attempts = 0;
   EXPECT_THROW(idem::rabbitmq::Publisher{po}, idem::UsageError);
