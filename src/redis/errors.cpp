@@ -105,6 +105,11 @@ void throw_error(const Failure& f) {
       // freed, a state that passes. Retryable (a completion refused so is OutcomeUnknown, not
       // a response "refused for good"), and a guard with a durable store runs the call there.
       if (has_code(m, "OOM")) throw StorageUnavailable(compose(f, "server out of memory"));
+      // maxclients: the server refused a new connection (and closed it); it passes as other
+      // clients leave.
+      if (m.find("max number of clients reached") != std::string_view::npos) {
+        throw StorageUnavailable(compose(f, "server connection limit (maxclients)"));
+      }
       if (has_code(m, "WRONGTYPE")) {
         throw CorruptRecord(compose(f, "the key holds a value idem did not write"));
       }

@@ -381,6 +381,69 @@ TEST_F(RedisFaultTest, AFastOnlyRecordLostDuringTheHandlerIsWrittenBack) {
   EXPECT_EQ(1, runs);
 }
 
+// maxclients reached: the server answers a connection beyond it with "ERR max number of
+// clients reached" (and closes it), before running anything. That is a retryable
+// StorageUnavailable naming the limit; it was a permanent StorageError, and a fast-only
+// completion refused so marked its key failed for the whole retention. No key is left failed,
+// and each runs at most once.
+TEST_F(RedisFaultTest, MaxclientsReachedIsRetryableAndFailsNoKey) {
+  idem::test::RawRedis admin(url_);
+  RedisStoreOptions o{url_};
+  o.pool_size = 8;
+  RedisStore store(o);
+  (void)store.lookup(key("warm"));  // the pool's first connection
+  const std::string info = admin.text({"INFO", "clients"});
+  const auto at = info.find("connected_clients:");
+  ASSERT_NE(std::string::npos, at) << info;
+  const long connected = std::atol(info.c_str() + at + 18);
+  std::vector<idem::Key> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back(key("full_" + std::to_string(i)));
+  std::atomic<int> runs{0};
+  std::mutex errors_mutex;
+  std::vector<std::string> permanent;
+  {
+    ConfigOverride limit(admin, "maxclients", std::to_string(connected));
+    ASSERT_TRUE(limit.ok());
+    idem::IdempotencyGuard guard{store};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 10; ++i) {
+          try {
+            (void)guard.run(keys[static_cast<std::size_t>(t * 10 + i)], "fp", [&] {
+              ++runs;
+              std::this_thread::sleep_for(2ms);
+              return std::string("r");
+            });
+          } catch (const idem::Error& e) {
+            if (!e.retryable()) {
+              std::lock_guard<std::mutex> lock(errors_mutex);
+              permanent.push_back(e.what());
+            }
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    // A store whose first connection the server refuses: typed, retryable, named.
+    RedisStore fresh(RedisStoreOptions{url_});
+    try {
+      (void)fresh.lookup(key("refused"));
+      ADD_FAILURE() << "a connection beyond maxclients answered";
+    } catch (const idem::StorageUnavailable& e) {
+      EXPECT_TRUE(e.retryable());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("maxclients")) << e.what();
+    }
+  }
+  EXPECT_TRUE(permanent.empty()) << permanent.size() << " non-retryable, e.g. "
+                                 << permanent.front();
+  for (const auto& k : keys) {
+    auto rec = store.lookup(k);
+    EXPECT_TRUE(!rec || rec->status != idem::Record::Status::kFailed) << k.str();
+  }
+  EXPECT_LE(runs.load(), 60);
+}
+
 TEST_F(RedisFaultTest, ReadOnlyReplicaIsStorageUnavailable) {
   idem::test::RawRedis admin(url_);
   RedisStore store(RedisStoreOptions{url_});
