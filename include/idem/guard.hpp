@@ -512,7 +512,8 @@ class IdempotencyGuard {
           (void)fast_->fail(call.key(), call.owner(), detail::unstored_reason(e),
                             call.options.retention);
         } catch (...) {
-          // The claim ends with its lease, as before.
+          // The claim ends with its lease; the caller is told the handler ran.
+          std::rethrow_exception(detail::handler_ran_unrecorded(error));
         }
         notify_waiters();
       }
@@ -662,7 +663,9 @@ class IdempotencyGuard {
     } catch (...) {
       durable_failed(call.key());
       auto error = std::current_exception();
-      if (detail::completion_refused_for_good(error)) mark_unstored(call, error);
+      if (detail::completion_refused_for_good(error) && !mark_unstored(call, error)) {
+        std::rethrow_exception(detail::handler_ran_unrecorded(error));
+      }
       std::rethrow_exception(detail::after_the_handler_ran(error));
     }
     call.durable += call.since(c0);
@@ -759,18 +762,20 @@ class IdempotencyGuard {
   // The completion was refused with `error` for good: the durable record is marked failed
   // (kept for the retention, unstored_reason) and the fast claim released, so no retry runs
   // the handler again. If the mark fails too, the record ends with its lease, as before.
-  void mark_unstored(detail::CallState& call, const std::exception_ptr& error) noexcept {
+  // @return false when the store refused the mark too (the record stays in progress).
+  bool mark_unstored(detail::CallState& call, const std::exception_ptr& error) noexcept {
     try {
       if (!durable_->fail(call.key(), call.owner(), detail::unstored_reason(error),
                           call.options.retention)) {
-        return;  // no longer ours: the record is another attempt's
+        return true;  // no longer ours: the record is another attempt's
       }
     } catch (...) {
       core_.durable_failed(call.key(), std::current_exception());
-      return;
+      return false;
     }
     release_fast(call);
     notify_waiters();  // waiters of this process get the record's answer now
+    return true;
   }
 
   void release_fast(detail::CallState& call) noexcept {

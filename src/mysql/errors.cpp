@@ -19,6 +19,8 @@ constexpr unsigned kNetWriteInterrupted = 1161;
 constexpr unsigned kTooManyUserConnections = 1203;  // the max_user_connections variable
 // An account's own limits (CREATE USER ... WITH MAX_USER_CONNECTIONS, MAX_QUERIES_PER_HOUR...).
 constexpr unsigned kUserLimitReached = 1226;
+constexpr unsigned kDiskFull = 1021;           // the server waits for space, then gives up
+constexpr unsigned kTableFull = 1114;          // a table (or its tablespace) cannot grow
 constexpr unsigned kHostNotPrivileged = 1130;  // host not allowed to connect
 constexpr unsigned kReadOnly = 1290;           // --read-only (a replica after failover)
 constexpr unsigned kQueryInterrupted = 1317;   // KILL QUERY
@@ -119,6 +121,8 @@ void throw_error(unsigned number, std::string_view sqlstate, std::string_view me
     case kConnectionCount:
     case kTooManyUserConnections:
     case kUserLimitReached:
+    case kDiskFull:
+    case kTableFull:
     case kReadOnly:
     case kReadOnlyTransaction:
     case kQueryInterrupted:

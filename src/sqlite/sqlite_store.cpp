@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -115,6 +116,10 @@ struct Connection {
   sqlite3_stmt* begin = nullptr;
   sqlite3_stmt* commit = nullptr;
   sqlite3_stmt* rollback = nullptr;
+  // A Transaction's BEGIN IMMEDIATE ran and it has not committed or rolled back. SQLite may end
+  // the transaction by itself (a statement's ON CONFLICT ROLLBACK, SQLITE_FULL, an I/O error):
+  // statements after that would each commit on their own (see Session::prepare).
+  bool in_transaction = false;
 
   ~Connection() {
     for (auto& [sql, cached] : cache) sqlite3_finalize(cached.stmt);
@@ -319,8 +324,22 @@ Statement::Column Statement::column(int col) const noexcept {
 // ---------------------------------------------------------------------------------------------
 // Session / Transaction
 
+// A transaction SQLite rolled back by itself under a handler that caught the error: every
+// later statement would commit on its own (the handler's, and idem's record as completed: a
+// replayed answer with no effect behind it). Refused instead, as PostgreSQL refuses statements
+// in an aborted transaction: nothing of the transaction is kept, and a retry runs it again.
+namespace {
+[[noreturn]] void throw_transaction_ended() {
+  throw StorageUnavailable(
+      "sqlite: the transaction was rolled back by SQLite during the handler (a statement's "
+      "ON CONFLICT ROLLBACK, a full disk, an I/O error; the handler caught the error): nothing "
+      "of it was kept, and its later statements are refused; retry");
+}
+}  // namespace
+
 Statement Session::prepare(std::string_view sql) {
   auto* conn = static_cast<Connection*>(conn_);
+  if (conn->in_transaction && sqlite3_get_autocommit(conn->db) != 0) throw_transaction_ended();
   auto it = conn->cache.find(sql);
   if (it != conn->cache.end()) return Statement(conn->db, it->second.stmt, true);
   auto text = std::make_unique<const std::string>(sql);
@@ -338,6 +357,7 @@ Statement Session::prepare(std::string_view sql) {
 
 void Session::exec_script(const std::string& sql) {
   auto* conn = static_cast<Connection*>(conn_);
+  if (conn->in_transaction && sqlite3_get_autocommit(conn->db) != 0) throw_transaction_ended();
   char* err = nullptr;
   int rc = sqlite3_exec(conn->db, sql.c_str(), nullptr, nullptr, &err);
   if (rc != SQLITE_OK) {
@@ -374,6 +394,10 @@ Transaction::~Transaction() { rollback(); }
 void Transaction::commit() {
   if (!lease_ || !lease_->open) throw UsageError("idem::sqlite: commit without a transaction");
   auto* conn = lease_->conn;
+  if (sqlite3_get_autocommit(conn->db) != 0) {
+    rollback();
+    throw_transaction_ended();
+  }
   int rc = conn->control(conn->commit, "COMMIT");
   if (rc != SQLITE_OK) {
     try {
@@ -384,6 +408,7 @@ void Transaction::commit() {
     }
   }
   lease_->open = false;
+  conn->in_transaction = false;
   lease_->unlock_writer();
 }
 
@@ -391,8 +416,11 @@ void Transaction::rollback() noexcept {
   if (!lease_ || !lease_->open) return;
   // Reset cached statements first: an unfinished SELECT would keep ROLLBACK from completing.
   for (auto& [sql, cached] : lease_->conn->cache) sqlite3_reset(cached.stmt);
-  lease_->conn->control(lease_->conn->rollback, "ROLLBACK");
+  if (sqlite3_get_autocommit(lease_->conn->db) == 0) {  // not ended by SQLite already
+    lease_->conn->control(lease_->conn->rollback, "ROLLBACK");
+  }
   lease_->open = false;
+  lease_->conn->in_transaction = false;
   lease_->unlock_writer();
 }
 
@@ -454,6 +482,7 @@ class IDEM_LOCAL Database::Impl {
     int rc = writer_->control(writer_->begin, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) detail::throw_error(writer_->db, rc, "BEGIN IMMEDIATE");
     lease->open = true;
+    writer_->in_transaction = true;
     check_not_moved(*lease);
     return lease;
   }
@@ -464,15 +493,21 @@ class IDEM_LOCAL Database::Impl {
   // transaction asks SQLite whether the file has moved, and refuses to go on if so.
   void check_not_moved(Transaction::Lease& lease) {
     if (memory_) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - moved_checked_ < std::chrono::seconds(1)) return;
-    moved_checked_ = now;
-    int moved = 0;
-    if (sqlite3_file_control(writer_->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK ||
-        moved == 0) {
-      return;
+    // Once moved, every later write is refused (the file does not come back under this
+    // connection), not one a second.
+    if (!moved_.load(std::memory_order_relaxed)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - moved_checked_ < std::chrono::seconds(1)) return;
+      moved_checked_ = now;
+      int moved = 0;
+      if (sqlite3_file_control(writer_->db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK ||
+          moved == 0) {
+        return;
+      }
+      moved_.store(true, std::memory_order_relaxed);
     }
     writer_->control(writer_->rollback, "ROLLBACK");
+    writer_->in_transaction = false;
     lease.open = false;
     throw StorageError("sqlite: the database file '" + path_ +
                        "' was deleted or replaced while this process had it open: its writes "
@@ -528,6 +563,7 @@ class IDEM_LOCAL Database::Impl {
   detail::WriterLock writer_mutex_;
   std::unique_ptr<Connection> writer_;
   std::chrono::steady_clock::time_point moved_checked_{};  // under writer_mutex_
+  std::atomic<bool> moved_{false};  // the file was found deleted or replaced: stays so
   std::mutex pool_mutex_;
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Connection>> readers_;

@@ -30,6 +30,7 @@ class FlakyDurable {
   bool applied_then_lost = false;  // run_transactional commits, then reports OutcomeUnknown
   bool complete_applied_then_lost = false;  // a failing complete applies, then OutcomeUnknown
   bool begin_applied_then_lost = false;     // a failing begin applies, then OutcomeUnknown
+  bool refuse_fail = false;  // fail() throws a non-retryable StorageError (a disk I/O error)
   idem::DurableHint last_hint;              // what the guard passed last
 
   template <class Handler>
@@ -86,6 +87,7 @@ class FlakyDurable {
   }
   bool fail(const idem::Key& k, const idem::OwnerToken& o, std::string_view reason,
             std::chrono::seconds retention) {
+    if (refuse_fail) throw idem::StorageError("test: disk I/O error (the mark refused too)");
     return inner_.fail(k, o, reason, retention);
   }
   std::optional<idem::Record> lookup(const idem::Key& k) { return inner_.lookup(k); }

@@ -659,6 +659,32 @@ TEST_F(StoreRetryTest, AResponseRefusedForGoodIsNeverRunAgain) {
   EXPECT_EQ(0u, durable_only.stats().snapshot().store_retries) << "a refusal is not retried";
 }
 
+// The response refused for good and the failure mark refused too (a disk I/O error under
+// both): the caller is told the handler ran (OutcomeUnknown), not a plain StorageError that
+// says nothing of it; the record stays in progress for its lease.
+TEST_F(StoreRetryTest, ACompletionAndItsMarkBothRefusedSayTheHandlerRan) {
+  idem::IdempotencyGuard guard{flaky_, retrying(3)};
+  flaky_.max_response = 8;
+  flaky_.refuse_fail = true;
+  int effects = 0;
+  const Key key = Key::make("payment", "unmarked");
+  try {
+    (void)guard.run(key, "fp", [&] {
+      ++effects;
+      return std::string("a response longer than the store takes");
+    });
+    ADD_FAILURE() << "answered";
+  } catch (const idem::OutcomeUnknown& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("the handler ran")) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("could not be marked failed"))
+        << e.what();
+  }
+  EXPECT_EQ(1, effects);
+  auto record = sqlite_.lookup(key);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(idem::Record::Status::kInProgress, record->status);
+}
+
 // A completion that fails for a moment after the handler ran (a failover under it) is tried
 // again under store_attempts, in a fast-only guard as in a durable one; past them the caller
 // gets OutcomeUnknown (the handler ran), not StorageUnavailable ("nothing happened"), in both.

@@ -815,7 +815,67 @@ TEST(SqliteStore, AFileDeletedWhileOpenStopsItsWrites) {
   } catch (const idem::StorageError& e) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("deleted or replaced")) << e.what();
   }
+  // And every write after it, not one a second (the check found the file moved once: the
+  // writes within the next second went into the deleted file).
+  for (int i = 3; i < 8; ++i) {
+    EXPECT_THROW((void)guard.run(idem::Key::make("pay", std::to_string(i)), "fp",
+                                 [&](idem::sqlite::Transaction&) {
+                                   ++ran;
+                                   return std::string("r");
+                                 }),
+                 idem::StorageError)
+        << i;
+  }
   EXPECT_EQ(0, ran);
+}
+
+// A handler that catches the error of its own statement after SQLite ended the transaction by
+// itself (ON CONFLICT ROLLBACK here; SQLITE_FULL or an I/O error alike): its later statements
+// and idem's record would each have committed on their own, a replayed "success" with no
+// effect behind it. They are refused: nothing of the call is kept, and the retry runs once.
+TEST(SqliteStore, AHandlerThatCatchesAnErrorAfterSqliteRolledBackKeepsNothing) {
+  idem::test::TempDir dir;
+  idem::sqlite::SqliteStore store(dir.file("ended.sqlite"));
+  store.database().write([](idem::sqlite::Transaction& tx) {
+    tx.exec_script(
+        "CREATE TABLE payment (order_no TEXT PRIMARY KEY);"
+        "CREATE TABLE audit (note TEXT);"
+        "CREATE TABLE coupon (code TEXT UNIQUE ON CONFLICT ROLLBACK);"
+        "INSERT INTO coupon (code) VALUES ('once');");
+  });
+  idem::IdempotencyGuard guard{store};
+  const auto key = idem::Key::make("pay", "ended");
+  try {
+    (void)guard.run(key, "fp", [](idem::sqlite::Transaction& tx) {
+      tx.exec("INSERT INTO payment (order_no) VALUES ('ended')");
+      try {
+        tx.exec("INSERT INTO coupon (code) VALUES ('once')");  // SQLite rolls back everything
+      } catch (const idem::StorageError&) {
+        tx.exec("INSERT INTO audit (note) VALUES ('coupon taken')");
+      }
+      return std::string("paid");
+    });
+    ADD_FAILURE() << "answered although nothing was kept";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("rolled back by SQLite")) << e.what();
+  }
+  auto count = [&](const char* table) {
+    return store.database()
+        .read([&](idem::sqlite::Session& s) {
+          return s.query_int64(std::string("SELECT count(*) FROM ") + table);
+        })
+        .value_or(-1);
+  };
+  EXPECT_EQ(0, count("payment"));
+  EXPECT_EQ(0, count("audit"));
+  EXPECT_FALSE(store.lookup(key).has_value());
+  auto retry = guard.run(key, "fp", [](idem::sqlite::Transaction& tx) {
+    tx.exec("INSERT INTO payment (order_no) VALUES ('ended')");
+    return std::string("paid");
+  });
+  EXPECT_EQ(idem::Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, count("payment"));
 }
 
 TEST(SqliteStore, TheWalIsCutBackToItsLimit) {

@@ -345,6 +345,13 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
         timer_(strand_) {
     call_.own();  // the call holds its own copies from the start
   }
+  // A call the loop never answered (stopped with it in flight) leaves no listener behind on a
+  // signal that outlives it.
+  ~RunOp() {
+    if (cancel_signal_) cancel_signal_->remove(cancel_listener_);
+  }
+  RunOp(const RunOp&) = delete;
+  RunOp& operator=(const RunOp&) = delete;
 
   static constexpr Mode mode() noexcept {
     if constexpr (!kHasDurable) {
@@ -390,6 +397,13 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (deadline == Clock::time_point::max() && g_.options_.timeout.count() > 0) {
       deadline = Clock::now() + g_.options_.timeout;
     }
+    if (deadline != Clock::time_point::max() && deadline <= Clock::now()) {
+      // Past its deadline before it started: answered before any store I/O, as a call
+      // cancelled before it started (the timer below would only fire behind the claim).
+      cancel(true);
+      finish();
+      return;
+    }
     if (deadline != Clock::time_point::max()) {
       timer_.expires_at(deadline);
       timer_.async_wait([self = this->shared_from_this()](const error_code& ec) {
@@ -399,10 +413,14 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (call.cancel) {
       cancel_signal_ = call.cancel;
       std::weak_ptr<RunOp> weak = this->shared_from_this();
-      cancel_listener_ = cancel_signal_->install([weak, strand = strand_] {
-        net::post(strand, [weak] {
-          if (auto op = weak.lock()) op->cancel(false);
-        });
+      // The listener holds no strand (nor anything of the loop): a signal may outlive the
+      // io_context, and destroying it then must touch nothing of the loop's.
+      cancel_listener_ = cancel_signal_->install([weak] {
+        if (auto op = weak.lock()) {
+          net::post(op->strand_, [weak] {
+            if (auto o = weak.lock()) o->cancel(false);
+          });
+        }
       });
     }
     if (abandoned_) return;  // cancelled meanwhile
@@ -789,8 +807,10 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
         // The handler ran: mark the record failed so no retry runs it again (as two-phase).
         g_.fast_->async_fail(
             key_, call_.owner(), ::idem::detail::unstored_reason(e), call_.options.retention,
-            strand_, [self = this->shared_from_this(), e](std::exception_ptr, bool) mutable {
-              self->fail(std::move(e));  // the mark's own failure: its lease
+            strand_, [self = this->shared_from_this(), e](std::exception_ptr me, bool) mutable {
+              // The mark refused too: its lease ends the record; the caller is told the
+              // handler ran.
+              self->fail(me ? ::idem::detail::handler_ran_unrecorded(e) : std::move(e));
             });
         return;
       }
@@ -835,9 +855,9 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     g_.durable_->async_fail(
         key_, call_.owner(), ::idem::detail::unstored_reason(e), call_.options.retention, strand_,
         [self = this->shared_from_this(), e](std::exception_ptr fe, bool ok) mutable {
-          if (fe) {
+          if (fe) {  // the mark refused too: the caller is told the handler ran
             self->durable_failed(fe);
-            return self->fail(std::move(e));
+            return self->fail(::idem::detail::handler_ran_unrecorded(e));
           }
           if (!ok) return self->fail(std::move(e));  // no longer ours
           self->release_then_fail(std::move(e), false);

@@ -299,6 +299,25 @@ inline std::exception_ptr after_the_handler_ran(std::exception_ptr e) {
   return e;
 }
 
+/// What a caller gets when the handler ran, its completion was refused for good (`e`), and the
+/// record could not be marked failed either (the store refused that too: a disk I/O error, a
+/// file gone): OutcomeUnknown, which says the handler ran; the record stays in progress until
+/// its lease ends, and a retry after that runs the handler again. (A plain StorageError would
+/// not say that the handler ran.)
+inline std::exception_ptr handler_ran_unrecorded(const std::exception_ptr& e) {
+  std::string what = "?";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    what = x.what();
+  } catch (...) {
+  }
+  return std::make_exception_ptr(OutcomeUnknown(
+      "idem: the handler ran, but its completion failed (" + what +
+      ") and the record could not be marked failed either: it stays in progress until its "
+      "lease ends, and a retry after that runs the handler again"));
+}
+
 /// The ClaimResult a durable store's transactional answer stands for (kCommitted: kClaimed).
 /// Consumes `d`'s strings.
 inline ClaimResult claim_of(TransactionalResult& d) {

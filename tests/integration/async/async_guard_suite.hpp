@@ -625,6 +625,19 @@ TYPED_TEST_P(AsyncGuardSuite, AnAlreadyEmittedSignalCancelsBeforeAnyClaim) {
   EXPECT_EQ(1, runs.load());
   EXPECT_EQ(1, this->env_->count_effects(k.id()));
   EXPECT_EQ(0u, g->async_stats().released_after_cancel.load());
+  // The same for a deadline already past when the call starts: DeadlineExceeded, no claim.
+  auto late = this->key();
+  idem::async::CallOptions past;
+  past.deadline = std::chrono::steady_clock::now() - 1ms;
+  Answer<> expired;
+  this->start(*g, late, "fp", this->effect_handler(late, runs), expired, past);
+  EXPECT_TRUE(holds<idem::DeadlineExceeded>(expired.wait().error)) << what_of(expired.wait().error);
+  Answer<> on_time;
+  this->start(*g, late, "fp", this->effect_handler(late, runs), on_time);
+  ASSERT_FALSE(on_time.wait().error) << what_of(on_time.wait().error);
+  EXPECT_EQ(Outcome::kExecuted, on_time.wait().result.outcome);
+  EXPECT_EQ(2, runs.load());
+  EXPECT_EQ(0u, g->async_stats().released_after_cancel.load());
 }
 
 // One signal given to several calls (all the calls of a client connection) cancels every one

@@ -6,6 +6,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -220,6 +221,48 @@ struct StallingAsyncGuard {
   idem::async::InlineFastStore fast{stalling};
   idem::async::AsyncGuard<PooledDurable<SqliteStore>> guard{io.get_executor(), fast, durable};
 };
+
+// Calls left unanswered by a stopped loop, each given a CancelSignal that outlives the
+// io_context (owned by a client connection, say): the documented shutdown order (loop stopped,
+// pool, guard, io_context), then the signals emitted and destroyed. Nothing is answered after
+// the loop is gone and nothing of it is touched (the signal's listener held a copy of the
+// call's strand: emitting or destroying it afterwards used the freed loop; ASan reported it).
+TEST(AsyncGuardLifetime, CancelSignalsMayOutliveTheLoop) {
+  std::vector<std::shared_ptr<idem::async::CancelSignal>> signals;
+  std::atomic<int> answered{0};
+  int answered_before_the_end = 0;
+  {
+    auto io = std::make_unique<idem::async::net::io_context>();
+    idem::test::TempDir dir;
+    SqliteStore sqlite{dir.file("outlive.db")};
+    std::optional<idem::async::WorkerPool> pool;
+    pool.emplace(idem::async::WorkerPoolOptions{2, 64});
+    PooledDurable<SqliteStore> durable{sqlite, *pool};
+    std::optional<idem::async::AsyncGuard<PooledDurable<SqliteStore>>> guard;
+    guard.emplace(io->get_executor(), durable);
+    for (int i = 0; i < 20; ++i) {
+      signals.push_back(std::make_shared<idem::async::CancelSignal>());
+      idem::async::CallOptions co;
+      co.cancel = signals.back();
+      guard->async_run(
+          idem::Key::make("outlive", std::to_string(i)), "fp", co,
+          [](idem::sqlite::Transaction&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return std::string("x");
+          },
+          [&](std::exception_ptr, idem::GuardResult<std::string>) { ++answered; });
+    }
+    io->run_for(std::chrono::milliseconds(15));  // some calls start, none can finish
+    io->stop();
+    pool.reset();
+    guard.reset();
+    io.reset();
+    answered_before_the_end = answered.load();
+  }
+  for (auto& s : signals) s->emit();
+  signals.clear();
+  EXPECT_EQ(answered_before_the_end, answered.load()) << "answered after the loop was gone";
+}
 
 // The guard's type is deduced as IdempotencyGuard's is: a durable store alone (with or without
 // options), a fast store alone, both.

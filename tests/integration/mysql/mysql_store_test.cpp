@@ -749,6 +749,35 @@ TEST_F(MysqlStoreTest, AHandMadeTableWhoseKeysIgnoreCaseIsRefusedBeforeAnyRecord
   my::raw().query("DROP TABLE " + table);
 }
 
+// A table that cannot grow (1114: a full tablespace or disk; a MEMORY table at its size here)
+// is a state that passes, as a full disk is on SQLite and PostgreSQL: a retryable
+// StorageUnavailable, nothing kept. It was a permanent StorageError.
+TEST_F(MysqlStoreTest, ATableThatIsFullIsRetryable) {
+  const std::string table = "full_" + std::to_string(::getpid());
+  my::raw().query("SET SESSION max_heap_table_size = 16384");
+  my::raw().query("CREATE TABLE " + table + " (pad varchar(1000) NOT NULL) ENGINE=MEMORY");
+  MysqlStore store{my::options()};
+  idem::IdempotencyGuard guard{store};
+  auto k = key("table-full");
+  try {
+    (void)guard.run(k, "fp", [&](Transaction& tx) {
+      my::insert_effect(tx, k.id());
+      for (int i = 0; i < 1000; ++i) {
+        tx.exec("INSERT INTO " + table + " (pad) VALUES (REPEAT('x', 1000))");
+      }
+      return std::string("never");
+    });
+    ADD_FAILURE() << "the full table took every row";
+  } catch (const idem::StorageError& e) {
+    EXPECT_TRUE(e.retryable()) << e.what();
+    EXPECT_EQ(idem::errc::kStoreUnavailable, e.code()) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("1114")) << e.what();
+  }
+  EXPECT_EQ(0, effects(k));
+  my::raw().query("DROP TABLE " + table);
+  expect_the_retry_executes_once(store, k);
+}
+
 // A statement the server interrupts (max_statement_time here; KILL QUERY alike) while the
 // prepared statement's rows are fetched: Connector/C leaves that error on the connection, not on
 // the statement. It must reach the caller typed and with the server's reason (1969, a
