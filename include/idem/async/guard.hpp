@@ -397,6 +397,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     if (deadline == Clock::time_point::max() && g_.options_.timeout.count() > 0) {
       deadline = Clock::now() + g_.options_.timeout;
     }
+    deadline_ = deadline;
     if (deadline != Clock::time_point::max() && deadline <= Clock::now()) {
       // Past its deadline before it started: answered before any store I/O, as a call
       // cancelled before it started (the timer below would only fire behind the claim).
@@ -556,14 +557,27 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       phase_ = Phase::kTransaction;
       t0_ = call_.now();
       auto self = this->shared_from_this();
+      // The body reads the signal and the deadline itself: the loop sets cancel_flag_ from a
+      // job posted behind the transaction's submission, which may come after the COMMIT.
+      auto stop = [flag = cancel_flag_, signal = cancel_signal_,
+                   deadline = deadline_](const char* when) {
+        if (flag->load() || (signal && signal->emitted())) {
+          throw Cancelled(std::string("idem::async: cancelled") + when);
+        }
+        if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
+          throw DeadlineExceeded(std::string("idem::async: past its deadline") + when);
+        }
+      };
       // Runs on a worker thread, inside the durable transaction. The store may run it again
       // after a serialization failure (the earlier attempt was rolled back).
-      auto body = [self](Transaction& tx) -> std::string {
+      auto body = [self, stop](Transaction& tx) -> std::string {
         RunOp& op = *self;
         op.value_.reset();
-        if (op.cancel_flag_->load()) {
+        try {
+          stop("");
+        } catch (...) {
           op.cancelled_in_body_ = true;
-          throw Cancelled("idem::async: cancelled");
+          throw;
         }
         auto h0 = op.call_.now();
         try {
@@ -576,10 +590,13 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
           throw;
         }
         op.handler_time_ += op.call_.since(h0);
-        // Checked before COMMIT: a call cancelled meanwhile commits nothing.
-        if (op.cancel_flag_->load()) {
+        // Checked before COMMIT: a call cancelled (or past its deadline) meanwhile commits
+        // nothing.
+        try {
+          stop(" before commit");
+        } catch (...) {
           op.cancelled_in_body_ = true;
-          throw Cancelled("idem::async: cancelled before commit");
+          throw;
         }
         return Codec<R>::encode(*op.value_);
       };
@@ -1102,6 +1119,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   bool durable_claimed_ = false;
   bool handler_threw_ = false;
   bool cancelled_in_body_ = false;  // the transaction body threw Cancelled (not the store)
+  Clock::time_point deadline_ = Clock::time_point::max();  // the call's, once it started
   bool asked_again_ = false;        // the fast claim was asked again after a lost claim's release
   std::exception_ptr thrown_;
   ::idem::detail::SteadyClock::time_point t0_{}, h0_{};

@@ -640,6 +640,41 @@ TYPED_TEST_P(AsyncGuardSuite, AnAlreadyEmittedSignalCancelsBeforeAnyClaim) {
   EXPECT_EQ(0u, g->async_stats().released_after_cancel.load());
 }
 
+// Cancelled from inside the transaction (the signal emitted by the handler itself, on its
+// worker thread): the body's check before COMMIT reads the signal itself, so nothing commits
+// even when the loop has not yet run the cancellation it posted. The key is free again.
+TYPED_TEST_P(AsyncGuardSuite, ASignalEmittedDuringTheTransactionCommitsNothing) {
+  auto g = this->guard();
+  auto k = this->key();
+  auto cancel = std::make_shared<idem::async::CancelSignal>();
+  idem::async::CallOptions co;
+  co.cancel = cancel;
+  std::atomic<int> runs{0};
+  Answer<> call;
+  this->start(
+      *g, k, "fp",
+      [&, id = k.id()](typename TestFixture::Tx& tx) {
+        ++runs;
+        this->env_->insert_effect(tx, id);
+        cancel->emit();
+        return std::string("should not commit");
+      },
+      call, co);
+  EXPECT_TRUE(holds<Cancelled>(call.wait().error)) << what_of(call.wait().error);
+  EXPECT_EQ(0, this->env_->count_effects(k.id()));
+  GuardResult<std::string> retry;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Answer<> r;
+    this->start(*g, k, "fp", this->effect_handler(k, runs), r);
+    ASSERT_FALSE(r.wait().error) << what_of(r.wait().error);
+    retry = r.wait().result;
+    if (retry.outcome != Outcome::kInProgress) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(Outcome::kExecuted, retry.outcome);
+  EXPECT_EQ(1, this->env_->count_effects(k.id()));
+}
+
 // One signal given to several calls (all the calls of a client connection) cancels every one
 // still running when it is emitted; a call that ended before leaves the others' listeners in
 // place.
@@ -1034,6 +1069,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     AsynchronousAndOnLoopHandlersHoldNoThread, ATwoPhaseAttemptThatLostItsLeaseIsRefused,
     CancelledDuringTheTransactionCommitsNothingAndFreesTheKey,
     OneSignalCancelsEveryCallItWasGivenTo, AnAlreadyEmittedSignalCancelsBeforeAnyClaim,
+    ASignalEmittedDuringTheTransactionCommitsNothing,
     DeadlineDuringTheHandlerLeavesTheKeyToTheHandlersAnswer,
     CancellationAfterTheCommitDeliversTheResult, CancelledAtEachStepNeverLiesAndNeverSticks,
     FuturesAndThreadsOffTheLoop, AThousandRequestsOnOneLoopLeaveOneEffectPerKey,
