@@ -607,7 +607,10 @@ std::uint64_t MysqlStore::max_response_bytes() {
 
 void MysqlStore::run_in_transaction(const std::function<void(Transaction&)>& fn) {
   for (unsigned retries = 0;; ++retries) {
-    auto lease = impl_->lend(false);  // the batch path writes records in it
+    // The pool's as it is: with_transaction serves business work too, on a store whose record
+    // table may not exist; the record writes in it (claim_in, record_batch_in) read the
+    // table's definition first.
+    auto lease = impl_->pool->acquire(false);
     Transaction tx(*lease);
     lease->watch_transaction();
     try {
@@ -874,7 +877,9 @@ ClaimResult MysqlStore::claim_in(Transaction& tx, const Key& key, std::string_vi
     throw UsageError("idem::mysql: fingerprints are at most 255 bytes");
   }
   try {
-    return impl_->claim_on(detail::connection_of(tx), key, fingerprint, owner, lease, true);
+    detail::Connection& c = detail::connection_of(tx);
+    if (!impl_->column_known.load()) impl_->load_column(c);  // before the first record
+    return impl_->claim_on(c, key, fingerprint, owner, lease, true);
   } catch (const ServerError& e) {
     // The key is held by another transaction beyond lock_wait_timeout: MySQL rolled back the
     // waiting statement only (unless innodb_rollback_on_timeout, which ends `tx`: its next
@@ -903,6 +908,7 @@ std::optional<std::vector<bool>> MysqlStore::record_batch_in(
   std::vector<bool> out(requests.size(), false);
   if (requests.empty()) return out;
   if (retention.count() <= 0) throw UsageError("idem::mysql: the retention must be positive");
+  if (!impl_->column_known.load()) impl_->load_column(detail::connection_of(tx));
   std::vector<std::size_t> order(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const ClaimRequest& r = requests[i];

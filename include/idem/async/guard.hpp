@@ -694,8 +694,22 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
                                         "idem::async::on_loop() if it never does"),
                           std::nullopt);
       }
+      // Checked on the worker before the handler starts: a call cancelled (or past its
+      // deadline) while its job waited in the queue runs nothing (the loop's own cancellation
+      // may come after the job started).
       pool->submit(
-          strand_, [self] { return ::idem::detail::invoke_stored<R>(self->fn_); },
+          strand_,
+          [self, flag = cancel_flag_, signal = cancel_signal_, deadline = deadline_] {
+            if (flag->load() || (signal && signal->emitted())) {
+              self->cancelled_before_handler_ = true;
+              throw Cancelled("idem::async: cancelled before the handler started");
+            }
+            if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
+              self->cancelled_before_handler_ = true;
+              throw DeadlineExceeded("idem::async: past its deadline before the handler started");
+            }
+            return ::idem::detail::invoke_stored<R>(self->fn_);
+          },
           [self](std::exception_ptr e, std::optional<R> v) mutable {
             self->on_handler(std::move(e), std::move(v));
           });
@@ -773,7 +787,8 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       if (!e) e = std::make_exception_ptr(StorageError("idem::async: the handler gave no value"));
       // A full worker pool refused to run the handler: idem's overload, not the handler's
       // failure (told as the pool's, as for the durable work it refuses).
-      if (!pool_refused(e)) g_.core_.handler_failed(call_, e);
+      // Nor is a call stopped before its handler started (the handler never ran).
+      if (!pool_refused(e) && !cancelled_before_handler_) g_.core_.handler_failed(call_, e);
       // Two-phase: release the durable claim first (a retry may then run at once).
       if constexpr (kHasDurable) {
         phase_ = Phase::kFollowUp;
@@ -833,9 +848,33 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       }
       return fail(::idem::detail::after_the_handler_ran(std::move(e)));
     }
-    if (!ok) return fail(std::make_exception_ptr(g_.core_.lease_lost(call_, "fast")));
+    if (!ok) return write_back_vanished();
     note_recorded();
     deliver_executed();
+  }
+
+  // As IdempotencyGuard does: a fast-only completion that found no record under its key at all
+  // (evicted, flushed, a restart without persistence) writes its response back, so retries
+  // replay it instead of running the handler again; another attempt's record (or a failure to
+  // tell or to write): LeaseLost, whose retry replays the winner.
+  void write_back_vanished() {
+    auto lost = [](RunOp& op) {
+      op.fail(std::make_exception_ptr(op.g_.core_.lease_lost(op.call_, "fast")));
+    };
+    g_.fast_->async_lookup(key_, strand_,
+                           [self = this->shared_from_this(), lost](
+                               std::exception_ptr e, std::optional<Record> rec) mutable {
+                             if (e || rec) return lost(*self);
+                             RunOp& op = *self;
+                             op.g_.fast_->async_fill(
+                                 op.key_, op.fingerprint_, op.bytes_, op.call_.options.retention,
+                                 op.strand_, [self, lost](std::exception_ptr fe, bool) mutable {
+                                   if (fe) return lost(*self);
+                                   self->g_.core_.count_refill();
+                                   self->note_recorded();
+                                   self->deliver_executed();
+                                 });
+                           });
   }
 
   void on_durable_complete(std::exception_ptr e, bool ok) {
@@ -1119,6 +1158,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
   bool durable_claimed_ = false;
   bool handler_threw_ = false;
   bool cancelled_in_body_ = false;  // the transaction body threw Cancelled (not the store)
+  bool cancelled_before_handler_ = false;  // the pooled job found the call stopped: no handler
   Clock::time_point deadline_ = Clock::time_point::max();  // the call's, once it started
   bool asked_again_ = false;        // the fast claim was asked again after a lost claim's release
   std::exception_ptr thrown_;

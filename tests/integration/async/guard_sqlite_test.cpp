@@ -264,6 +264,44 @@ TEST(AsyncGuardLifetime, CancelSignalsMayOutliveTheLoop) {
   EXPECT_EQ(answered_before_the_end, answered.load()) << "answered after the loop was gone";
 }
 
+// A fast-only call whose record the store lost while its handler ran (an eviction, a flush):
+// the response is written back and the call answers executed, so the retry replays it (it was
+// LeaseLost, and the retry ran the handler again), as IdempotencyGuard does.
+TEST(AsyncGuardFastOnly, ARecordTheStoreLostIsWrittenBackAndReplayed) {
+  idem::async::net::io_context io;
+  idem::MemoryStore memory;
+  idem::async::InlineFastStore fast{memory};
+  idem::async::AsyncGuard guard{io.get_executor(), fast};
+  const auto key = idem::Key::make("payment", "evicted");
+  int runs = 0;
+  std::vector<idem::GuardResult<std::string>> answers;
+  std::vector<std::exception_ptr> errors;
+  auto call = [&](const char* response) {
+    guard.async_run(key, "fp", idem::async::on_loop([&, response] {
+                      ++runs;
+                      memory.clear();  // the store forgets every record
+                      return std::string(response);
+                    }),
+                    [&](std::exception_ptr e, idem::GuardResult<std::string> r) {
+                      errors.push_back(e);
+                      answers.push_back(std::move(r));
+                    });
+    io.restart();
+    io.run();
+  };
+  call("charged");
+  ASSERT_EQ(1u, answers.size());
+  EXPECT_FALSE(errors[0]) << "LeaseLost: nobody else held the key";
+  EXPECT_EQ(idem::Outcome::kExecuted, answers[0].outcome);
+  call("charged again");
+  ASSERT_EQ(2u, answers.size());
+  EXPECT_FALSE(errors[1]);
+  EXPECT_EQ(idem::Outcome::kReplayed, answers[1].outcome);
+  EXPECT_EQ("charged", answers[1].value.value_or(""));
+  EXPECT_EQ(1, runs);
+  EXPECT_EQ(1u, guard.stats().snapshot().fast_refills);
+}
+
 // The guard's type is deduced as IdempotencyGuard's is: a durable store alone (with or without
 // options), a fast store alone, both.
 TEST(AsyncGuardDeduction, TheStoresGivenDecideTheGuardsType) {
@@ -376,6 +414,73 @@ TEST(AsyncGuardOutcomeUnknownTest, ABeginAppliedThenLostIsReleasedSoTheRetryRuns
   ASSERT_FALSE(retry.first);
   EXPECT_EQ(idem::Outcome::kExecuted, retry.second.outcome);
   EXPECT_EQ(1, runs);
+}
+
+// A two-phase call cancelled while its handler's job waits in the worker pool's queue: the
+// job checks the signal itself before the handler starts, so the handler never runs, even when
+// the loop has not yet run the cancellation it posted. The key is free again for the retry.
+TEST(AsyncGuardPoolTest, AHandlerStillQueuedWhenItsCallIsCancelledNeverRuns) {
+  idem::async::net::io_context io;
+  idem::test::TempDir dir;
+  SqliteStore sqlite{dir.file("queued.db")};
+  idem::async::WorkerPool durable_pool{{2, 16}};
+  idem::async::WorkerPool handler_pool{{1, 8}};
+  PooledDurable<SqliteStore> durable{sqlite, durable_pool};
+  idem::async::AsyncGuardOptions options;
+  options.pool = &handler_pool;
+  idem::async::AsyncGuard guard{io.get_executor(), durable, options};
+  std::promise<void> gate_open;
+  std::shared_future<void> gate = gate_open.get_future().share();
+  auto busy = std::make_shared<std::atomic<bool>>(false);
+  handler_pool.submit(
+      io.get_executor(),
+      [gate, busy] {
+        *busy = true;
+        gate.wait();
+      },
+      [](std::exception_ptr) {});
+  while (!*busy) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto key = idem::Key::make("pay", "queued");
+  auto cancel = std::make_shared<idem::async::CancelSignal>();
+  idem::async::CallOptions co;
+  co.cancel = cancel;
+  int runs = 0;
+  std::exception_ptr error;
+  guard.async_run(
+      key, "fp", co,
+      [&runs] {
+        ++runs;
+        return std::string("paid");
+      },
+      [&](std::exception_ptr e, idem::GuardResult<std::string>) { error = e; });
+  // The durable claim is made and the handler's job queued behind the busy thread.
+  for (int i = 0; i < 200 && !sqlite.lookup(key); ++i) {
+    io.run_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(sqlite.lookup(key).has_value()) << "the claim was not made";
+  for (int i = 0; i < 200 && handler_pool.stats().queued == 0; ++i) {
+    io.run_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(1u, handler_pool.stats().queued) << "the handler's job is not queued";
+  cancel->emit();         // its cancellation is posted to the loop, not run yet
+  gate_open.set_value();  // the queued job starts first
+  while (handler_pool.stats().completed < 2) {  // the gate's job and the call's
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  io.restart();
+  io.run();
+  EXPECT_EQ(0, runs) << "the handler ran after its call was cancelled";
+  ASSERT_TRUE(error);
+  EXPECT_THROW(std::rethrow_exception(error), idem::Cancelled);
+  int retry_runs = 0;
+  auto handler = [&retry_runs] {
+    ++retry_runs;
+    return std::string("paid");
+  };
+  auto retry = run_to_end(io, guard, key, handler);
+  ASSERT_FALSE(retry.first);
+  EXPECT_EQ(idem::Outcome::kExecuted, retry.second.outcome);
+  EXPECT_EQ(1, retry_runs);
 }
 
 TEST(AsyncGuardPoolTest, AFullWorkerPoolIsReportedAsThePoolNotAsTheStore) {
