@@ -122,6 +122,15 @@ inline bool refused_by_tls_checks(std::string_view what) noexcept {
   return false;
 }
 
+// Whether `message` contains one of `texts` (libpq reports a failed connection by text only).
+template <std::size_t N>
+bool mentions_any(std::string_view message, const std::string_view (&texts)[N]) noexcept {
+  for (std::string_view t : texts) {
+    if (message.find(t) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 // libpq's and the server's texts for a connection that can never succeed as configured. libpq
 // reports a failed connection by message only (no SQLSTATE), so these are matched as text; the
 // server's FATAL lines are in English unless its lc_messages says otherwise.
@@ -152,10 +161,7 @@ inline constexpr std::string_view kConfigurationMessages[] = {
 /// database or role, a refused password or pg_hba.conf rule, a malformed conninfo string or
 /// URI (libpq reports these by text only).
 inline bool is_configuration_error(std::string_view message) noexcept {
-  for (auto m : kConfigurationMessages) {
-    if (message.find(m) != std::string_view::npos) return true;
-  }
-  return false;
+  return mentions_any(message, kConfigurationMessages);
 }
 
 /// What the server says when it refuses a connection for a connection limit (SQLSTATE 53300;
@@ -171,10 +177,7 @@ inline constexpr std::string_view kConnectionLimitMessages[] = {
 /// (english server messages: under another lc_messages it is not recognised, and the pool
 /// fails the call at once as for any other refusal).
 inline bool is_connection_limit(std::string_view message) noexcept {
-  for (auto m : kConnectionLimitMessages) {
-    if (message.find(m) != std::string_view::npos) return true;
-  }
-  return false;
+  return mentions_any(message, kConnectionLimitMessages);
 }
 
 /// The idem error a SQLSTATE stands for.

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -495,7 +494,7 @@ class IDEM_LOCAL Database::Impl {
     if (memory_) return;
     // Once moved, every later write is refused (the file does not come back under this
     // connection), not one a second.
-    if (!moved_.load(std::memory_order_relaxed)) {
+    if (!moved_) {
       const auto now = std::chrono::steady_clock::now();
       if (now - moved_checked_ < std::chrono::seconds(1)) return;
       moved_checked_ = now;
@@ -504,7 +503,7 @@ class IDEM_LOCAL Database::Impl {
           moved == 0) {
         return;
       }
-      moved_.store(true, std::memory_order_relaxed);
+      moved_ = true;
     }
     writer_->control(writer_->rollback, "ROLLBACK");
     writer_->in_transaction = false;
@@ -563,7 +562,7 @@ class IDEM_LOCAL Database::Impl {
   detail::WriterLock writer_mutex_;
   std::unique_ptr<Connection> writer_;
   std::chrono::steady_clock::time_point moved_checked_{};  // under writer_mutex_
-  std::atomic<bool> moved_{false};  // the file was found deleted or replaced: stays so
+  bool moved_ = false;  // under writer_mutex_: the file was found deleted or replaced, for good
   std::mutex pool_mutex_;
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Connection>> readers_;

@@ -552,6 +552,24 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
     }
   }
 
+  // What a worker thread reads to tell that its call was cancelled or ran past its deadline:
+  // the loop sets cancel_flag_ from a job posted behind the work, which may come too late.
+  struct StopCheck {
+    std::shared_ptr<std::atomic<bool>> flag;
+    std::shared_ptr<CancelSignal> signal;
+    Clock::time_point deadline;
+    // Throws Cancelled or DeadlineExceeded ("... <when>") when the call is stopped.
+    void operator()(const char* when) const {
+      if (flag->load() || (signal && signal->emitted())) {
+        throw Cancelled(std::string("idem::async: cancelled") + when);
+      }
+      if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
+        throw DeadlineExceeded(std::string("idem::async: past its deadline") + when);
+      }
+    }
+  };
+  StopCheck stop_check() const { return StopCheck{cancel_flag_, cancel_signal_, deadline_}; }
+
   void transaction() {
     if constexpr (kKind == detail::HandlerKind::kTransactional) {
       phase_ = Phase::kTransaction;
@@ -559,15 +577,7 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       auto self = this->shared_from_this();
       // The body reads the signal and the deadline itself: the loop sets cancel_flag_ from a
       // job posted behind the transaction's submission, which may come after the COMMIT.
-      auto stop = [flag = cancel_flag_, signal = cancel_signal_,
-                   deadline = deadline_](const char* when) {
-        if (flag->load() || (signal && signal->emitted())) {
-          throw Cancelled(std::string("idem::async: cancelled") + when);
-        }
-        if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
-          throw DeadlineExceeded(std::string("idem::async: past its deadline") + when);
-        }
-      };
+      const StopCheck stop = stop_check();
       // Runs on a worker thread, inside the durable transaction. The store may run it again
       // after a serialization failure (the earlier attempt was rolled back).
       auto body = [self, stop](Transaction& tx) -> std::string {
@@ -699,14 +709,12 @@ class AsyncGuard<Durable>::RunOp : public std::enable_shared_from_this<RunOp<R, 
       // may come after the job started).
       pool->submit(
           strand_,
-          [self, flag = cancel_flag_, signal = cancel_signal_, deadline = deadline_] {
-            if (flag->load() || (signal && signal->emitted())) {
+          [self, stop = stop_check()] {
+            try {
+              stop(" before the handler started");
+            } catch (...) {
               self->cancelled_before_handler_ = true;
-              throw Cancelled("idem::async: cancelled before the handler started");
-            }
-            if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
-              self->cancelled_before_handler_ = true;
-              throw DeadlineExceeded("idem::async: past its deadline before the handler started");
+              throw;
             }
             return ::idem::detail::invoke_stored<R>(self->fn_);
           },
